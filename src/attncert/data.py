@@ -1,0 +1,384 @@
+"""Datasets: fetch (local mirror first, then the real download), load, subset, save.
+
+Every image dataset is loaded through torchvision's own dataset class with
+``download=False`` once its raw files are in place; only the source of those raw files
+differs:
+
+1. a local mirror in torchvision's ``<mirror>/<Dataset>/raw`` layout (``../shared/datasets``
+   by default, ``data.mirror`` in params.yaml, ``$ATTNCERT_DATA_MIRROR`` overrides both);
+   files are copied or decompressed into ``data/raw``, the mirror is never modified;
+2. the real download (torchvision ``download=True``; SST-2 from GLUE).
+
+Processed outputs hold uint8 pixels (N, C, H, W) and per-channel mean/std of the training
+split in [0, 1] pixel space: models normalise inside, so eps stays in pixel space.
+"""
+
+from __future__ import annotations
+
+import csv
+import gzip
+import os
+import shutil
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from attncert.io import torch_save
+
+MIRROR_ENV = "ATTNCERT_DATA_MIRROR"
+SOURCE_MARKER = ".attncert-source"
+SST2_GLUE_URL = "https://dl.fbaipublicfiles.com/glue/data/SST-2.zip"
+
+
+class DataUnavailable(RuntimeError):
+    """Neither the local mirror nor the download could provide a dataset."""
+
+
+@dataclass(frozen=True)
+class ImageDataset:
+    """How torchvision names and lays out one image dataset."""
+
+    name: str
+    folder: str  # <mirror>/<folder>/raw and data/raw/<folder>/raw
+    tv_class: str
+    root_is_parent: bool  # MNIST-style classes append <folder>/raw to root themselves
+    split_kwargs: Callable[[str], dict]
+
+    def tv_root(self, raw_dir: Path) -> Path:
+        return raw_dir if self.root_is_parent else raw_dir / self.folder / "raw"
+
+    def load_split(self, raw_dir: Path, split: str, download: bool = False):
+        import torchvision.datasets as tvd
+
+        cls = getattr(tvd, self.tv_class)
+        return cls(root=str(self.tv_root(raw_dir)), download=download, **self.split_kwargs(split))
+
+
+def _train_flag(split: str) -> dict:
+    return {"train": split == "train"}
+
+
+IMAGE_DATASETS: dict[str, ImageDataset] = {
+    d.name: d
+    for d in (
+        ImageDataset("mnist", "MNIST", "MNIST", True, _train_flag),
+        ImageDataset("fashion_mnist", "FashionMNIST", "FashionMNIST", True, _train_flag),
+        ImageDataset("cifar10", "CIFAR10", "CIFAR10", False, _train_flag),
+        ImageDataset("cifar100", "CIFAR100", "CIFAR100", False, _train_flag),
+        ImageDataset("svhn", "SVHN", "SVHN", False, lambda s: {"split": s}),
+    )
+}
+TEXT_FOLDER = {"sst2": "SST2"}
+SAMPLE_FOLDERS = {"cifar10_sample": "CIFAR10-sample", "imagenet_sample": "ImageNet-sample"}
+
+
+# ---------------------------------------------------------------------------- mirror
+def resolve_mirror(param: str) -> Path | None:
+    """The mirror to use: $ATTNCERT_DATA_MIRROR, else the param ('' means none)."""
+    value = os.environ.get(MIRROR_ENV, param)
+    return Path(value).expanduser() if value else None
+
+
+def _copy_tree_decompressing(src: Path, dst: Path) -> None:
+    """Copy ``src`` into ``dst``: ``.gz`` files are decompressed, archives extracted."""
+    from torchvision.datasets.utils import extract_archive
+
+    dst.mkdir(parents=True, exist_ok=True)
+    for entry in sorted(src.iterdir()):
+        target = dst / entry.name
+        if entry.is_dir():
+            _copy_tree_decompressing(entry, target)
+        elif entry.name.endswith((".tar.gz", ".tgz", ".tar", ".zip")):
+            extract_archive(str(entry), str(dst))
+        elif entry.suffix == ".gz":
+            with gzip.open(entry, "rb") as fin, open(dst / entry.stem, "wb") as fout:
+                shutil.copyfileobj(fin, fout)
+        else:
+            shutil.copyfile(entry, target)
+
+
+def _mark(folder: Path, source: str) -> str:
+    (folder / SOURCE_MARKER).write_text(source + "\n")
+    return source
+
+
+def _marked_source(folder: Path) -> str | None:
+    marker = folder / SOURCE_MARKER
+    return marker.read_text().strip() if marker.is_file() else None
+
+
+def _unavailable(name: str, mirror_dir: Path | None, download_error: str | None) -> DataUnavailable:
+    where = str(mirror_dir) if mirror_dir else "no mirror configured"
+    dl = download_error if download_error else "downloads disabled (data.download: false)"
+    return DataUnavailable(
+        f"{name}: no usable copy in the local mirror ({where}) and the download failed "
+        f"({dl}). Provide it by either (1) placing the raw files in torchvision's layout under "
+        f"a mirror folder and pointing ${MIRROR_ENV} or data.mirror at it, or (2) running "
+        f"with internet access and data.download: true."
+    )
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return f"{type(exc).__name__}: {text.splitlines()[0] if text else ''}"
+
+
+# ---------------------------------------------------------------------------- image data
+def fetch_image(name: str, raw_dir: Path, mirror: Path | None, download: bool) -> str:
+    """Make the raw files of ``name`` loadable from ``raw_dir``; return the source used."""
+    spec = IMAGE_DATASETS[name]
+    local = raw_dir / spec.folder / "raw"
+    cached = _marked_source(local)
+    if cached and _loads(spec, raw_dir):
+        return cached
+    mirror_dir = mirror / spec.folder / "raw" if mirror else None
+    if mirror_dir and mirror_dir.is_dir():
+        _copy_tree_decompressing(mirror_dir, local)
+        if _loads(spec, raw_dir):
+            return _mark(local, f"mirror {mirror_dir}")
+    error = None
+    if download:
+        try:
+            for split in ("train", "test"):
+                spec.load_split(raw_dir, split, download=True)
+            return _mark(local, "download (torchvision)")
+        except Exception as exc:  # network errors come in many types
+            error = _first_line(exc)
+    raise _unavailable(name, mirror_dir, error)
+
+
+def _loads(spec: ImageDataset, raw_dir: Path) -> bool:
+    try:
+        for split in ("train", "test"):
+            spec.load_split(raw_dir, split)
+        return True
+    except RuntimeError:
+        return False
+
+
+def _to_uint8_nchw(ds) -> tuple[torch.Tensor, torch.Tensor]:
+    """Pixels and labels of a torchvision dataset as uint8 (N, C, H, W) and int64 (N,)."""
+    data = ds.data
+    x = torch.as_tensor(data) if not isinstance(data, torch.Tensor) else data
+    if x.ndim == 3:  # MNIST-like (N, H, W)
+        x = x.unsqueeze(1)
+    elif x.shape[-1] in (1, 3):  # CIFAR (N, H, W, C)
+        x = x.permute(0, 3, 1, 2)
+    labels = getattr(ds, "targets", None)
+    if labels is None:
+        labels = ds.labels  # SVHN
+    return x.contiguous().to(torch.uint8), torch.as_tensor(labels, dtype=torch.int64)
+
+
+def subset_indices(n: int, k: int, seed: int) -> torch.Tensor:
+    """``k`` distinct indices of ``range(n)`` from a seeded permutation (all if k = 0 or k >= n)."""
+    if k == 0 or k >= n:
+        return torch.arange(n)
+    g = torch.Generator().manual_seed(seed)
+    return torch.randperm(n, generator=g)[:k].sort().values
+
+
+def channel_stats(x: torch.Tensor) -> tuple[list[float], list[float]]:
+    """Per-channel mean and std of uint8 images in [0, 1] pixel space."""
+    xf = x.to(torch.float64) / 255.0
+    mean = xf.mean(dim=(0, 2, 3))
+    std = xf.std(dim=(0, 2, 3))
+    return mean.tolist(), std.tolist()
+
+
+def process_image(name: str, raw_dir: Path, max_train: int, max_test: int, seed: int,
+                  source: str) -> dict[str, Any]:
+    spec = IMAGE_DATASETS[name]
+    out: dict[str, Any] = {"name": name, "kind": "image", "source": source}
+    for split, k in (("train", max_train), ("test", max_test)):
+        ds = spec.load_split(raw_dir, split)
+        x, y = _to_uint8_nchw(ds)
+        idx = subset_indices(len(y), k, seed)
+        out[split] = {"x": x[idx].clone(), "y": y[idx].clone()}
+        if split == "train":
+            out["classes"] = [str(c) for c in getattr(ds, "classes", range(int(y.max()) + 1))]
+    out["mean"], out["std"] = channel_stats(out["train"]["x"])
+    out["shape"] = list(out["train"]["x"].shape[1:])
+    return out
+
+
+# ---------------------------------------------------------------------------- SST-2
+def read_sst2_tsv(path: Path) -> dict[str, list] | None:
+    """Read one SST-2 TSV by its header (mirror: label/sentence|content; GLUE: sentence/label).
+
+    Returns None for a split without labels (GLUE's public test split).
+    """
+    with open(path, newline="", encoding="utf-8") as f:
+        reader = csv.DictReader(f, delimiter="\t", quoting=csv.QUOTE_NONE)
+        fields = reader.fieldnames or []
+        text_col = next((c for c in ("sentence", "content") if c in fields), None)
+        if text_col is None:
+            raise ValueError(f"{path}: no 'sentence' or 'content' column in header {fields}")
+        if "label" not in fields:
+            return None
+        text, label = [], []
+        for row in reader:
+            text.append(row[text_col])
+            label.append(int(row["label"]))
+    return {"text": text, "label": label}
+
+
+def _sst2_splits(folder: Path) -> dict[str, Path]:
+    return {s: folder / f"{s}.tsv" for s in ("train", "dev", "test") if (folder / f"{s}.tsv").is_file()}
+
+
+def fetch_sst2(raw_dir: Path, mirror: Path | None, download: bool) -> str:
+    local = raw_dir / TEXT_FOLDER["sst2"] / "raw"
+    cached = _marked_source(local)
+    if cached and {"train", "dev"} <= set(_sst2_splits(local)):
+        return cached
+    mirror_dir = mirror / TEXT_FOLDER["sst2"] if mirror else None
+    if mirror_dir and {"train", "dev"} <= set(_sst2_splits(mirror_dir)):
+        local.mkdir(parents=True, exist_ok=True)
+        for split, path in _sst2_splits(mirror_dir).items():
+            shutil.copyfile(path, local / path.name)
+        return _mark(local, f"mirror {mirror_dir}")
+    error = None
+    if download:
+        try:
+            from torchvision.datasets.utils import download_and_extract_archive
+
+            download_and_extract_archive(SST2_GLUE_URL, download_root=str(local))
+            for path in _sst2_splits(local / "SST-2").values():
+                shutil.move(str(path), local / path.name)
+            return _mark(local, f"download ({SST2_GLUE_URL})")
+        except Exception as exc:
+            error = _first_line(exc)
+    raise _unavailable("sst2", mirror_dir, error)
+
+
+def process_sst2(raw_dir: Path, max_train: int, max_test: int, seed: int,
+                 source: str) -> dict[str, Any]:
+    local = raw_dir / TEXT_FOLDER["sst2"] / "raw"
+    out: dict[str, Any] = {"name": "sst2", "kind": "text", "source": source,
+                           "classes": ["negative", "positive"], "unlabelled_splits": []}
+    for split, path in _sst2_splits(local).items():
+        rows = read_sst2_tsv(path)
+        if rows is None:
+            out["unlabelled_splits"].append(split)
+            continue
+        idx = subset_indices(len(rows["label"]), max_train if split == "train" else max_test, seed)
+        out[split] = {"text": [rows["text"][i] for i in idx],
+                      "y": torch.tensor(rows["label"], dtype=torch.int64)[idx]}
+    return out
+
+
+# ---------------------------------------------------------------------------- samples
+def _sample_files(folder: Path, prefix: str) -> list[tuple[Path, int]]:
+    files = sorted(folder.glob(f"{prefix}_*_*.*"))
+    return [(f, int(f.stem.rsplit("_", 1)[1])) for f in files]
+
+
+def load_sample(name: str, mirror: Path | None, raw_dir: Path,
+                available: dict[str, dict] | None = None) -> dict[str, Any]:
+    """A small real evaluation set (20 images) as uint8 tensors, labels from file names.
+
+    ``cifar10_sample`` falls back to the first 20 official CIFAR-10 test images when the
+    full dataset was fetched; ImageNet validation images have no public download route.
+    """
+    from torchvision.io import ImageReadMode, decode_image
+    from torchvision.transforms import v2
+
+    folder = mirror / SAMPLE_FOLDERS[name] if mirror else None
+    prefix = name.removesuffix("_sample")
+    files = _sample_files(folder, prefix) if folder and folder.is_dir() else []
+    if files:
+        imgs = [decode_image(str(f), mode=ImageReadMode.RGB) for f in files]
+        if name == "imagenet_sample":  # the standard ViT evaluation crop
+            tf = v2.Compose([v2.Resize(256, antialias=True), v2.CenterCrop(224)])
+            imgs = [tf(im) for im in imgs]
+        x = torch.stack(imgs)
+        y = torch.tensor([label for _, label in files], dtype=torch.int64)
+        source = f"mirror {folder}"
+    elif name == "cifar10_sample" and raw_dir and _loads(IMAGE_DATASETS["cifar10"], raw_dir):
+        x, y = _to_uint8_nchw(IMAGE_DATASETS["cifar10"].load_split(raw_dir, "test"))
+        x, y, source = x[:20], y[:20], "first 20 CIFAR-10 test images (download route)"
+    else:
+        raise DataUnavailable(
+            f"{name}: not found in the local mirror ({folder or 'no mirror configured'})"
+            + (" and CIFAR-10 was not fetched (add cifar10 to data.datasets to use its first 20 "
+               "test images)" if name == "cifar10_sample" else
+               "; ImageNet images have no public download route: provide the folder "
+               f"{SAMPLE_FOLDERS[name]}/ with imagenet_<index>_<label>.jpg files in the mirror")
+        )
+    mean, std = channel_stats(x)
+    return {"name": name, "kind": "image", "source": source, "test": {"x": x, "y": y},
+            "mean": mean, "std": std, "shape": list(x.shape[1:]), "classes": sample_classes(name)}
+
+
+def sample_classes(name: str) -> list[str]:
+    if name == "cifar10_sample":
+        return ["airplane", "automobile", "bird", "cat", "deer",
+                "dog", "frog", "horse", "ship", "truck"]
+    import torchvision
+
+    return list(torchvision.models.ViT_B_16_Weights.IMAGENET1K_V1.meta["categories"])
+
+
+# ---------------------------------------------------------------------------- the stage
+def prepare(datasets: list[str], samples: list[str], mirror: str, raw_dir: str,
+            processed_dir: str, download: bool, max_train: int, max_test: int,
+            subset_seed: int, progress: bool = True) -> list[dict[str, Any]]:
+    """Fetch, process and save every requested dataset; return one summary row each.
+
+    Every dataset is fetched before anything is written, so a missing dataset fails the
+    stage in seconds, naming both routes.
+    """
+    from tqdm.auto import tqdm
+
+    mirror_path = resolve_mirror(mirror)
+    raw, processed = Path(raw_dir), Path(processed_dir)
+    sources = {}
+    for name in tqdm(datasets, desc="fetch", disable=not progress):
+        if name in IMAGE_DATASETS:
+            sources[name] = fetch_image(name, raw, mirror_path, download)
+        else:
+            sources[name] = fetch_sst2(raw, mirror_path, download)
+    loaded = [load_sample(s, mirror_path, raw) for s in samples]
+
+    rows = []
+    for name in tqdm(datasets, desc="process", disable=not progress):
+        if name in IMAGE_DATASETS:
+            obj = process_image(name, raw, max_train, max_test, subset_seed, sources[name])
+        else:
+            obj = process_sst2(raw, max_train, max_test, subset_seed, sources[name])
+        torch_save(obj, processed / f"{name}.pt")
+        rows.append(summary_row(obj))
+    for obj in loaded:
+        torch_save(obj, processed / f"{obj['name']}.pt")
+        rows.append(summary_row(obj))
+    return rows
+
+
+def summary_row(obj: dict[str, Any]) -> dict[str, Any]:
+    row = {"dataset": obj["name"], "kind": obj["kind"], "source": obj["source"]}
+    for split in ("train", "dev", "test"):
+        if split in obj:
+            row[f"n_{split}"] = len(obj[split]["y"])
+    if obj["kind"] == "image":
+        row["shape"] = "x".join(map(str, obj["shape"]))
+        row["mean"] = [round(m, 4) for m in obj["mean"]]
+        row["std"] = [round(s, 4) for s in obj["std"]]
+    return row
+
+
+def load_processed(name: str, processed_dir: str | Path) -> dict[str, Any]:
+    """Read a processed dataset; a clear error if the data stage has not produced it."""
+    path = Path(processed_dir) / f"{name}.pt"
+    if not path.is_file():
+        raise DataUnavailable(f"{path}: missing; run the data stage (`dvc repro data`) with "
+                              f"{name!r} in data.datasets or data.samples")
+    return torch.load(path, weights_only=True)
+
+
+def as_float(x: torch.Tensor) -> torch.Tensor:
+    """uint8 pixels -> float in [0, 1] (the space eps is measured in)."""
+    return x.to(torch.float32) / 255.0

@@ -1,0 +1,91 @@
+"""Figures of the data report, drawn from the processed datasets."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import matplotlib.pyplot as plt
+import pandas as pd
+import seaborn as sns
+import torch
+
+
+def class_grid(obj: dict[str, Any], per_class: int, split: str = "train"):
+    """A grid of the first ``per_class`` images of every class (rows = classes)."""
+    x, y = obj[split]["x"], obj[split]["y"]
+    classes = sorted(int(c) for c in y.unique())
+    if len(classes) > 20:  # e.g. ImageNet samples: one row of all images
+        idx_rows = [list(range(len(y)))]
+        row_labels = [""]
+    else:
+        idx_rows = [(y == c).nonzero().flatten()[:per_class].tolist() for c in classes]
+        row_labels = [_name(obj, c) for c in classes]
+    cols = max(len(r) for r in idx_rows)
+    fig, axes = plt.subplots(len(idx_rows), cols, figsize=(0.9 * cols + 1.2, 0.9 * len(idx_rows)),
+                             squeeze=False)
+    for r, idx in enumerate(idx_rows):
+        for c in range(cols):
+            ax = axes[r][c]
+            ax.set_xticks([])
+            ax.set_yticks([])
+            for spine in ax.spines.values():
+                spine.set_visible(False)
+            if c < len(idx):
+                img = x[idx[c]].permute(1, 2, 0).squeeze(-1)
+                ax.imshow(img.numpy(), cmap="gray" if img.ndim == 2 else None, vmin=0, vmax=255)
+                if len(idx_rows) == 1:
+                    ax.set_title(_name(obj, int(y[idx[c]]))[:12], fontsize=6)
+        axes[r][0].set_ylabel(row_labels[r], rotation=0, ha="right", va="center", fontsize=7)
+    fig.suptitle(f"{obj['name']} ({split})", fontsize=10)
+    fig.tight_layout()
+    return fig
+
+
+def _name(obj: dict[str, Any], c: int) -> str:
+    classes = obj.get("classes") or []
+    return classes[c] if c < len(classes) else str(c)
+
+
+def class_counts(objs: list[dict[str, Any]]) -> pd.DataFrame:
+    """Long table: dataset, split, class, count."""
+    rows = []
+    for obj in objs:
+        for split in ("train", "dev", "test"):
+            if split not in obj:
+                continue
+            counts = torch.bincount(obj[split]["y"])
+            for c, n in enumerate(counts.tolist()):
+                rows.append({"dataset": obj["name"], "split": split, "class": _name(obj, c),
+                             "count": n})
+    return pd.DataFrame(rows)
+
+
+def class_balance(counts: pd.DataFrame):
+    """Bar chart of class frequencies per split, one panel per dataset."""
+    frac = counts.assign(
+        fraction=counts["count"] / counts.groupby(["dataset", "split"])["count"].transform("sum")
+    )
+    g = sns.catplot(data=frac, x="class", y="fraction", hue="split", col="dataset", col_wrap=2,
+                    kind="bar", sharex=False, height=2.6, aspect=1.8)
+    for ax in g.axes.flat:
+        ax.tick_params(axis="x", labelrotation=60, labelsize=6)
+    g.figure.suptitle("class balance per split", y=1.02)
+    return g.figure
+
+
+def sentence_lengths(obj: dict[str, Any]) -> pd.DataFrame:
+    """Whitespace-token counts of every sentence (tokenisation belongs to the text models)."""
+    return pd.DataFrame(
+        [{"split": split, "words": len(t.split()), "label": obj["classes"][int(lab)]}
+         for split in ("train", "dev", "test") if split in obj
+         for t, lab in zip(obj[split]["text"], obj[split]["y"], strict=True)]
+    )
+
+
+def length_histogram(lengths: pd.DataFrame):
+    fig, ax = plt.subplots(figsize=(7, 3))
+    sns.histplot(data=lengths, x="words", hue="split", stat="density", common_norm=False,
+                 discrete=True, element="step", ax=ax)
+    ax.set_title("SST-2 sentence length (words)")
+    fig.tight_layout()
+    return fig

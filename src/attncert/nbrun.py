@@ -1,0 +1,113 @@
+"""Run one pipeline notebook with papermill, parameters taken from params.yaml.
+
+    python -m attncert.nbrun notebooks/01_data.py reports/notebooks/01_data.ipynb --section data
+
+params.yaml is read once (YAML 1.2, validated by ``attncert.params``); the chosen sections'
+fields are passed to papermill with their real Python types. Everything is checked before
+the kernel starts: the params file, and that the notebook's ``parameters`` cell declares
+exactly the fields of the chosen sections. Errors are one line on stderr, exit status 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ast
+import os
+import sys
+import tempfile
+from pathlib import Path
+
+from attncert.params import PARAMS_FILE, ParamsError, load_params
+
+KERNEL = "python3"
+
+
+class NotebookError(ValueError):
+    """The notebook does not match its stage (parameters cell, format)."""
+
+
+def read_notebook(path: str | Path):
+    """A jupytext percent ``.py`` notebook (or an ``.ipynb``) as a NotebookNode."""
+    import jupytext
+
+    path = Path(path)
+    if not path.is_file():
+        raise NotebookError(f"{path}: notebook not found")
+    return jupytext.read(path)
+
+
+def declared_parameters(nb) -> list[str]:
+    """Names assigned in the cell tagged ``parameters`` (in order)."""
+    cells = [c for c in nb.cells if "parameters" in c.get("metadata", {}).get("tags", [])]
+    if len(cells) != 1:
+        raise NotebookError(f"expected exactly one cell tagged 'parameters', found {len(cells)}")
+    names: list[str] = []
+    for node in ast.parse(cells[0].source).body:
+        targets = node.targets if isinstance(node, ast.Assign) else (
+            [node.target] if isinstance(node, ast.AnnAssign) else []
+        )
+        for t in targets:
+            if not isinstance(t, ast.Name):
+                raise NotebookError("the parameters cell may only assign plain names")
+            names.append(t.id)
+    return names
+
+
+def check_parameters(nb, passed: dict, notebook: str) -> None:
+    declared = declared_parameters(nb)
+    extra = sorted(set(passed) - set(declared))
+    if extra:
+        raise NotebookError(f"{notebook}: parameter {extra[0]!r} is passed but not declared")
+    unset = sorted(set(declared) - set(passed))
+    if unset:
+        raise NotebookError(f"{notebook}: declared parameter {unset[0]!r} has no params.yaml key")
+
+
+def run(notebook: str, output: str, sections: list[str], params_file: str = PARAMS_FILE,
+        cwd: str | None = None) -> None:
+    params = load_params(params_file)
+    values = params.flat(sections)
+    nb = read_notebook(notebook)
+    check_parameters(nb, values, notebook)
+
+    import papermill as pm
+
+    out = Path(output)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    # Execute into a temporary file and rename: a failed run never leaves a half report.
+    fd, tmp = tempfile.mkstemp(suffix=".ipynb", dir=out.parent, prefix=f".{out.stem}.")
+    os.close(fd)
+    try:
+        pm.execute_notebook(
+            nb, tmp, parameters=values, kernel_name=KERNEL,
+            cwd=cwd or os.getcwd(), progress_bar=False, log_output=True,
+            report_mode=False,
+        )
+        os.replace(tmp, out)
+    except BaseException:
+        # keep the failed notebook next to the output for debugging
+        failed = out.with_name(out.stem + ".failed.ipynb")
+        if Path(tmp).exists():
+            os.replace(tmp, failed)
+            print(f"nbrun: the failed notebook is in {failed}", file=sys.stderr)
+        raise
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m attncert.nbrun", description=__doc__.split("\n")[0])
+    ap.add_argument("notebook", help="jupytext .py (percent) notebook")
+    ap.add_argument("output", help="executed .ipynb to write")
+    ap.add_argument("--section", action="append", required=True,
+                    help="params.yaml section passed to the notebook (repeatable)")
+    ap.add_argument("--params", default=PARAMS_FILE, help="params file (default: params.yaml)")
+    args = ap.parse_args(argv)
+    try:
+        run(args.notebook, args.output, args.section, args.params)
+    except (ParamsError, NotebookError) as exc:
+        print(f"nbrun: error: {exc}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

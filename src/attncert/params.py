@@ -1,0 +1,269 @@
+"""Typed schema of params.yaml, read once with YAML 1.2 semantics (as DVC reads it).
+
+params.yaml is the single source of truth: every key is required, there are no hidden
+defaults here. Each top-level section maps to a frozen dataclass whose fields carry their
+type and an optional check. ``load_params`` validates the whole file and raises
+``ParamsError`` with a one-line message naming the offending key.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import io
+import types
+import typing
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from ruamel.yaml import YAML
+
+PARAMS_FILE = "params.yaml"
+
+#: Image datasets the data stage can prepare, and the text dataset.
+IMAGE_DATASETS = ("mnist", "fashion_mnist", "cifar10", "cifar100", "svhn")
+TEXT_DATASETS = ("sst2",)
+DATASETS = IMAGE_DATASETS + TEXT_DATASETS
+#: Small real evaluation sets shipped with the offline mirror.
+SAMPLE_SETS = ("cifar10_sample", "imagenet_sample")
+
+
+class ParamsError(ValueError):
+    """A params.yaml problem, phrased as one line that names the key."""
+
+
+# ---------------------------------------------------------------------------- checks
+Check = Callable[[str, Any], None]
+
+
+def _fail(key: str, msg: str) -> typing.NoReturn:
+    raise ParamsError(f"{key}: {msg}")
+
+
+def nonneg(key: str, v: Any) -> None:
+    values = v if isinstance(v, list) else [v]
+    if any(x < 0 for x in values):
+        _fail(key, f"must be >= 0, got {v!r}")
+
+
+def positive(key: str, v: Any) -> None:
+    values = v if isinstance(v, list) else [v]
+    if any(x <= 0 for x in values):
+        _fail(key, f"must be > 0, got {v!r}")
+
+
+def one_of(*choices: str) -> Check:
+    def check(key: str, v: Any) -> None:
+        values = v if isinstance(v, list) else [v]
+        bad = [x for x in values if x not in choices]
+        if bad:
+            _fail(key, f"unknown value {bad[0]!r}; choose from {', '.join(choices)}")
+
+    return check
+
+
+def unique(key: str, v: list) -> None:
+    if len(set(v)) != len(v):
+        _fail(key, f"has duplicate entries: {v!r}")
+
+
+def device_spec(key: str, v: str) -> None:
+    if v not in ("auto", "cpu", "cuda", "mps") and not (
+        v.startswith("cuda:") and v[5:].isdigit()
+    ):
+        _fail(key, f"unknown device {v!r}; use auto, cpu, cuda, cuda:N or mps")
+
+
+def param(*checks: Check, doc: str = "") -> Any:
+    """A required field with checks applied after type validation."""
+    return field(metadata={"checks": checks, "doc": doc})
+
+
+# ---------------------------------------------------------------------------- sections
+@dataclass(frozen=True)
+class BaseParams:
+    scale: str = param(one_of("paper", "cpu", "smoke"), doc="label of the scale profile")
+    seed: int = param(nonneg)
+    device: str = param(device_spec)
+
+
+@dataclass(frozen=True)
+class DataParams:
+    mirror: str = param(doc="local mirror root in torchvision's <root>/<Dataset>/raw layout")
+    raw_dir: str = param()
+    processed_dir: str = param()
+    datasets: list[str] = param(one_of(*DATASETS), unique)
+    samples: list[str] = param(one_of(*SAMPLE_SETS), unique)
+    download: bool = param()
+    max_train: int = param(nonneg, doc="0 keeps the full split")
+    max_test: int = param(nonneg, doc="0 keeps the full split")
+    subset_seed: int = param(nonneg)
+    grid_per_class: int = param(positive)
+    metrics: str = param()
+
+
+@dataclass(frozen=True)
+class TightnessParams:
+    checkpoint: str = param(doc="'' uses a seeded random layer")
+    n_tokens: int = param(positive)
+    dim: int = param(positive)
+    heads: int = param(positive)
+    samples: int = param(positive)
+    weight_norm: float = param(positive)
+    eps: list[float] = param(positive)
+    fig3_eps: float = param(positive)
+    fig3_sizes: list[float] = param(nonneg)
+    fig3_samples: int = param(positive)
+    fig4_scales: list[float] = param(positive)
+    pgd_steps: int = param(positive)
+    pgd_restarts: int = param(positive)
+
+
+SECTIONS: dict[str, type] = {
+    "base": BaseParams,
+    "data": DataParams,
+}
+
+
+# ---------------------------------------------------------------------------- typing
+def _type_name(tp: Any) -> str:
+    return getattr(tp, "__name__", None) or str(tp).replace("typing.", "")
+
+
+def _check_type(key: str, value: Any, tp: Any) -> Any:
+    """Return ``value`` (ints widened to float where a float is declared) or raise."""
+    origin = typing.get_origin(tp)
+    if origin in (list, tuple):
+        (item_tp,) = typing.get_args(tp)[:1]
+        if not isinstance(value, list):
+            _fail(key, f"expected a list of {_type_name(item_tp)}, got {value!r}")
+        return [_check_type(f"{key}[{i}]", v, item_tp) for i, v in enumerate(value)]
+    if origin in (typing.Union, types.UnionType):
+        for alt in typing.get_args(tp):
+            try:
+                return _check_type(key, value, alt)
+            except ParamsError:
+                continue
+        _fail(key, f"expected {_type_name(tp)}, got {value!r}")
+    if tp is type(None):
+        if value is not None:
+            _fail(key, f"expected null, got {value!r}")
+        return value
+    if tp is bool:
+        if not isinstance(value, bool):
+            _fail(key, f"expected true/false, got {type(value).__name__} {value!r}")
+        return value
+    if tp is int:
+        if isinstance(value, bool) or not isinstance(value, int):
+            _fail(key, f"expected int, got {type(value).__name__} {value!r}")
+        return value
+    if tp is float:
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            _fail(key, f"expected float, got {type(value).__name__} {value!r}")
+        return float(value)
+    if tp is str:
+        if not isinstance(value, str):
+            _fail(key, f"expected string, got {type(value).__name__} {value!r}")
+        return value
+    raise TypeError(f"unsupported schema type {tp!r} for {key}")  # a bug in this module
+
+
+def parse_section(name: str, raw: Any, cls: type) -> Any:
+    """Validate one section's mapping against its dataclass; return the instance."""
+    if not isinstance(raw, Mapping):
+        _fail(name, f"expected a mapping of parameters, got {raw!r}")
+    hints = typing.get_type_hints(cls)
+    fields = {f.name: f for f in dataclasses.fields(cls)}
+    unknown = sorted(set(raw) - set(fields))
+    if unknown:
+        close = _closest(unknown[0], fields)
+        hint = f" (did you mean {close!r}?)" if close else ""
+        _fail(f"{name}.{unknown[0]}", f"unknown parameter{hint}")
+    missing = [k for k in fields if k not in raw]
+    if missing:
+        _fail(f"{name}.{missing[0]}", "missing (params.yaml must set every parameter)")
+    values = {}
+    for key, f in fields.items():
+        full = f"{name}.{key}"
+        v = _check_type(full, raw[key], hints[key])
+        for check in f.metadata.get("checks", ()):
+            check(full, v)
+        values[key] = v
+    return cls(**values)
+
+
+def _closest(word: str, options) -> str | None:
+    import difflib
+
+    hit = difflib.get_close_matches(word, list(options), n=1, cutoff=0.6)
+    return hit[0] if hit else None
+
+
+# ---------------------------------------------------------------------------- loading
+def yaml_12(typ: str = "safe") -> YAML:
+    y = YAML(typ=typ, pure=True)
+    y.version = (1, 2)
+    return y
+
+
+def read_yaml(path: str | Path) -> Any:
+    path = Path(path)
+    if not path.is_file():
+        raise ParamsError(f"{path}: file not found")
+    try:
+        return yaml_12().load(path.read_text())
+    except Exception as exc:  # ruamel's errors are multi-line; keep the first line
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise ParamsError(f"{path}: invalid YAML: {first}") from exc
+
+
+@dataclass(frozen=True)
+class Params:
+    """All sections of params.yaml, validated."""
+
+    sections: dict[str, Any]
+
+    def __getitem__(self, name: str) -> Any:
+        return self.sections[name]
+
+    def flat(self, names: list[str]) -> dict[str, Any]:
+        """The fields of the given sections as one flat dict (notebook parameters)."""
+        out: dict[str, Any] = {}
+        for name in names:
+            if name not in self.sections:
+                raise ParamsError(f"{name}: unknown section; known: {', '.join(self.sections)}")
+            for key, value in dataclasses.asdict(self.sections[name]).items():
+                if key in out:
+                    raise ParamsError(f"{name}.{key}: name also used by another section")
+                out[key] = value
+        return out
+
+
+def validate(raw: Any, source: str = PARAMS_FILE) -> Params:
+    if not isinstance(raw, Mapping):
+        raise ParamsError(f"{source}: expected a mapping of sections")
+    unknown = sorted(set(raw) - set(SECTIONS))
+    if unknown:
+        close = _closest(unknown[0], SECTIONS)
+        hint = f" (did you mean {close!r}?)" if close else ""
+        raise ParamsError(f"{unknown[0]}: unknown section{hint}")
+    missing = [s for s in SECTIONS if s not in raw]
+    if missing:
+        raise ParamsError(f"{missing[0]}: section missing from {source}")
+    return Params({name: parse_section(name, raw[name], cls) for name, cls in SECTIONS.items()})
+
+
+def load_params(path: str | Path = PARAMS_FILE) -> Params:
+    """Read and validate params.yaml (YAML 1.2: ``1e-3`` is a float, ``yes`` a string)."""
+    return validate(read_yaml(path), str(path))
+
+
+def section_fields(name: str) -> list[str]:
+    return [f.name for f in dataclasses.fields(SECTIONS[name])]
+
+
+def dump_yaml(data: Any) -> str:
+    buf = io.StringIO()
+    yaml_12("rt").dump(data, buf)
+    return buf.getvalue()
