@@ -227,7 +227,8 @@ def read_sst2_tsv(path: Path) -> dict[str, list] | None:
 
 
 def _sst2_splits(folder: Path) -> dict[str, Path]:
-    return {s: folder / f"{s}.tsv" for s in ("train", "dev", "test") if (folder / f"{s}.tsv").is_file()}
+    paths = {s: folder / f"{s}.tsv" for s in ("train", "dev", "test")}
+    return {s: p for s, p in paths.items() if p.is_file()}
 
 
 def fetch_sst2(raw_dir: Path, mirror: Path | None, download: bool) -> str:
@@ -238,7 +239,7 @@ def fetch_sst2(raw_dir: Path, mirror: Path | None, download: bool) -> str:
     mirror_dir = mirror / TEXT_FOLDER["sst2"] if mirror else None
     if mirror_dir and {"train", "dev"} <= set(_sst2_splits(mirror_dir)):
         local.mkdir(parents=True, exist_ok=True)
-        for split, path in _sst2_splits(mirror_dir).items():
+        for path in _sst2_splits(mirror_dir).values():
             shutil.copyfile(path, local / path.name)
         return _mark(local, f"mirror {mirror_dir}")
     error = None
@@ -291,7 +292,7 @@ def load_sample(name: str, mirror: Path | None, raw_dir: Path,
     prefix = name.removesuffix("_sample")
     files = _sample_files(folder, prefix) if folder and folder.is_dir() else []
     if files:
-        imgs = [decode_image(str(f), mode=ImageReadMode.RGB) for f in files]
+        imgs = [decode_image(str(f), mode=ImageReadMode.RGB) for f, _ in files]
         if name == "imagenet_sample":  # the standard ViT evaluation crop
             tf = v2.Compose([v2.Resize(256, antialias=True), v2.CenterCrop(224)])
             imgs = [tf(im) for im in imgs]

@@ -20,6 +20,7 @@ def atomic_path(path: str | Path) -> Iterator[Path]:
     os.close(fd)
     try:
         yield Path(tmp)
+        os.chmod(tmp, 0o666 & ~_umask())
         os.replace(tmp, path)
     finally:
         if os.path.exists(tmp):
@@ -36,3 +37,9 @@ def torch_save(obj: Any, path: str | Path) -> None:
 
     with atomic_path(path) as tmp:
         torch.save(obj, tmp)
+
+
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask

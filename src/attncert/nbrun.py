@@ -72,6 +72,9 @@ def run(notebook: str, output: str, sections: list[str], params_file: str = PARA
 
     import papermill as pm
 
+    # the kernel is always python3, whatever a notebook's header says
+    nb.metadata["kernelspec"] = {"name": KERNEL, "display_name": "Python 3", "language": "python"}
+    nb.metadata.setdefault("language_info", {"name": "python"})
     out = Path(output)
     out.parent.mkdir(parents=True, exist_ok=True)
     # Execute into a temporary file and rename: a failed run never leaves a half report.
@@ -79,11 +82,13 @@ def run(notebook: str, output: str, sections: list[str], params_file: str = PARA
     os.close(fd)
     try:
         pm.execute_notebook(
-            nb, tmp, parameters=values, kernel_name=KERNEL,
+            nb, tmp, parameters=values, kernel_name=KERNEL, language="python",
             cwd=cwd or os.getcwd(), progress_bar=False, log_output=True,
             report_mode=False,
         )
+        os.chmod(tmp, 0o644)
         os.replace(tmp, out)
+        out.with_name(out.stem + ".failed.ipynb").unlink(missing_ok=True)
     except BaseException:
         # keep the failed notebook next to the output for debugging
         failed = out.with_name(out.stem + ".failed.ipynb")
@@ -94,7 +99,8 @@ def run(notebook: str, output: str, sections: list[str], params_file: str = PARA
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m attncert.nbrun", description=__doc__.split("\n")[0])
+    ap = argparse.ArgumentParser(prog="python -m attncert.nbrun",
+                                 description=__doc__.split("\n")[0])
     ap.add_argument("notebook", help="jupytext .py (percent) notebook")
     ap.add_argument("output", help="executed .ipynb to write")
     ap.add_argument("--section", action="append", required=True,
@@ -106,6 +112,14 @@ def main(argv: list[str] | None = None) -> int:
     except (ParamsError, NotebookError) as exc:
         print(f"nbrun: error: {exc}", file=sys.stderr)
         return 2
+    except Exception as exc:
+        from papermill.exceptions import PapermillExecutionError
+
+        if not isinstance(exc, PapermillExecutionError):
+            raise
+        print(f"nbrun: {args.notebook} failed in cell {exc.exec_count}: {exc.ename}: {exc.evalue}",
+              file=sys.stderr)
+        return 1
     return 0
 
 

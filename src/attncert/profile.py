@@ -99,7 +99,8 @@ def apply(name: str, root: Path = Path()) -> dict[str, tuple[Any, Any]]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m attncert.profile", description=__doc__.split("\n")[0])
+    ap = argparse.ArgumentParser(prog="python -m attncert.profile",
+                                 description=__doc__.split("\n")[0])
     ap.add_argument("action", choices=["apply", "show"])
     ap.add_argument("name")
     args = ap.parse_args(argv)

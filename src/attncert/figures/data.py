@@ -60,8 +60,13 @@ def class_counts(objs: list[dict[str, Any]]) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
-def class_balance(counts: pd.DataFrame):
-    """Bar chart of class frequencies per split, one panel per dataset."""
+def class_balance(counts: pd.DataFrame, max_classes: int = 20):
+    """Bar chart of class frequencies per split, one panel per dataset.
+
+    Datasets with more than ``max_classes`` classes (CIFAR-100, ImageNet) are left to the table.
+    """
+    n_classes = counts.groupby("dataset")["class"].transform("nunique")
+    counts = counts[n_classes <= max_classes]
     frac = counts.assign(
         fraction=counts["count"] / counts.groupby(["dataset", "split"])["count"].transform("sum")
     )
@@ -69,6 +74,7 @@ def class_balance(counts: pd.DataFrame):
                     kind="bar", sharex=False, height=2.6, aspect=1.8)
     for ax in g.axes.flat:
         ax.tick_params(axis="x", labelrotation=60, labelsize=6)
+    g.figure.subplots_adjust(hspace=0.9)
     g.figure.suptitle("class balance per split", y=1.02)
     return g.figure
 

@@ -1,0 +1,47 @@
+# attncert: `make pipeline` runs the study, `make test` runs the tests. Both create the
+# environment (.venv, from the pins in requirements.txt) first when it is missing or stale.
+#
+#   make pipeline              dvc repro with params.yaml as it is (committed: paper scale)
+#   make pipeline SCALE=cpu    apply profiles/cpu.yaml first (2 CPU cores, < 90 min, offline data)
+#   make pipeline SCALE=smoke  apply profiles/smoke.yaml first (tiny, minutes)
+#   make pipeline SCALE=paper  restore the committed paper-scale params first
+
+PYTHON ?= $(shell command -v python3.11 || command -v python3)
+VENV ?= .venv
+PY := $(VENV)/bin/python
+FIX_TORCHVISION ?= ../shared/tools/fix-torchvision-cpu
+SCALE ?=
+export PATH := $(abspath $(VENV))/bin:$(PATH)
+
+.PHONY: env pipeline test lint bench clean-env
+
+env: $(VENV)/.installed
+
+$(VENV)/.installed: requirements.txt pyproject.toml
+	@$(PYTHON) -c 'import sys; assert sys.version_info[:2] == (3, 11), "Python 3.11 is required, found " + sys.version.split()[0]'
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q -r requirements.txt
+	$(PY) -m pip install -q --no-deps -e .
+	@# PyPI's torchvision 0.28 is a CUDA build; next to a CPU-only torch it needs stubs.
+	@$(PY) -c 'import torchvision' 2>/dev/null || { \
+	  if [ -x "$(FIX_TORCHVISION)" ]; then "$(FIX_TORCHVISION)" $(PY); \
+	  else echo "torchvision does not import and $(FIX_TORCHVISION) is missing:" \
+	    "install torch and torchvision builds that match (see README)" >&2; exit 1; fi; }
+	$(PY) -c 'import torch, torchvision, attncert; print("torch", torch.__version__, "torchvision", torchvision.__version__)'
+	touch $@
+
+pipeline: env
+	$(if $(SCALE),$(PY) -m attncert.profile apply $(SCALE))
+	dvc repro
+
+test: env
+	$(PY) -m pytest
+
+lint: env
+	$(PY) -m ruff check src tests notebooks
+
+bench: env
+	$(PY) -m attncert.bounds.bench
+
+clean-env:
+	rm -rf $(VENV)

@@ -1,0 +1,28 @@
+"""Shared test helpers: repository paths and the offline dataset mirror."""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+MIRROR = Path(os.environ.get("ATTNCERT_DATA_MIRROR", ROOT.parent / "shared" / "datasets"))
+
+
+@pytest.fixture(scope="session")
+def mirror() -> Path:
+    if not (MIRROR / "MNIST" / "raw").is_dir():
+        pytest.skip(f"offline dataset mirror not found at {MIRROR}")
+    return MIRROR.resolve()
+
+
+@pytest.fixture
+def venv_env() -> dict[str, str]:
+    """Environment for subprocesses: this interpreter's bin dir first on PATH."""
+    env = dict(os.environ)
+    env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"
+    env["DVC_NO_ANALYTICS"] = "1"
+    return env

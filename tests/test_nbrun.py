@@ -1,0 +1,112 @@
+"""The notebook runner: typed parameters, and errors before any cell runs."""
+
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import nbformat
+import pytest
+
+from attncert.nbrun import NotebookError, check_parameters, declared_parameters, read_notebook
+
+ROOT = Path(__file__).resolve().parents[1]
+
+NOTEBOOK = '''# %% tags=["parameters"]
+datasets = []
+max_train = 0
+max_test = 0
+download = False
+mirror = ""
+raw_dir = ""
+processed_dir = ""
+samples = []
+subset_seed = 0
+grid_per_class = 1
+metrics = ""
+
+# %%
+import json, pathlib
+pathlib.Path(metrics).write_text(json.dumps({k: [type(v).__name__, v] for k, v in dict(
+    datasets=datasets, max_train=max_train, download=download, grid_per_class=grid_per_class,
+).items()}))
+'''
+
+
+@pytest.fixture
+def project(tmp_path):
+    (tmp_path / "params.yaml").write_text((ROOT / "params.yaml").read_text())
+    (tmp_path / "nb.py").write_text(NOTEBOOK)
+    return tmp_path
+
+
+def _set(project, old, new):
+    p = project / "params.yaml"
+    text = p.read_text()
+    assert old in text
+    p.write_text(text.replace(old, new, 1))
+
+
+def _run(project, venv_env, *extra):
+    cmd = [sys.executable, "-m", "attncert.nbrun", "nb.py", "out.ipynb", "--section", "data",
+           *extra]
+    t0 = time.perf_counter()
+    proc = subprocess.run(cmd, cwd=project, env=venv_env, capture_output=True, text=True)
+    return proc, time.perf_counter() - t0
+
+
+def test_passes_real_types(project, venv_env):
+    _set(project, "metrics: reports/metrics/data.json", "metrics: seen.json")
+    _set(project, "max_train: 0 ", "max_train: 12 ")
+    proc, _ = _run(project, venv_env)
+    assert proc.returncode == 0, proc.stderr
+    seen = json.loads((project / "seen.json").read_text())
+    assert seen["max_train"] == ["int", 12]
+    assert seen["download"] == ["bool", True]
+    assert seen["datasets"][0] == "list" and "sst2" in seen["datasets"][1]
+    nb = nbformat.read(project / "out.ipynb", 4)
+    assert any("injected-parameters" in c.metadata.get("tags", []) for c in nb.cells)
+
+
+@pytest.mark.parametrize(
+    "old,new,key",
+    [
+        ("  max_train: 0 ", "  max_trian: 0 ", "data.max_trian"),
+        ("  max_train: 0 ", "  max_train: '1e3' ", "data.max_train"),
+        ("  max_train: 0 ", "  max_train: -3 ", "data.max_train"),
+        ("svhn, sst2]", "svhn, sst3]", "data.datasets"),
+        ("  device: auto ", "  device: tpu ", "base.device"),
+    ],
+)
+def test_bad_params_fail_before_execution(project, venv_env, old, new, key):
+    _set(project, old, new)
+    proc, seconds = _run(project, venv_env)
+    assert proc.returncode == 2
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and key in lines[0], proc.stderr
+    assert not (project / "out.ipynb").exists()
+    assert seconds < 20
+
+
+def test_unknown_section_is_an_error(project, venv_env):
+    proc, _ = _run(project, venv_env, "--section", "trian")
+    assert proc.returncode == 2 and "trian: unknown section" in proc.stderr
+
+
+def test_notebook_must_declare_exactly_the_section(project, venv_env):
+    (project / "nb.py").write_text(NOTEBOOK.replace("grid_per_class = 1\n", ""))
+    proc, _ = _run(project, venv_env)
+    assert proc.returncode == 2 and "'grid_per_class' is passed but not declared" in proc.stderr
+
+
+def test_declared_parameters(tmp_path):
+    p = tmp_path / "nb.py"
+    p.write_text('# %% tags=["parameters"]\na = 1\nb: int = 2\n\n# %%\nc = 3\n')
+    nb = read_notebook(p)
+    assert declared_parameters(nb) == ["a", "b"]
+    with pytest.raises(NotebookError, match="'a' has no params.yaml key"):
+        check_parameters(nb, {"b": 2}, "nb.py")
+    p.write_text("# %%\na = 1\n")
+    with pytest.raises(NotebookError, match="exactly one cell tagged 'parameters'"):
+        declared_parameters(read_notebook(p))

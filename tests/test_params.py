@@ -1,0 +1,124 @@
+"""params.yaml schema: YAML 1.2 types, unknown keys, wrong types, invalid values, profiles."""
+
+import shutil
+from pathlib import Path
+
+import pytest
+
+from attncert import profile
+from attncert.params import ParamsError, load_params, read_yaml, validate
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture
+def raw():
+    return read_yaml(ROOT / "params.yaml")
+
+
+def test_committed_params_are_valid_paper_scale():
+    p = load_params(ROOT / "params.yaml")
+    assert p["base"].scale == "paper"
+    assert set(p["data"].datasets) == {"mnist", "fashion_mnist", "cifar10", "cifar100", "svhn",
+                                       "sst2"}
+
+
+def test_yaml_12_semantics(tmp_path):
+    f = tmp_path / "p.yaml"
+    f.write_text("a: 1e-3\nb: yes\nc: 0o17\nd: 017\n")
+    data = read_yaml(f)
+    assert data["a"] == pytest.approx(1e-3) and isinstance(data["a"], float)
+    assert data["b"] == "yes"  # YAML 1.1 would make this True
+    assert data["c"] == 15 and data["d"] == 17
+
+
+@pytest.mark.parametrize(
+    "section,key,value,match",
+    [
+        ("data", "max_train", "1000", r"^data\.max_train: expected int, got str"),
+        ("data", "max_train", -5, r"^data\.max_train: must be >= 0"),
+        ("data", "download", "yes", r"^data\.download: expected true/false"),
+        ("data", "datasets", ["mnist", "imagenette"],
+         r"^data\.datasets: unknown value 'imagenette'"),
+        ("data", "datasets", "mnist", r"^data\.datasets: expected a list"),
+        ("data", "datasets", ["mnist", "mnist"], r"duplicate"),
+        ("base", "device", "gpu", r"^base\.device: unknown device 'gpu'"),
+        ("base", "scale", "huge", r"^base\.scale: unknown value 'huge'"),
+        ("base", "seed", 1.5, r"^base\.seed: expected int, got float"),
+        ("base", "seed", True, r"^base\.seed: expected int, got bool"),
+    ],
+)
+def test_invalid_values_name_the_key(raw, section, key, value, match):
+    raw[section][key] = value
+    with pytest.raises(ParamsError, match=match) as err:
+        validate(raw)
+    assert "\n" not in str(err.value)
+
+
+def test_unknown_and_missing_keys(raw):
+    raw["data"]["max_trian"] = 3
+    msg = r"data\.max_trian: unknown parameter \(did you mean 'max_train'"
+    with pytest.raises(ParamsError, match=msg):
+        validate(raw)
+    del raw["data"]["max_trian"]
+    del raw["data"]["subset_seed"]
+    with pytest.raises(ParamsError, match=r"data\.subset_seed: missing"):
+        validate(raw)
+
+
+def test_unknown_section(raw):
+    raw["dat"] = {}
+    with pytest.raises(ParamsError, match=r"^dat: unknown section \(did you mean 'data'"):
+        validate(raw)
+
+
+def test_float_fields_accept_ints(raw):
+    # YAML `1` where a float is declared is widened, never a type error
+    from attncert.params import BaseParams, _check_type
+
+    assert BaseParams is not None
+    assert _check_type("k", 1, float) == 1.0 and isinstance(_check_type("k", 1, float), float)
+    assert _check_type("k", [1, 0.5], list[float]) == [1.0, 0.5]
+    with pytest.raises(ParamsError, match="expected float, got str"):
+        _check_type("k", "1e-3", float)
+
+
+@pytest.fixture
+def project_copy(tmp_path):
+    """params.yaml and profiles/ outside git: the working copy is the base."""
+    shutil.copy(ROOT / "params.yaml", tmp_path / "params.yaml")
+    shutil.copytree(ROOT / "profiles", tmp_path / "profiles")
+    return tmp_path
+
+
+@pytest.mark.parametrize("name", ["cpu", "smoke"])
+def test_profiles_apply_and_validate(project_copy, name):
+    before = (project_copy / "params.yaml").read_text()
+    changes = profile.apply(name, project_copy)
+    after = load_params(project_copy / "params.yaml")
+    assert after["base"].scale == name
+    assert changes, "a profile must change something"
+    assert "# attncert parameters" in (project_copy / "params.yaml").read_text()  # comments kept
+    for key, (_, new) in changes.items():
+        section, field = key.split(".")
+        assert getattr(after[section], field) == new
+    # a profile is applied to the paper base, so re-applying never stacks
+    with pytest.raises(ParamsError, match="not in git"):
+        profile.apply("paper", project_copy)
+    (project_copy / "params.yaml").write_text(before)
+
+
+def test_profile_with_unknown_key_is_rejected(project_copy):
+    (project_copy / "profiles" / "bad.yaml").write_text("data:\n  max_trian: 3\n")
+    with pytest.raises(ParamsError, match=r"data\.max_trian: profile 'bad' sets a key"):
+        profile.apply("bad", project_copy)
+    with pytest.raises(ParamsError, match="unknown profile"):
+        profile.apply("nope", project_copy)
+
+
+def test_profile_with_invalid_value_is_rejected_before_writing(project_copy):
+    (project_copy / "profiles" / "bad.yaml").write_text("data:\n  max_train: -1\n")
+    before = (project_copy / "params.yaml").read_text()
+    with pytest.raises(ParamsError, match=r"data\.max_train: must be >= 0"):
+        profile.apply("bad", project_copy)
+    assert (project_copy / "params.yaml").read_text() == before
