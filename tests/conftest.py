@@ -12,6 +12,14 @@ ROOT = Path(__file__).resolve().parents[1]
 MIRROR = Path(os.environ.get("ATTNCERT_DATA_MIRROR", ROOT.parent / "shared" / "datasets"))
 
 
+def pytest_configure(config):
+    """Tests use tiny tensors: one intra-op thread avoids thread-pool overhead that costs
+    more than the work itself (100x on a loaded 2-core machine)."""
+    import torch
+
+    torch.set_num_threads(1)
+
+
 @pytest.fixture(scope="session")
 def mirror() -> Path:
     if not (MIRROR / "MNIST" / "raw").is_dir():

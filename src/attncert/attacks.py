@@ -1,0 +1,138 @@
+"""Untargeted evasion attacks in pixel space [0, 1]: PGD-L2, FGSM / PGD / CW-PGD in L_inf.
+
+Every attack returns ``(x_adv, success)``: x_adv lies in the eps-ball around x (per sample)
+and in the box [0, 1]; success[i] is True when model(x_adv[i]) does not predict y[i]. A
+success is kept once found (over steps and restarts); a clean misclassification counts as
+a success with x_adv = x. Unsuccessful samples get their highest-loss iterate. The model is
+used as given (call ``model.eval()`` first); gradients are taken w.r.t. the input only.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor, nn
+from torch.nn import functional as F
+
+LOSSES = ("ce", "margin")
+
+
+def _per_sample(eps: float | Tensor, x: Tensor) -> Tensor:
+    """eps as a (B, 1, ..., 1) tensor broadcasting against x."""
+    e = torch.as_tensor(eps, dtype=x.dtype, device=x.device)
+    e = e.expand(x.shape[0]) if e.dim() == 0 else e
+    return e.reshape(-1, *([1] * (x.dim() - 1)))
+
+
+def _flat_norm(t: Tensor) -> Tensor:
+    return t.flatten(1).norm(dim=1).reshape(-1, *([1] * (t.dim() - 1)))
+
+
+def attack_loss(logits: Tensor, y: Tensor, kind: str) -> Tensor:
+    """(B,) loss to ASCEND: "ce" cross-entropy, "margin" max_{j != y} f_j - f_y (CW)."""
+    if kind == "ce":
+        return F.cross_entropy(logits, y, reduction="none")
+    true = logits.gather(1, y[:, None]).squeeze(1)
+    other = logits.masked_fill(F.one_hot(y, logits.shape[1]).bool(), float("-inf"))
+    return other.max(dim=1).values - true
+
+
+def project(delta: Tensor, x: Tensor, eps: Tensor, norm: str) -> Tensor:
+    """Onto the eps-ball (l2 or linf), then into the box: x + delta in [0, 1].
+
+    Clamping to the box only shrinks each coordinate of delta (x is in the box), so the
+    result stays in the ball.
+    """
+    if norm == "l2":
+        delta = delta * torch.clamp(eps / _flat_norm(delta).clamp_min(1e-12), max=1.0)
+    else:
+        delta = torch.maximum(torch.minimum(delta, eps), -eps)
+    return (x + delta).clamp(0.0, 1.0) - x
+
+
+def _random_start(x: Tensor, eps: Tensor, norm: str, g: torch.Generator | None) -> Tensor:
+    if norm == "l2":  # uniform in the l2 ball
+        d = torch.randn(x.shape, generator=g, device="cpu", dtype=x.dtype).to(x.device)
+        u = torch.rand(x.shape[0], generator=g, dtype=x.dtype).to(x.device)
+        r = u.pow(1.0 / x[0].numel()).reshape_as(eps)
+        return d / _flat_norm(d).clamp_min(1e-12) * eps * r
+    u = torch.rand(x.shape, generator=g, dtype=x.dtype).to(x.device)
+    return (2 * u - 1) * eps
+
+
+def pgd(model: nn.Module, x: Tensor, y: Tensor, eps: float | Tensor, norm: str, steps: int,
+        restarts: int = 1, step_size: float | Tensor | None = None, loss: str = "margin",
+        random_start: bool = True, generator: torch.Generator | None = None
+        ) -> tuple[Tensor, Tensor]:
+    """Projected gradient ascent of ``loss`` over the eps-ball (``norm`` "l2" | "linf") and box.
+
+    Step: l2 normalised gradient, linf sign of the gradient; default step size 2.5 eps / steps.
+    """
+    if norm not in ("l2", "linf") or loss not in LOSSES:
+        raise ValueError(f"norm must be l2|linf and loss ce|margin, got {norm!r}, {loss!r}")
+    x, y = x.detach(), y.detach()
+    e = _per_sample(eps, x)
+    alpha = 2.5 * e / steps if step_size is None else _per_sample(step_size, x)
+    with torch.no_grad():
+        logits = model(x)
+        success = logits.argmax(1) != y
+        best_loss = attack_loss(logits, y, loss)
+    best = x.clone()
+
+    def record(cand: Tensor, logits: Tensor) -> None:
+        nonlocal success, best_loss
+        fooled = logits.argmax(1) != y
+        value = attack_loss(logits, y, loss)
+        take = (fooled & ~success) | (~success & ~fooled & (value > best_loss))
+        best[take] = cand[take]
+        best_loss = torch.where(take, value, best_loss)
+        success = success | fooled
+
+    for _ in range(restarts):
+        delta = _random_start(x, e, norm, generator) if random_start else torch.zeros_like(x)
+        delta = project(delta, x, e, norm)
+        for _ in range(steps):
+            delta.requires_grad_(True)
+            with torch.enable_grad():
+                logits = model(x + delta)
+                (grad,) = torch.autograd.grad(attack_loss(logits, y, loss).sum(), delta)
+            with torch.no_grad():
+                record(x + delta, logits.detach())
+                if norm == "l2":
+                    step = grad / _flat_norm(grad).clamp_min(1e-12)
+                else:
+                    step = grad.sign()
+                delta = project(delta.detach() + alpha * step, x, e, norm)
+        with torch.no_grad():
+            record(x + delta, model(x + delta))
+        if bool(success.all()):
+            break
+    return best.detach(), success
+
+
+def pgd_l2(model: nn.Module, x: Tensor, y: Tensor, eps: float | Tensor, steps: int = 100,
+           restarts: int = 10, step_size: float | Tensor | None = None, loss: str = "margin",
+           generator: torch.Generator | None = None) -> tuple[Tensor, Tensor]:
+    """L2 PGD with random starts in the ball (the audit attack for L2 certificates)."""
+    return pgd(model, x, y, eps, "l2", steps, restarts, step_size, loss, True, generator)
+
+
+def fgsm_linf(model: nn.Module, x: Tensor, y: Tensor, eps: float | Tensor
+              ) -> tuple[Tensor, Tensor]:
+    """FGSM: one signed CE-gradient step of size eps from x (SpecFormer's FGSM)."""
+    return pgd(model, x, y, eps, "linf", 1, 1, eps, "ce", False, None)
+
+
+def pgd_linf(model: nn.Module, x: Tensor, y: Tensor, eps: float | Tensor, steps: int = 20,
+             restarts: int = 1, step_size: float | Tensor | None = None, loss: str = "ce",
+             random_start: bool = True, generator: torch.Generator | None = None
+             ) -> tuple[Tensor, Tensor]:
+    """L_inf PGD on CE (SpecFormer's PGD-2 / PGD-20: steps = 2 / 20)."""
+    return pgd(model, x, y, eps, "linf", steps, restarts, step_size, loss, random_start,
+               generator)
+
+
+def cw_linf(model: nn.Module, x: Tensor, y: Tensor, eps: float | Tensor, steps: int = 20,
+            restarts: int = 1, step_size: float | Tensor | None = None,
+            generator: torch.Generator | None = None) -> tuple[Tensor, Tensor]:
+    """CW-20: L_inf PGD on the CW margin loss max_{j != y} f_j - f_y."""
+    return pgd(model, x, y, eps, "linf", steps, restarts, step_size, "margin", True, generator)

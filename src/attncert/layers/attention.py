@@ -1,0 +1,86 @@
+"""Standard dot-product multi-head self-attention (LoFAST section 3, MATH.md section 1).
+
+P_l(X) = softmax_rows(X W_l^Q (X W_l^K)^T / sqrt(d_h)),  Att(X) = sum_l P_l(X) X W_l^V W_l^O.
+The residual (H = I) is added by the block, not here.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import Tensor, nn
+
+from .linear import NormConstrainedLinear
+
+
+def linear_weight(m: nn.Module) -> Tensor:
+    """The (out, in) matrix a linear module applies (the constrained one when it has one)."""
+    return m.weight_effective() if hasattr(m, "weight_effective") else m.weight
+
+
+class MultiHeadAttention(nn.Module):
+    """Multi-head self-attention on (B, n, dim) with four dim x dim projections.
+
+    ``lipschitz=True``: bias-free NormConstrainedLinear maps with ||W^Q||, ||W^K|| <= gamma_qk
+    and ||W^V||, ||W^O|| <= gamma_vo (each head's block is a sub-matrix, so it obeys the same
+    bound). ``lipschitz=False``: plain nn.Linear (biases optional).
+    """
+
+    def __init__(self, dim: int, heads: int, lipschitz: bool, gamma_qk: float = 1.0,
+                 gamma_vo: float = 1.0, bias: bool = False):
+        super().__init__()
+        if dim % heads:
+            raise ValueError(f"dim {dim} is not divisible by heads {heads}")
+        if lipschitz and bias:
+            raise ValueError("the Lipschitz attention has no biases (F(X) = H X + sum P X A)")
+        self.dim, self.heads, self.d_head = dim, heads, dim // heads
+        if lipschitz:
+            def make(gamma):
+                return NormConstrainedLinear(dim, dim, gamma, bias=False)
+            self.q, self.k = make(gamma_qk), make(gamma_qk)
+            self.v, self.o = make(gamma_vo), make(gamma_vo)
+        else:
+            self.q, self.k, self.v, self.o = (nn.Linear(dim, dim, bias=bias) for _ in range(4))
+
+    @property
+    def has_bias(self) -> bool:
+        return any(m.bias is not None for m in (self.q, self.k, self.v, self.o))
+
+    def _split(self, t: Tensor) -> Tensor:
+        """(B, n, h*d_h) -> (B, h, n, d_h): head l is features l*d_h:(l+1)*d_h."""
+        b, n, _ = t.shape
+        return t.reshape(b, n, self.heads, self.d_head).transpose(1, 2)
+
+    def compute_probs(self, x: Tensor) -> Tensor:
+        """(B, h, n, n): P_l(X) = softmax(X W_l^Q (X W_l^K)^T / sqrt(d_h))."""
+        q, k = self._split(self.q(x)), self._split(self.k(x))
+        return torch.softmax(q @ k.transpose(-1, -2) / math.sqrt(self.d_head), dim=-1)
+
+    def forward(self, x: Tensor) -> Tensor:
+        p = self.compute_probs(x)
+        heads = p @ self._split(self.v(x))  # (B, h, n, d_h): P_l X W_l^V
+        b, _, n, _ = heads.shape
+        return self.o(heads.transpose(1, 2).reshape(b, n, self.dim))  # concat heads, W^O
+
+    def attention_weights(self):
+        """The effective per-head matrices as ``attncert.bounds.AttentionWeights`` (x W convention).
+
+        wq/wk/wv: (h, d, d_h), head l = weight[l*d_h:(l+1)*d_h, :].T; wo: (h, d_h, d), head l =
+        weight[:, l*d_h:(l+1)*d_h].T. Detached. Raises if the layer has biases (the bounds
+        model bias-free projections).
+        """
+        from attncert.bounds import AttentionWeights
+
+        if self.has_bias:
+            raise ValueError("attention with biases is not covered by the bounds (bias-free F(X))")
+        h, dh, d = self.heads, self.d_head, self.dim
+        wq, wk, wv, wo = (linear_weight(m).detach() for m in (self.q, self.k, self.v, self.o))
+
+        def split_in(w: Tensor) -> Tensor:
+            return w.reshape(h, dh, d).transpose(1, 2)
+
+        return AttentionWeights(split_in(wq), split_in(wk), split_in(wv), wo.T.reshape(h, dh, d))
+
+    def extra_repr(self) -> str:
+        return f"dim={self.dim}, heads={self.heads}"

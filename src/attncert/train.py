@@ -1,0 +1,289 @@
+"""Training loop: cross-entropy (+ an optional margin term), AdamW, per-step cosine schedule,
+seeded data order, an atomic checkpoint every epoch and resume from it.
+
+Margin terms (on logits f, true class y, s = logit_scale):
+  "none": CE(s f, y);
+  "lmt":  CE(s (f + lmt_offset (1 - onehot(y))), y)  (LMT, Tsuzuku et al. 2018: the offset stands
+          for sqrt(2) c L, a fixed value here since dot-product attention has no global L);
+  "olsa": CE(s f, y) - olsa_gamma * mean(relu(M / sqrt(2))), M = f_y - max_{j != y} f_j
+          (OLSA's certificate regulariser, MATH.md section 7).
+The scale s (a CE temperature) matters for Lipschitz models: their features have norm ~1, so
+unscaled CE wants a huge head; s changes the loss only, never the predictions or certificates.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+from torch.nn import functional as F
+
+from attncert.data import as_float
+from attncert.io import torch_save, write_json
+
+MARGINS = ("none", "lmt", "olsa")
+AUGMENTS = ("none", "crop", "crop_flip")
+CHECKPOINT = "last.pt"
+METRICS = "metrics.json"
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    """Optimisation settings; every field is validated (a ValueError names the field)."""
+
+    epochs: int = 10
+    batch_size: int = 128
+    lr: float = 1e-3
+    weight_decay: float = 0.0
+    warmup_steps: int = 0
+    margin: str = "none"
+    lmt_offset: float = 0.0
+    olsa_gamma: float = 0.0
+    logit_scale: float = 1.0  # CE temperature (see the module docstring)
+    augment: str = "none"  # random 4-pixel-padded crops (+ horizontal flips)
+    grad_clip: float = 0.0  # max global grad norm; 0 = off
+    eval_batch_size: int = 1000
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        for name in ("epochs", "batch_size", "eval_batch_size"):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, int) or v <= 0:
+                raise ValueError(f"TrainConfig.{name} must be a positive int, got {v!r}")
+        for name in ("warmup_steps", "seed"):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, int) or v < 0:
+                raise ValueError(f"TrainConfig.{name} must be an int >= 0, got {v!r}")
+        for name in ("lr", "logit_scale"):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, int | float) or not v > 0:
+                raise ValueError(f"TrainConfig.{name} must be a number > 0, got {v!r}")
+        for name in ("weight_decay", "lmt_offset", "olsa_gamma", "grad_clip"):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, int | float) or v < 0:
+                raise ValueError(f"TrainConfig.{name} must be a number >= 0, got {v!r}")
+        for name, choices in (("margin", MARGINS), ("augment", AUGMENTS)):
+            if getattr(self, name) not in choices:
+                raise ValueError(f"TrainConfig.{name} = {getattr(self, name)!r}: choose from "
+                                 f"{', '.join(choices)}")
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> TrainConfig:
+        names = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(d) - names)
+        if unknown:
+            raise ValueError(f"TrainConfig: unknown key(s) {unknown}; known: {sorted(names)}")
+        return cls(**d)
+
+
+def resolve_device(spec: str | torch.device = "auto") -> torch.device:
+    """"auto" -> cuda if available else cpu; anything else as torch.device."""
+    if str(spec) == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    return torch.device(spec)
+
+
+# -- data ------------------------------------------------------------------------------------
+
+
+def _xy(data: Any) -> tuple[Tensor, Tensor]:
+    """(x, y) from a (x, y) pair or a {"x", "y"} split of a processed dataset."""
+    if isinstance(data, Mapping):
+        return data["x"], data["y"]
+    x, y = data
+    return x, y
+
+
+def _to_float(x: Tensor) -> Tensor:
+    return as_float(x) if x.dtype == torch.uint8 else x.float()
+
+
+def epoch_generator(seed: int, epoch: int) -> torch.Generator:
+    """The generator of one epoch's order and augmentation: resuming needs no saved state."""
+    return torch.Generator().manual_seed(seed * 1_000_003 + epoch)
+
+
+def augment_batch(x: Tensor, mode: str, g: torch.Generator, pad: int = 4) -> Tensor:
+    """Random crops of the zero-padded images (and horizontal flips for "crop_flip")."""
+    if mode == "none":
+        return x
+    b, _, h, w = x.shape
+    padded = F.pad(x, (pad, pad, pad, pad))
+    dy = torch.randint(0, 2 * pad + 1, (b,), generator=g)
+    dx = torch.randint(0, 2 * pad + 1, (b,), generator=g)
+    rows = (dy[:, None] + torch.arange(h))[:, None, :, None].expand(b, x.shape[1], h, w + 2 * pad)
+    out = padded.gather(2, rows.to(x.device))
+    cols = (dx[:, None] + torch.arange(w))[:, None, None, :].expand(b, x.shape[1], h, w)
+    out = out.gather(3, cols.to(x.device))
+    if mode == "crop_flip":
+        flip = torch.rand(b, generator=g) < 0.5
+        out[flip.to(x.device)] = out[flip.to(x.device)].flip(-1)
+    return out
+
+
+# -- loss and evaluation ---------------------------------------------------------------------
+
+
+def logit_margin(logits: Tensor, y: Tensor) -> Tensor:
+    """(B,): M = f_y - max_{j != y} f_j."""
+    true = logits.gather(1, y[:, None]).squeeze(1)
+    other = logits.masked_fill(F.one_hot(y, logits.shape[1]).bool(), -math.inf)
+    return true - other.max(dim=1).values
+
+
+def training_loss(logits: Tensor, y: Tensor, cfg: TrainConfig) -> Tensor:
+    """CE plus the configured margin term (module docstring)."""
+    s = cfg.logit_scale
+    if cfg.margin == "lmt":
+        not_true = 1.0 - F.one_hot(y, logits.shape[1]).to(logits.dtype)
+        return F.cross_entropy(s * (logits + cfg.lmt_offset * not_true), y)
+    loss = F.cross_entropy(s * logits, y)
+    if cfg.margin == "olsa":
+        loss = loss - cfg.olsa_gamma * F.relu(logit_margin(logits, y) / math.sqrt(2)).mean()
+    return loss
+
+
+@torch.no_grad()
+def evaluate(model: nn.Module, data: Any, device: torch.device | str = "cpu",
+             batch_size: int = 1000) -> dict[str, float]:
+    """Mean cross-entropy and accuracy of ``model`` on (x, y)."""
+    x, y = _xy(data)
+    was_training = model.training
+    model.eval()
+    loss_sum, correct = 0.0, 0
+    for i in range(0, len(y), batch_size):
+        xb, yb = _to_float(x[i:i + batch_size]).to(device), y[i:i + batch_size].to(device)
+        logits = model(xb)
+        loss_sum += float(F.cross_entropy(logits, yb, reduction="sum"))
+        correct += int((logits.argmax(1) == yb).sum())
+    model.train(was_training)
+    n = max(len(y), 1)
+    return {"loss": loss_sum / n, "acc": correct / n}
+
+
+@torch.no_grad()
+def lipschitz_diagnostics(model: nn.Module) -> dict[str, float]:
+    """Spectral norm (exact SVD) of every constrained or plain linear map, "sigma/<module>"."""
+    out = {}
+    for name, m in model.named_modules():
+        if hasattr(m, "weight_effective"):
+            w = m.weight_effective()
+        elif isinstance(m, nn.Linear):
+            w = m.weight
+        else:
+            continue
+        out[f"sigma/{name}"] = float(torch.linalg.svdvals(w.detach().double().cpu()).max())
+    return out
+
+
+# -- the loop --------------------------------------------------------------------------------
+
+
+def cosine_schedule(total_steps: int, warmup_steps: int) -> Callable[[int], float]:
+    """LR factor per step: linear warmup, then cosine decay to 0 at ``total_steps``."""
+    def factor(step: int) -> float:
+        if step < warmup_steps:
+            return (step + 1) / warmup_steps
+        progress = (step - warmup_steps) / max(1, total_steps - warmup_steps)
+        return 0.5 * (1.0 + math.cos(math.pi * min(progress, 1.0)))
+    return factor
+
+
+def _rng_state() -> dict[str, Any]:
+    state = {"torch": torch.get_rng_state()}
+    if torch.cuda.is_available():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
+
+
+def _set_rng_state(state: Mapping[str, Any]) -> None:
+    torch.set_rng_state(state["torch"])
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
+
+
+def train(model: nn.Module, train_data: Any, eval_data: Any, config: TrainConfig,
+          checkpoint_dir: str | Path, device: str | torch.device = "auto",
+          progress: bool = True, metrics_path: str | Path | None = None,
+          callback: Callable[[int, dict[str, Any]], None] | None = None) -> list[dict[str, Any]]:
+    """Train ``model`` in place; return the per-epoch metrics rows.
+
+    ``train_data``/``eval_data``: (x, y) or {"x", "y"} with uint8 (or float [0, 1]) images.
+    After every epoch the full state goes atomically to ``checkpoint_dir/last.pt`` and the
+    metrics list to ``metrics_path`` (default ``checkpoint_dir/metrics.json``); a later call
+    with the same config resumes from that checkpoint (a different config is an error).
+    ``callback(epoch, row)`` runs after each checkpoint (e.g. to stop early by raising).
+    """
+    from tqdm.auto import tqdm
+
+    ckpt_path = Path(checkpoint_dir) / CHECKPOINT
+    metrics_path = Path(metrics_path) if metrics_path else Path(checkpoint_dir) / METRICS
+    dev = resolve_device(device)
+    model.to(dev)
+    x, y = _xy(train_data)
+    n = len(y)
+    steps_per_epoch = math.ceil(n / config.batch_size)
+    opt = torch.optim.AdamW(model.parameters(), lr=config.lr, weight_decay=config.weight_decay)
+    sched = torch.optim.lr_scheduler.LambdaLR(
+        opt, cosine_schedule(config.epochs * steps_per_epoch, config.warmup_steps))
+    cfg_dict = dataclasses.asdict(config)
+    metrics: list[dict[str, Any]] = []
+    start = 0
+    if ckpt_path.is_file():
+        ckpt = torch.load(ckpt_path, map_location="cpu", weights_only=True)
+        if ckpt["config"] != cfg_dict:
+            raise ValueError(f"{ckpt_path} was written with another training config "
+                             f"({ckpt['config']}); delete it to start over")
+        model.load_state_dict(ckpt["model"])
+        opt.load_state_dict(ckpt["optimizer"])
+        sched.load_state_dict(ckpt["scheduler"])
+        _set_rng_state(ckpt["rng"])
+        metrics, start = list(ckpt["metrics"]), int(ckpt["epoch"])
+
+    for epoch in range(start + 1, config.epochs + 1):
+        t0 = time.perf_counter()
+        model.train()
+        g = epoch_generator(config.seed, epoch)
+        order = torch.randperm(n, generator=g)
+        loss_sum, correct = 0.0, 0
+        bar = tqdm(range(steps_per_epoch), desc=f"epoch {epoch}/{config.epochs}",
+                   disable=not progress, leave=False)
+        for step in bar:
+            idx = order[step * config.batch_size:(step + 1) * config.batch_size]
+            xb = augment_batch(_to_float(x[idx]), config.augment, g).to(dev)
+            yb = y[idx].to(dev)
+            logits = model(xb)
+            loss = training_loss(logits, yb, config)
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            if config.grad_clip > 0:
+                nn.utils.clip_grad_norm_(model.parameters(), config.grad_clip)
+            opt.step()
+            sched.step()
+            loss_sum += loss.item() * len(idx)
+            correct += int((logits.detach().argmax(1) == yb).sum())
+            bar.set_postfix(loss=f"{loss.item():.4f}")
+        train_seconds = time.perf_counter() - t0
+        ev = evaluate(model, eval_data, dev, config.eval_batch_size)
+        row = {"epoch": epoch, "train_loss": loss_sum / n, "train_acc": correct / n,
+               "test_loss": ev["loss"], "test_acc": ev["acc"], "lr": sched.get_last_lr()[0],
+               "seconds": train_seconds, **lipschitz_diagnostics(model)}
+        metrics.append(row)
+        torch_save({"model": model.state_dict(), "optimizer": opt.state_dict(),
+                    "scheduler": sched.state_dict(), "epoch": epoch, "metrics": metrics,
+                    "config": cfg_dict, "rng": _rng_state()}, ckpt_path)
+        write_json(metrics_path, metrics)
+        if progress:
+            tqdm.write(f"epoch {epoch}: loss {row['train_loss']:.4f} train acc "
+                       f"{row['train_acc']:.4f} test acc {row['test_acc']:.4f} "
+                       f"({train_seconds:.1f} s)")
+        if callback is not None:
+            callback(epoch, row)
+    return metrics

@@ -1,0 +1,176 @@
+"""The ViT skeleton: config validation, block forms, the certification interface."""
+
+import math
+
+import pytest
+import torch
+
+from attncert.models import Component, ViTConfig, build_vit, lipschitz_product, propagate
+
+TINY = dict(image_size=8, channels=2, patch=4, dim=8, depth=2, heads=2, mlp_hidden=12,
+            num_classes=3, mean=(0.4, 0.5), std=(0.2, 0.25))
+
+
+def tiny(**kw):
+    torch.manual_seed(0)
+    return build_vit(ViTConfig(**{**TINY, **kw})).double().eval()
+
+
+def images(b=3, seed=0):
+    return torch.rand(b, 2, 8, 8, generator=torch.Generator().manual_seed(seed),
+                      dtype=torch.float64)
+
+
+@pytest.mark.parametrize("bad, match", [
+    (dict(dim=10, heads=3), "divisible by heads"),
+    (dict(kind="lipshitz"), "kind"),
+    (dict(block="post"), "block"),
+    (dict(pool="max"), "pool"),
+    (dict(image_size=10), "patch"),
+    (dict(depth=0), "depth"),
+    (dict(dim=8.0), "dim"),
+    (dict(radius_attn=0.0), "radius_attn"),
+    (dict(gamma_vo=-1.0), "gamma_vo"),
+    (dict(mean=(0.5,)), "mean"),
+    (dict(std=(0.2, 0.0)), "std"),
+    (dict(attn_bias=True), "bias"),
+])
+def test_config_rejects_nonsense(bad, match):
+    with pytest.raises(ValueError, match=match):
+        ViTConfig(**{**TINY, **bad})
+
+
+def test_config_from_dict_rejects_unknown_keys_and_roundtrips():
+    with pytest.raises(ValueError, match="unknown key"):
+        ViTConfig.from_dict({**TINY, "dropout": 0.1})
+    cfg = ViTConfig.from_dict({**TINY, "mean": [0.4, 0.5]})
+    assert cfg.mean == (0.4, 0.5)
+    assert ViTConfig.from_dict(cfg.to_dict()) == cfg
+    assert ViTConfig(**{**TINY, "radius_stream": None}).stream_radius == math.sqrt(8)
+
+
+@pytest.mark.parametrize("kind", ["lipschitz", "standard"])
+@pytest.mark.parametrize("block", ["stream", "prenorm"])
+@pytest.mark.parametrize("pool", ["cls", "mean"])
+def test_forward_shapes_and_attention_inputs(kind, block, pool):
+    model = tiny(kind=kind, block=block, pool=pool)
+    x = images()
+    logits, inputs = model.attention_inputs(x)
+    torch.testing.assert_close(logits, model(x))
+    n = 4 + (pool == "cls")
+    assert list(inputs) == ["blocks.0.attn", "blocks.1.attn"]
+    assert all(t.shape == (3, n, 8) and not t.requires_grad for t in inputs.values())
+    names = [c.name for c in model.components() if c.kind == "attention"]
+    assert names == list(inputs)
+    assert not model.attention_modules()["blocks.0.attn"]._forward_pre_hooks  # hooks removed
+
+
+def test_stream_block_is_residual_attention_on_projected_stream():
+    model = tiny(radius_attn=0.5)
+    x = images()
+    _, inputs = model.attention_inputs(x)
+    blk = model.blocks[0]
+    with torch.no_grad():
+        stream = model.tokens(x)
+        x0 = inputs["blocks.0.attn"]
+        torch.testing.assert_close(x0, blk.norm_attn(stream))  # the projected stream itself
+        assert (x0.norm(dim=-1) <= 0.5 + 1e-12).all()
+        torch.testing.assert_close(blk(stream), blk.mlp(blk.norm_mlp(x0 + blk.attn(x0))))
+    bounds = pytest.importorskip("attncert.bounds")
+    w = blk.attn.attention_weights()
+    with torch.no_grad():
+        torch.testing.assert_close(blk.norm_mlp(bounds.attention_forward(x0, w, residual=True)),
+                                   blk.norm_mlp(x0 + blk.attn(x0)))
+
+
+def test_prenorm_block():
+    model = tiny(block="prenorm")
+    blk = model.blocks[0]
+    t = model.tokens(images()).detach()
+    with torch.no_grad():
+        torch.testing.assert_close(blk(t), blk.mlp(blk.norm_mlp(t + blk.attn(blk.norm_attn(t)))))
+    att = [c for c in model.components() if c.kind == "attention"]
+    assert all(c.residual == "skip" and c.pre_lipschitz == 1.0 for c in att)
+
+
+def test_components_constants():
+    model = tiny(pool="mean")
+    comps = {c.name: c for c in model.components()}
+    assert comps["normalize"].lipschitz == pytest.approx(1 / 0.2)
+    assert model.input_lipschitz() == pytest.approx(1 / 0.2)
+    emb = torch.linalg.svdvals(model.embed.per_patch_matrix().detach()).max().item()
+    assert comps["embed"].lipschitz == pytest.approx(emb) and emb <= 1 + 1e-9
+    assert comps["pool"].lipschitz == pytest.approx(1 / math.sqrt(4))
+    head = comps["head"]
+    assert head.weight.shape == (3, 8) and head.kind == "head"
+    assert head.lipschitz >= torch.linalg.svdvals(model.head.weight.detach()).max().item()
+    assert comps["blocks.0.attn"].residual == "identity"
+    assert comps["blocks.0.mlp"].kind == "sll" and comps["blocks.0.mlp"].lipschitz == 1.0
+    assert model.global_lipschitz_upper() == math.inf  # dot-product attention: no constant
+    std = tiny(kind="standard")
+    assert [c.lipschitz for c in std.components() if c.kind == "layernorm"] == [math.inf] * 3
+
+
+def _jacobian_norm(f, x):
+    """Exact ||J_f(x)|| from the dense Jacobian (small sizes)."""
+    jac = torch.autograd.functional.jacobian(f, x)
+    return torch.linalg.svdvals(jac.reshape(f(x).numel(), x.numel())).max().item()
+
+
+def test_product_before_first_attention_bounds_the_jacobian():
+    """Pixels -> first attention input: empirical Jacobian norm <= product of constants."""
+    model = tiny()
+    comps = model.components()
+    first = next(i for i, c in enumerate(comps) if c.kind == "attention")
+    claim = lipschitz_product(comps[:first])
+
+    def to_x0(x):
+        return model.blocks[0].norm_attn(model.tokens(x))
+
+    for seed in range(3):
+        assert _jacobian_norm(to_x0, images(1, seed)) <= claim * (1 + 1e-9)
+    tail = comps[comps.index(next(c for c in comps if c.name == "norm")):-1]
+    assert lipschitz_product(tail) == 1.0  # final projection, cls pooling
+
+
+def test_propagate_arithmetic():
+    model = tiny(block="prenorm", pool="mean")
+    comps = model.components()
+    _, inputs = model.attention_inputs(images())
+    seen = []
+
+    def fake_delta(c: Component, x, eps):
+        seen.append((c.name, c.residual))
+        return 3.0 * eps
+
+    e = propagate(comps, inputs, 0.1, fake_delta)
+    l_in = comps[0].lipschitz * comps[1].lipschitz
+    want = 0.1 * l_in * 4 * 4 / 2  # two skip blocks (eps + 3 eps), mean pooling 1/sqrt(4)
+    torch.testing.assert_close(e, torch.full((3,), want, dtype=torch.float64))
+    assert seen == [("blocks.0.attn", "skip"), ("blocks.1.attn", "skip")]
+
+
+@pytest.mark.parametrize("block", ["stream", "prenorm"])
+def test_propagate_with_lofast_is_sound(block):
+    """Feature perturbation never exceeds the propagated LoFAST bound (gradient ascent)."""
+    bounds = pytest.importorskip("attncert.bounds")
+    model = tiny(block=block, gamma_qk=2.0)
+    x = images(2)
+    _, inputs = model.attention_inputs(x)
+
+    def delta(c, xk, eps):
+        return bounds.lofast_bound(xk, c.module.attention_weights(), eps,
+                                   residual=c.residual == "identity")
+
+    eps = 0.05
+    bound = propagate(model.components(), inputs, eps, delta)
+    with torch.no_grad():
+        clean = model.features(x)
+    g = torch.Generator().manual_seed(0)
+    d = torch.randn(x.shape, generator=g, dtype=x.dtype)
+    for _ in range(30):
+        d = (eps * d / d.flatten(1).norm(dim=1).view(-1, 1, 1, 1)).requires_grad_(True)
+        gap = (model.features(x + d) - clean).norm(dim=1)
+        (grad,) = torch.autograd.grad(gap.sum(), d)
+        assert (gap.detach() <= bound * (1 + 1e-9)).all()
+        d = (d + 0.5 * eps * grad / grad.flatten(1).norm(dim=1).view(-1, 1, 1, 1)).detach()
