@@ -46,7 +46,7 @@ def env(venv_env, mirror):
 
 def test_smoke_pipeline_runs_offline_and_is_incremental(smoke_repo, env):
     out = _sh(["dvc", "repro"], smoke_repo, env)
-    assert "Running stage 'data'" in out
+    assert "Running stage 'data'" in out and "Running stage 'tightness'" in out
     report = nbformat.read(smoke_repo / "reports/notebooks/01_data.ipynb", 4)
     pngs = sum("image/png" in o.get("data", {}) for c in report.cells for o in c.get("outputs", []))
     assert pngs >= 4, "the data report shows sample grids, class balance and lengths"
@@ -68,3 +68,6 @@ def test_smoke_pipeline_runs_offline_and_is_incremental(smoke_repo, env):
     assert "modified:" in status and "data" in status
     rerun = _sh(["dvc", "repro"], smoke_repo, env)
     assert "Running stage 'data'" in rerun
+    assert "Running stage 'tightness'" not in rerun, "the tightness stage does not use data"
+    tight = json.loads((smoke_repo / "reports/metrics/tightness.json").read_text())
+    assert all(r >= 1.0 for r in tight["table3_lofast_M_over_pgd"].values()), "bound < PGD"

@@ -121,9 +121,11 @@ def _unavailable(name: str, mirror_dir: Path | None, download_error: str | None)
     )
 
 
-def _first_line(exc: BaseException) -> str:
-    text = str(exc).strip()
-    return f"{type(exc).__name__}: {text.splitlines()[0] if text else ''}"
+def _first_line(exc: BaseException, limit: int = 300) -> str:
+    """The exception as one line (torchvision's download errors span several)."""
+    text = " ".join(str(exc).split())
+    text = text if len(text) <= limit else text[: limit - 3] + "..."
+    return f"{type(exc).__name__}: {text}"
 
 
 # ---------------------------------------------------------------------------- image data

@@ -63,6 +63,14 @@ def one_of(*choices: str) -> Check:
     return check
 
 
+def one_of_numbers(*choices: float) -> Check:
+    def check(key: str, v: Any) -> None:
+        if v not in choices:
+            _fail(key, f"must be one of {', '.join(map(str, choices))}, got {v!r}")
+
+    return check
+
+
 def unique(key: str, v: list) -> None:
     if len(set(v)) != len(v):
         _fail(key, f"has duplicate entries: {v!r}")
@@ -105,24 +113,33 @@ class DataParams:
 
 @dataclass(frozen=True)
 class TightnessParams:
-    checkpoint: str = param(doc="'' uses a seeded random layer")
+    checkpoint: str = param(doc="'' uses a seeded random layer; else a ViT checkpoint (.pt)")
+    inputs: str = param(doc="processed dataset whose test images feed a checkpoint's layer")
     n_tokens: int = param(positive)
     dim: int = param(positive)
     heads: int = param(positive)
     samples: int = param(positive)
-    weight_norm: float = param(positive)
+    gamma_qk: float = param(positive)
+    gamma_vo: float = param(positive)
     eps: list[float] = param(positive)
+    softmax_lipschitz: float = param(one_of_numbers(0.5, 1.0))
     fig3_eps: float = param(positive)
     fig3_sizes: list[float] = param(nonneg)
     fig3_samples: int = param(positive)
     fig4_scales: list[float] = param(positive)
     pgd_steps: int = param(positive)
     pgd_restarts: int = param(positive)
+    metrics: str = param()
+
+    def __post_init__(self) -> None:
+        if self.dim % self.heads:
+            _fail("tightness.heads", f"dim = {self.dim} is not divisible by heads = {self.heads}")
 
 
 SECTIONS: dict[str, type] = {
     "base": BaseParams,
     "data": DataParams,
+    "tightness": TightnessParams,
 }
 
 

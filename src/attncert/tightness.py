@@ -1,0 +1,393 @@
+"""Tightness study of LoFAST (its Table 3, Figures 1, 3 and 4) as pure data functions.
+
+Every function returns a long pandas DataFrame (one row per measurement); the figures are
+drawn from them by attncert.figures.tightness. Bounds use certificate-grade spectral norms;
+"PGD" is a lower bound on the true sensitivity (attncert.bounds.pgd_sensitivity), so a ratio
+bound / PGD >= 1 always, and close to 1 means tight.
+
+Until a trained Lipschitz ViT checkpoint exists the study runs on :func:`random_attention_layer`,
+a seeded random residual layer whose W^Q, W^K, W^V, W^O have prescribed spectral norms (the
+paper's layer is the first residual attention layer of a trained 8-head ViT whose weights are
+norm-constrained, with LayerProject(R = 1) inputs).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+import torch
+from torch import Tensor
+
+from attncert.bounds import (
+    AttentionWeights,
+    delta21_m,
+    delta21_xi,
+    delta22_lofast,
+    delta22_naive,
+    lofast_from_terms,
+    lofast_terms,
+    naive_bound,
+    pgd_sensitivity,
+    specformer_bound,
+)
+
+__all__ = [
+    "PAPER_TABLE3",
+    "paper_table3_frame",
+    "layer_project",
+    "random_attention_layer",
+    "table3",
+    "figure1_single_head",
+    "figure1_multi_head",
+    "figure3_weight_perturbation",
+    "figure4_input_norm",
+]
+
+# LoFAST Table 3 (single residual MHA layer of a trained 8-head ViT, bound on ||F(X')-F(X)||_F,
+# mean over test inputs), transcribed in MATH.md section 8.
+PAPER_TABLE3 = {
+    "eps": (0.01, 0.03, 0.05, 0.07, 0.09, 0.10),
+    "PGD": (0.0286, 0.0860, 0.1427, 0.2008, 0.2582, 0.2860),
+    "LoFAST(M)": (0.0291, 0.0875, 0.1462, 0.2052, 0.2646, 0.2943),
+    "SpecFormer": (16.9, 52.5, 90.6, 131.2, 174.4, 197.0),
+}
+
+
+def paper_table3_frame() -> pd.DataFrame:
+    """PAPER_TABLE3 in the long format of :func:`table3` (source = "paper")."""
+    rows = []
+    for i, eps in enumerate(PAPER_TABLE3["eps"]):
+        pgd = PAPER_TABLE3["PGD"][i]
+        for method in ("PGD", "LoFAST(M)", "SpecFormer"):
+            value = PAPER_TABLE3[method][i]
+            rows.append(
+                dict(
+                    eps=eps,
+                    method=method,
+                    value=value,
+                    ratio_to_pgd=value / pgd,
+                    ratio_max=np.nan,
+                    source="paper",
+                )
+            )
+    return pd.DataFrame(rows)
+
+
+def layer_project(x: Tensor, radius: float = 1.0) -> Tensor:
+    """LayerProject (LoFAST eq. 29), per token: x_i <- x_i if ||x_i|| <= R else R x_i / ||x_i||."""
+    norm = x.norm(dim=-1, keepdim=True)
+    return x * (radius / norm.clamp_min(radius))
+
+
+def random_attention_layer(
+    n: int,
+    d: int,
+    h: int,
+    seed: int,
+    weight_scale: float | tuple[float, float] = (0.5, 0.5),
+    samples: int = 16,
+    token_norm: float = 1.0,
+    dtype: torch.dtype = torch.float64,
+) -> tuple[AttentionWeights, Tensor]:
+    """Seeded random attention layer and projected inputs.
+
+    weight_scale: spectral norm of every per-head W^Q_l, W^K_l and of W^V_l, W^O_l, given as
+    (gamma_qk, gamma_vo) or one float for both (the Lipschitz-ViT recipe constrains
+    ||W|| <= gamma). Returns (weights, x) with x (samples, n, d): Gaussian tokens of typical
+    norm 2 token_norm, then LayerProject with R = token_norm (so ||x_i|| <= token_norm).
+    """
+    g_qk, g_vo = (
+        (weight_scale, weight_scale) if isinstance(weight_scale, float | int) else weight_scale
+    )
+    gen = torch.Generator().manual_seed(seed)
+    d_h = d // h
+
+    def mat(gamma: float, *shape: int) -> Tensor:
+        m = torch.randn(*shape, generator=gen, dtype=torch.float64)
+        return (m * (gamma / torch.linalg.matrix_norm(m, 2))[:, None, None]).to(dtype)
+
+    w = AttentionWeights(
+        mat(g_qk, h, d, d_h), mat(g_qk, h, d, d_h), mat(g_vo, h, d, d_h), mat(g_vo, h, d_h, d)
+    )
+    x = torch.randn(samples, n, d, generator=gen, dtype=torch.float64) * (2 * token_norm / d**0.5)
+    return w, layer_project(x, token_norm).to(dtype)
+
+
+def _stack_eps(x: Tensor, eps_list) -> tuple[Tensor, Tensor]:
+    eps = torch.tensor(list(eps_list), dtype=x.dtype).repeat_interleave(x.shape[0])
+    return x.repeat(len(eps_list), 1, 1), eps
+
+
+def _gen(seed: int) -> torch.Generator:
+    return torch.Generator().manual_seed(seed)
+
+
+def table3(
+    w: AttentionWeights,
+    x: Tensor,
+    eps_list=(0.01, 0.03, 0.05, 0.07, 0.09, 0.10),
+    pgd_steps: int = 100,
+    pgd_restarts: int = 4,
+    residual: bool = True,
+    softmax_lipschitz: float = 1.0,
+    seed: int = 0,
+) -> pd.DataFrame:
+    """LoFAST Table 3: PGD, LoFAST(M), LoFAST(xi), naive, SpecFormer per eps (mean over samples).
+
+    Columns: eps, method, value (mean), ratio_to_pgd (mean value / mean PGD), ratio_max
+    (largest per-sample value / PGD), source = "ours".
+    """
+    xs, eps = _stack_eps(x, eps_list)
+    t_m = lofast_terms(x, w, residual, "M", generator=_gen(seed))
+    t_xi = lofast_terms(x, w, residual, "xi", generator=_gen(seed))
+    rep = len(eps_list)
+
+    def tile(t):
+        return t._replace(zeta=t.zeta.repeat(rep), m=t.m.repeat(rep, 1), xa=t.xa.repeat(rep, 1))
+
+    values = {
+        "PGD": pgd_sensitivity(
+            xs, w, eps, residual, steps=pgd_steps, restarts=pgd_restarts, generator=_gen(seed)
+        ),
+        "LoFAST(M)": lofast_from_terms(tile(t_m), eps, softmax_lipschitz),
+        "LoFAST(xi)": lofast_from_terms(tile(t_xi), eps, softmax_lipschitz),
+        "naive": naive_bound(xs, w, eps, residual, softmax_lipschitz),
+        "SpecFormer": specformer_bound(xs, w, eps, residual),
+    }
+    return _summarise(values, eps_list, x.shape[0], "eps")
+
+
+def _summarise(values: dict, keys, per_key: int, key_name: str, extra: dict | None = None):
+    """Long frame: mean per (key, method), ratio of means to PGD and max per-sample ratio."""
+    rows = []
+    pgd = values["PGD"].detach().double().view(len(keys), per_key)
+    for method, val in values.items():
+        v = val.detach().double().view(len(keys), per_key)
+        for i, key in enumerate(keys):
+            row = {
+                key_name: float(key),
+                "method": method,
+                "value": float(v[i].mean()),
+                "ratio_to_pgd": float(v[i].mean() / pgd[i].mean()),
+                "ratio_max": float((v[i] / pgd[i]).max()),
+                "source": "ours",
+            }
+            if extra:
+                row.update({k: float(e[i]) for k, e in extra.items()})
+            rows.append(row)
+    return pd.DataFrame(rows)
+
+
+def figure1_single_head(
+    w: AttentionWeights,
+    x: Tensor,
+    eps_list=(0.01, 0.03, 0.05, 0.07, 0.09, 0.10),
+    head: int = 0,
+    pgd_steps: int = 100,
+    pgd_restarts: int = 4,
+    softmax_lipschitz: float = 1.0,
+    seed: int = 0,
+) -> pd.DataFrame:
+    """LoFAST Figure 1 (single head): Delta_{2,1} = ||P(X') - P(X)||_F bounded by
+    delta_{2,1}^(1) (with ||M||) and delta_{2,1}^(2) (with xi); Delta_{2,2} = ||X' A|| bounded
+    by delta_{2,2}^(1) = ||XA|| + eps||A|| and delta_{2,2}^(2) = ||A|| (||X|| + eps); each vs
+    PGD. Columns: eps, quantity ("Delta21" / "Delta22"), method, value, ratio_to_pgd, ratio_max.
+    """
+    xs, eps = _stack_eps(x, eps_list)
+    kw = dict(head=head, steps=pgd_steps, restarts=pgd_restarts, generator=_gen(seed))
+    frames = []
+    d21 = {
+        "PGD": pgd_sensitivity(xs, w, eps, True, target="delta21", **kw),
+        "delta21 (M)": delta21_m(
+            xs, w, eps, head=head, softmax_lipschitz=softmax_lipschitz, generator=_gen(seed)
+        ),
+        "delta21 (xi)": delta21_xi(xs, w, eps, head=head, softmax_lipschitz=softmax_lipschitz),
+    }
+    frames.append(_summarise(d21, eps_list, x.shape[0], "eps").assign(quantity="Delta21"))
+    d22 = {
+        "PGD": pgd_sensitivity(xs, w, eps, True, target="delta22", **kw),
+        "delta22 (LoFAST)": delta22_lofast(xs, w, eps, head=head),
+        "delta22 (naive)": delta22_naive(xs, w, eps, head=head),
+    }
+    frames.append(_summarise(d22, eps_list, x.shape[0], "eps").assign(quantity="Delta22"))
+    return pd.concat(frames, ignore_index=True)
+
+
+def figure1_multi_head(
+    w: AttentionWeights,
+    x: Tensor,
+    eps_list=(0.01, 0.03, 0.05, 0.07, 0.09, 0.10),
+    pgd_steps: int = 100,
+    pgd_restarts: int = 4,
+    residual: bool = True,
+    softmax_lipschitz: float = 1.0,
+    seed: int = 0,
+) -> pd.DataFrame:
+    """LoFAST Figure 1 (multi-head): LoFAST(M), LoFAST(xi) and naive vs PGD over eps."""
+    df = table3(w, x, eps_list, pgd_steps, pgd_restarts, residual, softmax_lipschitz, seed)
+    return df[df.method != "SpecFormer"].reset_index(drop=True)
+
+
+def _perturb(w: AttentionWeights, which: str, size: float, gen: torch.Generator):
+    """W + D with D Gaussian, scaled to ||D||_F = size over the whole (all-heads) matrix."""
+    mats = {"W^Q": w.wq, "W^K": w.wk, "W^V": w.wv, "W^O": w.wo}
+    m = mats[which]
+    noise = torch.randn(m.shape, generator=gen, dtype=torch.float64).to(m.dtype)
+    mats[which] = m + noise * (size / noise.norm())
+    return AttentionWeights(mats["W^Q"], mats["W^K"], mats["W^V"], mats["W^O"])
+
+
+def figure3_weight_perturbation(
+    w: AttentionWeights,
+    x: Tensor,
+    sizes=(0.1, 0.5, 1.0, 2.0),
+    eps: float = 0.1,
+    samples: int = 10,
+    seed: int = 0,
+    pgd_steps: int = 100,
+    pgd_restarts: int = 4,
+    residual: bool = True,
+) -> pd.DataFrame:
+    """LoFAST Figure 3: tightness under random perturbations of W^Q, W^K, W^V, W^O and X.
+
+    Each target is perturbed in turn by a Gaussian matrix D scaled to FROBENIUS norm
+    ||D||_F = size (over all heads of that weight; per sample matrix for X, which is not
+    re-projected), `samples` draws per size. One row per (target, size, draw): LoFAST(M)
+    and PGD (means over the inputs x) and their ratio.
+    """
+    gen = _gen(seed)
+    rows = []
+    for which in ("W^Q", "W^K", "W^V", "W^O"):
+        for size in sizes:
+            for k in range(samples):
+                wp = _perturb(w, which, size, gen)
+                bound = lofast_from_terms(
+                    lofast_terms(x, wp, residual, "M", generator=_gen(seed)), eps
+                )
+                pgd = pgd_sensitivity(
+                    x,
+                    wp,
+                    eps,
+                    residual,
+                    steps=pgd_steps,
+                    restarts=pgd_restarts,
+                    generator=_gen(seed + k),
+                )
+                rows.append(
+                    dict(
+                        target=which,
+                        size=float(size),
+                        draw=k,
+                        eps=eps,
+                        lofast=float(bound.mean()),
+                        pgd=float(pgd.mean()),
+                        ratio=float(bound.mean() / pgd.mean()),
+                    )
+                )
+    # X: every draw for one size in one batch
+    for size in sizes:
+        noise = torch.randn((samples, *x.shape), generator=gen, dtype=torch.float64).to(x.dtype)
+        noise = noise * (size / noise.flatten(2).norm(dim=-1))[..., None, None]
+        xp = (x.unsqueeze(0) + noise).reshape(-1, *x.shape[1:])
+        bound = lofast_from_terms(lofast_terms(xp, w, residual, "M", generator=_gen(seed)), eps)
+        pgd = pgd_sensitivity(
+            xp, w, eps, residual, steps=pgd_steps, restarts=pgd_restarts, generator=_gen(seed)
+        )
+        bound, pgd = bound.view(samples, -1).mean(1), pgd.view(samples, -1).mean(1)
+        for k in range(samples):
+            rows.append(
+                dict(
+                    target="X",
+                    size=float(size),
+                    draw=k,
+                    eps=eps,
+                    lofast=float(bound[k]),
+                    pgd=float(pgd[k]),
+                    ratio=float(bound[k] / pgd[k]),
+                )
+            )
+    return pd.DataFrame(rows)
+
+
+def figure4_input_norm(
+    w: AttentionWeights,
+    x: Tensor,
+    scales=(0.25, 0.5, 1.0, 2.0, 4.0),
+    eps: float = 0.1,
+    pgd_steps: int = 100,
+    pgd_restarts: int = 4,
+    residual: bool = True,
+    seed: int = 0,
+) -> pd.DataFrame:
+    """LoFAST Figure 4: tightness against the input norm, X -> s X for s in scales.
+
+    Columns: scale, input_norm (mean ||sX||), method (PGD, LoFAST(M), LoFAST(xi), naive),
+    value (mean), ratio_to_pgd, ratio_max.
+    """
+    xs = torch.cat([s * x for s in scales])
+    e = torch.full((xs.shape[0],), float(eps), dtype=x.dtype)
+    values = {
+        "PGD": pgd_sensitivity(
+            xs, w, e, residual, steps=pgd_steps, restarts=pgd_restarts, generator=_gen(seed)
+        ),
+        "LoFAST(M)": lofast_from_terms(lofast_terms(xs, w, residual, "M", generator=_gen(seed)), e),
+        "LoFAST(xi)": lofast_from_terms(lofast_terms(xs, w, residual, "xi"), e),
+        "naive": naive_bound(xs, w, e, residual),
+    }
+    norms = torch.linalg.matrix_norm(xs, 2).view(len(scales), -1).mean(1)
+    df = _summarise(values, scales, x.shape[0], "scale", extra={"input_norm": norms})
+    return df.assign(eps=float(eps))
+
+
+def study_layer(checkpoint: str, inputs: str, n: int, d: int, h: int, samples: int,
+                gamma_qk: float, gamma_vo: float, seed: int, layer: int = 0
+                ) -> tuple[AttentionWeights, Tensor, str]:
+    """The layer the study measures and its projected inputs, with a label for the report.
+
+    ``checkpoint`` '' gives :func:`random_attention_layer`; otherwise a Lipschitz ViT saved by
+    :func:`attncert.models.vit.save_vit`, whose attention layer ``layer`` is taken with its
+    clean inputs on the first ``samples`` test images of the processed dataset ``inputs``.
+    """
+    if not checkpoint:
+        w, x = random_attention_layer(n, d, h, seed, (gamma_qk, gamma_vo), samples)
+        return w, x, (f"seeded random residual layer (seed {seed}): ||W^Q_l||, ||W^K_l|| = "
+                      f"{gamma_qk}, ||W^V_l||, ||W^O_l|| = {gamma_vo}, inputs projected to "
+                      "||x_i|| <= 1 (no trained checkpoint given)")
+    from pathlib import Path
+
+    from attncert.data import as_float, load_processed
+    from attncert.models.vit import load_vit
+
+    if not Path(checkpoint).is_file():
+        raise FileNotFoundError(f"tightness.checkpoint: {checkpoint} not found")
+    model = load_vit(checkpoint).double()
+    obj = load_processed(Path(inputs).stem, Path(inputs).parent)
+    images = as_float(obj["test"]["x"][:samples]).double()
+    name = f"blocks.{layer}.attn"
+    if name not in model.attention_modules():
+        raise ValueError(f"{checkpoint}: no attention layer {name!r}")
+    _, acts = model.attention_inputs(images)
+    w = model.attention_modules()[name].attention_weights()
+    return w, acts[name], f"layer {layer} of {checkpoint} on {len(images)} test images of {inputs}"
+
+
+def summary_metrics(t3: pd.DataFrame, f1_single: pd.DataFrame, f3: pd.DataFrame,
+                    f4: pd.DataFrame, layer_source: str) -> dict:
+    """Headline numbers of the study for DVC metrics."""
+    def ratios(df, method):
+        sel = df[df.method == method]
+        return {f"{e:g}": float(r) for e, r in zip(sel.eps, sel.ratio_to_pgd, strict=True)}
+
+    return {
+        "layer": layer_source,
+        "table3_lofast_M_over_pgd": ratios(t3, "LoFAST(M)"),
+        "table3_lofast_xi_over_pgd": ratios(t3, "LoFAST(xi)"),
+        "table3_naive_over_pgd": ratios(t3, "naive"),
+        "table3_specformer_over_pgd": ratios(t3, "SpecFormer"),
+        "max_lofast_M_over_pgd": float(t3[t3.method == "LoFAST(M)"].ratio_max.max()),
+        "fig1_delta21_M_over_pgd_max": float(
+            f1_single[(f1_single.quantity == "Delta21") & (f1_single.method == "delta21 (M)")]
+            .ratio_max.max()),
+        "fig3_ratio_max": float(f3.ratio.max()),
+        "fig4_lofast_M_over_pgd_max": float(f4[f4.method == "LoFAST(M)"].ratio_to_pgd.max()),
+    }

@@ -1,0 +1,196 @@
+"""Spectral norms: exact and Lanczos paths, certificate mode, zeta and ||M_l|| vs dense."""
+
+import pytest
+import torch
+
+from attncert.bounds import (
+    AttentionWeights,
+    LinearOperator,
+    attention_probs,
+    m_operator,
+    m_spectral,
+    norm_of_product,
+    spectral_norm,
+    xi,
+    zeta_cheap_upper,
+    zeta_operator,
+    zeta_spectral,
+)
+
+F64 = torch.float64
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _one_thread():
+    """Tiny tensors: intra-op threads only add synchronisation (and stall on a busy machine)."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+def _gen(seed):
+    return torch.Generator().manual_seed(seed)
+
+
+def _weights(h, d, scale, g, dtype=F64):
+    d_h = d // h
+    mk = lambda *s: torch.randn(*s, generator=g, dtype=F64).to(dtype) * scale  # noqa: E731
+    return AttentionWeights(mk(h, d, d_h), mk(h, d, d_h), mk(h, d, d_h), mk(h, d_h, d))
+
+
+def _dense(op: LinearOperator) -> torch.Tensor:
+    """Materialise a batched operator by applying it to every basis vector (tests only)."""
+    numel = 1
+    for s in op.in_shape:
+        numel *= s
+    eye = torch.eye(numel, dtype=op.dtype).reshape(numel, *op.in_shape)
+    cols = []
+    for i in range(numel):
+        e = eye[i].expand(*op.batch_shape, *op.in_shape)
+        cols.append(op.apply(e).reshape(*op.batch_shape, -1))
+    return torch.stack(cols, -1)
+
+
+def _spectrum_matrix(svals, m, n, g):
+    u, _ = torch.linalg.qr(torch.randn(m, m, generator=g, dtype=F64))
+    v, _ = torch.linalg.qr(torch.randn(n, n, generator=g, dtype=F64))
+    k = len(svals)
+    return u[:, :k] @ torch.diag(torch.tensor(svals, dtype=F64)) @ v[:, :k].T
+
+
+@pytest.mark.parametrize("seed", range(6))
+@pytest.mark.parametrize("shape", [(7, 5), (3, 20), (30, 30)])
+def test_exact_path_matches_svd_and_pads_up(seed, shape):
+    a = torch.randn(4, *shape, generator=_gen(seed), dtype=F64)
+    ref = torch.linalg.svdvals(a)[..., 0]
+    res = spectral_norm(a)
+    assert torch.all(res.value >= ref)
+    torch.testing.assert_close(res.value, ref, rtol=1e-12, atol=0)
+    torch.testing.assert_close(spectral_norm(a, mode="estimate").value, ref)
+
+
+@pytest.mark.parametrize("gap", [0.0, 1e-10, 1e-6, 1e-3, 1e-1, 0.5])
+@pytest.mark.parametrize("seed", range(4))
+def test_lanczos_upper_is_sound_near_degenerate(gap, seed):
+    """Certificate mode >= exact SVD for top singular values that (nearly) coincide."""
+    g = _gen(seed)
+    m, n = 40, 30
+    rest = torch.rand(25, generator=g, dtype=F64).sort(descending=True).values * 0.99
+    svals = [1.0, 1.0 - gap, 1.0 - 2 * gap] + rest.tolist()
+    a = torch.stack([_spectrum_matrix(svals, m, n, g) for _ in range(3)])
+    ref = torch.linalg.svdvals(a)[..., 0]
+    res = spectral_norm(a, method="lanczos", generator=g)
+    assert bool(res.converged.all())
+    assert torch.all(res.value >= ref), res.value - ref
+    assert torch.all(res.value <= ref * (1 + 5e-4))
+    assert torch.all(res.estimate <= ref * (1 + 1e-12))
+
+
+@pytest.mark.parametrize("seed", range(10))
+def test_lanczos_upper_random_cases_both_dtypes(seed):
+    g = _gen(seed)
+    for dtype in (torch.float32, F64):
+        a = torch.randn(2, 3, 50, 16, generator=g, dtype=F64) * 10 ** (seed % 3 - 1)
+        ref = torch.linalg.svdvals(a)[..., 0]
+        res = spectral_norm(a.to(dtype), method="lanczos", generator=g)
+        assert res.value.shape == (2, 3)
+        assert torch.all(res.value.double() >= ref), (dtype, res.value.double() - ref)
+
+
+def test_unconverged_uses_fallback_or_raises():
+    g = _gen(0)
+    a = torch.randn(3, 60, 60, generator=g, dtype=F64)
+    fb = torch.linalg.matrix_norm(a, "fro")
+    res = spectral_norm(a, method="lanczos", max_iter=2, fallback=lambda: fb, generator=g)
+    assert not bool(res.converged.any())
+    torch.testing.assert_close(res.value, fb)
+    with pytest.raises(RuntimeError, match="not converged"):
+        spectral_norm(a, method="lanczos", max_iter=2, generator=g)
+    with pytest.raises(RuntimeError):
+        spectral_norm(a, method="lanczos", max_iter=2, fallback=lambda: fb, on_fail="raise")
+    # estimate mode reports the lower estimate and the flag instead
+    est = spectral_norm(a, method="lanczos", max_iter=2, mode="estimate", generator=g)
+    assert torch.all(est.value <= torch.linalg.svdvals(a)[..., 0] * (1 + 1e-12))
+
+
+def test_failure_prob_option_enlarges_value():
+    g = _gen(1)
+    a = torch.randn(2, 200, 100, generator=g, dtype=F64)
+    plain = spectral_norm(a, method="lanczos", generator=_gen(3))
+    kw = spectral_norm(a, method="lanczos", failure_prob=1e-3, max_iter=100, generator=_gen(3))
+    assert torch.all(kw.value >= plain.value * (1 - 1e-12))
+    assert torch.all(kw.failure_prob <= 1e-3 * (1 + 1e-9))
+    assert torch.all(kw.value >= torch.linalg.svdvals(a)[..., 0])
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_norm_of_product_exact(seed):
+    g = _gen(seed)
+    u = torch.randn(5, 9, 3, generator=g, dtype=F64)
+    v = torch.randn(7, 3, generator=g, dtype=F64)
+    ref = torch.linalg.svdvals(u @ v.T)[..., 0]
+    torch.testing.assert_close(norm_of_product(u, v, "estimate"), ref)
+    assert torch.all(norm_of_product(u, v) >= ref)
+
+
+CASES = [
+    # (n, d, h, weight scale, input scale)
+    (4, 8, 1, 1.0, 1.0),
+    (6, 8, 2, 0.5, 0.1),
+    (8, 12, 4, 1.0, 3.0),
+    (5, 12, 2, 0.3, 10.0),
+    (8, 8, 4, 2.0, 0.01),
+]
+
+
+@pytest.mark.parametrize("residual", [False, True])
+@pytest.mark.parametrize("case", CASES)
+def test_zeta_matches_dense_operator(case, residual):
+    n, d, h, ws, xs = case
+    g = _gen(hash(case) % 1000)
+    w = _weights(h, d, ws, g)
+    x = torch.randn(3, n, d, generator=g, dtype=F64) * xs
+    dense = _dense(zeta_operator(attention_probs(x, w), w, residual))
+    ref = torch.linalg.svdvals(dense)[..., 0]
+    est = zeta_spectral(x, w, residual, mode="estimate", tol=1e-11, max_iter=n * d, generator=g)
+    torch.testing.assert_close(est.value, ref, rtol=1e-6, atol=1e-12)
+    up = zeta_spectral(x, w, residual, generator=g)
+    assert bool(up.converged.all())
+    assert torch.all(up.value >= ref)
+    assert torch.all(up.value <= ref * (1 + 1e-3))
+    cheap = zeta_cheap_upper(attention_probs(x, w), w, residual)
+    assert torch.all(cheap >= ref * (1 - 1e-12))
+    # a forced fallback is still an upper bound
+    fb = zeta_spectral(x, w, residual, max_iter=1, generator=g)
+    assert torch.all(fb.value >= ref * (1 - 1e-12))
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_m_norm_matches_dense_operator(case):
+    n, d, h, ws, xs = case
+    g = _gen(hash(case) % 997)
+    w = _weights(h, d, ws, g)
+    x = torch.randn(3, n, d, generator=g, dtype=F64) * xs
+    dense = _dense(m_operator(x, w))  # (B, h, n*n, n*d)
+    ref = torch.linalg.svdvals(dense)[..., 0]
+    est = m_spectral(x, w, mode="estimate", tol=1e-11, max_iter=n * d, generator=g)
+    torch.testing.assert_close(est.value, ref, rtol=1e-6, atol=1e-12)
+    up = m_spectral(x, w, generator=g)
+    assert torch.all(up.value >= ref)
+    assert torch.all(xi(x, w) >= ref * (1 - 1e-12))
+
+
+def test_zeta_gradient_matches_finite_difference():
+    g = _gen(7)
+    w = _weights(2, 8, 0.7, g)
+    x = torch.randn(2, 5, 8, generator=g, dtype=F64, requires_grad=True)
+    kw = dict(mode="estimate", tol=1e-12, max_iter=40)
+    val = zeta_spectral(x, w, True, generator=_gen(0), **kw).value
+    (grad,) = torch.autograd.grad(val.sum(), x)
+    direction = torch.randn(x.shape, generator=g, dtype=F64)
+    h = 1e-6
+    with torch.no_grad():
+        up = zeta_spectral(x + h * direction, w, True, generator=_gen(0), **kw).value.sum()
+        dn = zeta_spectral(x - h * direction, w, True, generator=_gen(0), **kw).value.sum()
+    torch.testing.assert_close((grad * direction).sum(), (up - dn) / (2 * h), rtol=1e-4, atol=1e-8)

@@ -1,0 +1,113 @@
+"""Tightness study frames and figures on tiny sizes: every bound >= PGD, figures draw."""
+
+import matplotlib
+
+matplotlib.use("Agg")
+
+import pandas as pd  # noqa: E402
+import pytest  # noqa: E402
+import torch  # noqa: E402
+from matplotlib.figure import Figure  # noqa: E402
+
+from attncert.figures.tightness import plot_figure1, plot_figure3, plot_figure4, plot_table3  # noqa: E402
+from attncert.tightness import (  # noqa: E402
+    PAPER_TABLE3,
+    figure1_multi_head,
+    figure1_single_head,
+    figure3_weight_perturbation,
+    figure4_input_norm,
+    layer_project,
+    paper_table3_frame,
+    random_attention_layer,
+    table3,
+)
+
+EPS = (0.01, 0.1)
+PGD = dict(pgd_steps=40, pgd_restarts=2)
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _one_thread():
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+@pytest.fixture(scope="module")
+def layer():
+    return random_attention_layer(n=5, d=8, h=2, seed=0, weight_scale=(1.0, 1.0), samples=3)
+
+
+def _bounds_above_pgd(df, key):
+    for k, sub in df.groupby(key):
+        pgd = sub[sub.method == "PGD"].value.item()
+        bounds = sub[sub.method != "PGD"]
+        assert (bounds.value >= pgd).all(), (k, sub)
+        assert (bounds.ratio_max >= 1.0).all()
+
+
+def test_random_layer_is_seeded_projected_and_scaled():
+    w, x = random_attention_layer(n=6, d=12, h=3, seed=1, weight_scale=(0.5, 0.25), samples=4)
+    w2, x2 = random_attention_layer(n=6, d=12, h=3, seed=1, weight_scale=(0.5, 0.25), samples=4)
+    assert torch.equal(x, x2) and torch.equal(w.wq, w2.wq)
+    assert x.shape == (4, 6, 12) and (w.h, w.d, w.d_h) == (3, 12, 4)
+    assert torch.all(x.norm(dim=-1) <= 1 + 1e-12)
+    torch.testing.assert_close(
+        torch.linalg.matrix_norm(w.wq, 2), torch.full((3,), 0.5, dtype=x.dtype)
+    )
+    torch.testing.assert_close(
+        torch.linalg.matrix_norm(w.wo, 2), torch.full((3,), 0.25, dtype=x.dtype)
+    )
+    y = torch.tensor([[3.0, 4.0], [0.3, 0.4]])
+    torch.testing.assert_close(layer_project(y), torch.tensor([[0.6, 0.8], [0.3, 0.4]]))
+    torch.testing.assert_close(layer_project(y, 2.0), torch.tensor([[1.2, 1.6], [0.3, 0.4]]))
+
+
+def test_table3_and_figures(layer):
+    w, x = layer
+    df = table3(w, x, eps_list=EPS, **PGD)
+    assert set(df.method) == {"PGD", "LoFAST(M)", "LoFAST(xi)", "naive", "SpecFormer"}
+    assert len(df) == 5 * len(EPS)
+    _bounds_above_pgd(df, "eps")
+    piv = df.pivot(index="eps", columns="method", values="value")
+    assert (piv["LoFAST(M)"] <= piv["LoFAST(xi)"]).all()
+    assert (piv["LoFAST(xi)"] <= piv["naive"]).all()
+    assert isinstance(plot_table3(df), Figure)
+
+
+def test_paper_table3_constant():
+    df = paper_table3_frame()
+    assert len(df) == 3 * len(PAPER_TABLE3["eps"]) and set(df.source) == {"paper"}
+    lofast = df[df.method == "LoFAST(M)"].ratio_to_pgd
+    assert lofast.between(1.0, 1.05).all()  # the paper's own claim
+
+
+def test_figure1(layer):
+    w, x = layer
+    single = figure1_single_head(w, x, eps_list=EPS, head=1, **PGD)
+    for _, sub in single.groupby("quantity"):
+        _bounds_above_pgd(sub, "eps")
+    multi = figure1_multi_head(w, x, eps_list=EPS, **PGD)
+    _bounds_above_pgd(multi, "eps")
+    assert "SpecFormer" not in set(multi.method)
+    assert isinstance(plot_figure1(single, multi), Figure)
+
+
+def test_figure3(layer):
+    w, x = layer
+    df = figure3_weight_perturbation(w, x[:2], sizes=(0.1, 1.0), eps=0.05, samples=2, **PGD)
+    assert len(df) == 5 * 2 * 2
+    assert set(df.target) == {"W^Q", "W^K", "W^V", "W^O", "X"}
+    assert (df.ratio >= 1.0).all() and (df.lofast >= df.pgd).all()
+    assert isinstance(plot_figure3(df), Figure)
+
+
+def test_figure4(layer):
+    w, x = layer
+    df = figure4_input_norm(w, x, scales=(0.5, 2.0), eps=0.05, **PGD)
+    _bounds_above_pgd(df, "scale")
+    norms = df.groupby("scale").input_norm.first()
+    assert norms.loc[2.0] == pytest.approx(4 * norms.loc[0.5])
+    assert isinstance(plot_figure4(df), Figure)
+    assert isinstance(df, pd.DataFrame)
