@@ -9,7 +9,7 @@ eps_k -> L eps_k, an attention layer maps it through its local bound delta(X_k, 
 Variants: ``lofast_M`` (Theorem 1 with ||M_l||, eq. 27), ``lofast_xi`` (eq. 28), ``naive``
 (eq. 12 + delta2 with xi), ``specformer`` (SpecFormer's local bound, MATH.md section 3) and
 ``global`` (a global Lipschitz constant of dot-product attention on the projected domain,
-:func:`attncert.bounds.dotproduct.dot_product_attention_lipschitz`, times the other components).
+:func:`attncert.bounds.dot_product_attention_lipschitz`, times the other components).
 
 Certificates (Proposition 1 and the pairwise last-layer test): with delta_feat a bound on the
 head input's perturbation, the prediction y is certified when, for every j != y,
@@ -28,7 +28,6 @@ import torch
 from torch import Tensor
 
 from attncert import bounds
-from attncert.bounds.dotproduct import dot_product_attention_lipschitz
 from attncert.models.vit import Component, propagate
 
 VARIANTS = ("lofast_M", "lofast_xi", "naive", "specformer", "global")
@@ -88,7 +87,7 @@ def precompute(model, x: Tensor, variants: Sequence[str] = VARIANTS,
             elif v == "naive":
                 per_layer[c.name] = bounds.naive_terms(xk, w, res)
             elif v == "global":
-                per_layer[c.name] = dot_product_attention_lipschitz(
+                per_layer[c.name] = bounds.dot_product_attention_lipschitz(
                     w, xk.shape[1], attention_radius, res, softmax_lipschitz)
         terms[v] = per_layer
         seconds[v] = time.perf_counter() - t0 + forward_s

@@ -4,6 +4,7 @@ Pure functions of tensors, batched over samples (x: (B, n, d), eps: float or (B,
 inputs' device and dtype. Certificate-grade spectral norms (mode="upper") are the default.
 """
 
+from .dotproduct import dot_product_attention_lipschitz
 from .global_bounds import (
     GELU_LIPSCHITZ,
     averaged_residual,
@@ -60,6 +61,7 @@ __all__ = [
     "delta21_xi",
     "delta22_lofast",
     "delta22_naive",
+    "dot_product_attention_lipschitz",
     "gelu_lipschitz",
     "kim_l2_attention_lipschitz",
     "lofast_bound",
