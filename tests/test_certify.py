@@ -4,7 +4,6 @@ import pytest
 import torch
 
 from attncert import certify
-from attncert.attacks import pgd_l2
 from attncert.models.vit import ViTConfig, build_vit
 
 pytest.importorskip("attncert.bounds")
@@ -98,18 +97,39 @@ def test_audit_finds_no_broken_certificate_and_certified_below_pgd():
         y = model(x).argmax(1)  # labels = predictions: every point is correct
     out = certify.certify_batch(model, x, y)
     radii = {v: out[f"radius_{v}"] for v in certify.VARIANTS}
-    eps_grid = [float(out["radius_lofast_M"].median()) * 0.9]
-    rows = certify.audit(model, x, y, radii, eps_grid, steps=50, restarts=2)
-    assert rows[0]["attacked"] > 0
-    assert all(rows[0][f"broken_{v}"] == 0 for v in certify.VARIANTS)
-    # attacked at a radius far above the certificate, PGD breaks some (the audit can fail)
-    _, success = pgd_l2(model, x, y, 50 * eps_grid[0] + 1.0, steps=50, restarts=1)
-    assert success.any()
-    correct = torch.ones(8, dtype=torch.bool)
-    for v in certify.VARIANTS:
-        acc = certify.certified_accuracy(correct, radii[v], eps_grid)[eps_grid[0]]
-        _, s = pgd_l2(model, x, y, eps_grid[0], steps=50, restarts=1)
-        assert acc <= float((~s).double().mean())
+    eps_grid = [float(out["radius_lofast_M"].median()) * 0.9, 1.0]
+    rows, success = certify.audit(model, x, y, radii, eps_grid, steps=50, restarts=2)
+    assert success.shape == (2, 8)
+    assert rows[0]["attacked"] == 8
+    for row in rows:
+        for v in certify.VARIANTS:
+            assert row[f"broken_{v}"] == 0
+            assert row[f"certified_{v}"] <= row["robust_acc"]
+    # the audit can fail: radii inflated far beyond the certificate are broken by PGD
+    fake = {"inflated": torch.full((8,), 50 * eps_grid[0] + 1.0, dtype=torch.float64)}
+    rows, _ = certify.audit(model, x, y, fake, [50 * eps_grid[0] + 1.0], steps=50, restarts=1)
+    assert rows[0]["broken_inflated"] > 0
+
+
+def test_certify_table_matches_certify_batch():
+    model = _model()
+    x = torch.rand(7, 1, 8, 8, dtype=torch.float64, generator=torch.Generator().manual_seed(2))
+    y = torch.tensor([0, 1, 2, 0, 1, 2, 0])
+    table = certify.certify_table(model, x, y, ["lofast_M", "naive"], ["pairwise", "logit"],
+                                  batch_size=3, progress=False)
+    out = certify.certify_batch(model, x, y, ["lofast_M", "naive"])
+    same = certify.certify_table(model, x, y, ["lofast_M"], ["pairwise"], batch_size=7,
+                                 progress=False)
+    assert (same["radius_lofast_M_pairwise"].to_numpy() == out["radius_lofast_M"].numpy()).all()
+    assert list(table["index"]) == list(range(7))
+    assert (table["correct"] == (table["label"] == table["prediction"])).all()
+    for v in ("lofast_M", "naive"):
+        # other batch splits: other Lanczos starts, upper bounds equal within its tolerance
+        assert torch.allclose(torch.tensor(table[f"radius_{v}_pairwise"].to_numpy()),
+                              out[f"radius_{v}"], rtol=1e-3, atol=1e-9)
+        assert (table[f"radius_{v}_logit"] <= table[f"radius_{v}_pairwise"] + 1e-12).all()
+        assert (table[f"seconds_{v}_pairwise"] > 0).all()
+    assert (table["forward_seconds"] > 0).all()
 
 
 def test_layernorm_model_is_refused():

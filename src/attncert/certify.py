@@ -23,12 +23,16 @@ import math
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 from torch import Tensor
 
 from attncert import bounds
 from attncert.models.vit import Component, propagate
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 VARIANTS = ("lofast_M", "lofast_xi", "naive", "specformer", "global")
 TESTS = ("pairwise", "logit")
@@ -61,8 +65,12 @@ def _check_supported(components: Sequence[Component]) -> None:
 
 
 def precompute(model, x: Tensor, variants: Sequence[str] = VARIANTS,
-               softmax_lipschitz: float = 1.0) -> Precomputed:
-    """One forward pass and every eps-independent quantity, per variant (timed)."""
+               softmax_lipschitz: float = 1.0, seed: int = 0) -> Precomputed:
+    """One forward pass and every eps-independent quantity, per variant (timed).
+
+    The Lanczos start vectors of the operator norms are drawn from a generator seeded with
+    ``seed``, so a batch's terms are reproducible (every start gives a sound upper bound).
+    """
     unknown = sorted(set(variants) - set(VARIANTS))
     if unknown:
         raise ValueError(f"unknown variant(s) {unknown}; choose from {VARIANTS}")
@@ -83,7 +91,9 @@ def precompute(model, x: Tensor, variants: Sequence[str] = VARIANTS,
         for c in attn:
             xk, w, res = inputs[c.name], weights[c.name], c.residual == "identity"
             if v in ("lofast_M", "lofast_xi"):
-                per_layer[c.name] = bounds.lofast_terms(xk, w, res, v.split("_")[1])
+                g = torch.Generator(device=xk.device).manual_seed(seed)
+                per_layer[c.name] = bounds.lofast_terms(xk, w, res, v.split("_")[1],
+                                                        generator=g)
             elif v == "naive":
                 per_layer[c.name] = bounds.naive_terms(xk, w, res)
             elif v == "global":
@@ -189,30 +199,128 @@ def certified_accuracy(correct: Tensor, radius: Tensor, eps_grid: Sequence[float
     return {float(e): float((correct & (radius >= e)).double().mean()) for e in eps_grid}
 
 
-def audit(model, x: Tensor, y: Tensor, radii: Mapping[str, Tensor], eps_grid: Sequence[float],
-          steps: int = 100, restarts: int = 10, seed: int = 0) -> list[dict]:
-    """Attack every correctly classified point certified at each eps (L2 PGD at that eps).
+def certify_table(model, x: Tensor, y: Tensor, variants: Sequence[str] = VARIANTS,
+                  tests: Sequence[str] = TESTS, softmax_lipschitz: float = 1.0,
+                  max_radius: float = 100.0, batch_size: int = 100, progress: bool = True):
+    """One row per example: index, label, prediction, correct, margin, and for each variant and
+    test the certified radius and the seconds per sample it cost (the eps-independent
+    precomputation of the variant, its share of the forward pass, and the bisection).
 
-    A successful attack on such a point is a broken certificate (a soundness bug). Returns
-    one row per eps: points attacked (certified by any variant) and broken ones per variant.
+    Also ``forward_seconds``: one plain forward pass per sample at the same batch size, the
+    unit of the cost ratios. Returns a pandas DataFrame.
     """
+    import pandas as pd
+    from tqdm.auto import tqdm
+
+    unknown = sorted(set(tests) - set(TESTS))
+    if unknown:
+        raise ValueError(f"unknown test(s) {unknown}; choose from {TESTS}")
+    rows = []
+    starts = range(0, len(y), batch_size)
+    for start in tqdm(starts, desc="certify", disable=not progress):
+        xb, yb = x[start:start + batch_size], y[start:start + batch_size]
+        with torch.no_grad():
+            t0 = time.perf_counter()
+            model(xb)
+            forward = (time.perf_counter() - t0) / len(yb)
+        pre = precompute(model, xb, variants, softmax_lipschitz)
+        logits = pre.logits.double()
+        top2 = logits.topk(2, dim=1).values
+        pred = logits.argmax(1)
+        cols: dict[str, object] = {
+            "index": torch.arange(start, start + len(yb)), "label": yb.cpu(),
+            "prediction": pred.cpu(), "correct": (pred == yb).cpu(),
+            "margin": (top2[:, 0] - top2[:, 1]).cpu(), "forward_seconds": forward,
+        }
+        for v in variants:
+            for t in tests:
+                t0 = time.perf_counter()
+                cols[f"radius_{v}_{t}"] = certified_radius(pre, v, t, softmax_lipschitz,
+                                                           max_radius).cpu()
+                cols[f"seconds_{v}_{t}"] = (pre.seconds[v] + time.perf_counter() - t0) / len(yb)
+        rows.append(pd.DataFrame({k: v.numpy() if isinstance(v, Tensor) else v
+                                  for k, v in cols.items()}))
+    return pd.concat(rows, ignore_index=True)
+
+
+def audit(model, x: Tensor, y: Tensor, radii: Mapping[str, Tensor], eps_grid: Sequence[float],
+          steps: int = 100, restarts: int = 10, seed: int = 0, batch_size: int = 100,
+          progress: bool = False) -> tuple[list[dict], Tensor]:
+    """L2 PGD at each eps on every correctly classified point: empirical robust accuracy and
+    the soundness audit in one attack.
+
+    A successful attack on a point certified at eps (radius >= eps) is a broken certificate (a
+    soundness bug). Returns one row per eps (``robust_acc``: correct and not broken by PGD,
+    ``attacked``, ``broken_<name>`` and ``certified_<name>`` for every entry of ``radii``) and
+    a (len(eps_grid), N) bool tensor: PGD found an adversarial example (or the point is
+    misclassified).
+    """
+    from tqdm.auto import tqdm
+
     from attncert.attacks import pgd_l2
 
-    rows = []
     g = torch.Generator(device=x.device).manual_seed(seed)
     with torch.no_grad():
-        correct = (model(x).argmax(1) == y).cpu()
-    for e in eps_grid:
-        cert = {v: (r >= e) & correct for v, r in radii.items()}
-        any_cert = torch.stack(list(cert.values())).any(0) if cert else torch.zeros_like(y).bool()
-        idx = any_cert.nonzero().flatten()
-        row = {"eps": float(e), "attacked": int(len(idx))}
-        if len(idx):
-            _, success = pgd_l2(model, x[idx], y[idx], float(e), steps, restarts, generator=g)
-            success = success.cpu()
-        else:
-            success = torch.zeros(0, dtype=torch.bool)
-        for v, c in cert.items():
-            row[f"broken_{v}"] = int((success & c[idx.cpu()]).sum())
+        correct = torch.cat([model(x[i:i + batch_size]).argmax(1) == y[i:i + batch_size]
+                             for i in range(0, len(y), batch_size)]).cpu()
+    idx = correct.nonzero().flatten()
+    rows, broken_all = [], []
+    for e in tqdm(eps_grid, desc="PGD audit", disable=not progress):
+        success = ~correct  # misclassified points count as attacked successfully
+        for j in range(0, len(idx), batch_size):
+            sub = idx[j:j + batch_size]
+            _, ok = pgd_l2(model, x[sub.to(x.device)], y[sub.to(y.device)], float(e), steps,
+                           restarts, generator=g)
+            success[sub] = ok.cpu()
+        row = {"eps": float(e), "attacked": int(len(idx)),
+               "robust_acc": float((~success).double().mean())}
+        for name, r in radii.items():
+            cert = correct & (r.cpu() >= e)
+            row[f"certified_{name}"] = float(cert.double().mean())
+            row[f"broken_{name}"] = int((success & cert).sum())
         rows.append(row)
-    return rows
+        broken_all.append(success)
+    return rows, torch.stack(broken_all) if broken_all else torch.zeros(0, len(y), dtype=torch.bool)
+
+
+def summarize(table, audit_rows: Sequence[Mapping], eps_grid: Sequence[float],
+              variants: Sequence[str], tests: Sequence[str]) -> dict:
+    """Headline metrics of a certified test set (from :func:`certify_table` and :func:`audit`).
+
+    Accuracies are fractions. ``seconds_per_sample[v_t]`` is the whole certificate with its
+    radius; ``cost_vs_forward[v_t]`` divides it by one forward pass per sample.
+    """
+    correct = torch.tensor(table["correct"].to_numpy())
+    n = len(table)
+    forward = float(table["forward_seconds"].mean())
+    out: dict = {"n": n, "clean_acc": float(correct.double().mean()),
+                 "forward_seconds_per_sample": forward, "certified_acc": {},
+                 "median_radius": {}, "seconds_per_sample": {}, "cost_vs_forward": {},
+                 "pgd_acc": {str(r["eps"]): r["robust_acc"] for r in audit_rows},
+                 "broken": sum(v for r in audit_rows for k, v in r.items()
+                               if k.startswith("broken_"))}
+    for v in variants:
+        for t in tests:
+            key = f"{v}_{t}"
+            r = torch.tensor(table[f"radius_{key}"].to_numpy())
+            out["certified_acc"][key] = {str(k): a for k, a in
+                                         certified_accuracy(correct, r, eps_grid).items()}
+            out["median_radius"][key] = float(r.median()) if n else 0.0
+            s = float(table[f"seconds_{key}"].mean())
+            out["seconds_per_sample"][key] = s
+            out["cost_vs_forward"][key] = s / forward
+    return out
+
+
+def long_certified_accuracy(summary: Mapping) -> pd.DataFrame:
+    """(variant, test, eps, certified_acc) rows plus the PGD accuracy as variant "PGD"."""
+    import pandas as pd
+
+    rows = []
+    for key, accs in summary["certified_acc"].items():
+        variant, test = key.rsplit("_", 1)
+        rows += [{"variant": variant, "test": test, "eps": float(e), "accuracy": a}
+                 for e, a in accs.items()]
+    rows += [{"variant": "PGD (upper bound)", "test": "attack", "eps": float(e), "accuracy": a}
+             for e, a in summary["pgd_acc"].items()]
+    return pd.DataFrame(rows)

@@ -1,6 +1,8 @@
 """Run one pipeline notebook with papermill, parameters taken from params.yaml.
 
     python -m attncert.nbrun notebooks/01_data.py reports/notebooks/01_data.ipynb --section data
+    python -m attncert.nbrun notebooks/03_train_vit.py OUT.ipynb --section vit_grid \
+        --section train_vit --item dataset=mnist --item depth=3 --item heads=4 --item gamma_vo=0.5
 
 params.yaml is read once (YAML 1.2, validated by ``attncert.params``); the chosen sections'
 fields are passed to papermill with their real Python types. Everything is checked before
@@ -63,10 +65,23 @@ def check_parameters(nb, passed: dict, notebook: str) -> None:
         raise NotebookError(f"{notebook}: declared parameter {unset[0]!r} has no params.yaml key")
 
 
+def parse_items(pairs: list[str]) -> dict[str, str]:
+    """``["depth=3", ...]`` -> ``{"depth": "3"}`` (values are parsed by the params schema)."""
+    items: dict[str, str] = {}
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        if not sep or not key:
+            raise ParamsError(f"--item {pair!r}: expected KEY=VALUE")
+        if key in items:
+            raise ParamsError(f"--item {key}: given twice")
+        items[key] = value
+    return items
+
+
 def run(notebook: str, output: str, sections: list[str], params_file: str = PARAMS_FILE,
-        cwd: str | None = None) -> None:
+        cwd: str | None = None, items: list[str] | None = None) -> None:
     params = load_params(params_file)
-    values = params.flat(sections)
+    values = params.flat(sections, parse_items(items or []))
     nb = read_notebook(notebook)
     check_parameters(nb, values, notebook)
 
@@ -104,11 +119,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("notebook", help="jupytext .py (percent) notebook")
     ap.add_argument("output", help="executed .ipynb to write")
     ap.add_argument("--section", action="append", required=True,
-                    help="params.yaml section passed to the notebook (repeatable)")
+                    help="params.yaml section (or one parameter, section.key) passed to the "
+                         "notebook (repeatable)")
+    ap.add_argument("--item", action="append", default=[], metavar="KEY=VALUE",
+                    help="one value of a list parameter: the grid point of a DVC matrix stage")
     ap.add_argument("--params", default=PARAMS_FILE, help="params file (default: params.yaml)")
     args = ap.parse_args(argv)
     try:
-        run(args.notebook, args.output, args.section, args.params)
+        run(args.notebook, args.output, args.section, args.params, items=args.item)
     except (ParamsError, NotebookError) as exc:
         print(f"nbrun: error: {exc}", file=sys.stderr)
         return 2

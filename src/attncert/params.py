@@ -136,10 +136,80 @@ class TightnessParams:
             _fail("tightness.heads", f"dim = {self.dim} is not divisible by heads = {self.heads}")
 
 
+#: Lipschitz-ViT / standard-ViT settings shared by the grid (names of ``attncert.models``).
+VIT_KINDS = ("lipschitz", "standard")
+VIT_BLOCKS = ("stream", "prenorm")
+VIT_POOLS = ("cls", "mean")
+NORMALIZE = ("mean", "std", "none")
+MARGINS = ("none", "lmt", "olsa")
+AUGMENTS = ("none", "crop", "crop_flip")
+CERT_VARIANTS = ("lofast_M", "lofast_xi", "naive", "specformer", "global")
+CERT_TESTS = ("pairwise", "logit")
+
+
+@dataclass(frozen=True)
+class VitGridParams:
+    """The ViT grid (a DVC matrix: every combination is one train_vit and one certify_vit
+    stage). A stage gets ONE value of each list through ``nbrun --item``."""
+
+    runs_dir: str = param(doc="one folder per grid point: checkpoints, model, metrics")
+    dataset: list[str] = param(one_of(*IMAGE_DATASETS), unique)
+    depth: list[int] = param(positive, unique)
+    heads: list[int] = param(positive, unique)
+    gamma_vo: list[float] = param(positive, unique)
+
+
+@dataclass(frozen=True)
+class TrainVitParams:
+    kind: str = param(one_of(*VIT_KINDS))
+    patch: int = param(positive)
+    dim: int = param(positive)
+    mlp_hidden: int = param(positive)
+    block: str = param(one_of(*VIT_BLOCKS))
+    pool: str = param(one_of(*VIT_POOLS))
+    radius_attn: float = param(positive)
+    radius_stream: float | None = param(doc="null = sqrt(dim)")
+    gamma_qk: float = param(positive)
+    normalize: str = param(one_of(*NORMALIZE), doc="inside the model; eps stays in pixel space")
+    epochs: int = param(positive)
+    batch_size: int = param(positive)
+    lr: float = param(positive)
+    weight_decay: float = param(nonneg)
+    warmup_steps: int = param(nonneg)
+    margin: str = param(one_of(*MARGINS))
+    lmt_offset: float = param(nonneg)
+    olsa_gamma: float = param(nonneg)
+    logit_scale: float = param(positive)
+    augment: str = param(one_of(*AUGMENTS))
+    grad_clip: float = param(nonneg)
+    eval_batch_size: int = param(positive)
+
+    def __post_init__(self) -> None:
+        if self.radius_stream is not None and self.radius_stream <= 0:
+            _fail("train_vit.radius_stream", f"must be > 0 or null, got {self.radius_stream!r}")
+
+
+@dataclass(frozen=True)
+class CertifyVitParams:
+    n_test: int = param(positive, doc="first n test images (the same points for every variant)")
+    cert_batch_size: int = param(positive)
+    variants: list[str] = param(one_of(*CERT_VARIANTS), unique)
+    tests: list[str] = param(one_of(*CERT_TESTS), unique)
+    cert_softmax_lipschitz: float = param(one_of_numbers(0.5, 1.0))
+    max_radius: float = param(positive)
+    cert_eps: list[float] = param(positive, unique)
+    attack_steps: int = param(positive)
+    attack_restarts: int = param(positive)
+    results_dir: str = param()
+
+
 SECTIONS: dict[str, type] = {
     "base": BaseParams,
     "data": DataParams,
     "tightness": TightnessParams,
+    "vit_grid": VitGridParams,
+    "train_vit": TrainVitParams,
+    "certify_vit": CertifyVitParams,
 }
 
 
@@ -244,16 +314,48 @@ class Params:
     def __getitem__(self, name: str) -> Any:
         return self.sections[name]
 
-    def flat(self, names: list[str]) -> dict[str, Any]:
-        """The fields of the given sections as one flat dict (notebook parameters)."""
+    def flat(self, names: list[str], items: Mapping[str, str] | None = None) -> dict[str, Any]:
+        """The fields of the given sections as one flat dict (notebook parameters).
+
+        A name ``section.key`` passes that one parameter (as DVC lists granular params).
+
+        ``items`` picks one grid point (a DVC matrix item): ``{key: text}`` replaces the list
+        field ``key`` of a given section by the single value ``text`` (parsed as YAML 1.2),
+        which must be one of the list's values. A section with any item needs one for each of
+        its list fields.
+        """
+        items = dict(items or {})
         out: dict[str, Any] = {}
-        for name in names:
+        owner: dict[str, str] = {}
+        for entry in names:
+            name, _, only = entry.partition(".")
             if name not in self.sections:
                 raise ParamsError(f"{name}: unknown section; known: {', '.join(self.sections)}")
-            for key, value in dataclasses.asdict(self.sections[name]).items():
+            fields = dataclasses.asdict(self.sections[name])
+            if only and only not in fields:
+                raise ParamsError(f"{entry}: unknown parameter")
+            for key, value in fields.items():
+                if only and key != only:
+                    continue
                 if key in out:
                     raise ParamsError(f"{name}.{key}: name also used by another section")
-                out[key] = value
+                out[key], owner[key] = value, name
+        for key, text in items.items():
+            if key not in out or not isinstance(out[key], list):
+                lists = sorted(k for k, v in out.items() if isinstance(v, list))
+                raise ParamsError(f"--item {key}: not a list parameter of the sections "
+                                  f"{', '.join(names)} (lists: {', '.join(lists)})")
+            full = f"{owner[key]}.{key}"
+            hints = typing.get_type_hints(type(self.sections[owner[key]]))
+            (item_tp,) = typing.get_args(hints[key])
+            value = _check_type(f"--item {key}", _parse_scalar(full, text), item_tp)
+            if value not in out[key]:
+                raise ParamsError(f"--item {key}={text}: not in {full} = {out[key]}")
+            out[key] = value
+        for name in {owner[k] for k in items}:
+            for key, value in dataclasses.asdict(self.sections[name]).items():
+                if isinstance(value, list) and key not in items:
+                    raise ParamsError(f"{name}.{key}: a grid point needs --item {key}=VALUE")
         return out
 
 
@@ -269,6 +371,13 @@ def validate(raw: Any, source: str = PARAMS_FILE) -> Params:
     if missing:
         raise ParamsError(f"{missing[0]}: section missing from {source}")
     return Params({name: parse_section(name, raw[name], cls) for name, cls in SECTIONS.items()})
+
+
+def _parse_scalar(key: str, text: str) -> Any:
+    try:
+        return yaml_12().load(text)
+    except Exception as exc:
+        raise ParamsError(f"--item {key}: cannot parse {text!r}") from exc
 
 
 def load_params(path: str | Path = PARAMS_FILE) -> Params:

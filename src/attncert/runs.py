@@ -1,0 +1,83 @@
+"""One ViT grid point: its name, its configs from params.yaml, its folder and resumable training.
+
+A grid point (a DVC matrix item of ``vit_grid``) is a dataset, a depth, a number of heads and
+gamma_vo; the fixed settings come from the ``train_vit`` section. Its folder
+``<runs_dir>/<name>/`` holds ``ckpt/`` (the per-epoch checkpoint, kept between ``dvc repro`` runs
+so that training resumes), ``model.pt`` (the final model) and ``train.json`` (per-epoch metrics).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import shutil
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from attncert.io import write_json
+from attncert.models import ViTConfig
+from attncert.train import TrainConfig
+
+#: train_vit keys that are ViTConfig fields (the others are TrainConfig fields or ``normalize``).
+VIT_KEYS = ("kind", "patch", "dim", "mlp_hidden", "block", "pool", "radius_attn",
+            "radius_stream", "gamma_qk")
+FINGERPRINT = "run.json"
+
+
+def run_name(dataset: str, depth: int, heads: int, gamma_vo: float) -> str:
+    """The grid point's folder name; dvc.yaml spells the same template with ``${item.*}``."""
+    return f"{dataset}-L{depth}-H{heads}-vo{gamma_vo}"
+
+
+def vit_config(data: Mapping[str, Any], settings: Mapping[str, Any], depth: int, heads: int,
+               gamma_vo: float) -> ViTConfig:
+    """The ViT of a grid point for a processed dataset (``attncert.data.load_processed``).
+
+    ``settings``: the train_vit section. ``normalize`` puts the dataset's statistics inside the
+    model: "mean" subtracts the mean only (1-Lipschitz), "std" also divides by the std (the
+    certificate counts 1 / min std), "none" feeds pixels as they are.
+    """
+    x = data["train"]["x"]
+    channels, size = int(x.shape[1]), int(x.shape[2])
+    norm = settings["normalize"]
+    mean = tuple(data["mean"]) if norm in ("mean", "std") else None
+    std = tuple(data["std"]) if norm == "std" else None
+    kw = {k: settings[k] for k in VIT_KEYS}
+    return ViTConfig(image_size=size, channels=channels, depth=depth, heads=heads,
+                     gamma_vo=gamma_vo, num_classes=len(data["classes"]), mean=mean, std=std,
+                     **kw)
+
+
+def train_config(settings: Mapping[str, Any], seed: int) -> TrainConfig:
+    """The TrainConfig of the train_vit section (every TrainConfig field but the seed)."""
+    names = set(TrainConfig.__dataclass_fields__) - {"seed"}
+    return TrainConfig(seed=seed, **{k: settings[k] for k in sorted(names)})
+
+
+def fingerprint(model_cfg: ViTConfig, train_cfg: TrainConfig, dataset: str,
+                data_source: str) -> dict[str, Any]:
+    d = {"dataset": dataset, "data": data_source, "model": model_cfg.to_dict(),
+         "train": {k: getattr(train_cfg, k) for k in TrainConfig.__dataclass_fields__}}
+    d["sha"] = hashlib.sha256(json.dumps(d, sort_keys=True).encode()).hexdigest()[:16]
+    return d
+
+
+def prepare_checkpoint_dir(ckpt_dir: str | Path, fp: Mapping[str, Any]) -> str:
+    """Keep a checkpoint written for the same run (resume); clear one written for another.
+
+    Returns what happened ("fresh", "resume" or "cleared: <why>") for the report.
+    """
+    ckpt_dir = Path(ckpt_dir)
+    marker = ckpt_dir / FINGERPRINT
+    status = "fresh"
+    if ckpt_dir.exists() and any(ckpt_dir.iterdir()):
+        old = json.loads(marker.read_text()) if marker.is_file() else {}
+        if old.get("sha") == fp["sha"]:
+            return "resume"
+        changed = sorted(k for k in ("dataset", "data", "model", "train") if old.get(k) != fp[k])
+        status = f"cleared: {', '.join(changed) or 'no fingerprint'} changed"
+        shutil.rmtree(ckpt_dir)
+    ckpt_dir.mkdir(parents=True, exist_ok=True)
+    write_json(marker, dict(fp))
+    return status
