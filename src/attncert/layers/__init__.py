@@ -1,6 +1,14 @@
 """Layers of the Lipschitz and standard ViTs (LoFAST section 5.2, MATH.md sections 1 and 5)."""
 
 from .attention import MultiHeadAttention, linear_weight
+from .attention_variants import (
+    CenterNorm,
+    L2MultiHeadAttention,
+    LNFormerAttention,
+    ResidualScale,
+    ScaledCosineAttention,
+    spectral_init_,
+)
 from .embed import PatchEmbed, patchify, spectral_norm_exact
 from .linear import NormConstrainedLinear
 from .norm import Normalize
@@ -8,13 +16,19 @@ from .project import LayerProject
 from .sll import SLLResidual
 
 __all__ = [
+    "CenterNorm",
+    "L2MultiHeadAttention",
+    "LNFormerAttention",
     "LayerProject",
     "MultiHeadAttention",
     "NormConstrainedLinear",
     "Normalize",
     "PatchEmbed",
+    "ResidualScale",
     "SLLResidual",
+    "ScaledCosineAttention",
     "linear_weight",
     "patchify",
+    "spectral_init_",
     "spectral_norm_exact",
 ]
