@@ -22,6 +22,8 @@ device = "cpu"
 scale = "paper"
 checkpoint = ""
 inputs = "data/processed/mnist.pt"
+layer = 0
+input_radius = 1.0
 n_tokens = 65
 dim = 128
 heads = 8
@@ -50,7 +52,7 @@ from attncert.train import resolve_device
 
 dev = resolve_device(device)
 w, x, layer_source = tightness.study_layer(checkpoint, inputs, n_tokens, dim, heads, samples,
-                                           gamma_qk, gamma_vo, seed)
+                                           gamma_qk, gamma_vo, seed, layer, input_radius)
 w, x = w.to(dev), x.to(dev)
 display(Markdown(f"**Layer:** {layer_source}  \n**Scale:** {scale}, {x.shape[0]} inputs of "
                  f"{x.shape[1]} tokens x {x.shape[2]} features, {w.h} heads, device {dev}."))

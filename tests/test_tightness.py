@@ -19,6 +19,7 @@ from attncert.tightness import (  # noqa: E402
     layer_project,
     paper_table3_frame,
     random_attention_layer,
+    study_layer,
     table3,
 )
 
@@ -111,3 +112,23 @@ def test_figure4(layer):
     assert norms.loc[2.0] == pytest.approx(4 * norms.loc[0.5])
     assert isinstance(plot_figure4(df), Figure)
     assert isinstance(df, pd.DataFrame)
+
+
+def test_study_layer_from_checkpoint_projects_the_trained_inputs(tmp_path):
+    from attncert.models.vit import ViTConfig, build_vit, save_vit
+
+    torch.manual_seed(0)
+    cfg = ViTConfig(image_size=8, channels=1, patch=4, dim=16, depth=2, heads=2, mlp_hidden=16,
+                    num_classes=3, pool="mean", radius_attn=3.0)
+    model = build_vit(cfg)
+    save_vit(model, tmp_path / "m.pt")
+    x = torch.randint(0, 256, (5, 1, 8, 8), dtype=torch.uint8)
+    torch.save({"test": {"x": x, "y": torch.zeros(5, dtype=torch.long)}}, tmp_path / "toy.pt")
+    w, inputs, label = study_layer(str(tmp_path / "m.pt"), str(tmp_path / "toy.pt"),
+                                   0, 0, 0, 4, 0.0, 0.0, 0, layer=1, input_radius=1.0)
+    assert inputs.shape == (4, 4, 16) and w.h == 2
+    assert float(inputs.norm(dim=-1).max()) <= 1.0 + 1e-9
+    assert "blocks.1.attn" in label and "projected to ||x_i|| <= 1" in label
+    with pytest.raises(ValueError, match="no attention layer"):
+        study_layer(str(tmp_path / "m.pt"), str(tmp_path / "toy.pt"), 0, 0, 0, 4,
+                    0.0, 0.0, 0, layer=5)

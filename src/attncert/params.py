@@ -115,6 +115,8 @@ class DataParams:
 class TightnessParams:
     checkpoint: str = param(doc="'' uses a seeded random layer; else a ViT checkpoint (.pt)")
     inputs: str = param(doc="processed dataset whose test images feed a checkpoint's layer")
+    layer: int = param(nonneg, doc="which attention layer of the checkpoint")
+    input_radius: float = param(positive, doc="every input token projected to ||x_i|| <= R")
     n_tokens: int = param(positive)
     dim: int = param(positive)
     heads: int = param(positive)

@@ -340,19 +340,22 @@ def figure4_input_norm(
 
 
 def study_layer(checkpoint: str, inputs: str, n: int, d: int, h: int, samples: int,
-                gamma_qk: float, gamma_vo: float, seed: int, layer: int = 0
-                ) -> tuple[AttentionWeights, Tensor, str]:
+                gamma_qk: float, gamma_vo: float, seed: int, layer: int = 0,
+                input_radius: float = 1.0) -> tuple[AttentionWeights, Tensor, str]:
     """The layer the study measures and its projected inputs, with a label for the report.
 
     ``checkpoint`` '' gives :func:`random_attention_layer`; otherwise a Lipschitz ViT saved by
     :func:`attncert.models.vit.save_vit`, whose attention layer ``layer`` is taken with its
     clean inputs on the first ``samples`` test images of the processed dataset ``inputs``.
+    Either way every token is projected to ||x_i|| <= ``input_radius`` (LoFAST's Table 3
+    setting is 1; a trained layer sees its LayerProject radius, reported in the label).
     """
     if not checkpoint:
-        w, x = random_attention_layer(n, d, h, seed, (gamma_qk, gamma_vo), samples)
+        w, x = random_attention_layer(n, d, h, seed, (gamma_qk, gamma_vo), samples,
+                                      token_norm=input_radius)
         return w, x, (f"seeded random residual layer (seed {seed}): ||W^Q_l||, ||W^K_l|| = "
                       f"{gamma_qk}, ||W^V_l||, ||W^O_l|| = {gamma_vo}, inputs projected to "
-                      "||x_i|| <= 1 (no trained checkpoint given)")
+                      f"||x_i|| <= {input_radius:g} (no trained checkpoint given)")
     from pathlib import Path
 
     from attncert.data import as_float, load_processed
@@ -368,7 +371,12 @@ def study_layer(checkpoint: str, inputs: str, n: int, d: int, h: int, samples: i
         raise ValueError(f"{checkpoint}: no attention layer {name!r}")
     _, acts = model.attention_inputs(images)
     w = model.attention_modules()[name].attention_weights()
-    return w, acts[name], f"layer {layer} of {checkpoint} on {len(images)} test images of {inputs}"
+    x = acts[name]
+    trained = float(x.norm(dim=-1).max())
+    return w, layer_project(x, input_radius), (
+        f"trained layer {name} of {checkpoint} on the clean inputs of {len(images)} test images "
+        f"of {inputs} (token norms up to {trained:.3g} in the model), projected to ||x_i|| <= "
+        f"{input_radius:g}")
 
 
 def summary_metrics(t3: pd.DataFrame, f1_single: pd.DataFrame, f3: pd.DataFrame,
