@@ -55,6 +55,20 @@ def test_smoke_pipeline_runs_offline_and_is_incremental(smoke_repo, env):
     assert all(m["source"].startswith("mirror ") for m in metrics.values())
     assert metrics["mnist"]["n_train"] == 2000
 
+    # the ViT grid point was trained, certified with every variant and audited
+    run = "mnist-L1-H2-vo0.5"
+    assert "Running stage 'train_vit@mnist-1-2-0.5'" in out
+    assert (smoke_repo / f"runs/vit/{run}/model.pt").is_file()
+    cert = json.loads((smoke_repo / f"results/vit/{run}/metrics.json").read_text())
+    assert cert["broken"] == 0 and cert["n"] == 50
+    assert set(cert["certified_acc"]) == {f"{v}_{t}" for v in
+                                          ("lofast_M", "lofast_xi", "naive", "specformer", "global")
+                                          for t in ("pairwise", "logit")}
+    rows = (smoke_repo / f"results/vit/{run}/samples.csv").read_text().splitlines()
+    assert len(rows) == 51 and "radius_lofast_M_pairwise" in rows[0]
+    tight = json.loads((smoke_repo / "reports/metrics/tightness.json").read_text())
+    assert tight["layer"].startswith(f"trained layer blocks.0.attn of runs/vit/{run}/model.pt")
+
     # a second repro does nothing
     again = _sh(["dvc", "repro"], smoke_repo, env)
     assert "Running stage" not in again

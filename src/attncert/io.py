@@ -33,10 +33,17 @@ def write_json(path: str | Path, data: Any) -> None:
 
 
 def torch_save(obj: Any, path: str | Path) -> None:
+    """torch.save, atomically and byte-reproducibly: saving to a path stores the (random)
+    temporary file name inside the archive, so the bytes go through a buffer instead and the
+    same object always gives the same file (DVC then sees unchanged outputs as unchanged)."""
+    import io
+
     import torch
 
+    buf = io.BytesIO()
+    torch.save(obj, buf)
     with atomic_path(path) as tmp:
-        torch.save(obj, tmp)
+        tmp.write_bytes(buf.getvalue())
 
 
 def _umask() -> int:
