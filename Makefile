@@ -17,10 +17,11 @@ export PATH := $(abspath $(VENV))/bin:$(PATH)
 
 env: $(VENV)/.installed
 
-$(VENV)/.installed: requirements.txt pyproject.toml
+$(VENV)/.installed: requirements.txt requirements-nodeps.txt pyproject.toml
 	@$(PYTHON) -c 'import sys; assert sys.version_info[:2] == (3, 11), "Python 3.11 is required, found " + sys.version.split()[0]'
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q -r requirements.txt
+	$(PY) -m pip install -q --no-deps -r requirements-nodeps.txt
 	$(PY) -m pip install -q --no-deps -e .
 	@# PyPI's torchvision 0.28 is a CUDA build; next to a CPU-only torch it needs stubs.
 	@$(PY) -c 'import torchvision' 2>/dev/null || { \

@@ -29,6 +29,18 @@ def test_requirements_and_environment_agree():
     assert _pins(pip_block) == req
 
 
+def test_nodeps_pins_are_listed_in_environment_yml():
+    """conda cannot install without dependencies: environment.yml names the post-step and
+    lists the same pins in its header."""
+    nodeps = _pins((ROOT / "requirements-nodeps.txt").read_text().splitlines())
+    text = (ROOT / "environment.yml").read_text()
+    assert "pip install --no-deps -r requirements-nodeps.txt" in text
+    header = [line.lstrip("# ").strip() for line in text.splitlines() if line.startswith("#   ")]
+    assert _pins(h for h in header if "==" in h) == nodeps
+    makefile = (ROOT / "Makefile").read_text()
+    assert "--no-deps -r requirements-nodeps.txt" in makefile
+
+
 def test_torch_and_torchvision_pinned_together():
     req = _pins((ROOT / "requirements.txt").read_text().splitlines())
     assert req["torch"] == "2.13.0" and req["torchvision"] == "0.28.0"
