@@ -34,6 +34,7 @@ def images(b=3, seed=0):
     (dict(mean=(0.5,)), "mean"),
     (dict(std=(0.2, 0.0)), "std"),
     (dict(attn_bias=True), "bias"),
+    (dict(head_norm=1), "head_norm"),
 ])
 def test_config_rejects_nonsense(bad, match):
     with pytest.raises(ValueError, match=match):
@@ -109,6 +110,23 @@ def test_components_constants():
     assert model.global_lipschitz_upper() == math.inf  # dot-product attention: no constant
     std = tiny(kind="standard")
     assert [c.lipschitz for c in std.components() if c.kind == "layernorm"] == [math.inf] * 3
+
+
+def test_head_norm_unit_rows_in_forward_and_components():
+    model = tiny(pool="mean", head_norm=True)
+    with torch.no_grad():
+        model.head.weight.mul_(torch.arange(1, 4, dtype=torch.float64)[:, None] * 5)
+    w = model.head_weight()
+    assert torch.allclose(w.norm(dim=1), torch.ones(3, dtype=torch.float64))
+    x = images()
+    feats = model.features(x)
+    assert torch.allclose(model(x), feats @ w.T + model.head.bias)
+    head = {c.name: c for c in model.components()}["head"]
+    assert torch.equal(head.weight, w.detach())
+    assert head.lipschitz >= torch.linalg.svdvals(w.detach()).max().item()
+    plain = tiny(pool="mean")
+    assert torch.equal(plain.head_weight(), plain.head.weight)
+    assert ViTConfig.from_dict({**TINY, "head_norm": True}).to_dict()["head_norm"] is True
 
 
 def _jacobian_norm(f, x):

@@ -47,6 +47,10 @@ class ViTConfig:
     """Architecture of a ViT. ``radius_stream = None`` means sqrt(dim) (LoFAST's LayerNorm
     replacement); ``mean``/``std`` are the dataset's per-channel pixel statistics (None: 0 / 1).
     Radii and gammas only matter for ``kind = "lipschitz"``; ``attn_bias`` only for "standard".
+    ``head_norm = True``: the head applies its rows scaled to unit l2 norm (w_j / ||w_j||; the
+    bias stays free), so logit margins are feature-space margins and a fixed logit_scale / LMT
+    offset keep their meaning (the head cannot grow instead of the margins; certificates use
+    those rows).
     """
 
     image_size: int = 28
@@ -67,6 +71,7 @@ class ViTConfig:
     mean: tuple[float, ...] | None = None
     std: tuple[float, ...] | None = None
     attn_bias: bool = False
+    head_norm: bool = False
 
     def __post_init__(self) -> None:
         for name in ("image_size", "channels", "patch", "dim", "depth", "heads", "mlp_hidden",
@@ -98,6 +103,8 @@ class ViTConfig:
             object.__setattr__(self, name, v)
         if min(self.std) <= 0:
             raise ValueError(f"ViTConfig.std must be > 0, got {self.std}")
+        if not isinstance(self.head_norm, bool):
+            raise ValueError(f"ViTConfig.head_norm must be a bool, got {self.head_norm!r}")
         if self.attn_bias and self.kind == "lipschitz":
             raise ValueError("ViTConfig.attn_bias: the Lipschitz attention is bias-free")
 
@@ -242,8 +249,15 @@ class ViT(nn.Module):
             t = block(t)
         return self.pool(self.norm(t))
 
+    def head_weight(self) -> Tensor:
+        """(num_classes, dim): the matrix the head applies (unit rows when head_norm)."""
+        w = self.head.weight
+        if self.config.head_norm:
+            w = w / w.norm(dim=1, keepdim=True).clamp_min(1e-12)
+        return w
+
     def forward(self, x: Tensor) -> Tensor:
-        return self.head(self.features(x))
+        return nn.functional.linear(self.features(x), self.head_weight(), self.head.bias)
 
     # -- certification interface --------------------------------------------------------------
 
@@ -282,8 +296,9 @@ class ViT(nn.Module):
                              1.0 if lip else math.inf, self.norm))
         pool_l = 1.0 if cfg.pool == "cls" else 1.0 / math.sqrt(cfg.n_tokens)
         out.append(Component("pool", "pool", pool_l, None))
-        out.append(Component("head", "head", spectral_norm_exact(self.head.weight), self.head,
-                             weight=self.head.weight.detach(), bias=self.head.bias.detach()))
+        w = self.head_weight().detach()
+        out.append(Component("head", "head", spectral_norm_exact(w), self.head,
+                             weight=w, bias=self.head.bias.detach()))
         return out
 
     def input_lipschitz(self) -> float:
