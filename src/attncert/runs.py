@@ -59,6 +59,7 @@ def fingerprint(model_cfg: ViTConfig, train_cfg: TrainConfig, dataset: str,
                 data_source: str) -> dict[str, Any]:
     d = {"dataset": dataset, "data": data_source, "model": model_cfg.to_dict(),
          "train": {k: getattr(train_cfg, k) for k in TrainConfig.__dataclass_fields__}}
+    d = json.loads(json.dumps(d))  # as stored: tuples become lists
     d["sha"] = hashlib.sha256(json.dumps(d, sort_keys=True).encode()).hexdigest()[:16]
     return d
 

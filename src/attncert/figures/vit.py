@@ -63,6 +63,7 @@ def plot_certified(long: pd.DataFrame, title: str,
         ax.scatter([reference["eps"]], [reference["certified"]], marker="*", s=160, color="k",
                    zorder=5, label=reference["label"])
         ax.legend(fontsize=7)
+    sns.move_legend(ax, "upper left", bbox_to_anchor=(1.01, 1), fontsize=7, frameon=False)
     ax.set(xscale="log", xlabel=r"$\epsilon$ ($\ell_2$, pixel space)",
            ylabel="accuracy (%)", title=title, ylim=(-2, 102))
     return fig

@@ -1,0 +1,81 @@
+"""Grid points: names, configs from params, checkpoint folders; the ViT report figures."""
+
+import matplotlib
+
+matplotlib.use("Agg")
+
+import pandas as pd  # noqa: E402
+import pytest  # noqa: E402
+import torch  # noqa: E402
+from matplotlib.figure import Figure  # noqa: E402
+
+from attncert import certify, runs  # noqa: E402
+from attncert.figures import vit as figs  # noqa: E402
+from attncert.params import load_params  # noqa: E402
+
+
+def _data(channels=1, size=28, classes=10):
+    x = torch.zeros(4, channels, size, size, dtype=torch.uint8)
+    return {"train": {"x": x, "y": torch.zeros(4, dtype=torch.long)},
+            "classes": [str(i) for i in range(classes)],
+            "mean": [0.5] * channels, "std": [0.25] * channels, "source": "test"}
+
+
+def _settings():
+    return dict(load_params().flat(["train_vit"]))
+
+
+def test_run_name_matches_the_dvc_template():
+    assert runs.run_name("mnist", 3, 4, 0.5) == "mnist-L3-H4-vo0.5"
+    assert runs.run_name("svhn", 6, 8, 1.0) == "svhn-L6-H8-vo1.0"
+
+
+@pytest.mark.parametrize(("normalize", "mean", "std"),
+                         [("mean", (0.5, 0.5, 0.5), (1.0, 1.0, 1.0)),
+                          ("std", (0.5, 0.5, 0.5), (0.25, 0.25, 0.25)),
+                          ("none", (0.0, 0.0, 0.0), (1.0, 1.0, 1.0))])
+def test_vit_config_takes_the_dataset_and_the_grid_point(normalize, mean, std):
+    s = _settings() | {"normalize": normalize}
+    cfg = runs.vit_config(_data(3, 32), s, depth=4, heads=8, gamma_vo=0.75)
+    assert (cfg.channels, cfg.image_size, cfg.num_classes) == (3, 32, 10)
+    assert (cfg.depth, cfg.heads, cfg.gamma_vo, cfg.dim) == (4, 8, 0.75, s["dim"])
+    assert cfg.mean == mean and cfg.std == std
+
+
+def test_train_config_uses_every_training_key_and_the_seed():
+    tc = runs.train_config(_settings(), seed=7)
+    assert tc.seed == 7 and tc.epochs == _settings()["epochs"]
+
+
+def test_checkpoint_dir_resumes_same_run_and_clears_another(tmp_path):
+    s = _settings()
+    cfg = runs.vit_config(_data(), s, 3, 4, 0.5)
+    fp = runs.fingerprint(cfg, runs.train_config(s, 0), "mnist", "test")
+    ckpt = tmp_path / "ckpt"
+    assert runs.prepare_checkpoint_dir(ckpt, fp) == "fresh"
+    (ckpt / "last.pt").write_text("state")
+    assert runs.prepare_checkpoint_dir(ckpt, fp) == "resume"
+    assert (ckpt / "last.pt").exists()
+    other = runs.fingerprint(runs.vit_config(_data(), s, 3, 4, 0.25),
+                             runs.train_config(s, 0), "mnist", "test")
+    status = runs.prepare_checkpoint_dir(ckpt, other)
+    assert status == "cleared: model changed" and not (ckpt / "last.pt").exists()
+
+
+def test_vit_figures_draw_from_saved_results():
+    rows = [{"epoch": e, "train_loss": 1.0 / e, "test_loss": 1.1 / e, "train_acc": 0.5 + e / 10,
+             "test_acc": 0.4 + e / 10, "sigma/blocks.0.attn.q": 0.25, "sigma/head": 3.0}
+            for e in (1, 2)]
+    assert isinstance(figs.plot_training(rows), Figure)
+    assert isinstance(figs.plot_spectral_norms(rows[-1], {"gamma_qk": 0.25}), Figure)
+    table = pd.DataFrame({"correct": [True, True, False], "forward_seconds": [1e-3] * 3,
+                          "radius_lofast_M_pairwise": [0.3, 0.05, 0.0],
+                          "seconds_lofast_M_pairwise": [2e-2] * 3})
+    audit_rows = [{"eps": 0.1, "robust_acc": 0.6, "broken_lofast_M_pairwise": 0}]
+    summary = certify.summarize(table, audit_rows, [0.1], ["lofast_M"], ["pairwise"])
+    assert summary["certified_acc"]["lofast_M_pairwise"]["0.1"] == pytest.approx(1 / 3)
+    assert summary["cost_vs_forward"]["lofast_M_pairwise"] == pytest.approx(20.0)
+    long = certify.long_certified_accuracy(summary)
+    ref = {"eps": 1.58, "certified": 54.5, "label": "paper"}
+    assert isinstance(figs.plot_certified(long, "t", ref), Figure)
+    assert isinstance(figs.plot_radius_cost(summary), Figure)
