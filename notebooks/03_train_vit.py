@@ -49,6 +49,10 @@ logit_scale = 30.0
 augment = "none"
 grad_clip = 0.0
 eval_batch_size = 500
+msvp_lambda = [0.0, 0.0, 0.0]
+adversarial = "none"
+adv_eps = 0.0313725
+adv_steps = 10
 processed_dir = "data/processed"
 
 # %%
@@ -72,7 +76,9 @@ settings = dict(kind=kind, patch=patch, dim=dim, mlp_hidden=mlp_hidden, block=bl
                 normalize=normalize, epochs=epochs, batch_size=batch_size, lr=lr,
                 weight_decay=weight_decay, warmup_steps=warmup_steps, margin=margin,
                 lmt_offset=lmt_offset, olsa_gamma=olsa_gamma, logit_scale=logit_scale,
-                augment=augment, grad_clip=grad_clip, eval_batch_size=eval_batch_size)
+                augment=augment, grad_clip=grad_clip, eval_batch_size=eval_batch_size,
+                msvp_lambda=msvp_lambda, adversarial=adversarial, adv_eps=adv_eps,
+                adv_steps=adv_steps)
 dev = resolve_device(device)
 name = runs.run_name(dataset, depth, heads, gamma_vo)
 run_dir = Path(runs_dir) / name

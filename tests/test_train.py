@@ -142,3 +142,81 @@ def test_lipschitz_diagnostics_exact():
     d = lipschitz_diagnostics(model)
     w = model.blocks[0].attn.v.weight_effective().detach().double()
     assert d["sigma/blocks.0.attn.v"] == pytest.approx(torch.linalg.svdvals(w).max().item())
+
+
+# -- MSVP and adversarial training ----------------------------------------------------------
+
+
+def test_msvp_lambda_validation_and_broadcast():
+    assert TrainConfig().msvp_lambda == (0.0, 0.0, 0.0) and not TrainConfig().msvp_enabled
+    cfg = TrainConfig(msvp_lambda=1e-3)
+    assert cfg.msvp_lambda == (1e-3,) * 3 and cfg.msvp_enabled
+    assert TrainConfig(msvp_lambda=[0, 1, 2]).msvp_lambda == (0.0, 1.0, 2.0)
+    for bad in ((1.0, 2.0), (-1.0, 0.0, 0.0), "x"):
+        with pytest.raises(ValueError, match="msvp_lambda"):
+            TrainConfig(msvp_lambda=bad)
+    with pytest.raises(ValueError, match="adversarial"):
+        TrainConfig(adversarial="fgsm")
+    with pytest.raises(ValueError, match="adv_eps"):
+        TrainConfig(adv_eps=0.0)
+
+
+def test_msvp_term_changes_the_loss_and_the_gradients():
+    from attncert.msvp import MSVP
+    from attncert.train import step_loss
+
+    data = toy_data(16, 0)
+    xb, yb = data["x"].float() / 255, data["y"]
+    cfg = TrainConfig(msvp_lambda=(0.1, 0.2, 0.3))
+    grads = []
+    for with_msvp in (False, True):
+        model = fresh_model()
+        msvp = MSVP(model, *cfg.msvp_lambda, generator=torch.Generator().manual_seed(0))
+        _, loss = step_loss(model, xb, yb, cfg, msvp if with_msvp else None)
+        loss.backward()
+        grads.append((float(loss), model.blocks[0].attn.q.weight.grad.clone()))
+        if with_msvp:
+            plain = float(training_loss(model(xb), yb, cfg))
+            assert float(loss) == pytest.approx(plain + float(msvp()), rel=1e-5)
+    assert grads[1][0] > grads[0][0]
+    assert not torch.allclose(grads[0][1], grads[1][1])
+
+
+def test_adversarial_step_trains_on_pgd_examples():
+    from attncert.train import step_loss
+
+    data = toy_data(16, 0)
+    xb, yb = data["x"].float() / 255, data["y"]
+    model = fresh_model()
+    clean = TrainConfig()
+    adv = TrainConfig(adversarial="pgd_linf", adv_eps=0.1, adv_steps=3)
+    _, loss_clean = step_loss(model, xb, yb, clean)
+    _, loss_adv = step_loss(model, xb, yb, adv, generator=torch.Generator().manual_seed(0))
+    assert float(loss_adv) > float(loss_clean)
+    loss_adv.backward()
+    assert all(p.grad is not None for p in model.parameters() if p.requires_grad)
+
+
+def test_resume_restores_msvp_vectors_and_adversarial_run(tmp_path):
+    """An interrupted MSVP + adversarial run resumes to the weights AND vectors of a clean run."""
+    train_d, test_d = toy_data(64, 0), toy_data(32, 1)
+    cfg = TrainConfig(epochs=2, batch_size=16, lr=3e-3, seed=1, msvp_lambda=1e-2,
+                      adversarial="pgd_linf", adv_eps=0.05, adv_steps=2)
+    full = fresh_model()
+    train(full, train_d, test_d, cfg, tmp_path / "a", "cpu", progress=False)
+    ref = torch.load(tmp_path / "a" / "last.pt", weights_only=True)
+
+    def stop(epoch, row):
+        raise Stop
+
+    part = fresh_model()
+    with pytest.raises(Stop):
+        train(part, train_d, test_d, cfg, tmp_path / "b", "cpu", progress=False, callback=stop)
+    resumed = fresh_model()
+    train(resumed, train_d, test_d, cfg, tmp_path / "b", "cpu", progress=False)
+    got = torch.load(tmp_path / "b" / "last.pt", weights_only=True)
+    for k, v in ref["model"].items():
+        torch.testing.assert_close(got["model"][k], v, rtol=0, atol=0, msg=k)
+    assert set(ref["msvp"]) and set(ref["msvp"]) == set(got["msvp"])
+    for k, v in ref["msvp"].items():
+        torch.testing.assert_close(got["msvp"][k], v, rtol=0, atol=0, msg=k)

@@ -192,3 +192,90 @@ def test_propagate_with_lofast_is_sound(block):
         (grad,) = torch.autograd.grad(gap.sum(), d)
         assert (gap.detach() <= bound * (1 + 1e-9)).all()
         d = (d + 0.5 * eps * grad / grad.flatten(1).norm(dim=1).view(-1, 1, 1, 1)).detach()
+
+
+# -- the baselines of the SpecFormer study (standard ViT only) ------------------------------
+
+BASELINES = {
+    "l2former": dict(attention="l2"),
+    "lnformer": dict(attention="lnformer"),
+    "lipsformer": dict(attention="cosine", norm="center", residual_scale=0.5,
+                       spectral_init=True),
+}
+
+
+@pytest.mark.parametrize("block", ["stream", "prenorm"])
+@pytest.mark.parametrize("name", sorted(BASELINES))
+def test_baselines_build_forward_and_roundtrip(tmp_path, name, block):
+    from attncert.layers import (
+        CenterNorm,
+        L2MultiHeadAttention,
+        LNFormerAttention,
+        ResidualScale,
+        ScaledCosineAttention,
+    )
+    from attncert.models import load_vit, save_vit
+
+    model = tiny(kind="standard", block=block, attn_bias=True, **BASELINES[name])
+    cls = {"l2former": L2MultiHeadAttention, "lnformer": LNFormerAttention,
+           "lipsformer": ScaledCosineAttention}[name]
+    assert all(isinstance(b.attn, cls) for b in model.blocks)
+    x = images()
+    logits, inputs = model.attention_inputs(x)
+    assert logits.shape == (3, 3) and torch.isfinite(logits).all()
+    assert set(inputs) == {"blocks.0.attn", "blocks.1.attn"}
+    if name == "lipsformer":
+        assert isinstance(model.norm, CenterNorm)
+        assert isinstance(model.blocks[0].norm_mlp, CenterNorm)
+        assert isinstance(model.blocks[0].scale_attn, ResidualScale)
+        for m in (model.blocks[0].attn.q, model.blocks[1].mlp.fc2):  # spectral_init: ||W|| = 1
+            assert torch.linalg.matrix_norm(m.weight, 2).item() == pytest.approx(1.0, abs=1e-6)
+    path = tmp_path / "m.pt"
+    save_vit(model, path)
+    again = load_vit(path).double()
+    assert again.config == model.config
+    torch.testing.assert_close(again(x), model(x))
+    # no local bound exists for these attentions: the certification interface says so
+    comps = model.components()
+    assert [c.kind for c in comps].count("attention_variant") == 2
+    assert "attention" not in [c.kind for c in comps]
+    assert math.isinf(model.global_lipschitz_upper())
+
+
+def test_default_config_builds_the_plain_standard_vit_identically():
+    """The baseline options at their defaults change nothing (weights, outputs, components)."""
+    plain = tiny(kind="standard", block="prenorm")
+    explicit = tiny(kind="standard", block="prenorm", attention="dot", norm="layernorm",
+                    residual_scale=0.0, spectral_init=False)
+    for (k, a), (_, b) in zip(plain.state_dict().items(), explicit.state_dict().items(),
+                              strict=True):
+        torch.testing.assert_close(a, b, msg=k)
+    assert [c.kind for c in plain.components()] == [c.kind for c in explicit.components()]
+    assert not plain.config.baseline
+
+
+def test_centernorm_components_have_finite_constants():
+    model = tiny(kind="standard", block="stream", norm="center")
+    kinds = {c.name: (c.kind, c.lipschitz) for c in model.components()}
+    assert kinds["norm"][0] == "centernorm" and kinds["norm"][1] == pytest.approx(8 / 7)
+    assert kinds["blocks.0.norm_attn"][0] == "centernorm"
+
+
+@pytest.mark.parametrize("bad, match", [
+    (dict(attention="l2"), "kind = 'standard'"),
+    (dict(kind="standard", attention="flash"), "attention"),
+    (dict(kind="standard", norm="batch"), "norm"),
+    (dict(kind="standard", residual_scale=-0.1), "residual_scale"),
+    (dict(kind="standard", spectral_init=1), "spectral_init"),
+])
+def test_baseline_options_are_validated(bad, match):
+    with pytest.raises(ValueError, match=match):
+        ViTConfig(**{**TINY, **bad})
+
+
+def test_certification_refuses_the_baselines():
+    from attncert.certify import precompute
+
+    model = tiny(kind="standard", block="stream", norm="center", attention="cosine")
+    with pytest.raises(ValueError, match="no Lipschitz constant"):
+        precompute(model, images())

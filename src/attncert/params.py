@@ -147,6 +147,7 @@ MARGINS = ("none", "lmt", "olsa")
 AUGMENTS = ("none", "crop", "crop_flip")
 CERT_VARIANTS = ("lofast_M", "lofast_xi", "naive", "specformer", "global")
 CERT_TESTS = ("pairwise", "logit")
+ADVERSARIAL = ("none", "pgd_linf")
 
 
 @dataclass(frozen=True)
@@ -185,10 +186,16 @@ class TrainVitParams:
     augment: str = param(one_of(*AUGMENTS))
     grad_clip: float = param(nonneg)
     eval_batch_size: int = param(positive)
+    msvp_lambda: list[float] = param(nonneg, doc="SpecFormer's MSVP (lam_q, lam_k, lam_v); 0 = off")
+    adversarial: str = param(one_of(*ADVERSARIAL))
+    adv_eps: float = param(positive, doc="l_inf radius of adversarial training (pixel space)")
+    adv_steps: int = param(positive)
 
     def __post_init__(self) -> None:
         if self.radius_stream is not None and self.radius_stream <= 0:
             _fail("train_vit.radius_stream", f"must be > 0 or null, got {self.radius_stream!r}")
+        if len(self.msvp_lambda) != 3:
+            _fail("train_vit.msvp_lambda", f"needs 3 values, got {self.msvp_lambda!r}")
 
 
 @dataclass(frozen=True)
@@ -205,6 +212,75 @@ class CertifyVitParams:
     results_dir: str = param()
 
 
+#: The training methods of the SpecFormer study (attncert.specformer.METHODS).
+SPECFORMER_METHODS = ("vanilla", "specformer", "l2former", "lnformer", "lipsformer")
+
+
+@dataclass(frozen=True)
+class SpecformerParams:
+    """SpecFormer and the Lipschitz-attention baselines, attacked and compared (stage
+    ``specformer``). l_inf radii are in units of 1/255 (pixel space), l2 radii in pixels."""
+
+    datasets: list[str] = param(one_of(*IMAGE_DATASETS), unique)
+    methods: list[str] = param(one_of(*SPECFORMER_METHODS), unique, doc="standard training")
+    adv_methods: list[str] = param(one_of(*SPECFORMER_METHODS), unique,
+                                   doc="PGD adversarial training ([] = none)")
+    patch: int = param(positive)
+    dim: int = param(positive)
+    depth: int = param(positive)
+    heads: int = param(positive)
+    mlp_hidden: int = param(positive)
+    block: str = param(one_of(*VIT_BLOCKS))
+    max_train: int = param(nonneg, doc="seeded subset of every training split (0 = all)")
+    lipsformer_alpha: float = param(positive, doc="LipsFormer's residual scale x + alpha f(x)")
+    msvp_lambda: list[float] = param(nonneg, doc="(lam_q, lam_k, lam_v) of the specformer method")
+    epochs: int = param(positive)
+    adv_epochs: int = param(positive)
+    batch_size: int = param(positive)
+    lr: float = param(positive)
+    weight_decay: float = param(nonneg)
+    warmup_steps: int = param(nonneg)
+    augment: str = param(one_of(*AUGMENTS))
+    adv_eps_255: float = param(positive, doc="adversarial training radius (l_inf, x 1/255)")
+    adv_steps: int = param(positive)
+    n_eval: int = param(positive, doc="first n test images attacked")
+    eval_batch_size: int = param(positive)
+    std_eps_255: float = param(positive, doc="FGSM and PGD-2 radius (l_inf, x 1/255)")
+    adv_eval_eps_255: float = param(positive, doc="CW and PGD radius (l_inf, x 1/255)")
+    attack_steps: int = param(positive, doc="CW-n, PGD-n and L2 PGD steps")
+    l2_eps: list[float] = param(positive, unique)
+    timing_steps: int = param(positive)
+    timing_rounds: int = param(positive)
+    timing_warmup: int = param(nonneg)
+    cert_patch: int = param(positive)
+    cert_dim: int = param(positive)
+    cert_depth: int = param(positive)
+    cert_heads: int = param(positive)
+    cert_gamma_qk: float = param(positive)
+    cert_gamma_vo: float = param(positive)
+    cert_radius_attn: float = param(positive)
+    cert_epochs: int = param(positive)
+    cert_lr: float = param(positive)
+    cert_lmt_offset: float = param(nonneg)
+    cert_logit_scale: float = param(positive)
+    cert_msvp_lambda: list[float] = param(nonneg)
+    cert_n_test: int = param(positive)
+    cert_eps: list[float] = param(positive, unique)
+    results_dir: str = param()
+    metrics: str = param()
+
+    def __post_init__(self) -> None:
+        for key in ("msvp_lambda", "cert_msvp_lambda"):
+            if len(getattr(self, key)) != 3:
+                _fail(f"specformer.{key}", f"needs 3 values, got {getattr(self, key)!r}")
+        for key, dim, heads in (("heads", self.dim, self.heads),
+                                ("cert_heads", self.cert_dim, self.cert_heads)):
+            if dim % heads:
+                _fail(f"specformer.{key}", f"{dim} is not divisible by {heads} heads")
+        if "vanilla" not in self.methods:
+            _fail("specformer.methods", "needs vanilla (the reference of the step-time ratios)")
+
+
 SECTIONS: dict[str, type] = {
     "base": BaseParams,
     "data": DataParams,
@@ -212,6 +288,7 @@ SECTIONS: dict[str, type] = {
     "vit_grid": VitGridParams,
     "train_vit": TrainVitParams,
     "certify_vit": CertifyVitParams,
+    "specformer": SpecformerParams,
 }
 
 

@@ -7,6 +7,14 @@ Margin terms (on logits f, true class y, s = logit_scale):
           for sqrt(2) c L, a fixed value here since dot-product attention has no global L);
   "olsa": CE(s f, y) - olsa_gamma * mean(relu(M / sqrt(2))), M = f_y - max_{j != y} f_j
           (OLSA's certificate regulariser, MATH.md section 7).
+Optional terms, both off by default:
+  msvp_lambda = (lam_q, lam_k, lam_v), any > 0: + SpecFormer's MSVP (eq. 12-14, MATH.md
+          section 7; :class:`attncert.msvp.MSVP`, its power-iteration vectors saved in the
+          checkpoint so a resumed run continues them exactly);
+  adversarial = "pgd_linf": PGD adversarial training (Madry et al. 2018, SpecFormer's
+          Table 2): every batch is replaced by CE-PGD examples, ||x' - x||_inf <= adv_eps,
+          adv_steps steps of 2.5 adv_eps / adv_steps from a random start drawn from the
+          epoch's generator (resume stays exact); train_acc is then the adversarial accuracy.
 The scale s (a CE temperature) matters for Lipschitz models: their features have norm ~1, so
 unscaled CE wants a huge head; s changes the loss only, never the predictions or certificates.
 """
@@ -25,11 +33,14 @@ import torch
 from torch import Tensor, nn
 from torch.nn import functional as F
 
+from attncert.attacks import pgd_linf
 from attncert.data import as_float
 from attncert.io import torch_save, write_json
+from attncert.msvp import MSVP
 
 MARGINS = ("none", "lmt", "olsa")
 AUGMENTS = ("none", "crop", "crop_flip")
+ADVERSARIAL = ("none", "pgd_linf")
 CHECKPOINT = "last.pt"
 METRICS = "metrics.json"
 
@@ -50,6 +61,10 @@ class TrainConfig:
     augment: str = "none"  # random 4-pixel-padded crops (+ horizontal flips)
     grad_clip: float = 0.0  # max global grad norm; 0 = off
     eval_batch_size: int = 1000
+    msvp_lambda: tuple[float, float, float] = (0.0, 0.0, 0.0)  # (lam_q, lam_k, lam_v); 0 = off
+    adversarial: str = "none"  # "pgd_linf": PGD adversarial training (module docstring)
+    adv_eps: float = 8 / 255  # l_inf radius in pixel space
+    adv_steps: int = 10
     seed: int = 0
 
     def __post_init__(self) -> None:
@@ -69,10 +84,29 @@ class TrainConfig:
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, int | float) or v < 0:
                 raise ValueError(f"TrainConfig.{name} must be a number >= 0, got {v!r}")
-        for name, choices in (("margin", MARGINS), ("augment", AUGMENTS)):
+        lam = self.msvp_lambda
+        lam = (lam,) * 3 if isinstance(lam, int | float) and not isinstance(lam, bool) else lam
+        if (not isinstance(lam, list | tuple) or len(lam) != 3 or any(
+                isinstance(v, bool) or not isinstance(v, int | float) or v < 0 for v in lam)):
+            raise ValueError("TrainConfig.msvp_lambda must be one number or three (lam_q, "
+                             f"lam_k, lam_v), each >= 0, got {self.msvp_lambda!r}")
+        object.__setattr__(self, "msvp_lambda", tuple(float(v) for v in lam))
+        if isinstance(self.adv_steps, bool) or not isinstance(self.adv_steps, int) or (
+                self.adv_steps <= 0):
+            raise ValueError(f"TrainConfig.adv_steps must be a positive int, got "
+                             f"{self.adv_steps!r}")
+        if isinstance(self.adv_eps, bool) or not isinstance(self.adv_eps, int | float) or not (
+                self.adv_eps > 0):
+            raise ValueError(f"TrainConfig.adv_eps must be a number > 0, got {self.adv_eps!r}")
+        for name, choices in (("margin", MARGINS), ("augment", AUGMENTS),
+                              ("adversarial", ADVERSARIAL)):
             if getattr(self, name) not in choices:
                 raise ValueError(f"TrainConfig.{name} = {getattr(self, name)!r}: choose from "
                                  f"{', '.join(choices)}")
+
+    @property
+    def msvp_enabled(self) -> bool:
+        return any(v > 0 for v in self.msvp_lambda)
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> TrainConfig:
@@ -148,6 +182,20 @@ def training_loss(logits: Tensor, y: Tensor, cfg: TrainConfig) -> Tensor:
     if cfg.margin == "olsa":
         loss = loss - cfg.olsa_gamma * F.relu(logit_margin(logits, y) / math.sqrt(2)).mean()
     return loss
+
+
+def step_loss(model: nn.Module, xb: Tensor, yb: Tensor, cfg: TrainConfig,
+              msvp: MSVP | None = None, generator: torch.Generator | None = None
+              ) -> tuple[Tensor, Tensor]:
+    """(logits, loss) of one training step: on PGD examples when ``cfg.adversarial`` is
+    "pgd_linf" (random starts from ``generator``), plus ``msvp()`` when given."""
+    if cfg.adversarial == "pgd_linf":
+        xb, _ = pgd_linf(model, xb, yb, cfg.adv_eps, cfg.adv_steps, generator=generator)
+    logits = model(xb)
+    loss = training_loss(logits, yb, cfg)
+    if msvp is not None:
+        loss = loss + msvp()
+    return logits, loss
 
 
 @torch.no_grad()
@@ -230,6 +278,10 @@ def train(model: nn.Module, train_data: Any, eval_data: Any, config: TrainConfig
     x, y = _xy(train_data)
     n = len(y)
     steps_per_epoch = math.ceil(n / config.batch_size)
+    msvp = None
+    if config.msvp_enabled:  # after model.to(dev): the vectors live beside the weights
+        msvp = MSVP(model, *config.msvp_lambda,
+                    generator=torch.Generator().manual_seed(config.seed))
     opt = torch.optim.AdamW(model.parameters(), lr=config.lr, weight_decay=config.weight_decay)
     sched = torch.optim.lr_scheduler.LambdaLR(
         opt, cosine_schedule(config.epochs * steps_per_epoch, config.warmup_steps))
@@ -242,6 +294,8 @@ def train(model: nn.Module, train_data: Any, eval_data: Any, config: TrainConfig
             raise ValueError(f"{ckpt_path} was written with another training config "
                              f"({ckpt['config']}); delete it to start over")
         model.load_state_dict(ckpt["model"])
+        if msvp is not None:
+            msvp.load_state_dict(ckpt["msvp"])
         opt.load_state_dict(ckpt["optimizer"])
         sched.load_state_dict(ckpt["scheduler"])
         _set_rng_state(ckpt["rng"])
@@ -259,8 +313,7 @@ def train(model: nn.Module, train_data: Any, eval_data: Any, config: TrainConfig
             idx = order[step * config.batch_size:(step + 1) * config.batch_size]
             xb = augment_batch(_to_float(x[idx]), config.augment, g).to(dev)
             yb = y[idx].to(dev)
-            logits = model(xb)
-            loss = training_loss(logits, yb, config)
+            logits, loss = step_loss(model, xb, yb, config, msvp, g)
             opt.zero_grad(set_to_none=True)
             loss.backward()
             if config.grad_clip > 0:
@@ -278,7 +331,8 @@ def train(model: nn.Module, train_data: Any, eval_data: Any, config: TrainConfig
         metrics.append(row)
         torch_save({"model": model.state_dict(), "optimizer": opt.state_dict(),
                     "scheduler": sched.state_dict(), "epoch": epoch, "metrics": metrics,
-                    "config": cfg_dict, "rng": _rng_state()}, ckpt_path)
+                    "config": cfg_dict, "rng": _rng_state(),
+                    **({"msvp": msvp.state_dict()} if msvp is not None else {})}, ckpt_path)
         write_json(metrics_path, metrics)
         if progress:
             tqdm.write(f"epoch {epoch}: loss {row['train_loss']:.4f} train acc "

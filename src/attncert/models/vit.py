@@ -10,6 +10,14 @@ Block forms (MATH.md section 6):
   prenorm: x <- x + Att(Norm_R(x));          MLP part     (eps + delta_{H=0})
 MLP part: Lipschitz x <- SLL(Project(x)); standard x <- x + MLP(LayerNorm(x)).
 
+Baselines (``kind = "standard"`` only; the defaults build the plain standard ViT):
+``attention`` "dot" | "l2" (L2Former: Kim et al.'s L2 attention, W^K = W^Q) | "lnformer"
+(LipschitzNorm) | "cosine" (LipsFormer's scaled cosine attention); ``norm`` "layernorm" |
+"center" (LipsFormer's CenterNorm, every norm of the model); ``residual_scale`` alpha > 0
+scales both branches, x + alpha * f(x) (LipsFormer; 0 = off); ``spectral_init`` starts every
+linear map of the blocks at spectral norm 1 (LipsFormer). LipsFormer = center + cosine +
+residual_scale + spectral_init (:mod:`attncert.layers.attention_variants`).
+
 For certification, :meth:`ViT.components` lists the network as ordered pieces with their
 constants and :meth:`ViT.attention_inputs` returns each attention layer's clean input X_k
 from one forward pass; :func:`propagate` chains them (MATH.md section 6, eq. 9).
@@ -29,17 +37,25 @@ from torch import Tensor, nn
 
 from attncert.io import torch_save
 from attncert.layers import (
+    CenterNorm,
+    L2MultiHeadAttention,
     LayerProject,
+    LNFormerAttention,
     MultiHeadAttention,
     Normalize,
     PatchEmbed,
+    ResidualScale,
+    ScaledCosineAttention,
     SLLResidual,
+    spectral_init_,
     spectral_norm_exact,
 )
 
 KINDS = ("lipschitz", "standard")
 BLOCKS = ("stream", "prenorm")
 POOLS = ("cls", "mean")
+ATTENTIONS = ("dot", "l2", "lnformer", "cosine")
+NORMS = ("layernorm", "center")
 
 
 @dataclass(frozen=True)
@@ -51,6 +67,8 @@ class ViTConfig:
     bias stays free), so logit margins are feature-space margins and a fixed logit_scale / LMT
     offset keep their meaning (the head cannot grow instead of the margins; certificates use
     those rows).
+    ``attention``, ``norm``, ``residual_scale``, ``spectral_init``: the baselines of the module
+    docstring (standard ViT only).
     """
 
     image_size: int = 28
@@ -72,6 +90,10 @@ class ViTConfig:
     std: tuple[float, ...] | None = None
     attn_bias: bool = False
     head_norm: bool = False
+    attention: str = "dot"
+    norm: str = "layernorm"
+    residual_scale: float = 0.0
+    spectral_init: bool = False
 
     def __post_init__(self) -> None:
         for name in ("image_size", "channels", "patch", "dim", "depth", "heads", "mlp_hidden",
@@ -79,7 +101,8 @@ class ViTConfig:
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, int) or v <= 0:
                 raise ValueError(f"ViTConfig.{name} must be a positive int, got {v!r}")
-        for name, choices in (("kind", KINDS), ("block", BLOCKS), ("pool", POOLS)):
+        for name, choices in (("kind", KINDS), ("block", BLOCKS), ("pool", POOLS),
+                              ("attention", ATTENTIONS), ("norm", NORMS)):
             if getattr(self, name) not in choices:
                 raise ValueError(f"ViTConfig.{name} = {getattr(self, name)!r}: choose from "
                                  f"{', '.join(choices)}")
@@ -107,6 +130,14 @@ class ViTConfig:
             raise ValueError(f"ViTConfig.head_norm must be a bool, got {self.head_norm!r}")
         if self.attn_bias and self.kind == "lipschitz":
             raise ValueError("ViTConfig.attn_bias: the Lipschitz attention is bias-free")
+        v = self.residual_scale
+        if isinstance(v, bool) or not isinstance(v, int | float) or v < 0:
+            raise ValueError(f"ViTConfig.residual_scale must be a number >= 0, got {v!r}")
+        if not isinstance(self.spectral_init, bool):
+            raise ValueError(f"ViTConfig.spectral_init must be a bool, got {self.spectral_init!r}")
+        if self.kind == "lipschitz" and self.baseline:
+            raise ValueError("ViTConfig.attention/norm/residual_scale/spectral_init: the "
+                             "baselines are standard ViTs (kind = 'standard')")
 
     @property
     def n_patches(self) -> int:
@@ -115,6 +146,12 @@ class ViTConfig:
     @property
     def n_tokens(self) -> int:
         return self.n_patches + (self.pool == "cls")
+
+    @property
+    def baseline(self) -> bool:
+        """True when any baseline option differs from the plain standard ViT."""
+        return (self.attention != "dot" or self.norm != "layernorm" or self.residual_scale > 0
+                or self.spectral_init)
 
     @property
     def stream_radius(self) -> float:
@@ -151,7 +188,8 @@ class Component:
     """
 
     name: str
-    kind: str  # normalize|patch_embed|tokens|project|layernorm|attention|sll|mlp|pool|head
+    kind: str  # normalize|patch_embed|tokens|project|layernorm|centernorm|attention|
+    #            attention_variant (a baseline's residual attention, no bound)|sll|mlp|pool|head
     lipschitz: float
     module: nn.Module | None = None
     residual: str = "none"  # attention only: "identity" | "skip"
@@ -182,26 +220,43 @@ class Block(nn.Module):
             self.norm_mlp = LayerProject(cfg.stream_radius)
             self.mlp = SLLResidual(cfg.dim, cfg.mlp_hidden)
         else:
-            self.norm_attn, self.norm_mlp = nn.LayerNorm(cfg.dim), nn.LayerNorm(cfg.dim)
+            self.norm_attn, self.norm_mlp = _norm(cfg), _norm(cfg)
             self.mlp = MLP(cfg.dim, cfg.mlp_hidden)
-        self.attn = MultiHeadAttention(cfg.dim, cfg.heads, self.lipschitz, cfg.gamma_qk,
-                                       cfg.gamma_vo, bias=cfg.attn_bias)
+        self.attn = _attention(cfg)
+        # the plain dot-product residual F(X) = H X + sum_l P_l X A_l that the bounds know
+        self.dot_residual = cfg.attention == "dot" and cfg.residual_scale == 0
+        self.scale_attn = self.scale_mlp = None
+        if cfg.residual_scale > 0:  # LipsFormer: x + alpha * f(x) on both branches
+            self.scale_attn = ResidualScale(cfg.dim, cfg.residual_scale)
+            self.scale_mlp = ResidualScale(cfg.dim, cfg.residual_scale)
+        if cfg.spectral_init:
+            for m in self.modules():
+                if isinstance(m, nn.Linear):
+                    spectral_init_(m.weight)
+
+    @staticmethod
+    def _scaled(scale: ResidualScale | None, y: Tensor) -> Tensor:
+        return y if scale is None else scale(y)
 
     def forward(self, x: Tensor) -> Tensor:
         if self.form == "stream":
             x = self.norm_attn(x)
-            x = x + self.attn(x)  # F(X) = X + sum_l P_l X A_l on the attention's own input
+            # F(X) = X + sum_l P_l X A_l on the attention's own input
+            x = x + self._scaled(self.scale_attn, self.attn(x))
         else:
-            x = x + self.attn(self.norm_attn(x))
+            x = x + self._scaled(self.scale_attn, self.attn(self.norm_attn(x)))
         if self.lipschitz:
             return self.mlp(self.norm_mlp(x))  # SLL carries its own residual
-        return x + self.mlp(self.norm_mlp(x))
+        return x + self._scaled(self.scale_mlp, self.mlp(self.norm_mlp(x)))
 
     def components(self, prefix: str) -> list[Component]:
-        norm_l = LayerProject.lipschitz if self.lipschitz else math.inf
-        norm_kind = "project" if self.lipschitz else "layernorm"
+        norm_kind, norm_l = _norm_component(self.norm_attn)
         out = []
-        if self.form == "stream":
+        if not self.dot_residual:  # a baseline's attention: no local bound, no constant claimed
+            if self.form == "stream":
+                out.append(Component(f"{prefix}.norm_attn", norm_kind, norm_l, self.norm_attn))
+            out.append(Component(f"{prefix}.attn", "attention_variant", math.inf, self.attn))
+        elif self.form == "stream":
             out.append(Component(f"{prefix}.norm_attn", norm_kind, norm_l, self.norm_attn))
             out.append(Component(f"{prefix}.attn", "attention", math.inf, self.attn,
                                  residual="identity"))
@@ -212,8 +267,34 @@ class Block(nn.Module):
             out.append(Component(f"{prefix}.norm_mlp", "project", 1.0, self.norm_mlp))
             out.append(Component(f"{prefix}.mlp", "sll", SLLResidual.lipschitz, self.mlp))
         else:
-            out.append(Component(f"{prefix}.mlp", "mlp", math.inf, self.mlp))  # contains LayerNorm
+            out.append(Component(f"{prefix}.mlp", "mlp", math.inf, self.mlp))  # contains its norm
         return out
+
+
+def _norm(cfg: ViTConfig) -> nn.Module:
+    """The standard ViT's norm: LayerNorm, or LipsFormer's CenterNorm."""
+    return CenterNorm(cfg.dim) if cfg.norm == "center" else nn.LayerNorm(cfg.dim)
+
+
+def _norm_component(norm: nn.Module) -> tuple[str, float]:
+    """(component kind, Lipschitz constant) of a norm: LayerNorm has none (math.inf)."""
+    if isinstance(norm, LayerProject):
+        return "project", LayerProject.lipschitz
+    if isinstance(norm, CenterNorm):
+        return "centernorm", norm.compute_lipschitz()
+    return "layernorm", math.inf
+
+
+def _attention(cfg: ViTConfig) -> nn.Module:
+    """The block's attention: dot-product (constrained for the Lipschitz ViT) or a baseline."""
+    if cfg.attention == "l2":
+        return L2MultiHeadAttention(cfg.dim, cfg.heads, bias=cfg.attn_bias)
+    if cfg.attention == "lnformer":
+        return LNFormerAttention(cfg.dim, cfg.heads, bias=cfg.attn_bias)
+    if cfg.attention == "cosine":
+        return ScaledCosineAttention(cfg.dim, cfg.heads, bias=cfg.attn_bias)
+    return MultiHeadAttention(cfg.dim, cfg.heads, cfg.kind == "lipschitz", cfg.gamma_qk,
+                              cfg.gamma_vo, bias=cfg.attn_bias)
 
 
 class ViT(nn.Module):
@@ -229,7 +310,7 @@ class ViT(nn.Module):
         self.pos = nn.Parameter(torch.zeros(1, cfg.n_tokens, cfg.dim))
         nn.init.trunc_normal_(self.pos, std=0.02)
         self.blocks = nn.ModuleList(Block(cfg) for _ in range(cfg.depth))
-        self.norm = LayerProject(cfg.stream_radius) if lip else nn.LayerNorm(cfg.dim)
+        self.norm = LayerProject(cfg.stream_radius) if lip else _norm(cfg)
         self.head = nn.Linear(cfg.dim, cfg.num_classes)
 
     def tokens(self, x: Tensor) -> Tensor:
@@ -284,7 +365,6 @@ class ViT(nn.Module):
     def components(self) -> list[Component]:
         """The network as ordered :class:`Component` s (constants computed now, exact SVDs)."""
         cfg = self.config
-        lip = cfg.kind == "lipschitz"
         out = [
             Component("normalize", "normalize", self.normalize.compute_lipschitz(), self.normalize),
             Component("embed", "patch_embed", self.embed.compute_lipschitz(), self.embed),
@@ -292,8 +372,7 @@ class ViT(nn.Module):
         ]
         for i, block in enumerate(self.blocks):
             out += block.components(f"blocks.{i}")
-        out.append(Component("norm", "project" if lip else "layernorm",
-                             1.0 if lip else math.inf, self.norm))
+        out.append(Component("norm", *_norm_component(self.norm), self.norm))
         pool_l = 1.0 if cfg.pool == "cls" else 1.0 / math.sqrt(cfg.n_tokens)
         out.append(Component("pool", "pool", pool_l, None))
         w = self.head_weight().detach()

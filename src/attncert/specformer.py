@@ -1,0 +1,279 @@
+"""The SpecFormer study: five training methods on one ViT skeleton, attacked and timed.
+
+Methods (standard ViTs that differ only where named; :mod:`attncert.models.vit`):
+
+  vanilla     dot-product attention, LayerNorm, plain residuals
+  specformer  vanilla + SpecFormer's MSVP (eq. 12-14, MATH.md section 7)
+  l2former    L2 attention with W^K = W^Q (Kim et al. 2021)
+  lnformer    dot-product attention with LipschitzNorm (Dasoulas et al. 2021)
+  lipsformer  CenterNorm + scaled cosine attention + x + alpha f(x) + spectral init (Qi et al. 2023)
+
+Robustness is measured with the project's own attacks (:mod:`attncert.attacks`, pixel space,
+untargeted, a success kept once found): FGSM and PGD-2 at l_inf 2/255 (SpecFormer Table 1),
+CW-20 and PGD-20 at l_inf 8/255 (its Table 2) and L2 PGD. Robust accuracy = the fraction of
+points the attack does not break (a clean error counts as broken).
+
+:func:`step_times` measures the cost of one training step of each method side by side
+(SpecFormer Table 3: MSVP costs 1.5x a vanilla step).
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import time
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+import torch
+from torch import Tensor, nn
+
+from attncert import attacks, runs
+from attncert.data import subset_indices
+from attncert.models import ViT, ViTConfig, build_vit
+from attncert.msvp import MSVP, exact_head_sigma, sigma_rows
+from attncert.train import TrainConfig, step_loss, train
+
+__all__ = ["ATTACKS", "METHODS", "AttackSpec", "comparison_table", "data_config",
+           "max_sigma_frame", "method_model_config", "method_train_config", "robust_accuracy",
+           "step_time_ratios", "step_times", "subset_train", "train_run"]
+
+METHODS = ("vanilla", "specformer", "l2former", "lnformer", "lipsformer")
+ATTACKS = ("clean", "fgsm", "pgd_linf", "cw_linf", "pgd_l2")
+_NAMES = {"clean": "clean", "fgsm": "FGSM", "pgd_linf": "PGD", "cw_linf": "CW",
+          "pgd_l2": "L2-PGD"}
+
+
+def data_config(data: Mapping[str, Any], normalize: str = "std", **kw: Any) -> ViTConfig:
+    """A ViTConfig for a processed dataset (``attncert.data.load_processed``): image size,
+    channels and classes from the data; ``normalize`` "std" puts (x - mean) / std inside the
+    model, "mean" only x - mean (1-Lipschitz, for certified models); ``kw``: the rest."""
+    if normalize not in ("std", "mean"):
+        raise ValueError(f"normalize must be std or mean, got {normalize!r}")
+    x = data["train"]["x"]
+    std = tuple(data["std"]) if normalize == "std" else None
+    return ViTConfig(image_size=int(x.shape[2]), channels=int(x.shape[1]),
+                     num_classes=len(data["classes"]), mean=tuple(data["mean"]), std=std, **kw)
+
+
+def subset_train(data: Mapping[str, Any], max_train: int, seed: int) -> dict[str, Any]:
+    """``data`` with a seeded subset of ``max_train`` training images (0 or more: all), the
+    subset named in ``source`` (so checkpoints of another subset are not resumed); the
+    normalisation statistics stay those of the full split."""
+    n = len(data["train"]["y"])
+    if max_train == 0 or max_train >= n:
+        return dict(data)
+    idx = subset_indices(n, max_train, seed)
+    return {**data, "train": {k: v[idx] for k, v in data["train"].items()},
+            "source": f"{data['source']}, {max_train} of {n} training images (seed {seed})"}
+
+
+def train_run(model_cfg: ViTConfig, train_cfg: TrainConfig, data: Mapping[str, Any],
+              dataset: str, ckpt_dir: str | Path, device: str | torch.device = "cpu"
+              ) -> tuple[ViT, list[dict[str, Any]], str]:
+    """Build (seeded with ``train_cfg.seed``) and train one model: (model, per-epoch rows,
+    checkpoint status). A checkpoint in ``ckpt_dir`` written for the same run resumes; one
+    written for another run is cleared (:func:`attncert.runs.prepare_checkpoint_dir`)."""
+    fp = runs.fingerprint(model_cfg, train_cfg, dataset, data["source"])
+    status = runs.prepare_checkpoint_dir(ckpt_dir, fp)
+    torch.manual_seed(train_cfg.seed)
+    model = build_vit(model_cfg)
+    curves = train(model, data["train"], data["test"], train_cfg, ckpt_dir, device,
+                   progress=False)
+    return model.eval(), curves, status
+
+
+def method_model_config(method: str, base: ViTConfig, lipsformer_alpha: float) -> ViTConfig:
+    """The ViT of ``method``: ``base`` (a standard ViT) with the method's attention and norms."""
+    if method not in METHODS:
+        raise ValueError(f"unknown method {method!r}; choose from {', '.join(METHODS)}")
+    options = {
+        "l2former": {"attention": "l2"},
+        "lnformer": {"attention": "lnformer"},
+        "lipsformer": {"attention": "cosine", "norm": "center",
+                       "residual_scale": lipsformer_alpha, "spectral_init": True},
+    }.get(method, {})
+    return dataclasses.replace(base, kind="standard", **options)
+
+
+def method_train_config(method: str, base: TrainConfig,
+                        msvp_lambda: Sequence[float]) -> TrainConfig:
+    """``base`` with MSVP switched on for "specformer" only (and off for every other method)."""
+    if method not in METHODS:
+        raise ValueError(f"unknown method {method!r}; choose from {', '.join(METHODS)}")
+    lam = tuple(msvp_lambda) if method == "specformer" else (0.0, 0.0, 0.0)
+    return dataclasses.replace(base, msvp_lambda=lam)
+
+
+# -- robustness ------------------------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class AttackSpec:
+    """One attack: ``attack`` in :data:`ATTACKS`, radius ``eps`` (pixel space; l_inf for
+    fgsm / pgd_linf / cw_linf, l2 for pgd_l2) and ``steps`` (1 for FGSM, 0 for clean)."""
+
+    attack: str
+    eps: float = 0.0
+    steps: int = 0
+
+    def __post_init__(self) -> None:
+        if self.attack not in ATTACKS:
+            raise ValueError(f"unknown attack {self.attack!r}; choose from {', '.join(ATTACKS)}")
+        if self.attack != "clean" and not (self.eps > 0 and self.steps > 0):
+            raise ValueError(f"{self.attack}: needs eps > 0 and steps > 0")
+
+    @property
+    def label(self) -> str:
+        """SpecFormer's names with the radius: "clean", "FGSM 2/255", "PGD-2 2/255",
+        "CW-20 8/255", "L2-PGD-20 0.5" (l_inf radii in units of 1/255 when whole)."""
+        if self.attack == "clean":
+            return "clean"
+        name = _NAMES[self.attack] + ("" if self.attack == "fgsm" else f"-{self.steps}")
+        if self.attack == "pgd_l2":
+            return f"{name} {self.eps:g}"
+        k = self.eps * 255
+        return f"{name} {round(k)}/255" if abs(k - round(k)) < 1e-3 else f"{name} {self.eps:g}"
+
+    def run(self, model: nn.Module, x: Tensor, y: Tensor,
+            generator: torch.Generator | None = None) -> Tensor:
+        """(B,) bool: the points this attack breaks (a clean error included)."""
+        if self.attack == "clean":
+            with torch.no_grad():
+                return model(x).argmax(1) != y
+        if self.attack == "fgsm":
+            return attacks.fgsm_linf(model, x, y, self.eps)[1]
+        fn = {"pgd_linf": attacks.pgd_linf, "cw_linf": attacks.cw_linf,
+              "pgd_l2": attacks.pgd_l2}[self.attack]
+        kwargs = {"restarts": 1} if self.attack == "pgd_l2" else {}
+        return fn(model, x, y, self.eps, self.steps, generator=generator, **kwargs)[1]
+
+
+def robust_accuracy(model: nn.Module, x: Tensor, y: Tensor, specs: Sequence[AttackSpec],
+                    batch_size: int = 500, seed: int = 0) -> list[dict[str, Any]]:
+    """One row per attack: label, attack, eps, steps, accuracy (fraction NOT broken).
+
+    ``x``: float images in [0, 1] on the model's device; the model runs in eval mode. Random
+    starts come from a generator seeded with ``seed`` per attack (reproducible rows).
+    """
+    was_training = model.training
+    model.eval()
+    rows = []
+    for spec in specs:
+        g = torch.Generator().manual_seed(seed)
+        broken = torch.cat([spec.run(model, x[i:i + batch_size], y[i:i + batch_size], g).cpu()
+                            for i in range(0, len(y), batch_size)])
+        rows.append({"attack": spec.label, "kind": spec.attack, "eps": spec.eps,
+                     "steps": spec.steps, "accuracy": 1.0 - float(broken.double().mean())})
+    model.train(was_training)
+    return rows
+
+
+def comparison_table(rows: Sequence[Mapping[str, Any]],
+                     paper: Mapping[str, Mapping[str, float]] | None = None,
+                     paper_dataset: str = "cifar10") -> pd.DataFrame:
+    """SpecFormer's Table 1/2 layout: (training, method) x (dataset, attack, source), in %.
+
+    ``rows``: :func:`robust_accuracy` rows with ``training``, ``method`` and ``dataset``
+    added. ``paper``: {method: {attack label (:attr:`AttackSpec.label`): accuracy %}} for
+    standard training on ``paper_dataset``, drawn as source "paper" beside ours (e.g.
+    :data:`attncert.paper.SPECFORMER_TABLE1`).
+    """
+    df = pd.DataFrame(rows).assign(source="ours")
+    df["accuracy"] = 100 * df["accuracy"]
+    if paper:
+        extra = [{"training": "standard", "method": m, "dataset": paper_dataset,
+                  "attack": a, "accuracy": v, "source": "paper"}
+                 for m, accs in paper.items() for a, v in accs.items()]
+        df = pd.concat([df, pd.DataFrame(extra)], ignore_index=True)
+    order = list(dict.fromkeys(df["attack"]))
+    table = df.pivot_table(index=["training", "method"], columns=["dataset", "attack", "source"],
+                           values="accuracy", aggfunc="first")
+    rows_order = sorted(table.index, key=lambda r: (r[0] != "standard", _method_rank(r[1])))
+    return table.reindex(index=rows_order, columns=sorted(
+        table.columns, key=lambda c: (c[0], order.index(c[1]), c[2] != "ours")))
+
+
+def _method_rank(method: str) -> int:
+    return METHODS.index(method) if method in METHODS else len(METHODS)
+
+
+# -- spectral norms (Figure 2a) ---------------------------------------------------------------
+
+
+def max_sigma_frame(models: Mapping[str, nn.Module]) -> pd.DataFrame:
+    """(method, layer, depth, map, sigma): the largest exact singular value over the heads of
+    W^Q, W^K, W^V at every attention layer (SpecFormer Figure 2a; :func:`exact_head_sigma`)."""
+    df = pd.concat([pd.DataFrame(sigma_rows(exact_head_sigma(m))).assign(method=name)
+                    for name, m in models.items()], ignore_index=True)
+    return df.groupby(["method", "layer", "depth", "map"], as_index=False, sort=False)[
+        "sigma"].max()
+
+
+# -- cost of a training step (Table 3) -------------------------------------------------------
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def step_times(models: Mapping[str, tuple[nn.Module, TrainConfig]], x: Tensor, y: Tensor,
+               steps: int = 10, rounds: int = 5, warmup: int = 2) -> pd.DataFrame:
+    """Seconds per training step of every method, measured side by side (interleaved).
+
+    Each method trains a deep copy of its model (the originals are untouched) with its own
+    AdamW and, when its config enables it, its own MSVP. One step = :func:`step_loss`
+    (adversarial examples and MSVP included), backward, optimiser step, on the same batch
+    ``x, y`` (on the models' device) for every method. After ``warmup`` steps each, ``rounds``
+    rounds time ``steps`` steps of every method in turn (the starting method rotates per round),
+    so a change of machine load hits every method alike. Returns (method, round,
+    seconds_per_step).
+    """
+    if steps <= 0 or rounds <= 0 or warmup < 0:
+        raise ValueError("steps and rounds must be > 0, warmup >= 0")
+    state = {}
+    for name, (model, cfg) in models.items():
+        m = copy.deepcopy(model).train()
+        msvp = MSVP(m, *cfg.msvp_lambda, generator=torch.Generator().manual_seed(cfg.seed)
+                    ) if cfg.msvp_enabled else None
+        opt = torch.optim.AdamW(m.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
+        state[name] = (m, cfg, msvp, opt, torch.Generator().manual_seed(cfg.seed))
+    device = x.device
+
+    def run(name: str, n: int) -> None:
+        m, cfg, msvp, opt, g = state[name]
+        for _ in range(n):
+            _, loss = step_loss(m, x, y, cfg, msvp, g)
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            opt.step()
+
+    names = list(state)
+    for name in names:
+        run(name, warmup)
+    rows = []
+    for r in range(rounds):
+        for name in names[r % len(names):] + names[:r % len(names)]:
+            _sync(device)
+            t0 = time.perf_counter()
+            run(name, steps)
+            _sync(device)
+            rows.append({"method": name, "round": r,
+                         "seconds_per_step": (time.perf_counter() - t0) / steps})
+    return pd.DataFrame(rows)
+
+
+def step_time_ratios(times: pd.DataFrame, reference: str = "vanilla") -> pd.DataFrame:
+    """Per method: median seconds per step and the median over rounds of the per-round ratio
+    to ``reference`` (the ratio within a round cancels slow drifts of the machine's load)."""
+    wide = times.pivot(index="round", columns="method", values="seconds_per_step")
+    if reference not in wide:
+        raise ValueError(f"no timing of the reference method {reference!r}")
+    ratio = wide.div(wide[reference], axis=0)
+    return pd.DataFrame({"seconds_per_step": wide.median(), "ratio": ratio.median(),
+                         "ratio_min": ratio.min(), "ratio_max": ratio.max()}
+                        ).reindex(list(dict.fromkeys(times["method"])))
+
