@@ -36,6 +36,7 @@ pool = "mean"
 radius_attn = 4.0
 radius_stream = None
 gamma_qk = 0.25
+head_norm = True
 normalize = "mean"
 epochs = 1
 batch_size = 128
@@ -73,6 +74,7 @@ from attncert.train import evaluate, resolve_device, train
 
 settings = dict(kind=kind, patch=patch, dim=dim, mlp_hidden=mlp_hidden, block=block, pool=pool,
                 radius_attn=radius_attn, radius_stream=radius_stream, gamma_qk=gamma_qk,
+                head_norm=head_norm,
                 normalize=normalize, epochs=epochs, batch_size=batch_size, lr=lr,
                 weight_decay=weight_decay, warmup_steps=warmup_steps, margin=margin,
                 lmt_offset=lmt_offset, olsa_gamma=olsa_gamma, logit_scale=logit_scale,

@@ -90,9 +90,12 @@ def test_stage_sections_params_and_notebook_agree(stage, spec, item):
 
 @pytest.mark.parametrize(("stage", "spec", "item"), EXPANDED, ids=IDS)
 def test_declared_paths_exist(stage, spec, item):
-    produced = [p for _, s, it in EXPANDED for p in _names(s.get("outs"), it)]
+    produced = [p for _, s, it in EXPANDED
+                for p in _names(s.get("outs"), it) + _names(s.get("metrics"), it)]
     for dep in _names(spec["deps"], item):
-        made = any(dep == p or dep.startswith(p + "/") for p in produced)
+        # a dependency is an output, inside one, or a folder of outputs (figures: results/vit)
+        made = any(dep == p or dep.startswith(p + "/") or p.startswith(dep + "/")
+                   for p in produced)
         assert made or (ROOT / dep).exists(), f"{stage}: dependency {dep} missing"
 
 

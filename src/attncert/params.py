@@ -173,6 +173,7 @@ class TrainVitParams:
     radius_attn: float = param(positive)
     radius_stream: float | None = param(doc="null = sqrt(dim)")
     gamma_qk: float = param(positive)
+    head_norm: bool = param(doc="head rows scaled to unit norm (margins are feature margins)")
     normalize: str = param(one_of(*NORMALIZE), doc="inside the model; eps stays in pixel space")
     epochs: int = param(positive)
     batch_size: int = param(positive)
@@ -281,6 +282,89 @@ class SpecformerParams:
             _fail("specformer.methods", "needs vanilla (the reference of the step-time ratios)")
 
 
+#: CertViT's LayerNorm replacements (names of ``attncert.certvit.NORMS``) and fine-tune losses.
+CERTVIT_NORMS = ("project", "center", "identity")
+CERTVIT_MARGINS = ("none", "lmt")
+CERTVIT_FINETUNE_SCOPES = ("masked", "bound_free")
+#: CertViT's MNIST eps (Table 1): the report compares certified accuracy at it.
+CERTVIT_EPS = 1.58
+
+
+def unit_interval(key: str, v: float) -> None:
+    if not 0 <= v < 1:
+        _fail(key, f"must be in [0, 1), got {v!r}")
+
+
+@dataclass(frozen=True)
+class CertvitParams:
+    """CertViT: a pre-trained standard ViT, adapted (L2 attention, Lipschitz norms),
+    constrained by Douglas-Rachford splitting, fine-tuned with the sparsity mask, certified."""
+
+    source: str = param(doc="'pipeline' (train a standard ViT here), an HF hub id, an HF "
+                            "folder or a save_vit checkpoint file")
+    dataset: str = param(one_of(*IMAGE_DATASETS))
+    processed_dir: str = param(doc="the data stage's processed_dir")
+    patch: int = param(positive, doc="the pipeline's standard ViT (source 'pipeline' only)")
+    dim: int = param(positive)
+    depth: int = param(positive)
+    heads: int = param(positive)
+    mlp_hidden: int = param(positive)
+    pretrain_epochs: int = param(nonneg, doc="pipeline: training from scratch; loaded: "
+                                             "fine-tuning on the dataset (0 = as loaded)")
+    batch_size: int = param(positive)
+    lr: float = param(positive, doc="pre-training and adaptation fine-tune")
+    weight_decay: float = param(nonneg)
+    warmup_steps: int = param(nonneg)
+    norm: str = param(one_of(*CERTVIT_NORMS), doc="LayerNorm replacement")
+    radius_quantile: float = param(unit_interval, doc="ProjectNorm radius: this quantile of "
+                                                      "the pre-trained token norms")
+    adapt_epochs: int = param(nonneg)
+    dr_threshold: float = param(positive, doc="soft threshold / RMS of the layer's weights")
+    dr_eta: float = param(positive, doc="output tolerance / RMS of the layer's outputs")
+    dr_relaxation: float = param(positive)
+    dr_iterations: int = param(positive)
+    dr_projection_steps: int = param(positive)
+    dr_batch_size: int = param(positive, doc="recorded pairs per constraint set")
+    dr_max_pairs: int = param(positive, doc="recorded pairs per layer")
+    dr_images: int = param(positive, doc="training images whose tokens are recorded")
+    finetune_epochs: int = param(nonneg, doc="the fine-tune after constraining")
+    finetune_scope: str = param(one_of(*CERTVIT_FINETUNE_SCOPES),
+                                doc="masked: every weight, pruned ones kept at zero; "
+                                    "bound_free: only what the bound does not depend on")
+    finetune_lr: float = param(positive)
+    finetune_margin: str = param(one_of(*CERTVIT_MARGINS))
+    lmt_offset: float = param(nonneg)
+    n_test: int = param(positive)
+    eval_batch_size: int = param(positive)
+    cert_eps: list[float] = param(positive, unique)
+    attack_steps: int = param(positive)
+    attack_restarts: int = param(positive)
+    imagenet_smoke: bool = param(doc="a tiny HF ViT through the same loader on the ImageNet "
+                                     "sample")
+    work_dir: str = param()
+    metrics: str = param()
+
+    def __post_init__(self) -> None:
+        if self.dim % self.heads:
+            _fail("certvit.heads", f"dim = {self.dim} is not divisible by heads = {self.heads}")
+        if not 0 < self.dr_relaxation < 2:
+            _fail("certvit.dr_relaxation", f"must be in (0, 2), got {self.dr_relaxation!r}")
+        if CERTVIT_EPS not in self.cert_eps:
+            _fail("certvit.cert_eps", f"must include {CERTVIT_EPS} (CertViT's MNIST eps, "
+                                      "compared in the report)")
+
+
+@dataclass(frozen=True)
+class FiguresParams:
+    """The comparison figures, the study's summary and the HTML export (stage ``figures``)."""
+
+    required: list[str] = param(unique, doc="stages whose metrics must exist; any other "
+                                            "stage without metrics is reported 'not run'")
+    summary: str = param(doc="headline numbers of every stage (JSON, a DVC metric)")
+    certified_csv: str = param(doc="certified accuracy vs eps, every grid point (a DVC plot)")
+    html_dir: str = param(doc="every executed notebook as HTML, with index.html")
+
+
 SECTIONS: dict[str, type] = {
     "base": BaseParams,
     "data": DataParams,
@@ -289,6 +373,8 @@ SECTIONS: dict[str, type] = {
     "train_vit": TrainVitParams,
     "certify_vit": CertifyVitParams,
     "specformer": SpecformerParams,
+    "certvit": CertvitParams,
+    "figures": FiguresParams,
 }
 
 

@@ -21,7 +21,7 @@ from attncert.train import TrainConfig
 
 #: train_vit keys that are ViTConfig fields (the others are TrainConfig fields or ``normalize``).
 VIT_KEYS = ("kind", "patch", "dim", "mlp_hidden", "block", "pool", "radius_attn",
-            "radius_stream", "gamma_qk")
+            "radius_stream", "gamma_qk", "head_norm")
 FINGERPRINT = "run.json"
 
 

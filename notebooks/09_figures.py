@@ -1,0 +1,145 @@
+# ---
+# jupyter:
+#   jupytext:
+#     formats: py:percent
+#   kernelspec:
+#     display_name: Python 3
+#     language: python
+#     name: python3
+# ---
+
+# %% [markdown]
+# # 09 · Comparison figures and the study's summary
+#
+# Every stage's saved metrics side by side, with the papers' numbers drawn beside ours where
+# a paper gives them (labelled "paper:" and the table; the papers' models and settings differ from
+# ours, so they are references, not targets). Nothing is recomputed: the paths of every
+# metrics file come from dvc.yaml and params.yaml (each grid point by name), and a stage whose
+# metrics are missing is shown as "not run". The last cell writes the summary (a DVC metric),
+# the certified-accuracy table (a DVC plot) and the HTML export of every report.
+
+# %% tags=["parameters"]
+scale = "paper"
+required = []
+summary = "reports/metrics/summary.json"
+certified_csv = "reports/plots/certified_accuracy.csv"
+html_dir = "reports/html"
+
+# %%
+import pandas as pd
+from IPython.display import Markdown, display
+
+from attncert import report
+from attncert.figures import show
+from attncert.figures import summary as figs
+from attncert.io import atomic_path
+from attncert.params import load_params
+
+params = load_params()
+stages = report.read_stages()
+runs = report.stage_runs(stages, params)
+loaded = report.collect(runs)
+result = report.summary(params, stages, required=required)
+report.write_summary(summary, result)
+display(Markdown(f"**Scale** {scale}: {len(runs)} stage runs declared in dvc.yaml."))
+pd.DataFrame([{"stage": name, "status": e["status"], "metrics read": len(e["metrics"]),
+               "missing": len(e["missing"])} for name, e in result["stages"].items()])
+
+# %% [markdown]
+# ## LoFAST Table 3: tightness of every bound on one attention layer
+# Bound / PGD lower bound (1 = exact). The paper's layer is its trained ViT's; compare the
+# ratios, not the values.
+
+# %%
+note = report.stage_note(result, "tightness")
+if note:
+    display(Markdown(note))
+else:
+    tight = figs.tightness_frame(report.stage_metrics(loaded, "tightness")["tightness"])
+    show(figs.plot_tightness(tight))
+    display(tight.pivot_table(index="eps", columns=["source", "method"], values="ratio").round(4))
+    display(figs.headline_frame([r for r in result["stages"]["tightness"]["rows"]
+                                 if r["key"].endswith("_max")]))
+
+# %% [markdown]
+# ## Certified accuracy vs eps for every grid point (LoFAST Figure 2 analog)
+# One panel per configuration: every bound variant with the pairwise (solid) and logit
+# (dashed) tests, and L2 PGD accuracy (an upper bound on any certified accuracy). Stars are
+# the papers' numbers for that configuration: LoFAST Table 1 (CIFAR-10, 128-d ViT, depth 3-5)
+# and CertViT's MNIST claim (its eps is not pixel-space).
+
+# %%
+points = report.stage_metrics(loaded, "certify_vit")
+note = report.stage_note(result, "certify_vit")
+long = figs.certified_frame(points)
+with atomic_path(certified_csv) as tmp:
+    figs.certified_csv_frame(long).to_csv(tmp, index=False)
+if note:
+    display(Markdown(note))
+if points:
+    papers = figs.paper_certified_frame(report.stage_items(runs, "certify_vit"))
+    show(figs.plot_certified_grid(long, papers))
+    display(long[long.test != "logit"].pivot_table(index=["run", "variant"], columns="eps",
+                                                   values="accuracy").mul(100).round(1))
+
+# %% [markdown]
+# ## Certified vs clean accuracy across the grid (pairwise test)
+
+# %%
+if points:
+    show(figs.plot_tradeoff(figs.tradeoff_frame(points)))
+
+# %% [markdown]
+# ## Certification cost per sample
+# Seconds per sample of the whole certificate (radius by bisection), mean over the grid with
+# its range; LoFAST Table 1's seconds for LoFAST and alpha,beta-CROWN beside (their GPU).
+
+# %%
+if points:
+    cost = figs.cost_frame(points)
+    show(figs.plot_cost(cost))
+    display(cost.groupby(["source", "method"])["seconds"].agg(["mean", "min", "max"]))
+
+# %% [markdown]
+# ## SpecFormer Tables 1-3
+
+# %%
+note = report.stage_note(result, "specformer")
+if note:
+    display(Markdown(note))
+else:
+    spec = figs.specformer_frame(report.stage_metrics(loaded, "specformer")["specformer"])
+    show(figs.plot_specformer(spec))
+    display(spec.pivot_table(index=["training", "method"],
+                             columns=["source", "dataset", "attack"], values="accuracy").round(1))
+    display(figs.headline_frame([r for r in result["stages"]["specformer"]["rows"]
+                                 if not r["key"].startswith("robustness/")]))
+
+# %% [markdown]
+# ## OLSA radius tables (text), CertViT's Table 1, the CROWN tables
+# Each stage's headline rows from its metrics, the paper's number beside where it gives one.
+
+# %%
+for stage, title in (("text", "OLSA and LoFAST on text: certified radii"),
+                     ("certvit", "CertViT Table 1 beside ours"),
+                     ("crown", "alpha,beta-CROWN and LoFAST (LoFAST Tables 1-2)")):
+    display(Markdown(f"### {title}"))
+    note = report.stage_note(result, stage)
+    if note:
+        display(Markdown(note))
+        continue
+    rows = result["stages"][stage]["rows"]
+    fig = figs.plot_headline(rows, title)
+    if fig is not None:
+        show(fig)
+    display(figs.headline_frame(rows, brief_only=len(rows) > 40))
+
+# %% [markdown]
+# ## The reports as HTML
+# Every executed notebook as one self-contained page (figures embedded, no external
+# scripts) and an index with each report's headline numbers. This notebook's own page is
+# written by the stage command after it finishes (`python -m attncert.report html`).
+
+# %%
+pages = report.html_export(runs, html_dir, result)
+display(Markdown(f"{len(pages)} page(s) written to `{html_dir}/` (open `index.html`)."))

@@ -1,0 +1,321 @@
+"""The steps of the CertViT pipeline stage (``notebooks/07_certvit.py``), out of the notebook.
+
+* :func:`source_model`: the pre-trained standard ViT named by the ``source`` param: one the
+  pipeline trains itself (:data:`PIPELINE`, CertViT's Table 1 setting) or anything
+  :func:`attncert.certvit.load_model` reads (a Hugging Face id, a local HF folder, a save_vit
+  file), fitted to the dataset by :func:`fit_to_dataset`;
+* :func:`phase_checkpoint`: a resumable checkpoint folder per training phase, cleared when
+  the phase's starting weights or settings change;
+* :func:`finetune_scope`: what the fine-tune after constraining may change: every weight with
+  the pruned ones kept at zero (CertViT), or only the parameters the bound does not depend on
+  (:func:`bound_parameters`), which keeps the constrained model's bound;
+* :class:`StepLog`: accuracy, Lipschitz bound and seconds through the steps (pretrained,
+  adapted, adapt-finetuned, constrained, masked-finetuned);
+* :func:`paper_row`, :func:`table1` and :func:`stage_metrics`: CertViT's Table 1 row beside
+  ours, and the stage's metrics file.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import hashlib
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+from torch.nn import functional as F
+
+from attncert import paper, runs
+from attncert.certvit.adapt import ProjectNorm
+from attncert.certvit.certificate import GlobalBound
+from attncert.certvit.douglas_rachford import freeze_zeros
+from attncert.certvit.load import load_model
+from attncert.layers import CenterNorm, Normalize
+from attncert.models.vit import ViT, ViTConfig, build_vit
+from attncert.train import TrainConfig, evaluate
+
+__all__ = [
+    "FINETUNE_SCOPES",
+    "PIPELINE",
+    "STEPS",
+    "StepLog",
+    "UpsampleNormalize",
+    "bound_parameters",
+    "finetune_scope",
+    "fit_to_dataset",
+    "frozen",
+    "paper_row",
+    "phase_checkpoint",
+    "pretrain_config",
+    "source_model",
+    "stage_metrics",
+    "state_sha",
+    "table1",
+]
+
+#: The ``source`` value for a standard ViT trained by the stage itself.
+PIPELINE = "pipeline"
+#: The steps of the stage, in order (the keys of the per-step metrics).
+STEPS = ("pretrained", "adapted", "adapt_finetuned", "constrained", "masked_finetuned")
+#: What the fine-tune after constraining trains (:func:`finetune_scope`).
+FINETUNE_SCOPES = ("masked", "bound_free")
+
+
+class UpsampleNormalize(Normalize):
+    """Nearest-neighbour upsampling by an integer ``factor``, then (x - mean) / std.
+
+    Lets a pre-trained ViT of image size factor * H eat a dataset's H x H pixels, so eps stays
+    in the dataset's pixel space. Upsampling copies every pixel factor^2 times, so it scales
+    every perturbation's l2 norm by exactly ``factor``: the Lipschitz constant is
+    factor / min(std), which :func:`attncert.certvit.global_bound` reads from
+    :meth:`compute_lipschitz` as the input normalisation's factor.
+    """
+
+    def __init__(self, mean: Sequence[float], std: Sequence[float], factor: int):
+        super().__init__(mean, std)
+        if isinstance(factor, bool) or not isinstance(factor, int) or factor < 1:
+            raise ValueError(f"factor must be a positive int, got {factor!r}")
+        self.factor = factor
+
+    def compute_lipschitz(self) -> float:
+        return self.factor * super().compute_lipschitz()
+
+    def forward(self, x: Tensor) -> Tensor:
+        return super().forward(F.interpolate(x, scale_factor=self.factor, mode="nearest"))
+
+    def extra_repr(self) -> str:
+        return f"factor={self.factor}"
+
+
+def pretrain_config(data: Mapping[str, Any], patch: int, dim: int, depth: int, heads: int,
+                    mlp_hidden: int) -> ViTConfig:
+    """The standard ViT the stage trains on a processed dataset (``source: pipeline``).
+
+    Pre-norm blocks, class-token pooling, biased attention and the dataset's pixel statistics
+    inside the model (as a Hugging Face ViT and its image processor), so it is adapted
+    exactly like a downloaded checkpoint and eps is in pixel space.
+    """
+    x = data["train"]["x"]
+    return ViTConfig(image_size=int(x.shape[2]), channels=int(x.shape[1]), patch=patch,
+                     dim=dim, depth=depth, heads=heads, mlp_hidden=mlp_hidden,
+                     num_classes=len(data["classes"]), kind="standard", block="prenorm",
+                     pool="cls", mean=tuple(data["mean"]), std=tuple(data["std"]),
+                     attn_bias=True)
+
+
+def fit_to_dataset(model: ViT, data: Mapping[str, Any], seed: int = 0) -> tuple[ViT, list[str]]:
+    """Make a loaded ViT take a processed dataset's images and classes (in place).
+
+    A different number of classes gets a new, seeded head. Images smaller than the model's by
+    an integer factor are upsampled inside the model (:class:`UpsampleNormalize`, counted by
+    the certificate). Returns the model and one note per change, for the report. Raises
+    ValueError for other channel counts or sizes.
+    """
+    x = data["train"]["x"]
+    channels, size = int(x.shape[1]), int(x.shape[2])
+    cfg = model.config
+    notes: list[str] = []
+    if channels != cfg.channels:
+        raise ValueError(f"the dataset has {channels} channel(s), the model {cfg.channels}")
+    if size != cfg.image_size:
+        if size > cfg.image_size or cfg.image_size % size:
+            raise ValueError(f"{size}-pixel images do not upsample to the model's "
+                             f"{cfg.image_size} pixels by an integer factor")
+        factor = cfg.image_size // size
+        old = model.normalize
+        model.normalize = UpsampleNormalize(old.mean.flatten().tolist(),
+                                            old.std.flatten().tolist(), factor).to(old.mean)
+        notes.append(f"{size}-pixel images upsampled x{factor} (nearest) inside the model: "
+                     f"the certificate counts the factor {factor}")
+    classes = len(data["classes"])
+    if classes != cfg.num_classes:
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(seed)
+            head = nn.Linear(cfg.dim, classes)
+        model.head = head.to(model.head.weight)
+        model.config = dataclasses.replace(cfg, num_classes=classes)
+        notes.append(f"new head: {cfg.num_classes} -> {classes} classes")
+    return model, notes
+
+
+def source_model(source: str, data: Mapping[str, Any], architecture: Mapping[str, int],
+                 seed: int = 0) -> tuple[ViT, str]:
+    """The standard ViT the stage starts from, and a one-line description of it.
+
+    ``source``: :data:`PIPELINE` builds a seeded, untrained :func:`pretrain_config` ViT from
+    ``architecture`` (patch, dim, depth, heads, mlp_hidden), trained by the stage; anything
+    else goes through :func:`attncert.certvit.load_model` and :func:`fit_to_dataset`.
+    """
+    if source == PIPELINE:
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(seed)
+            model = build_vit(pretrain_config(data, **architecture))
+        return model, "a standard ViT trained by this stage"
+    model, notes = fit_to_dataset(load_model(source), data, seed)
+    return model, "; ".join([f"loaded from {source}", *notes])
+
+
+def state_sha(model: nn.Module) -> str:
+    """Hash of a model's state (names, shapes, dtypes, values): the phase's starting point."""
+    h = hashlib.sha256()
+    for name, t in sorted(model.state_dict().items()):
+        t = t.detach().cpu().contiguous()
+        h.update(f"{name}:{t.dtype}:{tuple(t.shape)}".encode())
+        h.update(t.numpy().tobytes())
+    return h.hexdigest()[:16]
+
+
+def phase_checkpoint(ckpt_dir: str | Path, model: ViT, config: TrainConfig, dataset: str,
+                     data_source: str, note: str = "") -> str:
+    """Prepare the checkpoint folder of one training phase (``runs.prepare_checkpoint_dir``).
+
+    A checkpoint is resumed only if it was written for the same model config, training
+    config, dataset, starting weights (their hash, :func:`state_sha`) and ``note`` (what
+    else decides the phase, e.g. the fine-tune scope); otherwise the folder is cleared.
+    Returns what happened ("fresh", "resume" or "cleared: ...").
+    """
+    start = f"{data_source}; initial weights {state_sha(model)}" + (f"; {note}" if note else "")
+    return runs.prepare_checkpoint_dir(ckpt_dir, runs.fingerprint(model.config, config,
+                                                                  dataset, start))
+
+
+def bound_parameters(model: ViT) -> list[str]:
+    """Names of the parameters the features' Lipschitz bound depends on.
+
+    The weight of every linear map but the head (patch embedding, attention, MLPs) and the
+    gain of every norm slot (:func:`attncert.certvit.global_bound` reads nothing else that
+    trains). Biases, the class token, the position embedding and the head leave it unchanged
+    (the certificate's radius is invariant to the head's scale as well).
+    """
+    names = []
+    for name, m in model.named_modules():
+        counted = (isinstance(m, nn.Linear) and name != "head"
+                   or isinstance(m, ProjectNorm | CenterNorm | nn.LayerNorm))
+        if counted and m.weight is not None:
+            names.append(f"{name}.weight")
+    return names
+
+
+@contextlib.contextmanager
+def frozen(model: nn.Module, names: Sequence[str]) -> Iterator[nn.Module]:
+    """Exclude the named parameters from training inside the ``with`` block (no gradient:
+    :func:`attncert.train.train`'s AdamW then leaves them, weight decay included, unchanged)."""
+    params = dict(model.named_parameters())
+    unknown = sorted(set(names) - set(params))
+    if unknown:
+        raise ValueError(f"no parameter named {unknown}")
+    before = {n: params[n].requires_grad for n in names}
+    try:
+        for n in names:
+            params[n].requires_grad_(False)
+        yield model
+    finally:
+        for n, flag in before.items():
+            params[n].requires_grad_(flag)
+
+
+def finetune_scope(model: ViT, scope: str, masks: Mapping[str, Tensor]):
+    """The context manager of the fine-tune after constraining (``with`` it around training).
+
+    ``masked`` (CertViT): every parameter trains, the weights Douglas-Rachford set to zero
+    stay zero (:func:`attncert.certvit.freeze_zeros` with ``masks``); the bound may grow.
+    ``bound_free``: only the parameters outside :func:`bound_parameters` train, so the
+    features' bound stays the constrained model's exactly.
+    """
+    if scope == "masked":
+        return freeze_zeros(model, masks)
+    if scope == "bound_free":
+        return frozen(model, bound_parameters(model))
+    raise ValueError(f"scope {scope!r}: choose from {', '.join(FINETUNE_SCOPES)}")
+
+
+@dataclass
+class StepLog:
+    """Clean accuracy, Lipschitz bound (pixels -> logits, and pixels -> features) and seconds
+    of each step of the stage, in order."""
+
+    rows: list[dict] = field(default_factory=list)
+
+    def add(self, step: str, model: nn.Module, test: Any, seconds: float,
+            bound: GlobalBound | None = None, device: str | torch.device = "cpu",
+            batch_size: int = 500, note: str = "") -> dict:
+        """Evaluate ``model`` on ``test`` and record the step; returns its row."""
+        if step in {r["step"] for r in self.rows}:
+            raise ValueError(f"step {step!r} recorded twice")
+        row = {"step": step, "clean_acc": evaluate(model, test, device, batch_size)["acc"],
+               "lipschitz": bound.logits if bound else None,
+               "lipschitz_features": bound.features if bound else None,
+               "seconds": float(seconds), "note": note}
+        self.rows.append(row)
+        return row
+
+    def frame(self):
+        """pandas DataFrame, one row per step."""
+        import pandas as pd
+
+        return pd.DataFrame(self.rows,
+                            columns=["step", "clean_acc", "lipschitz", "lipschitz_features",
+                                     "seconds", "note"])
+
+    def column(self, key: str) -> dict[str, Any]:
+        return {r["step"]: r[key] for r in self.rows}
+
+
+def paper_row(dataset: str, eps_grid: Sequence[float]) -> tuple[Mapping[str, float], str]:
+    """CertViT's Table 1 row to show beside a run, and its name: the CIFAR-10 row for CIFAR-10
+    when its eps (36/255) is in ``eps_grid``, else the MNIST row (eps 1.58)."""
+    if dataset == "cifar10" and paper.CERTVIT_CIFAR10["eps"] in eps_grid:
+        return paper.CERTVIT_CIFAR10, "ViT on CIFAR-10"
+    return paper.CERTVIT_MNIST, "ViT on MNIST"
+
+
+def table1(row: Mapping[str, float], name: str, clean: float, pgd: float, certified: float,
+           lipschitz: float, label: str):
+    """CertViT's Table 1 ``row`` (:func:`paper_row`) beside ours at its eps.
+
+    Accuracies are fractions here and percentages in the table; pandas DataFrame, one column
+    per model.
+    """
+    import pandas as pd
+
+    rows = ["clean (%)", "PGD (%)", f"certified at eps {row['eps']} (%)", "Lipschitz bound"]
+    return pd.DataFrame({
+        f"CertViT (Table 1, {name})": [row["clean"], row["pgd"], row["certified"],
+                                       row["lipschitz"]],
+        label: [100 * clean, 100 * pgd, 100 * certified, lipschitz],
+    }, index=rows)
+
+
+def stage_metrics(log: StepLog, bounds: Mapping[str, GlobalBound], report: Mapping[str, Any],
+                  seconds: Mapping[str, float] | None = None,
+                  reference: str = "adapt_finetuned") -> dict[str, Any]:
+    """The stage's metrics: accuracy and seconds per step (plus the other timed parts in
+    ``seconds``), the Lipschitz bounds and their reductions relative to ``reference`` (the
+    model Douglas-Rachford starts from: reference bound / bound), and the certificate
+    ``report`` of :func:`attncert.certvit.certify` (with its PGD audit)."""
+    if reference not in bounds:
+        raise ValueError(f"no bound labelled {reference!r}; have {sorted(bounds)}")
+    ref = bounds[reference]
+    timings = {**log.column("seconds"), **(seconds or {})}
+    return {
+        "clean_acc": log.column("clean_acc"),
+        "seconds": timings,
+        "total_seconds": sum(timings.values()),
+        "lipschitz": {k: b.logits for k, b in bounds.items()},
+        "lipschitz_features": {k: b.features for k, b in bounds.items()},
+        "lipschitz_reduction": {k: ref.logits / b.logits for k, b in bounds.items()
+                                if k != reference},
+        "lipschitz_features_reduction": {k: ref.features / b.features
+                                         for k, b in bounds.items() if k != reference},
+        "n_test": len(report["correct"]),
+        "test_clean_acc": report["clean_acc"],
+        "certified_acc": {str(e): a for e, a in report["certified_acc"].items()},
+        "pgd_acc": {str(e): a for e, a in report["pgd_acc"].items()},
+        "broken": int(report["broken"]),
+        "median_radius": float(report["radius"].median()),
+        "seconds_per_sample": report["seconds_per_sample"],
+    }

@@ -1,0 +1,223 @@
+"""Comparison figures of the whole study, drawn from saved metrics only (stage ``figures``).
+
+Every ``*_frame`` function turns metrics files (as the stages write them) into a tidy
+DataFrame, every ``plot_*`` function draws one. Where a paper gives the number, its rows carry
+``source`` = "paper: <table>" and are drawn beside ours, labelled.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+
+import matplotlib.pyplot as plt
+import pandas as pd
+import seaborn as sns
+from matplotlib.figure import Figure
+
+from attncert import paper
+
+__all__ = ["tightness_frame", "plot_tightness", "certified_frame", "certified_csv_frame",
+           "paper_certified_frame", "plot_certified_grid", "tradeoff_frame", "plot_tradeoff",
+           "cost_frame", "plot_cost", "specformer_frame", "plot_specformer", "headline_frame",
+           "plot_headline"]
+
+OURS = "ours"
+#: the pairwise test is the paper's (LoFAST eq. 27/28 at the last layer)
+PAPER_VARIANT = "lofast_M"
+
+
+def _style() -> None:
+    sns.set_theme(style="whitegrid", context="paper")
+
+
+# -- LoFAST Table 3 ---------------------------------------------------------------------------
+def tightness_frame(m: Mapping) -> pd.DataFrame:
+    """(method, eps, ratio, source): every bound / PGD from the tightness metrics, and LoFAST
+    Table 3's LoFAST(M) and SpecFormer ratios."""
+    from attncert.tightness import PAPER_TABLE3 as t3
+
+    names = {"lofast_M": "LoFAST(M)", "lofast_xi": "LoFAST(xi)", "naive": "naive",
+             "specformer": "SpecFormer"}
+    rows = [{"method": label, "eps": float(e), "ratio": r, "source": OURS}
+            for key, label in names.items()
+            for e, r in m.get(f"table3_{key}_over_pgd", {}).items()]
+    rows += [{"method": method, "eps": e, "ratio": v / pgd, "source": "paper: LoFAST Table 3"}
+             for method in ("LoFAST(M)", "SpecFormer")
+             for e, v, pgd in zip(t3["eps"], t3[method], t3["PGD"], strict=True)]
+    return pd.DataFrame(rows)
+
+
+def plot_tightness(df: pd.DataFrame) -> Figure:
+    """Bound / PGD lower bound vs eps (log scale; 1 = exact), ours solid, the paper dashed."""
+    _style()
+    fig, ax = plt.subplots(figsize=(7, 4), constrained_layout=True)
+    sns.lineplot(df, x="eps", y="ratio", hue="method", style="source", markers=True, ax=ax)
+    ax.axhline(1.0, color="grey", lw=0.8)
+    ax.set(yscale="log", ylabel="bound / PGD lower bound",
+           title="LoFAST Table 3: tightness on one attention layer")
+    return fig
+
+
+# -- certified accuracy over the grid (LoFAST Figure 2 analog) --------------------------------
+def certified_frame(points: Mapping[str, Mapping]) -> pd.DataFrame:
+    """(run, variant, test, eps, accuracy) of every grid point's certify metrics, with the
+    L2 PGD accuracy as variant "PGD (upper bound)" (accuracies as fractions)."""
+    from attncert.certify import long_certified_accuracy
+
+    frames = [long_certified_accuracy(m).assign(run=run) for run, m in points.items()]
+    cols = ["run", "variant", "test", "eps", "accuracy"]
+    return pd.concat(frames, ignore_index=True)[cols] if frames else pd.DataFrame(columns=cols)
+
+
+def certified_csv_frame(long: pd.DataFrame) -> pd.DataFrame:
+    """The DVC plot's table: run, variant (``<variant>_<test>`` or ``pgd``), eps, accuracy."""
+    variant = [("pgd" if t == "attack" else f"{v}_{t}")
+               for v, t in zip(long["variant"], long["test"], strict=True)]
+    return long.assign(variant=variant)[["run", "variant", "eps", "accuracy"]]
+
+
+def paper_certified_frame(items: Mapping[str, Mapping]) -> pd.DataFrame:
+    """(run, eps, accuracy, source): the papers' certified accuracies for the grid points they
+    describe: LoFAST Table 1 (CIFAR-10, depth 3-5) and CertViT's MNIST claim."""
+    t1, cv = paper.LOFAST_TABLE1, paper.CERTVIT_MNIST
+    rows = []
+    for run, item in items.items():
+        if item.get("dataset") == "cifar10" and item.get("depth") in t1["lofast"]:
+            rows += [{"run": run, "eps": e, "accuracy": a / 100,
+                      "source": f"paper: LoFAST Table 1 (L={item['depth']})"}
+                     for e, a in zip(t1["eps"], t1["lofast"][item["depth"]], strict=True)]
+        if item.get("dataset") == "mnist":
+            rows.append({"run": run, "eps": cv["eps"], "accuracy": cv["certified"] / 100,
+                         "source": "paper: CertViT Table 1 claim"})
+    return pd.DataFrame(rows, columns=["run", "eps", "accuracy", "source"])
+
+
+def plot_certified_grid(long: pd.DataFrame, papers: pd.DataFrame, col_wrap: int = 4) -> Figure:
+    """Certified accuracy vs eps, one facet per grid point: every bound variant (pairwise
+    solid, logit dashed), the PGD accuracy, and the papers' numbers as labelled stars."""
+    _style()
+    df = long.assign(accuracy=100 * long["accuracy"])
+    g = sns.relplot(df, x="eps", y="accuracy", hue="variant", style="test", col="run",
+                    col_wrap=min(col_wrap, df["run"].nunique()), kind="line", markers=True,
+                    height=3, aspect=1.2, facet_kws={"sharey": True})
+    for run, ax in g.axes_dict.items():
+        sel = papers[papers["run"] == run]
+        for i, (source, rows) in enumerate(sel.groupby("source", sort=False)):
+            ax.scatter(rows["eps"], 100 * rows["accuracy"], marker="*", s=90,
+                       color=f"C{7 + i}", zorder=5, label=source)
+        if len(sel):
+            ax.legend(loc="upper right", fontsize="x-small")
+    g.set_axis_labels("eps (pixel-space l2)", "accuracy (%)")
+    g.figure.suptitle("Certified accuracy vs eps per configuration (LoFAST Figure 2 analog)",
+                      y=1.02)
+    return g.figure
+
+
+def tradeoff_frame(points: Mapping[str, Mapping], test: str = "pairwise") -> pd.DataFrame:
+    """(run, dataset, variant, eps, clean, certified) for every grid point at every eps."""
+    rows = [{"run": run, "dataset": m.get("dataset"), "variant": key.rsplit("_", 1)[0],
+             "eps": float(e), "clean": m["clean_acc"], "certified": a}
+            for run, m in points.items() for key, accs in m["certified_acc"].items()
+            if key.rsplit("_", 1)[1] == test for e, a in accs.items()]
+    return pd.DataFrame(rows, columns=["run", "dataset", "variant", "eps", "clean", "certified"])
+
+
+def plot_tradeoff(df: pd.DataFrame) -> Figure:
+    """Certified vs clean accuracy across the grid, one panel per eps (a point is a grid
+    point and a variant; the diagonal is the ceiling: certified <= clean)."""
+    _style()
+    d = df.assign(clean=100 * df["clean"], certified=100 * df["certified"])
+    g = sns.relplot(d, x="clean", y="certified", hue="variant", style="dataset", col="eps",
+                    col_wrap=min(4, d["eps"].nunique()), height=3, s=50)
+    for ax in g.axes.flat:
+        ax.plot([0, 100], [0, 100], color="grey", lw=0.8, ls=":")
+    g.set_axis_labels("clean accuracy (%)", "certified accuracy (%)")
+    g.figure.suptitle("Certified vs clean accuracy across the grid", y=1.02)
+    return g.figure
+
+
+# -- cost --------------------------------------------------------------------------------------
+def cost_frame(points: Mapping[str, Mapping]) -> pd.DataFrame:
+    """(run, method, seconds, source): seconds per sample of every certificate, every grid
+    point, and LoFAST Table 1's LoFAST and alpha,beta-CROWN seconds (CIFAR-10, by depth)."""
+    rows = [{"run": run, "method": key, "seconds": s, "source": OURS}
+            for run, m in points.items() for key, s in m.get("seconds_per_sample", {}).items()]
+    t1 = paper.LOFAST_TABLE1
+    for name, key in (("LoFAST", "lofast_seconds"), ("alpha,beta-CROWN", "crown_seconds")):
+        rows += [{"run": None, "method": f"{name} L={d}", "seconds": s,
+                  "source": "paper: LoFAST Table 1"} for d, s in t1[key].items()]
+    return pd.DataFrame(rows, columns=["run", "method", "seconds", "source"])
+
+
+def plot_cost(df: pd.DataFrame) -> Figure:
+    """Seconds per sample per method (log scale; bars: mean over grid points, whiskers: the
+    range), the paper's seconds beside ours."""
+    _style()
+    fig, ax = plt.subplots(figsize=(8, max(3.0, 0.3 * df["method"].nunique())),
+                           constrained_layout=True)
+    sns.barplot(df, y="method", x="seconds", hue="source", errorbar=("pi", 100), ax=ax)
+    ax.set(xscale="log", xlabel="seconds per sample", ylabel="",
+           title="Certification cost per sample")
+    return fig
+
+
+# -- SpecFormer --------------------------------------------------------------------------------
+def specformer_frame(m: Mapping) -> pd.DataFrame:
+    """(dataset, training, method, attack, accuracy %, source) of the SpecFormer metrics'
+    robustness table, with SpecFormer Table 1 (CIFAR-10, standard training) beside."""
+    rows = []
+    for key, acc in m.get("robustness", {}).items():
+        dataset, training, method, attack = key.split("/", 3)
+        rows.append({"dataset": dataset, "training": training, "method": method,
+                     "attack": attack, "accuracy": 100 * acc, "source": OURS})
+    rows += [{"dataset": "cifar10", "training": "standard", "method": method, "attack": attack,
+              "accuracy": acc, "source": "paper: SpecFormer Table 1"}
+             for method, accs in paper.SPECFORMER_TABLE1.items() for attack, acc in accs.items()]
+    return pd.DataFrame(rows)
+
+
+def plot_specformer(df: pd.DataFrame) -> Figure:
+    """Accuracy under every attack per method, one panel per (source, dataset, training)."""
+    _style()
+    d = df.assign(panel=df["source"] + ": " + df["dataset"] + ", " + df["training"])
+    g = sns.catplot(d, x="attack", y="accuracy", hue="method", col="panel", kind="bar",
+                    col_wrap=min(3, d["panel"].nunique()), height=3.2, aspect=1.3,
+                    sharex=False)
+    g.set_axis_labels("", "accuracy (%)")
+    g.set_titles("{col_name}")
+    for ax in g.axes.flat:
+        ax.tick_params(axis="x", rotation=30)
+    g.figure.suptitle("SpecFormer Tables 1-2: accuracy under attack", y=1.02)
+    return g.figure
+
+
+# -- any stage's headline rows (CertViT, OLSA, CROWN) ------------------------------------------
+def headline_frame(rows: Sequence[Mapping], brief_only: bool = False) -> pd.DataFrame:
+    """summary.json rows as a table: quantity, ours, paper (accuracies in %), paper source."""
+    keep = [r for r in rows if r["brief"] or not brief_only]
+
+    def scaled(r, v):
+        return None if v is None else (100 * v if r["unit"] == "fraction" else v)
+
+    return pd.DataFrame({
+        "run": [r.get("run") or "" for r in keep],
+        "quantity": [r["label"] + (" (%)" if r["unit"] == "fraction" else "") for r in keep],
+        "ours": [scaled(r, r["ours"]) for r in keep],
+        "paper": [scaled(r, r["paper"]) for r in keep],
+        "paper source": [r["source"] or "" for r in keep]})
+
+
+def plot_headline(rows: Sequence[Mapping], title: str) -> Figure | None:
+    """Ours beside the paper for every row where the paper gives a number (None if none)."""
+    table = headline_frame([r for r in rows if r["paper"] is not None and r["ours"] is not None])
+    if table.empty:
+        return None
+    _style()
+    label = (table["run"] + " " + table["quantity"]).str.strip()
+    long = pd.concat([pd.DataFrame({"quantity": label, "value": table["ours"], "source": OURS}),
+                      pd.DataFrame({"quantity": label, "value": table["paper"],
+                                    "source": "paper: " + table["paper source"]})])
+    fig, ax = plt.subplots(figsize=(8, max(2.5, 0.35 * len(long))), constrained_layout=True)
+    sns.barplot(long, y="quantity", x="value", hue="source", ax=ax)
+    ax.set(xlabel="", ylabel="", title=title)
+    return fig

@@ -1,0 +1,202 @@
+"""The CertViT stage's helpers (attncert.certvit.stage) and its figures."""
+
+import math
+
+import matplotlib
+import pandas as pd
+import pytest
+import torch
+from matplotlib.figure import Figure
+
+from attncert import params
+from attncert.certvit import (
+    NORMS,
+    Adaptation,
+    DRConfig,
+    adapt,
+    constrain,
+    global_bound,
+    lipschitz_table,
+    load_model,
+    stage,
+)
+from attncert.figures import certvit as figs
+from attncert.models.vit import ViTConfig, build_vit, save_vit
+from attncert.paper import CERTVIT_CIFAR10, CERTVIT_MNIST
+from attncert.train import TrainConfig, train
+
+matplotlib.use("Agg")
+
+TINY = dict(image_size=8, channels=1, patch=4, dim=16, depth=2, heads=2, mlp_hidden=24,
+            num_classes=4, kind="standard", block="prenorm", pool="cls", attn_bias=True,
+            mean=(0.3,), std=(0.4,))
+
+
+def tiny_vit(**kw):
+    torch.manual_seed(0)
+    return build_vit(ViTConfig(**{**TINY, **kw})).eval()
+
+
+def dataset(n=32, size=8, classes=4, channels=1, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randint(0, 256, (n, channels, size, size), generator=g, dtype=torch.uint8)
+    split = {"x": x, "y": torch.arange(n) % classes}
+    return {"train": split, "test": split, "classes": [str(c) for c in range(classes)],
+            "mean": [0.5] * channels, "std": [0.25] * channels, "source": "synthetic"}
+
+
+def test_schema_choices_match_the_library():
+    assert params.CERTVIT_NORMS == NORMS
+    assert params.CERTVIT_FINETUNE_SCOPES == stage.FINETUNE_SCOPES
+    raw = params.read_yaml(params.PARAMS_FILE)["certvit"]
+    params.parse_section("certvit", raw, params.CertvitParams)
+    with pytest.raises(params.ParamsError, match="1.58"):
+        params.parse_section("certvit", {**raw, "cert_eps": [0.1]}, params.CertvitParams)
+
+
+def test_pipeline_source_is_a_seeded_standard_vit():
+    data = dataset(size=28, classes=10)
+    arch = dict(patch=7, dim=16, depth=1, heads=2, mlp_hidden=32)
+    a, what = stage.source_model(stage.PIPELINE, data, arch, seed=3)
+    b, _ = stage.source_model(stage.PIPELINE, data, arch, seed=3)
+    cfg = a.config
+    assert (cfg.kind, cfg.block, cfg.pool, cfg.num_classes, cfg.image_size) == \
+        ("standard", "prenorm", "cls", 10, 28)
+    assert cfg.std == (0.25,) and "trained by this stage" in what
+    assert stage.state_sha(a) == stage.state_sha(b)
+    adapt(a)  # a standard ViT: CertViT adapts it
+
+
+def test_loaded_source_gets_a_new_head_and_counted_upsampling(tmp_path):
+    save_vit(tiny_vit(image_size=16), tmp_path / "m.pt")
+    model, what = stage.source_model(str(tmp_path / "m.pt"), dataset(size=8, classes=3), {})
+    assert "upsampled x2" in what and "4 -> 3 classes" in what
+    assert model.config.num_classes == 3 and model.head.out_features == 3
+    assert isinstance(model.normalize, stage.UpsampleNormalize)
+    x = torch.rand(5, 1, 8, 8)
+    with torch.no_grad():
+        assert model(x).shape == (5, 3)
+        # nearest upsampling by 2 scales every perturbation's norm by exactly 2
+        d = 1e-3 * torch.randn(5, 1, 8, 8)
+        up = model.normalize(x + d) - model.normalize(x)
+    torch.testing.assert_close(up.flatten(1).norm(dim=1), 2 * d.flatten(1).norm(dim=1) / 0.4)
+    bound = global_bound(adapt(model))
+    assert bound.rows[0]["lipschitz"] == pytest.approx(2 / 0.4)
+    assert load_model(tmp_path / "m.pt").config.num_classes == 4  # the file is untouched
+
+
+def test_fit_to_dataset_refuses_what_it_cannot_map():
+    with pytest.raises(ValueError, match="channel"):
+        stage.fit_to_dataset(tiny_vit(), dataset(channels=3))
+    with pytest.raises(ValueError, match="integer factor"):
+        stage.fit_to_dataset(tiny_vit(image_size=12), dataset(size=8))
+    model, notes = stage.fit_to_dataset(tiny_vit(), dataset())
+    assert notes == [] and type(model.normalize).__name__ == "Normalize"
+
+
+def test_bound_parameters_are_all_the_bound_depends_on():
+    model = adapt(tiny_vit())
+    names = stage.bound_parameters(model)
+    assert "blocks.0.attn.q.weight" in names and "embed.proj.weight" in names
+    assert "blocks.1.norm_mlp.weight" in names and "norm.weight" in names
+    assert "head.weight" not in names and not any(n.endswith(".bias") for n in names)
+    before = global_bound(model).features
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if name not in names:
+                p.add_(torch.randn_like(p))
+    assert global_bound(model).features == before
+    with torch.no_grad():
+        dict(model.named_parameters())["blocks.0.mlp.fc1.weight"].mul_(2.0)
+    assert global_bound(model).features > before
+
+
+@pytest.mark.parametrize("scope", stage.FINETUNE_SCOPES)
+def test_finetune_scopes(tmp_path, scope):
+    model = adapt(tiny_vit())
+    data = dataset()
+    result = constrain(model, data["train"]["x"][:16],
+                       DRConfig(threshold=0.5, eta=0.2, iterations=2, max_pairs=128,
+                                batch_size=32))
+    result.apply(model)
+    bound = global_bound(model).features
+    bias = model.blocks[0].mlp.fc1.bias.detach().clone()
+    with stage.finetune_scope(model, scope, result.masks):
+        train(model, data["train"], data["test"], TrainConfig(epochs=1, batch_size=8, lr=0.01),
+              tmp_path, device="cpu", progress=False)
+    assert not torch.equal(bias, model.blocks[0].mlp.fc1.bias)
+    params_ = dict(model.named_parameters())
+    for name, mask in result.masks.items():
+        assert torch.all(params_[name][~mask] == 0), name
+    if scope == "bound_free":
+        assert global_bound(model).features == bound
+    assert all(p.requires_grad for p in model.parameters())  # restored after the block
+    with pytest.raises(ValueError, match="scope"):
+        stage.finetune_scope(model, "everything", result.masks)
+
+
+def test_phase_checkpoint_resumes_only_the_same_start(tmp_path):
+    model, cfg = tiny_vit(), TrainConfig(epochs=1)
+    assert stage.phase_checkpoint(tmp_path / "c", model, cfg, "mnist", "src") == "fresh"
+    (tmp_path / "c" / "last.pt").write_bytes(b"x")
+    assert stage.phase_checkpoint(tmp_path / "c", model, cfg, "mnist", "src") == "resume"
+    assert stage.phase_checkpoint(tmp_path / "c", model, cfg, "mnist", "src",
+                                  "scope masked").startswith("cleared")
+    (tmp_path / "c" / "last.pt").write_bytes(b"x")
+    with torch.no_grad():
+        model.head.bias.add_(1.0)
+    assert stage.phase_checkpoint(tmp_path / "c", model, cfg, "mnist", "src",
+                                  "scope masked").startswith("cleared: data")
+    assert not (tmp_path / "c" / "last.pt").exists()
+
+
+def test_step_log_metrics_table1_and_figures():
+    data = dataset()
+    model = adapt(tiny_vit())
+    log = stage.StepLog()
+    log.add("pretrained", model, data["test"], 1.5, None)
+    b0 = global_bound(model)
+    log.add("adapt_finetuned", model, data["test"], 2.0, b0)
+    with pytest.raises(ValueError, match="twice"):
+        log.add("pretrained", model, data["test"], 0.0)
+    with torch.no_grad():
+        model.blocks[0].mlp.fc1.weight.mul_(0.5)
+    b1 = global_bound(model)
+    log.add("constrained", model, data["test"], 0.5, b1)
+    frame = log.frame()
+    assert list(frame["step"]) == ["pretrained", "adapt_finetuned", "constrained"]
+    assert math.isnan(frame["lipschitz"].astype(float)[0])
+
+    report = {"correct": torch.ones(4, dtype=torch.bool), "clean_acc": 1.0,
+              "certified_acc": {0.1: 0.5, 1.58: 0.0}, "pgd_acc": {0.1: 0.75, 1.58: 0.25},
+              "broken": 0, "radius": torch.tensor([0.0, 0.05, 0.2, 0.3]),
+              "seconds_per_sample": 1e-3}
+    m = stage.stage_metrics(log, {"adapt_finetuned": b0, "constrained": b1}, report,
+                            {"certify": 3.0})
+    assert m["lipschitz_reduction"]["constrained"] == pytest.approx(b0.logits / b1.logits)
+    assert m["lipschitz_features_reduction"]["constrained"] > 1
+    assert m["total_seconds"] == pytest.approx(7.0) and m["seconds"]["certify"] == 3.0
+    assert m["certified_acc"] == {"0.1": 0.5, "1.58": 0.0} and m["broken"] == 0
+    with pytest.raises(ValueError, match="no bound"):
+        stage.stage_metrics(log, {"constrained": b1}, report)
+
+    row, name = stage.paper_row("mnist", [0.1, 1.58])
+    assert row is CERTVIT_MNIST and name == "ViT on MNIST"
+    assert stage.paper_row("cifar10", [0.1412, 1.58])[0] is CERTVIT_CIFAR10
+    assert stage.paper_row("cifar10", [1.58])[0] is CERTVIT_MNIST  # its eps is not in the grid
+    t1 = stage.table1(row, name, 0.9, 0.25, 0.0, b1.logits, "ours")
+    assert t1.loc["clean (%)", "ours"] == pytest.approx(90.0)
+    assert t1.iloc[2, 0] == CERTVIT_MNIST["certified"]
+
+    table = lipschitz_table(adapt_finetuned=b0, constrained=b1)
+    diag = [{"site": "a", "sigma_before": 2.0, "sigma_after": 1.0, "sparsity": 0.5},
+            {"site": "b", "sigma_before": 1.5, "sigma_after": 1.2, "sparsity": 0.7}]
+    for fig in (figs.plot_lipschitz_components(table), figs.plot_steps(frame, 1.2),
+                figs.plot_dr_sites(pd.DataFrame(diag))):
+        assert isinstance(fig, Figure)
+        matplotlib.pyplot.close(fig)
+
+
+def test_adaptation_norms_listed_in_the_stage_are_the_adapt_norms():
+    for norm in params.CERTVIT_NORMS:
+        Adaptation(norm=norm)
