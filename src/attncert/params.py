@@ -365,6 +365,112 @@ class FiguresParams:
     html_dir: str = param(doc="every executed notebook as HTML, with index.html")
 
 
+#: Bound variants of attncert.certify usable on LoFAST's text transformer (pairwise test).
+TEXT_LOFAST_VARIANTS = ("lofast_M", "lofast_xi", "naive", "global")
+
+
+@dataclass(frozen=True)
+class TextParams:
+    """SST-2 sentiment transformers (stage ``text``): OLSA by depth and gamma, Kim et al.'s L2
+    attention, a standard transformer of the same size, LoFAST's small-BERT grid and OLSA over
+    a frozen pre-trained encoder; eps is l2 in each model's embedding space."""
+
+    tokenizer: str = param(doc="'minilm-package' (offline), a hub id or a save_pretrained folder")
+    max_len: int = param(positive)
+    max_train: int = param(nonneg, doc="seeded subset of the training split (0 = all)")
+    max_eval: int = param(nonneg, doc="seeded subset of the dev and test splits (0 = all)")
+    olsa_depths: list[int] = param(positive, unique)
+    heads: int = param(positive, doc="OLSA, Kim-L2, the standard transformer, the frozen head")
+    hidden: int = param(positive)
+    gamma: float = param(nonneg, doc="certificate regulariser after its ramp (OLSA: 2.0)")
+    gamma_ramp: float = param(nonneg, doc="fraction of all steps gamma grows over (<= 1)")
+    gamma_ablation: list[float] = param(nonneg, unique, doc="gammas of the deepest OLSA")
+    epochs: int = param(positive)
+    batch_size: int = param(positive)
+    lr: float = param(positive)
+    warmup_steps: int = param(nonneg)
+    logit_scale: float = param(positive, doc="CE temperature (loss only; never the certificate)")
+    lofast_layers: list[int] = param(positive, unique)
+    lofast_heads: list[int] = param(positive, unique)
+    lofast_gamma_vo: list[float] = param(positive, unique)
+    lofast_dim: int = param(positive)
+    lofast_mlp_hidden: int = param(positive)
+    lofast_gamma_qk: float = param(positive)
+    lofast_radius_attn: float = param(positive)
+    lofast_variants: list[str] = param(one_of(*TEXT_LOFAST_VARIANTS), unique)
+    lofast_epochs: int = param(positive)
+    lofast_lr: float = param(positive)
+    frozen_source: str = param(doc="the frozen encoder: 'minilm-package', a hub id or a folder")
+    frozen_epochs: int = param(positive)
+    frozen_max_train: int = param(nonneg, doc="seeded subset of the training sentences for "
+                                              "the frozen-encoder head (0 = all of them)")
+    n_test: int = param(positive, doc="first n test sentences certified and attacked")
+    cert_batch_size: int = param(positive)
+    eps: list[float] = param(positive, unique)
+    pgd_steps: int = param(positive)
+    pgd_restarts: int = param(positive)
+    results_dir: str = param()
+    metrics: str = param()
+
+    def __post_init__(self) -> None:
+        if self.hidden % self.heads:
+            _fail("text.heads", f"hidden = {self.hidden} is not divisible by {self.heads}")
+        for h in self.lofast_heads:
+            if self.lofast_dim % h:
+                _fail("text.lofast_heads", f"lofast_dim = {self.lofast_dim} is not divisible "
+                                           f"by {h}")
+        if not self.lofast_variants:
+            _fail("text.lofast_variants", "needs at least one variant")
+        if self.gamma_ramp > 1:
+            _fail("text.gamma_ramp", f"must be in [0, 1], got {self.gamma_ramp!r}")
+
+
+#: LoFAST's certificate variants and the auto_LiRPA methods compared in stage ``crown``.
+CROWN_LOFAST = ("lofast_M", "lofast_xi")
+CROWN_METHODS = ("crown", "alpha_crown")
+
+
+@dataclass(frozen=True)
+class CrownParams:
+    """LoFAST vs CROWN / alpha-CROWN (auto_LiRPA) and their combination (LoFAST Tables 1-2):
+    Lipschitz ViTs of each depth trained in the stage, l2 balls in pixel space."""
+
+    dataset: str = param(one_of(*IMAGE_DATASETS))
+    depths: list[int] = param(positive, unique, doc="one ViT per depth (LoFAST: 3, 4, 5)")
+    patch: int = param(positive)
+    dim: int = param(positive)
+    heads: int = param(positive)
+    mlp_hidden: int = param(positive)
+    pool: str = param(one_of(*VIT_POOLS))
+    radius_attn: float = param(positive)
+    gamma_qk: float = param(positive)
+    gamma_vo: float = param(positive)
+    normalize: str = param(one_of(*NORMALIZE))
+    max_train: int = param(nonneg, doc="first n training images (0 = all)")
+    epochs: int = param(positive)
+    batch_size: int = param(positive)
+    lr: float = param(positive)
+    warmup_steps: int = param(nonneg)
+    lmt_offset: float = param(nonneg)
+    logit_scale: float = param(positive)
+    n_test: int = param(positive, doc="first n test images, the same for every method")
+    cert_eps: list[float] = param(positive, unique)
+    lofast_variant: str = param(one_of(*CROWN_LOFAST))
+    methods: list[str] = param(one_of(*CROWN_METHODS), unique)
+    alpha_iterations: int = param(positive)
+    time_limit: float = param(nonneg, doc="seconds per (point, eps) bound; 0 = none")
+    attack_steps: int = param(positive)
+    attack_restarts: int = param(positive)
+    work_dir: str = param()
+    metrics: str = param()
+
+    def __post_init__(self) -> None:
+        if self.dim % self.heads:
+            _fail("crown.heads", f"dim = {self.dim} is not divisible by heads = {self.heads}")
+        if not self.methods:
+            _fail("crown.methods", "needs at least one method")
+
+
 SECTIONS: dict[str, type] = {
     "base": BaseParams,
     "data": DataParams,
@@ -374,6 +480,8 @@ SECTIONS: dict[str, type] = {
     "certify_vit": CertifyVitParams,
     "specformer": SpecformerParams,
     "certvit": CertvitParams,
+    "crown": CrownParams,
+    "text": TextParams,
     "figures": FiguresParams,
 }
 

@@ -41,7 +41,6 @@ from attncert.train import TrainConfig, evaluate
 __all__ = [
     "FINETUNE_SCOPES",
     "PIPELINE",
-    "STEPS",
     "StepLog",
     "UpsampleNormalize",
     "bound_parameters",
@@ -59,8 +58,6 @@ __all__ = [
 
 #: The ``source`` value for a standard ViT trained by the stage itself.
 PIPELINE = "pipeline"
-#: The steps of the stage, in order (the keys of the per-step metrics).
-STEPS = ("pretrained", "adapted", "adapt_finetuned", "constrained", "masked_finetuned")
 #: What the fine-tune after constraining trains (:func:`finetune_scope`).
 FINETUNE_SCOPES = ("masked", "bound_free")
 

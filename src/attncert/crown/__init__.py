@@ -1,0 +1,21 @@
+"""CROWN / alpha-CROWN (auto_LiRPA 0.3) on the Lipschitz ViT, and its combination with LoFAST.
+
+Importing the package applies the compatibility patches of :mod:`attncert.crown.patches`
+(idempotent). :mod:`attncert.crown.bridge` builds the bounded graph and certifies points one at
+a time; :mod:`attncert.crown.study` trains the compared ViTs and assembles LoFAST's Tables 1-2.
+"""
+
+from attncert.crown.patches import apply as apply_patches
+
+PATCHES = apply_patches()
+
+from attncert.crown.bridge import (  # noqa: E402
+    METHODS,
+    CrownCertifier,
+    CrownViT,
+    certify_points,
+    margin_spec,
+)
+
+__all__ = ["METHODS", "PATCHES", "CrownCertifier", "CrownViT", "apply_patches",
+           "certify_points", "margin_spec"]

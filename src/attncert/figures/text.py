@@ -1,0 +1,46 @@
+"""Figures of the SST-2 text stage: certified accuracy vs eps per model (LoFAST Figure 5
+analog) and clean accuracy against the average certified radius."""
+
+from __future__ import annotations
+
+import matplotlib.pyplot as plt
+import pandas as pd
+import seaborn as sns
+from matplotlib.figure import Figure
+
+__all__ = ["plot_accuracy_vs_radius", "plot_certified_vs_eps"]
+
+
+def _style() -> None:
+    sns.set_theme(style="whitegrid", context="paper")
+
+
+def plot_certified_vs_eps(curves: pd.DataFrame, title: str = "") -> Figure:
+    """Certified accuracy vs l2 eps on the embeddings, one line per model and bound variant.
+
+    ``curves``: rows (model, variant, eps, certified_acc) as
+    :func:`attncert.text.stage.evaluate_model` returns them.
+    """
+    _style()
+    data = curves.assign(label=curves["model"] + " (" + curves["variant"] + ")")
+    fig, ax = plt.subplots(figsize=(6.5, 4), constrained_layout=True)
+    sns.lineplot(data, x="eps", y="certified_acc", hue="label", marker="o", ax=ax)
+    ax.set(xlabel="eps (l2, embedding space)", ylabel="certified accuracy", ylim=(0, 1),
+           title=title or "Certified accuracy vs eps")
+    ax.legend(fontsize="small", title=None)
+    return fig
+
+
+def plot_accuracy_vs_radius(table: pd.DataFrame) -> Figure:
+    """Test accuracy against the average certified radius, one point per model.
+
+    ``table``: one row per model with columns model, family, test_acc, avg_radius.
+    """
+    _style()
+    fig, ax = plt.subplots(figsize=(6, 4), constrained_layout=True)
+    sns.scatterplot(table, x="avg_radius", y="test_acc", hue="family", s=60, ax=ax)
+    for _, row in table.iterrows():
+        ax.annotate(row["model"], (row["avg_radius"], row["test_acc"]), fontsize=7,
+                    xytext=(3, 3), textcoords="offset points")
+    ax.set(xlabel="average certified radius (embedding l2)", ylabel="test accuracy")
+    return fig
