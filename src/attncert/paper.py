@@ -38,14 +38,6 @@ OLSA_AVG_RADIUS = {"sst": 0.979, "yelp": 1.733}
 OLSA_SHI_AVG_RADIUS = {"sst": 0.110, "yelp": 0.061}
 OLSA_FROZEN_BERT_QQP = {"olsa": 0.368, "shi": 0.071}
 
-#: LoFAST Table 1: CIFAR-10, 128-d Lipschitz ViTs, 1000 test points: certified accuracy (%) at
-#: l2 eps 0.02 / 0.05 / 0.1 and seconds per sample; None is the paper's "-" (the verifier failed).
-LOFAST_TABLE1 = {
-    "LoFAST": {3: ((29.1, 16.0, 3.0), 0.055), 4: ((28.9, 11.9, 0.8), 0.077),
-               5: ((27.6, 8.3, 0.0), 0.094)},
-    "alpha,beta-CROWN": {3: ((41.2, 14.1, None), 6.7), 4: ((42.9, None, None), 13.3),
-                         5: ((44.7, None, None), 20.4)},
-}
 #: LoFAST Table 2 (3-layer ViT): certified accuracy (%) and seconds per sample at eps 0.02 /
 #: 0.05, CROWN alone vs LoFAST first with CROWN on the rest.
 LOFAST_TABLE2 = {
