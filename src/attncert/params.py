@@ -83,6 +83,15 @@ def device_spec(key: str, v: str) -> None:
         _fail(key, f"unknown device {v!r}; use auto, cpu, cuda, cuda:N or mps")
 
 
+def dataclass_from_mapping(cls: type, d: Mapping[str, Any]) -> Any:
+    """``cls(**d)`` for a dataclass, naming unknown keys instead of a TypeError."""
+    names = {f.name for f in dataclasses.fields(cls)}
+    unknown = sorted(set(d) - names)
+    if unknown:
+        raise ValueError(f"{cls.__name__}: unknown key(s) {unknown}; known: {sorted(names)}")
+    return cls(**d)
+
+
 def param(*checks: Check, doc: str = "") -> Any:
     """A required field with checks applied after type validation."""
     return field(metadata={"checks": checks, "doc": doc})

@@ -37,6 +37,7 @@ from attncert.attacks import pgd_linf
 from attncert.data import as_float
 from attncert.io import torch_save, write_json
 from attncert.msvp import MSVP
+from attncert.params import dataclass_from_mapping
 
 MARGINS = ("none", "lmt", "olsa")
 AUGMENTS = ("none", "crop", "crop_flip")
@@ -110,11 +111,23 @@ class TrainConfig:
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> TrainConfig:
-        names = {f.name for f in dataclasses.fields(cls)}
-        unknown = sorted(set(d) - names)
-        if unknown:
-            raise ValueError(f"TrainConfig: unknown key(s) {unknown}; known: {sorted(names)}")
-        return cls(**d)
+        return dataclass_from_mapping(cls, d)
+
+
+def load_checkpoint(path: Path, config: Mapping[str, Any],
+                    states: Mapping[str, Any]) -> tuple[list[dict[str, Any]], int, dict]:
+    """Resume from ``path`` if it exists: load every ``states`` entry (model, optimizer,
+    scheduler, ...) from the checkpoint key of the same name. A checkpoint written with another
+    training config is an error. Returns (metrics rows, last finished epoch, checkpoint)."""
+    if not path.is_file():
+        return [], 0, {}
+    ckpt = torch.load(path, map_location="cpu", weights_only=True)
+    if ckpt["config"] != dict(config):
+        raise ValueError(f"{path} was written with another training config "
+                         f"({ckpt['config']}); delete it to start over")
+    for key, obj in states.items():
+        obj.load_state_dict(ckpt[key])
+    return list(ckpt["metrics"]), int(ckpt["epoch"]), ckpt
 
 
 def resolve_device(spec: str | torch.device = "auto") -> torch.device:
@@ -286,20 +299,12 @@ def train(model: nn.Module, train_data: Any, eval_data: Any, config: TrainConfig
     sched = torch.optim.lr_scheduler.LambdaLR(
         opt, cosine_schedule(config.epochs * steps_per_epoch, config.warmup_steps))
     cfg_dict = dataclasses.asdict(config)
-    metrics: list[dict[str, Any]] = []
-    start = 0
-    if ckpt_path.is_file():
-        ckpt = torch.load(ckpt_path, map_location="cpu", weights_only=True)
-        if ckpt["config"] != cfg_dict:
-            raise ValueError(f"{ckpt_path} was written with another training config "
-                             f"({ckpt['config']}); delete it to start over")
-        model.load_state_dict(ckpt["model"])
-        if msvp is not None:
-            msvp.load_state_dict(ckpt["msvp"])
-        opt.load_state_dict(ckpt["optimizer"])
-        sched.load_state_dict(ckpt["scheduler"])
+    states = {"model": model, "optimizer": opt, "scheduler": sched}
+    if msvp is not None:
+        states["msvp"] = msvp
+    metrics, start, ckpt = load_checkpoint(ckpt_path, cfg_dict, states)
+    if ckpt:
         _set_rng_state(ckpt["rng"])
-        metrics, start = list(ckpt["metrics"]), int(ckpt["epoch"])
 
     for epoch in range(start + 1, config.epochs + 1):
         t0 = time.perf_counter()

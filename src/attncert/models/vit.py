@@ -50,6 +50,7 @@ from attncert.layers import (
     spectral_init_,
     spectral_norm_exact,
 )
+from attncert.params import dataclass_from_mapping
 
 KINDS = ("lipschitz", "standard")
 BLOCKS = ("stream", "prenorm")
@@ -160,11 +161,7 @@ class ViTConfig:
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> ViTConfig:
         """From a params mapping; unknown keys are an error."""
-        names = {f.name for f in dataclasses.fields(cls)}
-        unknown = sorted(set(d) - names)
-        if unknown:
-            raise ValueError(f"ViTConfig: unknown key(s) {unknown}; known: {sorted(names)}")
-        return cls(**d)
+        return dataclass_from_mapping(cls, d)
 
     def to_dict(self) -> dict[str, Any]:
         d = dataclasses.asdict(self)

@@ -29,10 +29,12 @@ from torch import Tensor, nn
 from torch.nn import functional as F
 
 from attncert.io import torch_save, write_json
+from attncert.params import dataclass_from_mapping
 from attncert.train import (
     cosine_schedule,
     epoch_generator,
     lipschitz_diagnostics,
+    load_checkpoint,
     resolve_device,
 )
 
@@ -84,11 +86,7 @@ class TextTrainConfig:
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> TextTrainConfig:
-        names = {f.name for f in dataclasses.fields(cls)}
-        unknown = sorted(set(d) - names)
-        if unknown:
-            raise ValueError(f"TextTrainConfig: unknown key(s) {unknown}; known: {sorted(names)}")
-        return cls(**d)
+        return dataclass_from_mapping(cls, d)
 
 
 # -- data ------------------------------------------------------------------------------------
@@ -210,17 +208,8 @@ def train_text(model: nn.Module, train_data: Mapping[str, Tensor],
     sched = torch.optim.lr_scheduler.LambdaLR(
         opt, cosine_schedule(total_steps, config.warmup_steps))
     cfg_dict = dataclasses.asdict(config)
-    metrics: list[dict[str, Any]] = []
-    start = 0
-    if ckpt_path.is_file():
-        ckpt = torch.load(ckpt_path, map_location="cpu", weights_only=True)
-        if ckpt["config"] != cfg_dict:
-            raise ValueError(f"{ckpt_path} was written with another training config "
-                             f"({ckpt['config']}); delete it to start over")
-        model.load_state_dict(ckpt["model"])
-        opt.load_state_dict(ckpt["optimizer"])
-        sched.load_state_dict(ckpt["scheduler"])
-        metrics, start = list(ckpt["metrics"]), int(ckpt["epoch"])
+    metrics, start, _ = load_checkpoint(ckpt_path, cfg_dict,
+                                        {"model": model, "optimizer": opt, "scheduler": sched})
 
     for epoch in range(start + 1, config.epochs + 1):
         t0 = time.perf_counter()
