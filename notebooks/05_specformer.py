@@ -98,25 +98,18 @@ from attncert.figures import show
 from attncert.figures import specformer as figs
 from attncert.io import atomic_path, write_json
 from attncert.paper import SPECFORMER_STEP_RATIO, SPECFORMER_TABLE1
-from attncert.train import TrainConfig, resolve_device
+from attncert.train import resolve_device
 
 dev = resolve_device(device)
 out = Path(results_dir)
 data = {name: sf.subset_train(load_processed(name, processed_dir), max_train, seed)
         for name in datasets}
-std_eps, adv_eval_eps = std_eps_255 / 255, adv_eval_eps_255 / 255
-specs = [sf.AttackSpec("clean"), sf.AttackSpec("fgsm", std_eps, 1),
-         sf.AttackSpec("pgd_linf", std_eps, 2),
-         sf.AttackSpec("cw_linf", adv_eval_eps, attack_steps),
-         sf.AttackSpec("pgd_linf", adv_eval_eps, attack_steps),
-         *[sf.AttackSpec("pgd_l2", e, attack_steps) for e in l2_eps]]
-standard = TrainConfig(epochs=epochs, batch_size=batch_size, lr=lr, weight_decay=weight_decay,
-                       warmup_steps=warmup_steps, augment=augment,
-                       eval_batch_size=eval_batch_size, seed=seed)
-adversarial = dataclasses.replace(standard, epochs=adv_epochs, adversarial="pgd_linf",
-                                  adv_eps=adv_eps_255 / 255, adv_steps=adv_steps)
-plan = [("standard", m, standard) for m in methods] + [
-    ("adversarial", m, adversarial) for m in adv_methods]
+specs = sf.attack_specs(std_eps_255, adv_eval_eps_255, attack_steps, l2_eps)
+standard, adversarial = sf.train_configs(
+    epochs=epochs, adv_epochs=adv_epochs, batch_size=batch_size, lr=lr,
+    weight_decay=weight_decay, warmup_steps=warmup_steps, augment=augment,
+    eval_batch_size=eval_batch_size, adv_eps_255=adv_eps_255, adv_steps=adv_steps, seed=seed)
+plan = sf.run_plan(methods, adv_methods, standard, adversarial)
 display(Markdown(
     f"**Scale** {scale}, device {dev}.  \n**Data** " + "; ".join(
         f"{k}: {len(d['train']['y'])} training / {len(d['test']['y'])} test images "
@@ -126,10 +119,18 @@ display(Markdown(
 
 # %% [markdown]
 # ### The CIFAR-10 sample
-# The 20 real CIFAR-10 images of the mirror (`cifar10_sample`) need a model trained on
-# CIFAR-10 (3 x 32 x 32). Offline there is no CIFAR-10 training set, so at the cpu scale no
-# model here can read them; at the paper scale `cifar10` is a training dataset and its full
-# test split is attacked, which the sample adds nothing to. The sample is therefore not used.
+# The mirror's 20 real CIFAR-10 test images (`cifar10_sample`) are used by
+# `tests/test_specformer.py::test_paper_scale_cifar_grid_code_path`: it loads this stage's
+# paper-scale parameters, shrinks only the model size, epochs, batch size, attack steps and
+# number of attacked images, and runs this notebook's calls (`base_model_config`,
+# `method_model_config`, `train_configs`, `run_plan`, `method_train_config`, `train_run`,
+# `attack_specs`, `eval_split`, `robust_accuracy`) for every method, standard and
+# adversarial, on the 20 images shaped as CIFAR-10 and as CIFAR-100 (3 x 32 x 32, 10 and 100
+# classes, training set = test set). It checks that the code path runs, not accuracy. This
+# report does not evaluate the sample: its models are trained on the datasets listed above,
+# and without a CIFAR-10 training set offline none of them was trained on CIFAR-10, so none
+# can classify its images. At the paper scale `cifar10` and `cifar100` are training
+# datasets, and the first `n_eval` images of their test splits are attacked.
 
 # %% [markdown]
 # ## Training
@@ -140,9 +141,7 @@ display(Markdown(
 # %%
 models, train_rows = {}, []
 for name, d in data.items():
-    base = sf.data_config(d, patch=patch, dim=dim, depth=depth, heads=heads,
-                          mlp_hidden=mlp_hidden, kind="standard", block=block, pool="cls",
-                          attn_bias=True)
+    base = sf.base_model_config(d, patch, dim, depth, heads, mlp_hidden, block)
     for training, method, cfg in plan:
         model_cfg = sf.method_model_config(method, base, lipsformer_alpha)
         train_cfg = sf.method_train_config(method, cfg, msvp_lambda)
@@ -168,10 +167,8 @@ trained.round(4)
 # %%
 rows = []
 for (name, training, method), model in models.items():
-    n = min(n_eval, len(data[name]["test"]["y"]))
-    x = as_float(data[name]["test"]["x"][:n]).to(dev)
-    y = data[name]["test"]["y"][:n].to(dev)
-    for r in sf.robust_accuracy(model, x, y, specs, eval_batch_size, seed):
+    x, y = sf.eval_split(data[name], n_eval)
+    for r in sf.robust_accuracy(model, x.to(dev), y.to(dev), specs, eval_batch_size, seed):
         rows.append({"dataset": name, "training": training, "method": method, **r})
 robustness = pd.DataFrame(rows)
 with atomic_path(out / "robustness.csv") as tmp:

@@ -15,7 +15,7 @@ from pathlib import Path
 import nbformat
 import pytest
 
-from attncert import report
+from attncert import paper, report
 from attncert.params import read_yaml, validate
 from attncert.runs import run_name
 from attncert.tightness import PAPER_TABLE3
@@ -50,6 +50,47 @@ def _certify_metrics(name: str) -> dict:
             "cost_vs_forward": {k: 4.0 * (i + 1) for i, k in enumerate(keys)}}
 
 
+def _text_model(family: str, test_acc: float, radii: dict) -> dict:
+    """One model's entry of the text metrics (attncert.text.stage.evaluate_model + 06_text)."""
+    return {"family": family, "dev_acc": test_acc + 0.01, "test_acc": test_acc,
+            "n_certified": 20, "avg_radius": radii,
+            "certified_acc": {"0.1": test_acc / 2, "0.5": test_acc / 4},
+            "pgd_acc": {"0.1": test_acc - 0.1, "0.5": test_acc - 0.2}, "broken": 0,
+            "cert_seconds_per_batch": 0.01, "cert_batch_size": 20, "train_seconds": 3.0,
+            "epochs": 1, "gamma": 2.0}
+
+
+def _text_metrics() -> dict:
+    """The text stage's metrics file as notebooks/06_text.py writes it."""
+    return {"scale": "smoke", "train_sentences": 64, "n_certified": 20, "eps": [0.1, 0.5],
+            "models": {"olsa-L1-g2": _text_model("olsa", 0.62, {"global": 0.31}),
+                       "olsa-L3-g2": _text_model("olsa", 0.64, {"global": 0.42}),
+                       "kim-l2-L3-g2": _text_model("olsa", 0.58, {"global": 0.21}),
+                       "vanilla-L3": _text_model("none", 0.7, {"none": 0.0}),
+                       "lofast-L1-H2-vo0.5": _text_model("lofast", 0.6,
+                                                         {"lofast_M": 0.12, "global": 0.03}),
+                       "frozen-olsa": _text_model("olsa", 0.66, {"global": 0.05})},
+            "paper": {"olsa_sst_avg_radius": 0.979, "shi_sst_avg_radius": 0.11},
+            "broken": 0, "seconds": 12.0}
+
+
+def _crown_metrics(dataset: str = "cifar10") -> dict:
+    """The crown stage's metrics file as notebooks/08_crown.py writes it (accuracies in %)."""
+    return {"dataset": dataset, "n": 3, "eps": [0.02, 0.05, 0.1], "depths": [3],
+            "crown_over_lofast_seconds": {"3": 120.0}, "broken": 0,
+            "table1": [{"depth": 3, "method": "LoFAST", "seconds_per_sample": 0.05,
+                        "acc_0.02": 66.7, "acc_0.05": 33.3, "acc_0.1": 0.0},
+                       {"depth": 3, "method": "CROWN", "seconds_per_sample": 6.0,
+                        "acc_0.02": 66.6, "acc_0.05": None, "acc_0.1": None}],
+            "table2": [{"depth": 3, "eps": e, "method": "CROWN", "crown_acc": a,
+                        "crown_seconds": 6.0 + i, "combined_acc": a + 10 * (i < 2),
+                        "combined_seconds": 2.0 + i, "lofast_acc": a}
+                       for i, (e, a) in enumerate(((0.02, 66.6), (0.05, 0.0), (0.1, 0.0)))],
+            "crown_status": {"L3": {"ok": 5, "timeout": 4}},
+            "trained": [{"depth": 3, "test_acc": 80.5, "train_seconds": 10.0}],
+            "stage_seconds": 50.0}
+
+
 @pytest.fixture
 def metrics_tree(tmp_path):
     """Fake metrics of every stage in the stages' formats; the second grid point of
@@ -61,7 +102,11 @@ def metrics_tree(tmp_path):
     _write(tmp_path / p["tightness"].metrics, {
         "layer": "seeded random layer", "max_lofast_M_over_pgd": 1.07,
         "fig1_delta21_M_over_pgd_max": 18.4, "fig3_ratio_max": 1.07,
-        "fig4_lofast_M_over_pgd_max": 1.21,
+        "fig4_lofast_M_over_pgd_max": 1.21, "fig3_eps": 0.1,
+        "fig3_ratio": {t: {"0.1": 1.01, "1": 1.05} for t in ("W^Q", "W^V", "X")},
+        "fig4_input_norm": {"0.5": 0.5, "2": 2.0},
+        "fig4_ratio_to_pgd": {"LoFAST(M)": {"0.5": 1.01, "2": 1.2},
+                              "naive": {"0.5": 1.5, "2": 3.0}},
         **{f"table3_{k}_over_pgd": {"0.01": 1.05 + i, "0.05": 1.06 + i, "0.2": 1.07 + i}
            for i, k in enumerate(("lofast_M", "lofast_xi", "naive", "specformer"))}})
     for point in GRID:
@@ -80,6 +125,8 @@ def metrics_tree(tmp_path):
         "msvp_step_ratio_within_paper": True, "max_sigma": {}, "layernorm_certificate": "x",
         "certified": [{"model": "with MSVP", "variant": "lofast_M", "clean_acc": 0.5,
                        "median_radius": 0.1, "certified@0.1": 0.25}]})
+    _write(tmp_path / p["text"].metrics, _text_metrics())
+    _write(tmp_path / p["crown"].metrics, _crown_metrics())
     return p, tmp_path
 
 
@@ -95,6 +142,37 @@ def _lookup(m, key: str):
     raise KeyError(key)
 
 
+def _record(records: list, **match):
+    """The one record of a list of records (a table the stage wrote) with these values."""
+    found = [r for r in records if all(r[k] == v for k, v in match.items())]
+    assert len(found) == 1, (match, records)
+    return found[0]
+
+
+def _file_value(stage: str, m, key: str):
+    """The number a row's key names in the metrics file ``m``, read independently of the
+    report: rows of tables written as lists of records are found by their columns."""
+    parts = key.split("/")
+    if stage == "specformer" and parts[0] == "certified":
+        return _record(m["certified"], model=parts[1], variant=parts[2])[f"certified@{parts[3]}"]
+    if stage == "crown" and parts[0] in ("trained", "table1", "table2"):
+        depth = int(parts[1].removeprefix("L"))
+        if parts[0] == "trained":
+            return _record(m["trained"], depth=depth)[parts[2]]
+        if parts[0] == "table1":
+            return _record(m["table1"], depth=depth, method=parts[2])[parts[3]]
+        rec = _record([r for r in m["table2"] if f"{r['eps']:g}" == parts[3]], depth=depth,
+                      method=parts[2])
+        return rec[parts[4]]
+    return _lookup(m, key)
+
+
+def _metrics_of(root: Path, entry: dict, row: dict):
+    """The parsed metrics file a summary row was read from (its grid point's, if any)."""
+    path = next(p for p in entry["metrics"] if row.get("run") is None or f"/{row['run']}/" in p)
+    return json.loads((root / path).read_text())
+
+
 def test_summary_numbers_are_the_metrics_files_numbers(metrics_tree):
     params, root = metrics_tree
     data = report.summary(params, STAGES, root)
@@ -103,13 +181,9 @@ def test_summary_numbers_are_the_metrics_files_numbers(metrics_tree):
     checked = 0
     for name, entry in data["stages"].items():
         for row in entry["rows"]:
-            if name == "specformer" and row["key"].startswith("certified/"):
-                continue
-            path = next(p for p in entry["metrics"] if row.get("run") is None
-                        or f"/{row['run']}/" in p)
-            assert row["ours"] == _lookup(json.loads((root / path).read_text()), row["key"])
+            assert row["ours"] == _file_value(name, _metrics_of(root, entry, row), row["key"])
             checked += 1
-    assert checked > 40
+    assert checked > 100
     rows = {r["key"]: r for r in data["stages"]["tightness"]["rows"]}
     i = PAPER_TABLE3["eps"].index(0.05)
     assert rows["table3_lofast_M_over_pgd/0.05"]["paper"] == pytest.approx(
@@ -129,6 +203,49 @@ def test_summary_numbers_are_the_metrics_files_numbers(metrics_tree):
                                          "missing": [params["certvit"].metrics], "runs": None,
                                          "rows": []}
     assert json.loads(json.dumps(data)) == data   # plain JSON
+
+
+def test_text_rows_put_olsas_sst_radius_beside_every_3_layer_olsa():
+    m = _text_metrics()
+    rows = {r["key"]: r for r in report.headline_rows("text", m)}
+    olsa3 = rows["models/olsa-L3-g2/avg_radius/global"]
+    assert olsa3["ours"] == 0.42 and olsa3["paper"] == paper.OLSA_AVG_RADIUS["sst"]
+    assert olsa3["brief"] and olsa3["source"].startswith("OLSA section 5")
+    assert f"{paper.OLSA_SHI_AVG_RADIUS['sst']:g}" in olsa3["source"]
+    for other in ("olsa-L1-g2", "kim-l2-L3-g2", "frozen-olsa"):   # not the paper's model
+        assert rows[f"models/{other}/avg_radius/global"]["paper"] is None
+    # the standard transformer has no certificate; the paper's numbers are never "ours"
+    assert not [k for k in rows if k.startswith(("models/vanilla-L3/avg", "paper"))]
+    assert rows["models/vanilla-L3/test_acc"]["brief"]
+    lofast = {k: r["brief"] for k, r in rows.items() if "lofast-L1-H2-vo0.5/avg_radius" in k}
+    assert lofast == {"models/lofast-L1-H2-vo0.5/avg_radius/lofast_M": True,   # the largest
+                      "models/lofast-L1-H2-vo0.5/avg_radius/global": False}
+    assert rows["models/olsa-L1-g2/certified_acc/0.5"]["unit"] == "fraction"
+    assert rows["models/olsa-L1-g2/cert_seconds_per_batch"]["unit"] == "seconds"
+    brief = [r for r in rows.values() if r["brief"]]
+    assert len(brief) == 2 * len(m["models"]) - 1   # test accuracy and one radius per model
+
+
+def test_crown_rows_follow_lofast_tables_1_and_2():
+    t1, t2 = paper.LOFAST_TABLE1, paper.LOFAST_TABLE2["cifar10"]
+    rows = {r["key"]: r for r in report.headline_rows("crown", _crown_metrics("cifar10"))}
+    assert rows["table1/L3/LoFAST/acc_0.02"]["paper"] == t1["lofast"][3][0]
+    assert rows["table1/L3/LoFAST/acc_0.02"]["unit"] == "percent"
+    assert rows["table1/L3/CROWN/acc_0.02"]["paper"] == t1["crown"][3][0]
+    assert rows["table1/L3/CROWN/acc_0.05"]["ours"] is None   # every bound failed: "-"
+    assert rows["table1/L3/CROWN/acc_0.1"]["paper"] is None   # the paper's "-"
+    assert rows["table1/L3/LoFAST/seconds_per_sample"]["paper"] == t1["lofast_seconds"][3]
+    assert rows["table1/L3/CROWN/seconds_per_sample"]["paper"] == t1["crown_seconds"][3]
+    assert rows["table2/L3/CROWN/0.05/combined_acc"]["paper"] == t2["CROWN+LoFAST"][1][0]
+    assert rows["table2/L3/CROWN/0.02/crown_seconds"]["paper"] == t2["CROWN"][0][1]
+    assert rows["table2/L3/CROWN/0.1/combined_acc"]["paper"] is None   # not in Table 2
+    assert rows["crown_over_lofast_seconds/3"]["paper"] == pytest.approx(
+        t1["crown_seconds"][3] / t1["lofast_seconds"][3])
+    assert rows["trained/L3/test_acc"]["ours"] == 80.5
+    # another dataset: the paper's accuracies and seconds are not the same quantity
+    other = report.headline_rows("crown", _crown_metrics("mnist"))
+    assert {r["key"] for r in other if r["paper"] is not None} == {
+        "crown_over_lofast_seconds/3"}
 
 
 def test_summary_paths_come_from_params_and_run_name():
@@ -168,6 +285,139 @@ def test_readme_section_is_idempotent_and_only_touches_its_block(metrics_tree, t
     assert readme.read_text() == first
     with pytest.raises(ValueError, match="exactly one"):
         report.replace_section("no markers", "x")
+
+
+def _readme_tables(text: str) -> dict[str, list[dict[str, str]]]:
+    """The results section's tables, parsed back: {stage: [{column: cell}]}."""
+    tables, stage, header = {}, None, None
+    for line in text.splitlines():
+        heading = re.fullmatch(r"\*\*(\w+)\*\*: .*", line)
+        if heading:
+            stage, header = heading.group(1), None
+            tables[stage] = []
+        elif stage and line.startswith("|") and not line.startswith("|---"):
+            cells = [c.strip().replace("\\|", "|")
+                     for c in re.split(r"(?<!\\)\|", line.strip())[1:-1]]
+            if header is None:
+                header = cells
+            else:
+                tables[stage].append(dict(zip(header, cells, strict=True)))
+    return tables
+
+
+def test_readme_numbers_are_the_metrics_files_numbers(metrics_tree):
+    """Every number of the README's results section, parsed back from the markdown, is the
+    metrics file's number (formatted), and the paper's number beside it is paper.py's."""
+    params, root = metrics_tree
+    data = report.summary(params, STAGES, root)
+    tables = _readme_tables(report.render_results(data))
+    assert set(tables) == set(data["stages"])
+    shown = 0
+    for name, entry in data["stages"].items():
+        brief = [r for r in entry["rows"] if r["brief"]]
+        if entry["runs"] is None:
+            cells = {t["quantity"]: t for t in tables[name]}
+            assert len(cells) == len(tables[name]) == len(brief)
+        else:
+            cells = {(t["run"], label): v for t in tables[name] for label, v in t.items()
+                     if label != "run" and v != "–"}
+            assert len(cells) == len(brief)
+        for row in brief:
+            ours = report.fmt(_file_value(name, _metrics_of(root, entry, row), row["key"]),
+                              row["unit"])
+            theirs = report.fmt(row["paper"], row["unit"])
+            if entry["runs"] is None:
+                cell = cells[row["label"]]
+                assert (cell["ours"], cell["paper"]) == (ours, theirs), row["key"]
+                assert cell["paper source"] == (row["source"] or "")
+            else:
+                cell = cells[(row["run"], row["label"])]
+                assert cell == (ours if row["paper"] is None else f"{ours} (paper {theirs})")
+            shown += 1
+    assert shown > 30
+    crown = {t["quantity"]: t for t in tables["crown"]}
+    assert crown["L3 LoFAST certified at eps 0.02"]["paper"] == "29.1%"   # LoFAST Table 1
+    text = {t["quantity"]: t for t in tables["text"]}
+    assert text["olsa-L3-g2 average certified radius (global)"]["paper"] == "0.979"
+
+
+def test_notebook_tables_are_the_metrics_files_numbers(metrics_tree):
+    """The figures notebook's headline tables (accuracies in %) carry the files' numbers."""
+    from attncert.figures import summary as figs
+
+    params, root = metrics_tree
+    data = report.summary(params, STAGES, root)
+    for name, entry in data["stages"].items():
+        table = figs.headline_frame(entry["rows"])
+        assert len(table) == len(entry["rows"])
+        for row, ours in zip(entry["rows"], table["ours"], strict=True):
+            value = _file_value(name, _metrics_of(root, entry, row), row["key"])
+            scale = 100 if row["unit"] == "fraction" else 1
+            assert (ours is None or ours != ours) if value is None else (
+                ours == pytest.approx(scale * value)), (name, row["key"])
+
+
+def test_comparison_figures_draw_from_saved_metrics_with_the_papers_beside(metrics_tree):
+    """Every figure of the figures notebook, drawn from the fake metrics (no recomputation),
+    with the papers' numbers as labelled rows where a paper gives them."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from attncert.figures import summary as figs
+
+    params, root = metrics_tree
+    runs = report.stage_runs(STAGES, params)
+    loaded = report.collect(runs, root)
+    data = report.summary(params, STAGES, root)
+    m = {stage: report.stage_metrics(loaded, stage) for stage in STAGES}
+    points, items = m["certify_vit"], report.stage_items(runs, "certify_vit")
+    crown = figs.crown_frame(m["crown"]["crown"])
+    assert {"ours (cifar10)", "paper: LoFAST Table 1 (cifar10)", "paper: LoFAST Table 2 (svhn)"} \
+        <= set(crown["source"])
+    assert crown["accuracy"].notna().all()   # a "-" is no point, not a 0
+    cost = figs.cost_frame(points, m["crown"]["crown"])
+    assert {"LoFAST L=3 (crown stage)", "CROWN L=3 (crown stage)", "LoFAST L=3"} \
+        <= set(cost["method"])
+    tradeoff = figs.paper_tradeoff_frame([items[run]["dataset"] for run in points])
+    assert list(tradeoff["source"]) == ["paper: CertViT Table 1 (mnist)"]
+    text = figs.text_certified_frame(m["text"]["text"])
+    assert "vanilla-L3" not in set(text["model"]) and len(text) == 2 * 5
+    fig3, fig4 = figs.ablation_frames(m["tightness"]["tightness"])
+    assert len(fig3) == 6 and len(fig4) == 4
+    figures = [
+        figs.plot_tightness(figs.tightness_frame(m["tightness"]["tightness"])),
+        figs.plot_ablations(fig3, fig4, m["tightness"]["tightness"]["fig3_eps"]),
+        figs.plot_certified_grid(figs.certified_frame(points),
+                                 figs.paper_certified_frame(items)),
+        figs.plot_tradeoff(figs.tradeoff_frame(points), tradeoff),
+        figs.plot_cost(cost),
+        figs.plot_specformer(figs.specformer_frame(m["specformer"]["specformer"])),
+        figs.plot_text_certified(text),
+        figs.plot_crown(crown),
+        *(figs.plot_headline(data["stages"][s]["rows"], s) for s in ("text", "crown"))]
+    for fig in figures:
+        assert fig is not None and fig.axes
+        plt.close(fig)
+
+
+def test_dvc_metrics_show_prints_every_stages_headline_numbers(metrics_tree):
+    """summary.json's numbers reach `dvc metrics show` (which drops lists): every brief row
+    with a number is under headline.<stage>[.<run>].<key> and equals the metrics file's."""
+    from dvc.repo.metrics.show import _extract_metrics  # what `dvc metrics show` reads
+    from dvc.utils.flatten import flatten
+
+    params, root = metrics_tree
+    data = report.summary(params, STAGES, root)
+    shown = flatten(_extract_metrics(json.loads(json.dumps(data)), "summary.json"))
+    expected = {".".join(["headline", name, *([r["run"]] if r.get("run") else []), r["key"]]):
+                _file_value(name, _metrics_of(root, entry, r), r["key"])
+                for name, entry in data["stages"].items() for r in entry["rows"]
+                if r["brief"] and r["ours"] is not None}
+    assert {k: v for k, v in shown.items() if k.startswith("headline.")} == expected
+    ran = {name for name, e in data["stages"].items() if e["metrics"]}
+    assert {k.split(".")[1] for k in expected} == ran - {"data"}   # data: counts only, not brief
 
 
 def _png(width: int = 40, height: int = 30) -> str:
@@ -244,6 +494,13 @@ FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-
          "--disable-background-networking", "--disable-component-update", "--disable-sync"]
 
 
+#: appended to a copy of a page: after the load event (every image decoded or failed), the
+#: body records how many images the browser rendered ("loaded/total")
+_PROBE = ('<script>addEventListener("load", () => {const i = [...document.images]; '
+          'document.body.dataset.figures = i.filter(x => x.complete && x.naturalWidth > 0)'
+          '.length + "/" + i.length;});</script>')
+
+
 @pytest.mark.skipif(CHROMIUM is None, reason="chromium is not installed (Debian package "
                     "'chromium'; .ci/run installs it where apt-get is available)")
 def test_reports_render_in_headless_chromium(tmp_path):
@@ -262,11 +519,20 @@ def test_reports_render_in_headless_chromium(tmp_path):
     artefacts = ROOT / ".tmp" / "test_report"
     artefacts.mkdir(parents=True, exist_ok=True)
     shutil.copy(shot, artefacts / "index.png")
-    dom = chromium("--dump-dom", (html_dir / "02_tightness.html").as_uri()).stdout
-    assert "02 · Tiny tightness" in dom
-    sources = _img_sources(dom)
-    assert sources, "the report's figure is in the rendered DOM"
-    for src in sources:
-        assert src.startswith("data:image/png;base64,")
-        width, height = _png_size(src)
-        assert width > 0 and height > 0
+    index = chromium("--dump-dom", (html_dir / "index.html").as_uri()).stdout
+    links = re.findall(r'<a href="([^"]+)"', index)
+    assert links == ["01_data.html", "02_tightness.html"]   # every report that ran
+    for link in links:   # every figure of every linked report is rendered by the browser
+        page = (html_dir / link).read_text()
+        probe = html_dir / f"probe_{link}"
+        probe.write_text(page.replace("</body>", _PROBE + "</body>"))
+        dom = chromium("--virtual-time-budget=10000", "--dump-dom", probe.as_uri()).stdout
+        assert "Tiny" in dom
+        loaded = re.search(r'data-figures="(\d+)/(\d+)"', dom)
+        assert loaded, f"{link}: the page did not finish loading"
+        assert int(loaded.group(2)) > 0 and loaded.group(1) == loaded.group(2), (
+            f"{link}: {loaded.group(1)} of {loaded.group(2)} figures rendered")
+        for src in _img_sources(dom):
+            assert src.startswith("data:image/png;base64,")
+            width, height = _png_size(src)
+            assert width > 0 and height > 0

@@ -1,6 +1,7 @@
 """The SpecFormer study's library: method configs, attacks table, step timing, figures."""
 
 import dataclasses
+from pathlib import Path
 
 import pandas as pd
 import pytest
@@ -8,11 +9,15 @@ import torch
 from matplotlib.figure import Figure
 
 from attncert import specformer as sf
+from attncert.data import DataUnavailable, load_sample
 from attncert.figures import specformer as figs
 from attncert.models import ViTConfig, build_vit
 from attncert.msvp import exact_head_sigma
 from attncert.paper import SPECFORMER_TABLE1
+from attncert.params import load_params
 from attncert.train import TrainConfig, evaluate
+
+ROOT = Path(__file__).resolve().parents[1]
 
 BASE = ViTConfig(image_size=8, channels=1, patch=4, dim=8, depth=2, heads=2, mlp_hidden=8,
                  num_classes=3, kind="standard", block="prenorm", attn_bias=True,
@@ -147,3 +152,80 @@ def test_subset_train_is_seeded_and_named():
     assert len(sub["train"]["y"]) == 10 and "10 of 32" in sub["source"]
     torch.testing.assert_close(sub["train"]["x"], sf.subset_train(data, 10, 1)["train"]["x"])
     assert sub["test"] is data["test"]
+
+
+# -- the paper-scale CIFAR grid, on the mirror's 20 CIFAR-10 images --------------------------
+
+#: The only knobs shrunk: model size, epochs, batch size, attack steps, attacked images.
+TINY = {"dim": 8, "depth": 1, "heads": 2, "mlp_hidden": 8, "epochs": 1, "adv_epochs": 1,
+        "batch_size": 10, "eval_batch_size": 10, "adv_steps": 1, "attack_steps": 2,
+        "n_eval": 20}
+
+
+@pytest.mark.parametrize("dataset,num_classes", [("cifar10", 10), ("cifar100", 100)])
+def test_paper_scale_cifar_grid_code_path(dataset, num_classes, mirror, tmp_path):
+    """The paper-scale ``specformer`` params (CIFAR-10 and CIFAR-100: 3 x 32 x 32, patch 4,
+    crop_flip, 2/255 and 8/255 attacks, L2 PGD, MSVP, PGD adversarial training) through the
+    notebook's own calls, with only the size knobs of :data:`TINY` shrunk.
+
+    A code-path check, not a measurement: the mirror's 20 real CIFAR-10 test images stand in
+    for both splits (train = test = the 20 images), labelled with CIFAR-10's 10 classes or
+    CIFAR-100's 100 (the labels 0-9 are valid in both). On a GPU box the same calls run on the
+    torchvision downloads of the full datasets.
+    """
+    paper = load_params(ROOT / "params.yaml")["specformer"]
+    assert paper.datasets == ["cifar10", "cifar100"] and dataset in paper.datasets
+    p = dataclasses.replace(paper, **TINY)
+    try:
+        sample = load_sample("cifar10_sample", mirror, tmp_path / "raw")
+    except DataUnavailable as exc:
+        pytest.skip(str(exc))
+    classes = sample["classes"] if num_classes == 10 else [f"c{i}" for i in range(100)]
+    data = sf.subset_train({"train": sample["test"], "test": sample["test"],
+                            "mean": sample["mean"], "std": sample["std"], "classes": classes,
+                            "source": f"{dataset}-shaped {sample['source']}"},
+                           p.max_train, 0)
+
+    # the notebook's calls, in its order (notebooks/05_specformer.py)
+    specs = sf.attack_specs(p.std_eps_255, p.adv_eval_eps_255, p.attack_steps, p.l2_eps)
+    standard, adversarial = sf.train_configs(
+        epochs=p.epochs, adv_epochs=p.adv_epochs, batch_size=p.batch_size, lr=p.lr,
+        weight_decay=p.weight_decay, warmup_steps=p.warmup_steps, augment=p.augment,
+        eval_batch_size=p.eval_batch_size, adv_eps_255=p.adv_eps_255, adv_steps=p.adv_steps,
+        seed=0)
+    plan = sf.run_plan(p.methods, p.adv_methods, standard, adversarial)
+    base = sf.base_model_config(data, p.patch, p.dim, p.depth, p.heads, p.mlp_hidden, p.block)
+    x, y = sf.eval_split(data, p.n_eval)
+    rows = []
+    for training, method, cfg in plan:
+        model_cfg = sf.method_model_config(method, base, p.lipsformer_alpha)
+        train_cfg = sf.method_train_config(method, cfg, p.msvp_lambda)
+        assert (model_cfg.channels, model_cfg.image_size, model_cfg.patch) == (3, 32, 4)
+        assert model_cfg.num_classes == num_classes
+        assert train_cfg.augment == "crop_flip"
+        assert train_cfg.msvp_enabled == (method == "specformer")
+        assert train_cfg.adversarial == ("pgd_linf" if training == "adversarial" else "none")
+        model, curves, status = sf.train_run(model_cfg, train_cfg, data, dataset,
+                                             tmp_path / f"{dataset}-{training}-{method}")
+        assert status == "fresh" and len(curves) == 1
+        with torch.no_grad():
+            assert model(x[:2]).shape == (2, num_classes)
+        got = sf.robust_accuracy(model, x, y, specs, p.eval_batch_size, 0)
+        assert [r["attack"] for r in got] == [s.label for s in specs]
+        rows += [{"dataset": dataset, "training": training, "method": method, **r} for r in got]
+
+    assert len(plan) == 2 * 5 and len(x) == 20
+    assert [s.label for s in specs] == [
+        "clean", "FGSM 2/255", "PGD-2 2/255", "CW-2 8/255", "PGD-2 8/255",
+        *[f"L2-PGD-2 {e:g}" for e in paper.l2_eps]]
+    df = pd.DataFrame(rows)
+    assert len(df) == len(plan) * len(specs)
+    assert not df.duplicated(["training", "method", "attack"]).any()
+    assert df["accuracy"].between(0, 1).all()
+    for _, run in df.groupby(["training", "method"]):
+        clean = run.loc[run["kind"] == "clean", "accuracy"].item()
+        assert (run["accuracy"] <= clean + 1e-12).all()
+    table = sf.comparison_table(rows, SPECFORMER_TABLE1, "cifar10")
+    assert len(table) == len(plan)
+    if dataset == "cifar10":  # the labels meet SpecFormer Table 1's columns
+        assert (dataset, "PGD-2 2/255", "paper") in table.columns

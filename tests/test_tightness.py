@@ -20,6 +20,7 @@ from attncert.tightness import (  # noqa: E402
     paper_table3_frame,
     random_attention_layer,
     study_layer,
+    summary_metrics,
     table3,
 )
 
@@ -132,3 +133,25 @@ def test_study_layer_from_checkpoint_projects_the_trained_inputs(tmp_path):
     with pytest.raises(ValueError, match="no attention layer"):
         study_layer(str(tmp_path / "m.pt"), str(tmp_path / "toy.pt"), 0, 0, 0, 4,
                     0.0, 0.0, 0, layer=5)
+
+
+def test_summary_metrics_keep_the_series_of_figures_3_and_4(layer):
+    """The figures stage draws Figures 3-4 from the metrics: the series are there, as the
+    frames' means."""
+    from attncert.figures.summary import ablation_frames, plot_ablations
+
+    w, x = layer
+    t3 = table3(w, x[:2], eps_list=EPS, pgd_steps=5, pgd_restarts=1)
+    f1 = figure1_single_head(w, x[:2], eps_list=EPS, pgd_steps=5, pgd_restarts=1)
+    f3 = figure3_weight_perturbation(w, x[:2], sizes=(0.1, 1.0), eps=0.05, samples=2,
+                                     pgd_steps=5, pgd_restarts=1)
+    f4 = figure4_input_norm(w, x[:2], scales=(0.5, 2.0), eps=0.05, pgd_steps=5, pgd_restarts=1)
+    m = summary_metrics(t3, f1, f3, f4, "tiny")
+    assert m["fig3_eps"] == 0.05 and set(m["fig3_ratio"]) == set(f3.target)
+    assert m["fig3_ratio"]["W^V"]["1"] == pytest.approx(
+        f3[(f3.target == "W^V") & (f3["size"] == 1.0)].ratio.mean())
+    assert set(m["fig4_ratio_to_pgd"]) == {"LoFAST(M)", "LoFAST(xi)", "naive"}
+    assert m["fig4_input_norm"]["2"] == pytest.approx(4 * m["fig4_input_norm"]["0.5"])
+    fig3, fig4 = ablation_frames(m)
+    assert len(fig3) == 5 * 2 and len(fig4) == 3 * 2 and fig4.input_norm.notna().all()
+    assert isinstance(plot_ablations(fig3, fig4, m["fig3_eps"]), Figure)

@@ -13,9 +13,11 @@ Headline rows (:func:`headline_rows`) are plain dicts::
 
     {"key", "label", "ours", "paper", "source", "unit", "brief"}
 
-``ours`` is the metrics file's number as written (accuracies stay fractions), ``paper`` the
-paper's number in the same unit where the paper gives one (``source`` names the table),
-``unit`` one of :data:`UNITS`, and ``brief`` marks the rows shown in README and index.html.
+``ours`` is the metrics file's number as written (accuracies stay fractions, or percentages
+with unit "percent" where the stage writes them so), ``paper`` the paper's number in the same
+unit where the paper gives one (``source`` names the table), ``unit`` one of :data:`UNITS`,
+and ``brief`` marks the rows shown in README and index.html. The summary also carries the
+brief rows as nested mappings (``headline``), since ``dvc metrics show`` skips lists.
 """
 
 from __future__ import annotations
@@ -44,14 +46,14 @@ NOTEBOOK_DIR = "reports/notebooks"
 FIGURES_STAGE = "figures"
 README_START = "<!-- results:start -->"
 README_END = "<!-- results:end -->"
-UNITS = ("fraction", "ratio", "seconds", "count", "value")
+UNITS = ("fraction", "percent", "ratio", "seconds", "count", "value")
 #: generic reader: at most this many numeric leaves of an unknown metrics file
 GENERIC_MAX_ROWS = 200
 GENERIC_BRIEF_ROWS = 8
 
-__all__ = ["StageRun", "stage_runs", "collect", "headline_rows", "summary", "render_results",
-           "replace_section", "update_readme", "notebook_html", "external_refs", "html_export",
-           "index_html", "main"]
+__all__ = ["StageRun", "stage_runs", "collect", "headline_rows", "summary", "headline_metrics",
+           "render_results", "replace_section", "update_readme", "notebook_html",
+           "external_refs", "html_export", "index_html", "main"]
 
 
 class MissingMetricsError(FileNotFoundError):
@@ -326,6 +328,95 @@ def _certvit_rows(m: Mapping, item: Mapping) -> list[dict]:
     return rows
 
 
+#: text model names as notebooks/06_text.py builds them: "olsa-L<depth>-g<gamma>" is OLSA
+_OLSA_NAME = re.compile(r"olsa-L(\d+)-g")
+#: the depth of OLSA's headline model (OLSA section 5: a 3-layer OLSA on SST and Yelp)
+OLSA_PAPER_DEPTH = 3
+
+
+def _text_rows(m: Mapping, item: Mapping) -> list[dict]:
+    """Per SST-2 model: test accuracy, average certified radius per bound variant (OLSA's SST
+    radius beside every 3-layer OLSA), certified accuracy per eps, certification cost."""
+    ref, shi = paper.OLSA_AVG_RADIUS["sst"], paper.OLSA_SHI_AVG_RADIUS["sst"]
+    src = f"OLSA section 5 ({OLSA_PAPER_DEPTH}-layer OLSA, SST; Shi et al.: {shi:g})"
+    rows = []
+    for name, r in m.get("models", {}).items():
+        base = f"models/{name}"
+        rows.append(_row(f"{base}/test_acc", f"{name} test accuracy", r["test_acc"], "fraction",
+                         brief=True))
+        if r.get("family") == "none":   # no certificate: radius and certified accuracy are 0
+            continue
+        match = _OLSA_NAME.match(name) if r["family"] == "olsa" else None
+        olsa_ref = ref if match and int(match.group(1)) == OLSA_PAPER_DEPTH else None
+        radii = r.get("avg_radius", {})
+        best = max(radii, key=radii.get) if radii else None
+        for variant, radius in radii.items():
+            rows.append(_row(f"{base}/avg_radius/{variant}",
+                             f"{name} average certified radius ({variant})", radius, "value",
+                             olsa_ref, src, brief=variant == best))
+        for eps, acc in r.get("certified_acc", {}).items():
+            rows.append(_row(f"{base}/certified_acc/{eps}", f"{name} certified at eps {eps}",
+                             acc, "fraction"))
+        if "cert_seconds_per_batch" in r:
+            rows.append(_row(f"{base}/cert_seconds_per_batch",
+                             f"{name} certification seconds per batch of "
+                             f"{r.get('cert_batch_size', '?')}", r["cert_seconds_per_batch"],
+                             "seconds"))
+    for key, label in (("n_certified", "certified test sentences"),
+                       ("broken", "broken certificates")):
+        if key in m:
+            rows.append(_row(key, label, m[key], "count"))
+    return rows
+
+
+def _crown_rows(m: Mapping, item: Mapping) -> list[dict]:
+    """LoFAST Tables 1-2 as the crown stage writes them (accuracies in %), per depth: certified
+    accuracy and seconds per sample of LoFAST and CROWN, LoFAST first with CROWN on the rest,
+    the CROWN / LoFAST speed ratio; LoFAST's numbers beside where the dataset is the paper's."""
+    t1, t2 = paper.LOFAST_TABLE1, paper.LOFAST_TABLE2.get(m.get("dataset"), {})
+    cifar = m.get("dataset") == "cifar10"
+    crown_src = "LoFAST Table 1 (alpha,beta-CROWN)"
+    rows = [_row(f"trained/L{t['depth']}/test_acc", f"L{t['depth']} clean accuracy",
+                 t["test_acc"], "percent") for t in m.get("trained", [])]
+    for rec in m.get("table1", []):
+        d, method = rec["depth"], rec["method"]
+        lofast = method == "LoFAST"
+        for k in (k for k in rec if k.startswith("acc_")):
+            i = _eps_match(k[4:], t1["eps"])
+            per_depth = t1["lofast" if lofast else "crown"].get(d) if cifar else None
+            ref = per_depth[i] if per_depth and i is not None else None
+            rows.append(_row(f"table1/L{d}/{method}/{k}", f"L{d} {method} certified at eps "
+                             f"{k[4:]}", rec[k], "percent", ref,
+                             "LoFAST Table 1" if lofast else crown_src, brief=True))
+        secs = t1["lofast_seconds" if lofast else "crown_seconds"].get(d) if cifar else None
+        rows.append(_row(f"table1/L{d}/{method}/seconds_per_sample",
+                         f"L{d} {method} seconds per sample", rec["seconds_per_sample"],
+                         "seconds", secs, "LoFAST Table 1" if lofast else crown_src, brief=True))
+    for rec in m.get("table2", []):
+        d, eps = rec["depth"], f"{rec['eps']:g}"
+        i = _eps_match(eps, paper.LOFAST_TABLE_EPS[:2]) if d == 3 else None
+        for key, label, ref_key, unit, j in (
+                ("crown_acc", f"{rec['method']} alone", "CROWN", "percent", 0),
+                ("crown_seconds", f"{rec['method']} alone seconds", "CROWN", "seconds", 1),
+                ("combined_acc", f"LoFAST + {rec['method']}", "CROWN+LoFAST", "percent", 0),
+                ("combined_seconds", f"LoFAST + {rec['method']} seconds", "CROWN+LoFAST",
+                 "seconds", 1)):
+            ref = t2[ref_key][i][j] if t2 and i is not None else None
+            rows.append(_row(f"table2/L{d}/{rec['method']}/{eps}/{key}",
+                             f"L{d} {label} at eps {eps}", rec[key], unit, ref,
+                             "LoFAST Table 2", brief=key == "combined_acc"))
+    for d, ratio in m.get("crown_over_lofast_seconds", {}).items():
+        lo, cr = t1["lofast_seconds"].get(int(d)), t1["crown_seconds"].get(int(d))
+        rows.append(_row(f"crown_over_lofast_seconds/{d}", f"L{d} CROWN / LoFAST seconds",
+                         ratio, "ratio", cr / lo if lo and cr else None,
+                         "LoFAST Table 1 (alpha,beta-CROWN / LoFAST seconds, CIFAR-10)",
+                         brief=True))
+    for key, label in (("n", "certified test points"), ("broken", "broken certificates")):
+        if key in m:
+            rows.append(_row(key, label, m[key], "count"))
+    return rows
+
+
 def _generic_rows(m: Any, item: Mapping, prefix: str = "", depth: int = 0) -> list[dict]:
     """Every numeric leaf of a metrics file (dicts up to 3 levels; lists are skipped)."""
     rows: list[dict] = []
@@ -350,6 +441,8 @@ READERS: dict[str, Callable[[Mapping, Mapping], list[dict]]] = {
     "certify_vit": _certify_vit_rows,
     "specformer": _specformer_rows,
     "certvit": _certvit_rows,
+    "text": _text_rows,
+    "crown": _crown_rows,
 }
 
 
@@ -363,7 +456,8 @@ def summary(params: Params, stages: Mapping[str, Any], root: str | Path = ".",
     """Headline numbers of every stage declared in ``stages`` (dvc.yaml), from its metrics.
 
     Returns ``{"scale", "order", "stages": {name: {"status", "metrics", "missing", "runs",
-    "rows"}}}`` (``order``: the stages in dvc.yaml's order):
+    "rows"}}, "headline"}`` (``order``: the stages in dvc.yaml's order; ``headline``:
+    :func:`headline_metrics`):
     status "ok" (every metrics file there), "partial" (some grid points missing) or
     "not run"; ``metrics``/``missing`` list the paths read / absent; ``runs`` the grid points
     of a matrix stage (None otherwise); ``rows`` the headline rows, with ``run`` for matrix
@@ -392,7 +486,25 @@ def summary(params: Params, stages: Mapping[str, Any], root: str | Path = ".",
             if name in required:
                 raise MissingMetricsError(f"{name}: required metrics missing: "
                                           f"{entry['missing'][0]}")
-    return {"scale": params["base"].scale, "order": list(out), "stages": out}
+    return {"scale": params["base"].scale, "order": list(out), "stages": out,
+            "headline": headline_metrics(out)}
+
+
+def headline_metrics(stages: Mapping[str, Any]) -> dict[str, Any]:
+    """The brief rows' numbers as nested mappings, what ``dvc metrics show`` prints of the
+    summary: ``{stage: {key: ours}}``, ``{stage: {run: {key: ours}}}`` for a matrix stage
+    (rows without a number of ours are left out)."""
+    out: dict[str, Any] = {}
+    for name, entry in stages.items():
+        for r in entry["rows"]:
+            if not r["brief"] or not isinstance(r["ours"], int | float) \
+                    or isinstance(r["ours"], bool):
+                continue
+            into = out.setdefault(name, {})
+            if r.get("run"):
+                into = into.setdefault(r["run"], {})
+            into[r["key"]] = r["ours"]
+    return out
 
 
 def write_summary(path: str | Path, data: Mapping[str, Any]) -> None:
@@ -408,6 +520,8 @@ def fmt(value: Any, unit: str) -> str:
         return "–"
     if unit == "fraction":
         return f"{100 * value:.1f}%"
+    if unit == "percent":
+        return f"{value:.1f}%"
     if unit == "seconds":
         return f"{value:.3g} s"
     if unit == "count":

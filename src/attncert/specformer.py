@@ -31,14 +31,15 @@ import torch
 from torch import Tensor, nn
 
 from attncert import attacks, runs
-from attncert.data import subset_indices
+from attncert.data import as_float, subset_indices
 from attncert.models import ViT, ViTConfig, build_vit
 from attncert.msvp import MSVP, exact_head_sigma, sigma_rows
 from attncert.train import TrainConfig, step_loss, train
 
-__all__ = ["ATTACKS", "METHODS", "AttackSpec", "comparison_table", "data_config",
-           "max_sigma_frame", "method_model_config", "method_train_config", "robust_accuracy",
-           "step_time_ratios", "step_times", "subset_train", "train_run"]
+__all__ = ["ATTACKS", "METHODS", "AttackSpec", "attack_specs", "base_model_config",
+           "comparison_table", "data_config", "eval_split", "max_sigma_frame",
+           "method_model_config", "method_train_config", "robust_accuracy", "run_plan",
+           "step_time_ratios", "step_times", "subset_train", "train_configs", "train_run"]
 
 METHODS = ("vanilla", "specformer", "l2former", "lnformer", "lipsformer")
 ATTACKS = ("clean", "fgsm", "pgd_linf", "cw_linf", "pgd_l2")
@@ -83,6 +84,37 @@ def train_run(model_cfg: ViTConfig, train_cfg: TrainConfig, data: Mapping[str, A
     curves = train(model, data["train"], data["test"], train_cfg, ckpt_dir, device,
                    progress=False)
     return model.eval(), curves, status
+
+
+def base_model_config(data: Mapping[str, Any], patch: int, dim: int, depth: int, heads: int,
+                      mlp_hidden: int, block: str) -> ViTConfig:
+    """The standard ViT every method starts from (:func:`method_model_config`): a class token,
+    biased attention projections, (x - mean) / std inside the model, sized by ``data``."""
+    return data_config(data, patch=patch, dim=dim, depth=depth, heads=heads,
+                       mlp_hidden=mlp_hidden, kind="standard", block=block, pool="cls",
+                       attn_bias=True)
+
+
+def train_configs(*, epochs: int, adv_epochs: int, batch_size: int, lr: float,
+                  weight_decay: float, warmup_steps: int, augment: str, eval_batch_size: int,
+                  adv_eps_255: float, adv_steps: int, seed: int
+                  ) -> tuple[TrainConfig, TrainConfig]:
+    """(standard, adversarial): AdamW with a cosine schedule; the adversarial one is the same
+    for ``adv_epochs`` with PGD adversarial training at l_inf ``adv_eps_255`` / 255."""
+    standard = TrainConfig(epochs=epochs, batch_size=batch_size, lr=lr,
+                           weight_decay=weight_decay, warmup_steps=warmup_steps,
+                           augment=augment, eval_batch_size=eval_batch_size, seed=seed)
+    adversarial = dataclasses.replace(standard, epochs=adv_epochs, adversarial="pgd_linf",
+                                      adv_eps=adv_eps_255 / 255, adv_steps=adv_steps)
+    return standard, adversarial
+
+
+def run_plan(methods: Sequence[str], adv_methods: Sequence[str], standard: TrainConfig,
+             adversarial: TrainConfig) -> list[tuple[str, str, TrainConfig]]:
+    """(training, method, train config before :func:`method_train_config`) of every run on
+    one dataset: "standard" for each of ``methods``, then "adversarial" for ``adv_methods``."""
+    return [("standard", m, standard) for m in methods] + [
+        ("adversarial", m, adversarial) for m in adv_methods]
 
 
 def method_model_config(method: str, base: ViTConfig, lipsformer_alpha: float) -> ViTConfig:
@@ -149,6 +181,26 @@ class AttackSpec:
               "pgd_l2": attacks.pgd_l2}[self.attack]
         kwargs = {"restarts": 1} if self.attack == "pgd_l2" else {}
         return fn(model, x, y, self.eps, self.steps, generator=generator, **kwargs)[1]
+
+
+def attack_specs(std_eps_255: float, adv_eval_eps_255: float, attack_steps: int,
+                 l2_eps: Sequence[float]) -> list[AttackSpec]:
+    """Every model's attacks: clean; FGSM and PGD-2 at l_inf ``std_eps_255`` / 255 (SpecFormer
+    Table 1); CW-n and PGD-n (n = ``attack_steps``) at l_inf ``adv_eval_eps_255`` / 255 (its
+    Table 2); L2 PGD-n at each radius of ``l2_eps`` (pixels)."""
+    std_eps, adv_eval_eps = std_eps_255 / 255, adv_eval_eps_255 / 255
+    return [AttackSpec("clean"), AttackSpec("fgsm", std_eps, 1),
+            AttackSpec("pgd_linf", std_eps, 2),
+            AttackSpec("cw_linf", adv_eval_eps, attack_steps),
+            AttackSpec("pgd_linf", adv_eval_eps, attack_steps),
+            *[AttackSpec("pgd_l2", e, attack_steps) for e in l2_eps]]
+
+
+def eval_split(data: Mapping[str, Any], n_eval: int) -> tuple[Tensor, Tensor]:
+    """The first ``n_eval`` test images (all of them if fewer) as floats in [0, 1], and their
+    labels: the points every attack of :func:`robust_accuracy` is run on."""
+    n = min(n_eval, len(data["test"]["y"]))
+    return as_float(data["test"]["x"][:n]), data["test"]["y"][:n]
 
 
 def robust_accuracy(model: nn.Module, x: Tensor, y: Tensor, specs: Sequence[AttackSpec],

@@ -381,10 +381,14 @@ def study_layer(checkpoint: str, inputs: str, n: int, d: int, h: int, samples: i
 
 def summary_metrics(t3: pd.DataFrame, f1_single: pd.DataFrame, f3: pd.DataFrame,
                     f4: pd.DataFrame, layer_source: str) -> dict:
-    """Headline numbers of the study for DVC metrics."""
+    """Headline numbers of the study for DVC metrics, and the series of Figures 3 and 4 (the
+    figures stage draws them from here): LoFAST(M) / PGD per perturbed target and size (mean
+    over the random draws), every bound / PGD per input scale, with the mean input norm."""
     def ratios(df, method):
         sel = df[df.method == method]
         return {f"{e:g}": float(r) for e, r in zip(sel.eps, sel.ratio_to_pgd, strict=True)}
+
+    bounds4 = f4[f4.method != "PGD"]
 
     return {
         "layer": layer_source,
@@ -398,4 +402,12 @@ def summary_metrics(t3: pd.DataFrame, f1_single: pd.DataFrame, f3: pd.DataFrame,
             .ratio_max.max()),
         "fig3_ratio_max": float(f3.ratio.max()),
         "fig4_lofast_M_over_pgd_max": float(f4[f4.method == "LoFAST(M)"].ratio_to_pgd.max()),
+        "fig3_eps": float(f3.eps.iloc[0]),
+        "fig3_ratio": {t: {f"{k:g}": float(r) for k, r in sub.groupby("size").ratio.mean().items()}
+                       for t, sub in f3.groupby("target", sort=False)},
+        "fig4_input_norm": {f"{k:g}": float(v)
+                            for k, v in f4.groupby("scale").input_norm.first().items()},
+        "fig4_ratio_to_pgd": {m: {f"{k:g}": float(r)
+                                  for k, r in zip(sub.scale, sub.ratio_to_pgd, strict=True)}
+                              for m, sub in bounds4.groupby("method", sort=False)},
     }

@@ -16,10 +16,12 @@ from matplotlib.figure import Figure
 
 from attncert import paper
 
-__all__ = ["tightness_frame", "plot_tightness", "certified_frame", "certified_csv_frame",
-           "paper_certified_frame", "plot_certified_grid", "tradeoff_frame", "plot_tradeoff",
-           "cost_frame", "plot_cost", "specformer_frame", "plot_specformer", "headline_frame",
-           "plot_headline"]
+__all__ = ["tightness_frame", "plot_tightness", "ablation_frames", "plot_ablations",
+           "certified_frame", "certified_csv_frame",
+           "paper_certified_frame", "plot_certified_grid", "tradeoff_frame",
+           "paper_tradeoff_frame", "plot_tradeoff", "cost_frame", "plot_cost",
+           "specformer_frame", "plot_specformer", "text_certified_frame",
+           "plot_text_certified", "crown_frame", "plot_crown", "headline_frame", "plot_headline"]
 
 OURS = "ours"
 #: the pairwise test is the paper's (LoFAST eq. 27/28 at the last layer)
@@ -55,6 +57,44 @@ def plot_tightness(df: pd.DataFrame) -> Figure:
     ax.axhline(1.0, color="grey", lw=0.8)
     ax.set(yscale="log", ylabel="bound / PGD lower bound",
            title="LoFAST Table 3: tightness on one attention layer")
+    return fig
+
+
+def ablation_frames(m: Mapping) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """LoFAST Figures 3 and 4 from the tightness metrics: (target, size, ratio) LoFAST(M) /
+    PGD per perturbed weight or X and perturbation size, and (method, scale, input_norm,
+    ratio) every bound / PGD per input scale (empty where the metrics have no such series)."""
+    fig3 = pd.DataFrame([{"target": t, "size": float(k), "ratio": r}
+                         for t, per in m.get("fig3_ratio", {}).items() for k, r in per.items()],
+                        columns=["target", "size", "ratio"])
+    norms = m.get("fig4_input_norm", {})
+    fig4 = pd.DataFrame([{"method": meth, "scale": float(k), "input_norm": norms.get(k),
+                          "ratio": r}
+                         for meth, per in m.get("fig4_ratio_to_pgd", {}).items()
+                         for k, r in per.items()],
+                        columns=["method", "scale", "input_norm", "ratio"])
+    return fig3, fig4
+
+
+def plot_ablations(fig3: pd.DataFrame, fig4: pd.DataFrame, eps: float | None = None) -> Figure:
+    """LoFAST Figures 3 (perturbing W^Q, W^K, W^V, W^O or X) and 4 (the input norm): bound /
+    PGD lower bound, 1 = exact."""
+    _style()
+    fig, (a3, a4) = plt.subplots(1, 2, figsize=(11, 3.8), constrained_layout=True)
+    if len(fig3):
+        sns.lineplot(fig3, x="size", y="ratio", hue="target", style="target", markers=True,
+                     ax=a3)
+    a3.set(xlabel="perturbation size (Frobenius)", ylabel="LoFAST(M) / PGD",
+           title="Figure 3: perturbed weights and inputs")
+    if len(fig4):
+        sns.lineplot(fig4, x="input_norm", y="ratio", hue="method", style="method",
+                     markers=True, ax=a4)
+    a4.set(xscale="log", yscale="log", xlabel=r"mean $\|X\|$", ylabel="bound / PGD",
+           title="Figure 4: tightness vs input norm")
+    for ax in (a3, a4):
+        ax.axhline(1.0, color="grey", ls=":", lw=1)
+    if eps is not None:
+        fig.suptitle(f"LoFAST Figures 3-4 at eps = {eps:g}")
     return fig
 
 
@@ -122,26 +162,49 @@ def tradeoff_frame(points: Mapping[str, Mapping], test: str = "pairwise") -> pd.
     return pd.DataFrame(rows, columns=["run", "dataset", "variant", "eps", "clean", "certified"])
 
 
-def plot_tradeoff(df: pd.DataFrame) -> Figure:
+def paper_tradeoff_frame(datasets: Sequence[str]) -> pd.DataFrame:
+    """(dataset, eps, clean, certified, source): CertViT Table 1's (clean, certified) pair of
+    every dataset in ``datasets`` it reports (MNIST, CIFAR-10; accuracies as fractions)."""
+    refs = {"mnist": paper.CERTVIT_MNIST, "cifar10": paper.CERTVIT_CIFAR10}
+    rows = [{"dataset": ds, "eps": refs[ds]["eps"], "clean": refs[ds]["clean"] / 100,
+             "certified": refs[ds]["certified"] / 100, "source": f"paper: CertViT Table 1 ({ds})"}
+            for ds in dict.fromkeys(datasets) if ds in refs]
+    return pd.DataFrame(rows, columns=["dataset", "eps", "clean", "certified", "source"])
+
+
+def plot_tradeoff(df: pd.DataFrame, papers: pd.DataFrame | None = None) -> Figure:
     """Certified vs clean accuracy across the grid, one panel per eps (a point is a grid
-    point and a variant; the diagonal is the ceiling: certified <= clean)."""
+    point and a variant; the diagonal is the ceiling: certified <= clean); the papers'
+    (clean, certified) pairs as labelled stars on the panel of their eps."""
     _style()
     d = df.assign(clean=100 * df["clean"], certified=100 * df["certified"])
     g = sns.relplot(d, x="clean", y="certified", hue="variant", style="dataset", col="eps",
                     col_wrap=min(4, d["eps"].nunique()), height=3, s=50)
-    for ax in g.axes.flat:
+    for eps, ax in g.axes_dict.items():
         ax.plot([0, 100], [0, 100], color="grey", lw=0.8, ls=":")
+        if papers is None:
+            continue
+        sel = papers[(papers["eps"] - eps).abs() < 1e-9]
+        for i, r in enumerate(sel.itertuples()):
+            ax.scatter([100 * r.clean], [100 * r.certified], marker="*", s=110,
+                       color=f"C{7 + i}", zorder=5, label=r.source)
+        if len(sel):
+            ax.legend(loc="upper left", fontsize="x-small")
     g.set_axis_labels("clean accuracy (%)", "certified accuracy (%)")
     g.figure.suptitle("Certified vs clean accuracy across the grid", y=1.02)
     return g.figure
 
 
 # -- cost --------------------------------------------------------------------------------------
-def cost_frame(points: Mapping[str, Mapping]) -> pd.DataFrame:
+def cost_frame(points: Mapping[str, Mapping], crown: Mapping | None = None) -> pd.DataFrame:
     """(run, method, seconds, source): seconds per sample of every certificate, every grid
-    point, and LoFAST Table 1's LoFAST and alpha,beta-CROWN seconds (CIFAR-10, by depth)."""
+    point, the crown stage's LoFAST and CROWN seconds by depth (``crown``: its metrics), and
+    LoFAST Table 1's LoFAST and alpha,beta-CROWN seconds (CIFAR-10, by depth)."""
     rows = [{"run": run, "method": key, "seconds": s, "source": OURS}
             for run, m in points.items() for key, s in m.get("seconds_per_sample", {}).items()]
+    rows += [{"run": None, "method": f"{r['method']} L={r['depth']} (crown stage)",
+              "seconds": r["seconds_per_sample"], "source": OURS}
+             for r in (crown or {}).get("table1", [])]
     t1 = paper.LOFAST_TABLE1
     for name, key in (("LoFAST", "lofast_seconds"), ("alpha,beta-CROWN", "crown_seconds")):
         rows += [{"run": None, "method": f"{name} L={d}", "seconds": s,
@@ -191,6 +254,70 @@ def plot_specformer(df: pd.DataFrame) -> Figure:
     return g.figure
 
 
+# -- text: certified accuracy vs eps per model (LoFAST Figure 5 analog) -----------------------
+def text_certified_frame(m: Mapping) -> pd.DataFrame:
+    """(model, family, eps, accuracy %) of every certified SST-2 model of the text metrics
+    (the audit's certified accuracy: each model's largest sound radius)."""
+    rows = [{"model": name, "family": r.get("family"), "eps": float(e), "accuracy": 100 * a}
+            for name, r in m.get("models", {}).items() if r.get("family") != "none"
+            for e, a in r.get("certified_acc", {}).items()]
+    return pd.DataFrame(rows, columns=["model", "family", "eps", "accuracy"])
+
+
+def plot_text_certified(df: pd.DataFrame) -> Figure:
+    """Certified accuracy vs eps (l2 in each model's embedding space), one line per model,
+    one panel per family (LoFAST's small-BERT grid is the Figure 5 analog)."""
+    _style()
+    g = sns.relplot(df, x="eps", y="accuracy", hue="model", col="family", kind="line",
+                    markers=True, height=3.2, aspect=1.2)
+    g.set_axis_labels("eps (l2, embedding space)", "certified accuracy (%)")
+    g.figure.suptitle("SST-2: certified accuracy vs eps per model (LoFAST Figure 5 analog)",
+                      y=1.03)
+    return g.figure
+
+
+# -- CROWN: LoFAST Tables 1-2 ------------------------------------------------------------------
+def crown_frame(m: Mapping) -> pd.DataFrame:
+    """(table, depth, method, eps, accuracy %, seconds, source) of the crown metrics (Table 1:
+    LoFAST and CROWN; Table 2: LoFAST first with CROWN on the rest) and LoFAST Tables 1-2's
+    numbers (alpha,beta-CROWN in Table 1; a "-" of either is a missing row)."""
+    ours = f"{OURS} ({m.get('dataset')})"
+    rows = [{"table": "Table 1", "depth": r["depth"], "method": r["method"],
+             "eps": float(k[4:]), "accuracy": r[k], "seconds": r["seconds_per_sample"],
+             "source": ours}
+            for r in m.get("table1", []) for k in r if k.startswith("acc_")]
+    rows += [{"table": "Table 2", "depth": r["depth"], "method": f"LoFAST + {r['method']}",
+              "eps": float(r["eps"]), "accuracy": r["combined_acc"],
+              "seconds": r["combined_seconds"], "source": ours} for r in m.get("table2", [])]
+    t1 = paper.LOFAST_TABLE1
+    for key, method in (("lofast", "LoFAST"), ("crown", "alpha,beta-CROWN")):
+        rows += [{"table": "Table 1", "depth": d, "method": method, "eps": e, "accuracy": a,
+                  "seconds": t1[f"{key}_seconds"][d], "source": "paper: LoFAST Table 1 (cifar10)"}
+                 for d, accs in t1[key].items()
+                 for e, a in zip(t1["eps"], accs, strict=True)]
+    names = {"CROWN": "CROWN", "CROWN+LoFAST": "LoFAST + CROWN"}   # ours' names
+    for ds, per in paper.LOFAST_TABLE2.items():
+        rows += [{"table": "Table 2", "depth": 3, "method": names[method], "eps": e,
+                  "accuracy": a,
+                  "seconds": sec, "source": f"paper: LoFAST Table 2 ({ds})"}
+                 for method, vals in per.items()
+                 for e, (a, sec) in zip(paper.LOFAST_TABLE_EPS[:2], vals, strict=True)]
+    cols = ["table", "depth", "method", "eps", "accuracy", "seconds", "source"]
+    return pd.DataFrame(rows, columns=cols).dropna(subset=["accuracy"]).reset_index(drop=True)
+
+
+def plot_crown(df: pd.DataFrame) -> Figure:
+    """Certified accuracy vs eps per method and depth, ours solid and the paper's dashed, one
+    panel per depth (LoFAST Tables 1-2 as curves)."""
+    _style()
+    d = df.assign(depth="L=" + df["depth"].astype(str))
+    g = sns.relplot(d, x="eps", y="accuracy", hue="method", style="source", col="depth",
+                    kind="line", markers=True, height=3.2, aspect=1.1)
+    g.set_axis_labels("eps (pixel-space l2)", "certified accuracy (%)")
+    g.figure.suptitle("LoFAST vs CROWN and LoFAST + CROWN (LoFAST Tables 1-2)", y=1.03)
+    return g.figure
+
+
 # -- any stage's headline rows (CertViT, OLSA, CROWN) ------------------------------------------
 def headline_frame(rows: Sequence[Mapping], brief_only: bool = False) -> pd.DataFrame:
     """summary.json rows as a table: quantity, ours, paper (accuracies in %), paper source."""
@@ -201,7 +328,8 @@ def headline_frame(rows: Sequence[Mapping], brief_only: bool = False) -> pd.Data
 
     return pd.DataFrame({
         "run": [r.get("run") or "" for r in keep],
-        "quantity": [r["label"] + (" (%)" if r["unit"] == "fraction" else "") for r in keep],
+        "quantity": [r["label"] + (" (%)" if r["unit"] in ("fraction", "percent") else "")
+                     for r in keep],
         "ours": [scaled(r, r["ours"]) for r in keep],
         "paper": [scaled(r, r["paper"]) for r in keep],
         "paper source": [r["source"] or "" for r in keep]})
