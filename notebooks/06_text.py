@@ -39,8 +39,12 @@ gamma_ablation = [0.0]
 epochs = 1
 batch_size = 64
 lr = 1e-3
+vanilla_lr = 1e-3
 warmup_steps = 0
 logit_scale = 10.0
+olsa_alpha1 = 4.0
+olsa_residual = "averaged"
+olsa_residual_init = 0.5
 lofast_layers = [1]
 lofast_heads = [2]
 lofast_gamma_vo = [0.5]
@@ -114,12 +118,15 @@ display(Markdown(
 # One job per model: OLSA at every depth (gamma as set), the gamma ablation at the deepest
 # OLSA (OLSA Table 2 analog), Kim et al.'s L2 attention and a standard transformer of the same
 # size, LoFAST's small-BERT grid (layers x heads x gamma_vo), OLSA over the frozen encoder.
+# Every OLSA-family model (OLSA, Kim-L2, the frozen head) starts from alpha1 = `olsa_alpha1`
+# and uses the `olsa_residual` residual (OLSA's averaged one, or a trainable gate).
 # Each trains in `results_dir/ckpt/<name>` (resumed when the settings match).
 
 # %%
 vocab = tok.vocab_size
 deep = max(olsa_depths)
-olsa = dict(vocab_size=vocab, max_len=max_len, dim=hidden, heads=heads)
+olsa_layer = dict(alpha1=olsa_alpha1, residual=olsa_residual, residual_init=olsa_residual_init)
+olsa = dict(vocab_size=vocab, max_len=max_len, dim=hidden, heads=heads, **olsa_layer)
 jobs = {f"olsa-L{d}-g{gamma:g}": ("olsa", OLSAClassifier, dict(olsa, depth=d),
                                   dict(epochs=epochs, lr=lr, gamma=gamma))
         for d in olsa_depths}
@@ -132,7 +139,7 @@ jobs[f"kim-l2-L{deep}-g{gamma:g}"] = ("olsa", OLSAClassifier,
 jobs[f"vanilla-L{deep}"] = ("none", StandardTextTransformer,
                             dict(vocab_size=vocab, max_len=max_len, dim=hidden, depth=deep,
                                  heads=heads, mlp_hidden=2 * hidden),
-                            dict(epochs=epochs, lr=lr, gamma=0.0))
+                            dict(epochs=epochs, lr=vanilla_lr, gamma=0.0))
 jobs |= {f"lofast-L{L}-H{H}-vo{vo:g}": (
     "lofast", LipschitzTextTransformer,
     dict(config=TextTransformerConfig(vocab_size=vocab, max_len=max_len, dim=lofast_dim,
@@ -142,7 +149,7 @@ jobs |= {f"lofast-L{L}-H{H}-vo{vo:g}": (
     dict(epochs=lofast_epochs, lr=lofast_lr, gamma=0.0))
     for L in lofast_layers for H in lofast_heads for vo in lofast_gamma_vo}
 jobs["frozen-olsa"] = ("olsa", FrozenEncoderOLSA,
-                       dict(source=frozen_source, heads=heads, max_len=max_len),
+                       dict(source=frozen_source, heads=heads, max_len=max_len, **olsa_layer),
                        dict(epochs=frozen_epochs, lr=lr, gamma=0.0))
 frozen_splits = splits
 if frozen_source != tokenizer:

@@ -46,6 +46,10 @@ def test_yaml_12_semantics(tmp_path):
         ("base", "scale", "huge", r"^base\.scale: unknown value 'huge'"),
         ("base", "seed", 1.5, r"^base\.seed: expected int, got float"),
         ("base", "seed", True, r"^base\.seed: expected int, got bool"),
+        ("text", "olsa_residual", "gate", r"^text\.olsa_residual: unknown value 'gate'"),
+        ("text", "olsa_residual_init", 1.0, r"^text\.olsa_residual_init: must be in \(0, 1\)"),
+        ("text", "olsa_residual_init", 0.0, r"^text\.olsa_residual_init: must be in \(0, 1\)"),
+        ("text", "olsa_alpha1", 0.0, r"^text\.olsa_alpha1: must be > 0"),
     ],
 )
 def test_invalid_values_name_the_key(raw, section, key, value, match):

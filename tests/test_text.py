@@ -2,6 +2,7 @@
 
 import math
 import sys
+import types
 
 import pytest
 import torch
@@ -9,6 +10,7 @@ import torch
 from attncert import certify
 from attncert.bounds import olsa_layer_lipschitz
 from attncert.data import read_sst2_tsv
+from attncert.params import TEXT_OLSA_RESIDUALS
 from attncert.text import tokenize
 from attncert.text.attacks import audit_embeddings, pgd_embeddings
 from attncert.text.models import (
@@ -18,6 +20,7 @@ from attncert.text.models import (
     TextTransformerConfig,
 )
 from attncert.text.olsa import (
+    RESIDUALS,
     GroupSort,
     L2Attention,
     OLSAAttention,
@@ -290,6 +293,74 @@ def test_olsa_layer_bound_holds_everywhere(attention):
     assert _pgd_ratio(f, x0[:8] / 3, mask[:8], bound[:8], steps=100) <= 1 + 1e-9
 
 
+
+def _logit(b):
+    return math.log(b / (1 - b))
+
+
+@pytest.mark.parametrize("attention", ["olsa", "l2"])
+def test_gated_residual_at_one_half_is_the_averaged_layer(attention):
+    torch.manual_seed(2)
+    averaged = OLSALayer(8, 2, radius=4.0, attention=attention, max_len=6, alpha1=0.5).double()
+    _random_weights_(averaged, 0.2)
+    gated = OLSALayer(8, 2, radius=4.0, attention=attention, max_len=6, alpha1=0.5,
+                      residual="gated", residual_init=0.5).double()
+    missing, unexpected = gated.load_state_dict(averaged.state_dict(), strict=False)
+    assert sorted(missing) == ["theta_att", "theta_ff"] and not unexpected
+    gated.theta_att.requires_grad_(False)
+    gated.theta_ff.requires_grad_(False)
+    mask = _mask(16, 6, 3)
+    x = torch.randn(16, 6, 8, generator=_gen(4), dtype=F64) * 3
+    assert torch.equal(gated(x, mask), averaged(x, mask))
+    assert torch.equal(gated.lipschitz(mask.sum(1)), averaged.lipschitz(mask.sum(1)))
+
+
+@pytest.mark.parametrize("attention", ["olsa", "l2"])
+@pytest.mark.parametrize("b", [1e-3, 0.1, 0.5, 0.9, 0.999])
+def test_gated_layer_bound_holds_for_every_gate(attention, b):
+    """(|1 - b_a| + b_a L_att) (|1 - b_f| + b_f L_ff) from the forward pass's own b dominates
+    random pairs and gradient ascent on the ratio, gates near 0 and 1 included (b_f = 1 - b_a,
+    weights perturbed off orthogonal so neither sublayer is exactly 1-Lipschitz)."""
+    torch.manual_seed(3)
+    layer = OLSALayer(8, 2, radius=4.0, attention=attention, max_len=6, alpha1=0.5,
+                      residual="gated", residual_init=b).double()
+    _random_weights_(layer, 0.2)
+    with torch.no_grad():
+        layer.theta_ff.fill_(_logit(1 - b))
+    mask = _mask(32, 6, 3)
+    n = mask.sum(1)
+    bound = layer.lipschitz(n)
+    b_a, b_f = torch.sigmoid(layer.theta_att).item(), torch.sigmoid(layer.theta_ff).item()
+    assert b_a == pytest.approx(b) and b_f == pytest.approx(1 - b)
+    l_ff = (torch.linalg.svdvals(layer.ff1.weight_effective().detach()).max()
+            * torch.linalg.svdvals(layer.ff2.weight_effective().detach()).max())
+    expect = (1 - b_a + b_a * layer.attn.lipschitz(n)) * (1 - b_f + b_f * float(l_ff))
+    assert torch.allclose(bound, expect, rtol=1e-9)
+
+    def f(z):
+        return layer(z, mask[: len(z)])
+
+    x0 = torch.randn(32, 6, 8, generator=_gen(4), dtype=F64) * 5
+    for step in (1e-4, 0.3, 3.0):
+        x1 = x0 + step * torch.randn(x0.shape, generator=_gen(5), dtype=F64)
+        assert (_ratio(f, x0, x1, mask) <= bound * (1 + 1e-9)).all()
+    assert _pgd_ratio(f, x0[:8] / 3, mask[:8], bound[:8], steps=100) <= 1 + 1e-9
+
+
+def test_gated_residual_trains_its_gates_and_rejects_bad_settings():
+    torch.manual_seed(4)
+    layer = OLSALayer(8, 2, radius=4.0, residual="gated", residual_init=0.1)
+    mask = _mask(4, 5, 1)
+    layer(torch.randn(4, 5, 8), mask).square().sum().backward()
+    assert layer.theta_att.grad is not None and layer.theta_ff.grad is not None
+    assert torch.sigmoid(layer.theta_att).item() == pytest.approx(0.1)
+    assert RESIDUALS == TEXT_OLSA_RESIDUALS  # params.py lists the same choices
+    with pytest.raises(ValueError, match="residual 'gate'"):
+        OLSALayer(8, 2, radius=4.0, residual="gate")
+    for init in (0.0, 1.0, -0.5, 1.5):
+        with pytest.raises(ValueError, match=r"residual_init must be in \(0, 1\)"):
+            OLSALayer(8, 2, radius=4.0, residual="gated", residual_init=init)
+
 def test_pooling_regulariser_radius_and_ramp():
     x = torch.randn(4, 5, 3, generator=_gen(6), dtype=F64)
     mask = _mask(4, 5, 2)
@@ -321,15 +392,17 @@ def _toy(n, vocab=12, max_len=8, seed=0):
     return {"ids": ids, "mask": mask, "y": y}
 
 
-def _olsa(attention="olsa"):
+def _olsa(attention="olsa", residual="averaged"):
     torch.manual_seed(0)
     return OLSAClassifier(12, max_len=8, dim=8, depth=2, heads=2, attention=attention,
-                          alpha1=1.0).double().eval()
+                          alpha1=1.0, residual=residual, residual_init=0.1).double().eval()
 
 
+@pytest.mark.parametrize("residual", ["averaged", "gated"])
 @pytest.mark.parametrize("attention", ["olsa", "l2"])
-def test_olsa_classifier_padding_embeddings_and_certificates(attention):
-    model = _olsa(attention)
+def test_olsa_classifier_padding_embeddings_and_certificates(attention, residual):
+    model = _olsa(attention, residual)
+    assert all(layer.residual == residual for layer in model.layers)
     data = _toy(16)
     ids, mask, y = data["ids"], data["mask"], data["y"]
     logits = model(ids, mask)
@@ -340,6 +413,8 @@ def test_olsa_classifier_padding_embeddings_and_certificates(attention):
                           logits)
     lip = model.lipschitz(mask)
     assert torch.allclose(lip, torch.ones_like(lip), rtol=1e-5)  # 1-Lipschitz by construction
+    layers = torch.stack([layer.lipschitz(mask.sum(1)) for layer in model.layers]).prod(0)
+    assert torch.allclose(lip, layers * model.head_lipschitz().item(), rtol=1e-9)
     radius = model.certified_radius(ids, mask, y)
     correct = logits.argmax(1) == y
     assert (radius[~correct] == 0).all() and (radius[correct] > 0).all()
@@ -397,6 +472,16 @@ def test_lofast_text_model_is_certified_by_certify_unchanged(block):
     assert not (success & (mine > 0)).any()
     with pytest.raises(ValueError, match="max_len"):
         model(ids[:, :5])
+
+
+def test_frozen_olsa_head_takes_alpha1_and_residual():
+    encoder = torch.nn.Linear(1, 1)
+    encoder.config = types.SimpleNamespace(hidden_size=8)  # only its width is read here
+    model = FrozenEncoderOLSA(heads=2, encoder=encoder, alpha1=7.0, residual="gated",
+                              residual_init=0.2)
+    (layer,) = model.layers
+    assert layer.residual == "gated" and layer.attn.alpha1.item() == pytest.approx(7.0)
+    assert torch.sigmoid(layer.theta_ff).item() == pytest.approx(0.2)
 
 
 def test_frozen_minilm_olsa_head(tokenizer):

@@ -35,11 +35,15 @@ def test_standard_transformer_takes_ids_or_embeddings():
     assert model(ids, mask).shape == (4, 2) and model(ids).shape == (4, 2)
 
 
-@pytest.mark.parametrize("family", ["olsa", "lofast", "none"])
+@pytest.mark.parametrize("family", ["olsa", "olsa-gated", "lofast", "none"])
 def test_evaluate_model_reads_out_everything_and_audits(family, tmp_path):
     torch.manual_seed(0)
     if family == "olsa":
         model = OLSAClassifier(12, max_len=8, dim=8, depth=1, heads=2)
+    elif family == "olsa-gated":  # the cpu profile's OLSA settings
+        model = OLSAClassifier(12, max_len=8, dim=8, depth=1, heads=2, alpha1=256.0,
+                               residual="gated", residual_init=0.1)
+        family = "olsa"
     elif family == "lofast":
         model = LipschitzTextTransformer(TextTransformerConfig(vocab_size=12, max_len=8, dim=8,
                                                                depth=1, heads=2, mlp_hidden=8))

@@ -376,6 +376,8 @@ class FiguresParams:
 
 #: Bound variants of attncert.certify usable on LoFAST's text transformer (pairwise test).
 TEXT_LOFAST_VARIANTS = ("lofast_M", "lofast_xi", "naive", "global")
+#: OLSA layer residuals (attncert.text.olsa.RESIDUALS; not imported: params stays torch-free).
+TEXT_OLSA_RESIDUALS = ("averaged", "gated")
 
 
 @dataclass(frozen=True)
@@ -396,9 +398,15 @@ class TextParams:
     gamma_ablation: list[float] = param(nonneg, unique, doc="gammas of the deepest OLSA")
     epochs: int = param(positive)
     batch_size: int = param(positive)
-    lr: float = param(positive)
+    lr: float = param(positive, doc="OLSA-family models (OLSA, Kim-L2, the frozen head)")
+    vanilla_lr: float = param(positive, doc="the standard transformer")
     warmup_steps: int = param(nonneg)
     logit_scale: float = param(positive, doc="CE temperature (loss only; never the certificate)")
+    olsa_alpha1: float = param(positive, doc="initial alpha1 of every OLSA attention (OLSA: 4)")
+    olsa_residual: str = param(one_of(*TEXT_OLSA_RESIDUALS),
+                               doc="averaged: OLSA's 0.5 x + 0.5 f(x); gated: trainable "
+                                   "(1 - b) x + b f(x), one b = sigmoid(theta) per sublayer")
+    olsa_residual_init: float = param(doc="initial b of the gated residual, in (0, 1)")
     lofast_layers: list[int] = param(positive, unique)
     lofast_heads: list[int] = param(positive, unique)
     lofast_gamma_vo: list[float] = param(positive, unique)
@@ -432,6 +440,9 @@ class TextParams:
             _fail("text.lofast_variants", "needs at least one variant")
         if self.gamma_ramp > 1:
             _fail("text.gamma_ramp", f"must be in [0, 1], got {self.gamma_ramp!r}")
+        if not 0 < self.olsa_residual_init < 1:
+            _fail("text.olsa_residual_init", f"must be in (0, 1) (b = sigmoid(theta)), got "
+                                             f"{self.olsa_residual_init!r}")
 
 
 #: LoFAST's certificate variants and the auto_LiRPA methods compared in stage ``crown``.

@@ -71,10 +71,12 @@ class _OLSAStack(nn.Module):
     """
 
     def __init__(self, dim: int, depth: int, heads: int, num_classes: int, radius: float,
-                 attention: str, max_len: int, alpha1: float, group_size: int, iters: int):
+                 attention: str, max_len: int, alpha1: float, group_size: int, iters: int,
+                 residual: str, residual_init: float):
         super().__init__()
         self.layers = nn.ModuleList(
-            OLSALayer(dim, heads, radius, attention, max_len, alpha1, group_size, iters)
+            OLSALayer(dim, heads, radius, attention, max_len, alpha1, group_size, iters,
+                      residual=residual, residual_init=residual_init)
             for _ in range(depth))
         self.norm = LayerProject(radius)
         self.head = SpectralNormLinear(dim, num_classes)
@@ -124,15 +126,18 @@ class OLSAClassifier(_OLSAStack):
     """OLSA text classifier (OLSA section 5; MATH.md section 7): see the module docstring.
 
     ``attention="l2"`` swaps in Kim et al.'s L2 attention (scaled to be 1-Lipschitz) for
-    comparison. The certified input is the normalised word embedding (B, L, dim).
+    comparison. ``alpha1`` is the initial alpha1 of every OLSA attention; ``residual`` and
+    ``residual_init`` choose every layer's residual (:class:`~attncert.text.olsa.OLSALayer`:
+    OLSA's averaged 0.5 x + 0.5 f(x), or a trainable gate started at b = residual_init).
+    The certified input is the normalised word embedding (B, L, dim).
     """
 
     def __init__(self, vocab_size: int, max_len: int = 32, dim: int = 256, depth: int = 3,
                  heads: int = 8, num_classes: int = 2, attention: str = "olsa",
                  token_norm: float = 2.0, alpha1: float = 4.0, group_size: int = 2,
-                 iters: int = 1):
+                 iters: int = 1, residual: str = "averaged", residual_init: float = 0.5):
         super().__init__(dim, depth, heads, num_classes, 2.0 * token_norm, attention, max_len,
-                         alpha1, group_size, iters)
+                         alpha1, group_size, iters, residual, residual_init)
         self.token_norm = float(token_norm)
         # raw norms ~1: Adam's fixed step size then turns the normalised directions usefully
         self.word = nn.Embedding(vocab_size, dim)
@@ -156,10 +161,11 @@ class FrozenEncoderOLSA(_OLSAStack):
     def __init__(self, source: str = PACKAGE_SOURCE, heads: int = 8, num_classes: int = 2,
                  depth: int = 1, max_len: int = 32, token_norm: float = 2.0,
                  alpha1: float = 4.0, group_size: int = 2, iters: int = 1,
+                 residual: str = "averaged", residual_init: float = 0.5,
                  encoder: nn.Module | None = None):
         encoder = load_encoder(source) if encoder is None else encoder
         super().__init__(encoder.config.hidden_size, depth, heads, num_classes, token_norm,
-                         "olsa", max_len, alpha1, group_size, iters)
+                         "olsa", max_len, alpha1, group_size, iters, residual, residual_init)
         self.token_norm = float(token_norm)
         self.encoder = encoder.requires_grad_(False).eval()
 

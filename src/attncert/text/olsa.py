@@ -12,7 +12,8 @@ Building blocks, each 1-Lipschitz in ||.||_F of the token matrix (or with a stat
 * :class:`L2Attention`: Kim et al. (2021) L2 multi-head attention (W^Q = W^K), divided by its
   Theorem 3.2 constant (:func:`attncert.bounds.kim_l2_attention_lipschitz`).
 * :class:`OLSALayer`: LayerProject onto the ball the bound assumes, then the averaged residual
-  0.5 x + 0.5 Att(x), then the averaged residual of a GroupSort feed-forward map.
+  0.5 x + 0.5 Att(x), then the averaged residual of a GroupSort feed-forward map (or, with
+  ``residual="gated"``, (1 - b) x + b f(x) with one trainable b = sigmoid(theta) per sublayer).
 * :func:`sqrt_mean_pool`: G(X) = (1/sqrt(n)) sum_i x_i (OLSA Theorem 4.2, 1-Lipschitz).
 
 The Lipschitz bound of the attention (:func:`olsa_attention_lipschitz`) is derived here for
@@ -58,6 +59,8 @@ from attncert.layers import LayerProject, spectral_norm_exact
 from attncert.train import logit_margin
 
 ATTENTIONS = ("olsa", "l2")
+#: averaged: OLSA's 0.5 x + 0.5 f(x); gated: (1 - b) x + b f(x), b = sigmoid(theta) trained
+RESIDUALS = ("averaged", "gated")
 
 
 # ---------------------------------------------------------------------------- orthogonality
@@ -340,37 +343,83 @@ class L2Attention(nn.Module):
 
 
 # ---------------------------------------------------------------------------- layer, pooling
+def mixed_residual_lipschitz(keep: float, mix: float, lip: Tensor | float) -> Tensor:
+    """float64 bound |keep| + |mix| Lip(f) on the Lipschitz constant of x -> keep x + mix f(x)
+    (triangle inequality); OLSA's averaged residual is keep = mix = 0.5 (MATH.md section 4)."""
+    return abs(keep) + abs(mix) * torch.as_tensor(lip, dtype=torch.float64)
+
+
 class OLSALayer(nn.Module):
-    """x <- Project_R(x); x <- 0.5 x + 0.5 Att(x); x <- 0.5 x + 0.5 W_2 GroupSort(W_1 x + b_1) + ...
+    """x <- Project_R(x); x <- (1 - b_a) x + b_a Att(x); x <- (1 - b_f) x + b_f FF(x),
+    FF(x) = W_2 GroupSort(W_1 x + b_1) + b_2.
 
     Project_R (LayerProject, per token) keeps clean and perturbed inputs in the ball the
-    attention bound assumes; both sublayers are averaged residuals (Lip 0.5 + 0.5 L); the
-    feed-forward map has orthogonal W_1, W_2, so it is 1-Lipschitz.
+    attention bound assumes; the feed-forward map has orthogonal W_1, W_2, so it is 1-Lipschitz.
+
+    ``residual="averaged"`` is OLSA's averaged residual, b_a = b_f = 0.5 (0.5 x + 0.5 f(x)).
+    ``residual="gated"`` trains one theta per sublayer, b = sigmoid(theta) in (0, 1), starting
+    at b = ``residual_init`` (0.5 is the averaged layer; a small b keeps the input and lets
+    training decide how much of each sublayer to mix in).
+
+    Soundness of the bound, for either choice: for any inputs x, x' and fixed coefficients
+    c = 1 - b and b (the forward pass's own values: they do not depend on the input),
+    ||(c x + b f(x)) - (c x' + b f(x'))|| <= |c| ||x - x'|| + |b| ||f(x) - f(x')||
+    <= (|c| + |b| Lip(f)) ||x - x'|| by the triangle inequality
+    (:func:`mixed_residual_lipschitz`); the projection is 1-Lipschitz and the sublayers compose,
+    so Lip <= (|1 - b_a| + |b_a| L_att(n)) (|1 - b_f| + |b_f| ||W_1|| ||W_2||). With 0 < b < 1
+    and 1-Lipschitz sublayers each factor is exactly 1, as for the averaged residual.
     """
 
     def __init__(self, dim: int, heads: int, radius: float, attention: str = "olsa",
-                 max_len: int = 32, alpha1: float = 4.0, group_size: int = 2, iters: int = 1):
+                 max_len: int = 32, alpha1: float = 4.0, group_size: int = 2, iters: int = 1,
+                 residual: str = "averaged", residual_init: float = 0.5):
         super().__init__()
         if attention not in ATTENTIONS:
             raise ValueError(f"attention {attention!r}: choose from {', '.join(ATTENTIONS)}")
+        if residual not in RESIDUALS:
+            raise ValueError(f"residual {residual!r}: choose from {', '.join(RESIDUALS)}")
+        if not 0 < residual_init < 1:
+            raise ValueError(f"residual_init must be in (0, 1) (b = sigmoid(theta)), got "
+                             f"{residual_init!r}")
+        self.residual = residual
         self.project = LayerProject(radius)
         self.attn = (OLSAAttention(dim, heads, radius, alpha1, iters)
                      if attention == "olsa" else L2Attention(dim, heads, max_len, iters))
         self.ff1 = OrthogonalLinear(dim, bias=True, iters=iters)
         self.ff2 = OrthogonalLinear(dim, bias=True, iters=iters)
         self.act = GroupSort(group_size)
+        if residual == "gated":
+            logit = math.log(residual_init / (1.0 - residual_init))  # sigmoid(logit) = init
+            self.theta_att = nn.Parameter(torch.tensor(logit))
+            self.theta_ff = nn.Parameter(torch.tensor(logit))
+
+    def residual_weights(self) -> tuple[tuple[Tensor | float, Tensor | float],
+                                        tuple[Tensor | float, Tensor | float]]:
+        """((1 - b_a, b_a), (1 - b_f, b_f)): the coefficients the forward pass applies."""
+        if self.residual == "averaged":
+            return (0.5, 0.5), (0.5, 0.5)
+        b_att, b_ff = torch.sigmoid(self.theta_att), torch.sigmoid(self.theta_ff)
+        return (1 - b_att, b_att), (1 - b_ff, b_ff)
 
     def forward(self, x: Tensor, mask: Tensor) -> Tensor:
+        (keep_a, mix_a), (keep_f, mix_f) = self.residual_weights()
         x = self.project(x)
-        x = 0.5 * x + 0.5 * self.attn(x, mask)
-        return 0.5 * x + 0.5 * self.ff2(self.act(self.ff1(x)))
+        x = keep_a * x + mix_a * self.attn(x, mask)
+        return keep_f * x + mix_f * self.ff2(self.act(self.ff1(x)))
 
     @torch.no_grad()
     def lipschitz(self, n: Tensor) -> Tensor:
-        """(B,) float64: 1 (projection) x (0.5 + 0.5 L_att) x (0.5 + 0.5 ||W_1|| ||W_2||)."""
+        """(B,) float64: 1 (projection) x (|1 - b_a| + |b_a| L_att) x (|1 - b_f| + |b_f|
+        ||W_1|| ||W_2||), with the forward pass's coefficients (class docstring)."""
         ff = spectral_norm_exact(self.ff1.weight_effective()) * spectral_norm_exact(
             self.ff2.weight_effective())
-        return (0.5 + 0.5 * self.attn.lipschitz(n)) * (0.5 + 0.5 * ff)
+        (keep_a, mix_a), (keep_f, mix_f) = (tuple(float(c) for c in pair)  # exact in float64
+                                            for pair in self.residual_weights())
+        return (mixed_residual_lipschitz(keep_a, mix_a, self.attn.lipschitz(n))
+                * mixed_residual_lipschitz(keep_f, mix_f, ff))
+
+    def extra_repr(self) -> str:
+        return f"residual={self.residual}"
 
 
 def sqrt_mean_pool(x: Tensor, mask: Tensor) -> Tensor:
