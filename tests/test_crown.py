@@ -103,3 +103,21 @@ def test_failures_are_rows_not_exceptions():
     assert rows[0]["status"] == "skipped" and rows[0]["seconds"] == 0.0
     assert rows[1]["status"] == "ok" and math.isfinite(rows[1]["margin_lower"])
     assert isinstance(pd.DataFrame(rows), pd.DataFrame)
+
+
+def test_time_limit_is_recorded_when_the_alarm_is_caught_and_rethrown():
+    """auto_LiRPA catches some errors and retries; a TimeLimit turned into a TypeError inside
+    the block must still be recorded as the time limit, not as an error."""
+    import time
+
+    from attncert.crown.bridge import TimeLimit, time_limit
+
+    with pytest.raises(TypeError), time_limit(0.05) as alarm:
+        try:
+            time.sleep(1.0)
+        except TimeLimit:
+            raise TypeError("a call retried after the alarm") from None
+    assert alarm.fired
+    with time_limit(5.0) as quiet:
+        pass
+    assert not quiet.fired

@@ -193,14 +193,27 @@ class TimeLimit(Exception):
     """A point ran past its time limit."""
 
 
+@dataclass
+class Alarm:
+    """Whether a :func:`time_limit` block's alarm went off."""
+
+    fired: bool = False
+
+
 @contextlib.contextmanager
-def time_limit(seconds: float) -> Iterator[None]:
+def time_limit(seconds: float) -> Iterator[Alarm]:
     """Raise :class:`TimeLimit` inside the block after ``seconds`` (0 = no limit). SIGALRM: the
-    main thread of a Unix process only (elsewhere the limit is not enforced)."""
+    main thread of a Unix process only (elsewhere the limit is not enforced).
+
+    Yields an :class:`Alarm`: code inside the block may catch the TimeLimit and raise another
+    error from it (auto_LiRPA retries some calls under ``except TypeError``), so the caller
+    checks ``fired`` rather than the exception's type."""
+    alarm = Alarm()
     usable = seconds > 0 and hasattr(signal, "setitimer")
     if usable:
         try:
             def on_alarm(_signum, _frame):
+                alarm.fired = True
                 raise TimeLimit(f"over {seconds:g} s")
 
             previous = signal.signal(signal.SIGALRM, on_alarm)
@@ -209,7 +222,7 @@ def time_limit(seconds: float) -> Iterator[None]:
     if usable:
         signal.setitimer(signal.ITIMER_REAL, seconds)
     try:
-        yield
+        yield alarm
     finally:
         if usable:
             signal.setitimer(signal.ITIMER_REAL, 0)
@@ -309,8 +322,9 @@ def certify_points(cert: CrownCertifier, x: Tensor, y: Tensor, eps_grid: Sequenc
             rows.append(row)
             continue
         t0 = time.perf_counter()
+        alarm = Alarm()
         try:
-            with time_limit(time_limit_s):
+            with time_limit(time_limit_s) as alarm:
                 lower = cert.margin_lower(x[i:i + 1], y[i:i + 1], eps_grid[j], method,
                                           alpha_iterations)
             worst = float(lower.min())
@@ -319,7 +333,8 @@ def certify_points(cert: CrownCertifier, x: Tensor, y: Tensor, eps_grid: Sequenc
             else:
                 row.update(status="ok", margin_lower=worst, certified=worst > 0)
         except Exception as exc:  # noqa: BLE001 (a failed point is a result: the paper's "-")
-            row.update(status=failure_status(exc), error=f"{type(exc).__name__}: {exc}"[:200])
+            status = "time_limit" if alarm.fired else failure_status(exc)
+            row.update(status=status, error=f"{type(exc).__name__}: {exc}"[:200])
         row["seconds"] = time.perf_counter() - t0
         rows.append(row)
     return rows
