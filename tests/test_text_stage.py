@@ -1,5 +1,7 @@
 """The SST-2 text stage's helpers (attncert.text.stage) and its figures, on toy sentences."""
 
+import json
+
 import matplotlib
 import pandas as pd
 import pytest
@@ -77,3 +79,18 @@ def test_figures_draw_from_saved_rows():
                           "test_acc": [0.7, 0.6], "avg_radius": [0.2, 0.1]})
     for fig in (figs.plot_certified_vs_eps(curves), figs.plot_accuracy_vs_radius(table)):
         assert isinstance(fig, Figure) and fig.axes
+
+
+def test_train_model_starts_over_on_other_training_data(tmp_path):
+    """The resume record holds the training data: a larger subset (max_train) retrains."""
+    model = StandardTextTransformer(12, max_len=8, dim=8, depth=1, heads=2, mlp_hidden=8)
+    cfg = TextTrainConfig(epochs=1, batch_size=16, logit_scale=5.0)
+    small, test = _toy(32), _toy(12, seed=1)
+    assert len(train_model(model, {"class": "none"}, small, test, cfg, tmp_path, "cpu")) == 1
+    first = (tmp_path / "spec.json").read_text()
+    train_model(model, {"class": "none"}, small, test, cfg, tmp_path, "cpu")
+    assert (tmp_path / "spec.json").read_text() == first  # same data: resumed
+    larger = _toy(48)
+    train_model(model, {"class": "none"}, larger, test, cfg, tmp_path, "cpu")
+    record = json.loads((tmp_path / "spec.json").read_text())
+    assert record["data"]["n"] == 48 and (tmp_path / "spec.json").read_text() != first

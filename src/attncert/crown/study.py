@@ -18,7 +18,7 @@ import pandas as pd
 import torch
 from torch import Tensor
 
-from attncert import certify
+from attncert import certify, runs
 from attncert.crown.bridge import CrownCertifier, certify_points
 from attncert.models import ViTConfig, build_vit
 from attncert.train import TrainConfig, evaluate, train
@@ -48,6 +48,10 @@ def train_model(data: Mapping[str, Any], p: Mapping[str, Any], depth: int, seed:
                       logit_scale=p["logit_scale"], seed=seed)
     n = p["max_train"] or len(data["train"]["y"])
     tr = {"x": data["train"]["x"][:n], "y": data["train"]["y"][:n]}
+    # a checkpoint of another model, config or training subset is cleared, never resumed
+    fp = runs.fingerprint(model.config, cfg, data.get("name", ""),
+                          f"{data.get('source', '')}; first {n} training images")
+    runs.prepare_checkpoint_dir(ckpt_dir, fp)
     curves = train(model, tr, data["test"], cfg, ckpt_dir, device, progress=False)
     seconds = sum(row["seconds"] for row in curves)
     return model.eval(), evaluate(model, data["test"], device)["acc"], seconds

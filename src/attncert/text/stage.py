@@ -16,6 +16,7 @@ Certificates per family:
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import json
 import shutil
 from collections.abc import Mapping, Sequence
@@ -71,9 +72,14 @@ def train_model(model: nn.Module, spec: Mapping[str, Any], train: Mapping[str, T
                 dev: Mapping[str, Tensor], config: TextTrainConfig, folder: str | Path,
                 device: torch.device | str) -> list[dict[str, Any]]:
     """:func:`train_text` in ``folder``, resumed when ``folder/spec.json`` records the same
-    model ``spec`` and training config, otherwise started over (the folder is cleared)."""
+    model ``spec``, training config and training data (its size and a hash of its token ids and
+    labels), otherwise started over (the folder is cleared)."""
     folder = Path(folder)
-    record = {"model": dict(spec), "train": dataclasses.asdict(config)}
+    digest = hashlib.sha256()
+    for key in ("ids", "mask", "y"):
+        digest.update(train[key].cpu().contiguous().numpy().tobytes())
+    record = {"model": dict(spec), "train": dataclasses.asdict(config),
+              "data": {"n": len(train["y"]), "sha256": digest.hexdigest()[:16]}}
     spec_path = folder / SPEC
     if folder.exists() and (not spec_path.is_file()
                             or json.loads(spec_path.read_text()) != record):
