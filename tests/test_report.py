@@ -536,3 +536,10 @@ def test_reports_render_in_headless_chromium(tmp_path):
             assert src.startswith("data:image/png;base64,")
             width, height = _png_size(src)
             assert width > 0 and height > 0
+
+
+def test_fmt_shows_a_failed_value_as_a_dash():
+    from attncert.report import fmt
+
+    assert fmt(float("nan"), "percent") == fmt(None, "fraction") == "–"
+    assert fmt(80.0, "percent") == "80.0%"

@@ -26,6 +26,7 @@ import argparse
 import html
 import itertools
 import json
+import math
 import re
 import shlex
 import sys
@@ -515,8 +516,9 @@ def write_summary(path: str | Path, data: Mapping[str, Any]) -> None:
 
 # ------------------------------------------------------------------ README section
 def fmt(value: Any, unit: str) -> str:
-    """One number as the README and index.html show it (fractions as percentages)."""
-    if value is None:
+    """One number as the README and index.html show it (fractions as percentages; a missing
+    or NaN value, e.g. a verifier that failed on every point, is the papers' dash)."""
+    if value is None or (isinstance(value, float) and math.isnan(value)):
         return "–"
     if unit == "fraction":
         return f"{100 * value:.1f}%"
