@@ -1,0 +1,250 @@
+"""A simulated accelerator for CPU-only test machines: device mismatches fail as on a GPU.
+
+On a machine without a GPU every tensor and every generator lives on the CPU, so code that
+draws with a CPU generator for GPU tensors, or mixes host and device tensors, passes every
+CPU test and raises only on the GPU. This module gives the tests a second device type,
+``simdev``, registered through PyTorch's Python backend hooks (the PrivateUse1 key):
+
+- ``SimTensor`` is a wrapper tensor whose ``.device`` is ``simdev:0`` and whose values live
+  in a CPU tensor inside it; every operator runs on that CPU tensor, so results are the CPU
+  results bit for bit.
+- ``simulated_device()`` is a context manager that enters a dispatch mode and replaces
+  ``torch.Generator`` with a subclass that remembers the device it was asked for. While it
+  is active, these raise ``DeviceError`` (the failures CUDA raises, or the host round trips
+  the project forbids):
+    * a random draw whose generator lives on another device than its output (CUDA: "Expected
+      a 'cuda' device type for generator");
+    * an operator that mixes simdev tensors with host tensors of one or more dimensions
+      (CUDA: "Expected all tensors to be on the same device"), apart from the mixes CUDA
+      accepts (host index tensors, copies);
+    * a tensor drawn on the host with an explicit (seeded) generator, or sliced, cast or
+      reshaped from one, and then copied to the device (a host draw and a transfer where a
+      draw on the device costs neither).
+  It also counts host synchronisations (``.item()``, ``float()``, ``bool()``, copies to the
+  host) so a test can bound them.
+
+Usage::
+
+    with simulated_device() as sim:
+        model = model.to(sim.device)
+        x = x.to(sim.device)
+        run_the_code(model, x)
+    sim.host_syncs  # number of device-to-host synchronisations seen
+"""
+
+from __future__ import annotations
+
+import contextlib
+import weakref
+from dataclasses import dataclass, field
+
+import torch
+from torch.overrides import TorchFunctionMode
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_flatten, tree_map
+
+NAME = "simdev"
+
+
+def _register() -> None:
+    from torch.utils.backend_registration import _setup_privateuseone_for_python_backend
+
+    if torch._C._get_privateuse1_backend_name() == "privateuseone":
+        _setup_privateuseone_for_python_backend(NAME)
+    if torch._C._get_privateuse1_backend_name() != NAME:
+        raise RuntimeError("the PrivateUse1 backend is already taken by another name")
+
+
+_register()
+DEVICE = torch.device(NAME, 0)
+_CPU = torch.device("cpu")
+
+# CUDA kernels that accept host tensors next to device tensors
+_MIXED_OK = {"aten::index", "aten::index_put", "aten::index_put_", "aten::_index_put_impl_",
+             "aten::copy_", "aten::_to_copy", "aten::lift_fresh", "aten::set_"}
+
+
+class DeviceError(RuntimeError):
+    """A device mismatch or host round trip that a GPU run would hit."""
+
+
+class SimTensor(torch.Tensor):
+    """A tensor that reports device simdev:0 and computes on the CPU tensor it wraps."""
+
+    elem: torch.Tensor
+    __torch_function__ = torch._C._disabled_torch_function_impl
+
+    @staticmethod
+    def __new__(cls, elem: torch.Tensor):
+        r = torch.Tensor._make_wrapper_subclass(
+            cls, elem.shape, strides=elem.stride(), storage_offset=elem.storage_offset(),
+            dtype=elem.dtype, layout=elem.layout, device=DEVICE, requires_grad=False)
+        r.elem = elem
+        return r
+
+    def __repr__(self) -> str:
+        return f"SimTensor({self.elem!r})"
+
+    @classmethod
+    def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
+        # only reached when no simulated_device() is active
+        raise DeviceError(f"{func} on a simdev tensor outside simulated_device()")
+
+
+class _SimGenerator(torch.Generator):
+    """A real CPU generator that remembers the device it was created for."""
+
+    def __new__(cls, device: str | torch.device | None = None):
+        dev = torch.device("cpu" if device is None else device)
+        if dev.type == NAME:
+            dev = DEVICE
+        gen = super().__new__(cls, "cpu" if dev.type == NAME else dev)
+        gen._sim_device = dev
+        return gen
+
+    def __init__(self, device=None):
+        pass
+
+    @property
+    def device(self) -> torch.device:
+        return self._sim_device
+
+
+def _is_sim(device) -> bool:
+    return device is not None and torch.device(device).type == NAME
+
+
+_FROM_DATA = {torch.tensor, torch.as_tensor, torch.asarray, torch.Tensor.new_tensor}
+
+
+def _device_of(t) -> torch.device:
+    return DEVICE if isinstance(t, SimTensor) else t.device
+
+
+def _gen_device(g) -> torch.device:
+    return getattr(g, "_sim_device", None) or g.device
+
+
+@dataclass
+class SimRecord:
+    device: torch.device = DEVICE
+    host_syncs: int = 0
+    draws_on_device: int = 0
+    errors: list[str] = field(default_factory=list)
+
+
+class _GeneratorCheck(TorchFunctionMode):
+    """Every call that takes a generator: the generator's device is the result's device.
+
+    Checked at the Python level, where the generator object still carries the device it was
+    created for (the dispatcher sees a plain CPU generator).
+    """
+
+    def __init__(self, fail, record: SimRecord):
+        super().__init__()
+        self.fail, self.record = fail, record
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if func is torch.Tensor.tolist and isinstance(args[0], SimTensor):
+            self.record.host_syncs += 1
+            return args[0].elem.tolist()
+        if func in _FROM_DATA and _is_sim(kwargs.get("device")):
+            # these build the host tensor below the dispatcher's Python key: build it on the
+            # host, then copy it over (as CUDA does)
+            data = args[0] if args else kwargs.pop("data")
+            if isinstance(data, SimTensor):
+                return func(data, *args[1:], **kwargs)
+            kwargs = {**kwargs, "device": _CPU}
+            return func(data, *args[1:], **kwargs).to(DEVICE)
+        out = func(*args, **kwargs)
+        flat, _ = tree_flatten((args, kwargs))
+        gens = [g for g in flat if isinstance(g, torch.Generator)]
+        if gens:
+            tensors = [t for t in flat if isinstance(t, torch.Tensor)]
+            res = out if isinstance(out, torch.Tensor) else (tensors[0] if tensors else None)
+            if res is not None:
+                out_dev, gen_dev = _device_of(res), _gen_device(gens[0])
+                if out_dev.type != gen_dev.type:
+                    self.fail(f"{getattr(func, '__name__', func)}: expected a '{out_dev.type}' "
+                              f"device type for generator but found '{gen_dev.type}'")
+                if out_dev.type == NAME:
+                    self.record.draws_on_device += 1
+        return out
+
+
+class _Mode(TorchDispatchMode):
+    def __init__(self, record: SimRecord):
+        super().__init__()
+        self.record = record
+        self._host_drawn: dict[int, weakref.ref] = {}
+
+    # -- host-drawn tensors (and what is sliced, cast or reshaped from them) --
+    def _mark(self, t: torch.Tensor) -> None:
+        key = id(t)
+        self._host_drawn[key] = weakref.ref(t, lambda _, k=key: self._host_drawn.pop(k, None))
+
+    def _is_host_drawn(self, t) -> bool:
+        ref = self._host_drawn.get(id(t))
+        return ref is not None and ref() is t
+
+    def _fail(self, msg: str):
+        self.record.errors.append(msg)
+        raise DeviceError(msg)
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = dict(kwargs or {})
+        name = func._schema.name
+        flat, _ = tree_flatten((args, kwargs))
+        tensors = [t for t in flat if isinstance(t, torch.Tensor)]
+        on_sim = any(isinstance(t, SimTensor) for t in tensors)
+        to_sim = isinstance(kwargs.get("device"), torch.device) and kwargs["device"].type == NAME
+        if to_sim:
+            kwargs["device"] = _CPU
+
+        if on_sim and name not in _MIXED_OK:
+            for t in tensors:
+                if not isinstance(t, SimTensor) and t.dim() > 0 and t.device.type != "meta":
+                    self._fail(f"{name}: expected all tensors on one device, found {NAME}:0 "
+                               f"and a host tensor of shape {tuple(t.shape)}")
+        if name == "aten::copy_" and isinstance(args[0], SimTensor):
+            src = args[1]
+            if not isinstance(src, SimTensor) and self._is_host_drawn(src):
+                self._fail("a tensor drawn at random on the host is copied to the device")
+        if name == "aten::_to_copy" and to_sim and tensors and self._is_host_drawn(tensors[0]):
+            self._fail("a tensor drawn at random on the host is copied to the device")
+        if name == "aten::_local_scalar_dense" and on_sim:
+            self.record.host_syncs += 1
+        to_host = (name == "aten::_to_copy" and on_sim and not to_sim
+                   and isinstance(kwargs.get("device"), torch.device)
+                   and kwargs["device"].type == "cpu")
+        if to_host:
+            self.record.host_syncs += 1
+
+        gen = kwargs.get("generator")
+        un = tree_map(lambda t: t.elem if isinstance(t, SimTensor) else t, (args, kwargs))
+        out = func(*un[0], **un[1])
+        # where the result lives: a new simdev tensor, the simdev inputs' device, or the host
+        keep_sim = (to_sim or (on_sim and not to_host)) and name != "aten::_local_scalar_dense"
+        if keep_sim:
+            return tree_map(lambda t: SimTensor(t) if isinstance(t, torch.Tensor) else t, out)
+        if not on_sim and isinstance(out, torch.Tensor):
+            first = args[0] if args else None
+            if gen is not None or (
+                    isinstance(first, torch.Tensor) and self._is_host_drawn(first)):
+                self._mark(out)
+        return out
+
+
+@contextlib.contextmanager
+def simulated_device():
+    """Run a block with the simulated accelerator (see the module docstring)."""
+    record = SimRecord()
+    real_generator = torch.Generator
+    torch.Generator = _SimGenerator
+    try:
+        mode = _Mode(record)
+        with _GeneratorCheck(mode._fail, record), mode:
+            yield record
+    finally:
+        torch.Generator = real_generator

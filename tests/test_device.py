@@ -1,0 +1,211 @@
+"""Every stage's random draws and tensors stay on the model's device (run on a simulated one).
+
+The code paths below run with their models and inputs on ``simdev`` (tests/simdevice.py), a
+second device type that computes on the CPU but fails like CUDA on a generator from another
+device, on host tensors mixed into device operators, and on host draws copied to the device.
+Where a path is seeded, its simdev result must equal its CPU result: the same generator
+stream on either device.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from simdevice import DeviceError, SimTensor, simulated_device
+
+from attncert import certify, tightness
+from attncert import specformer as sf
+from attncert.certvit import DRConfig, constrain, empirical_lipschitz
+from attncert.models.vit import ViTConfig, build_vit
+from attncert.msvp import MSVP
+from attncert.train import TrainConfig
+
+F64 = torch.float64
+
+
+def _host(t):
+    """A simdev result back on the host (tensors, lists, dicts, frames pass through)."""
+    if isinstance(t, SimTensor):
+        return t.elem
+    if isinstance(t, dict):
+        return {k: _host(v) for k, v in t.items()}
+    if isinstance(t, list | tuple):
+        return type(t)(_host(v) for v in t)
+    return t
+
+
+# -- the harness itself ---------------------------------------------------------------------
+
+
+def test_simulated_device_fails_like_a_gpu_and_passes_correct_code():
+    with simulated_device() as sim:
+        x = torch.ones(3, 4, device=sim.device)
+        g_dev = torch.Generator(device=x.device).manual_seed(0)
+        g_host = torch.Generator().manual_seed(0)
+        assert x.device.type == "simdev" and g_dev.device == x.device
+        # correct code: draws on the device with a device generator, host scalars, indexing
+        z = torch.randn(x.shape, generator=g_dev, device=x.device) + x * torch.tensor(2.0)
+        assert z.device == x.device and z[torch.tensor([0, 2])].shape == (2, 4)
+        torch.nn.init.normal_(torch.empty(2, 2, device=x.device), generator=g_dev)
+        bad = {
+            "generator": lambda: torch.randn(3, generator=g_host, device=x.device),
+            "host generator in place": lambda: torch.empty(2, device=x.device).uniform_(
+                generator=g_host),
+            "device generator, host draw": lambda: torch.rand(3, generator=g_dev),
+            "one device": lambda: x + torch.ones(3, 4),
+            "host draw copied": lambda: torch.randn(3, generator=g_host).double().to(x.device),
+        }
+        for fn in bad.values():
+            with pytest.raises(DeviceError):
+                fn()
+        syncs = sim.host_syncs
+        float(x.sum()), x.cpu(), x.tolist()
+        assert sim.host_syncs == syncs + 3
+    # the values are the CPU values: same generator stream on both devices
+    torch.testing.assert_close(z.elem, torch.randn(3, 4, generator=torch.Generator()
+                                                   .manual_seed(0)) + 2)
+
+
+# -- LoFAST tightness -----------------------------------------------------------------------
+
+
+def test_tightness_measurements_on_the_device():
+    w, x = tightness.random_attention_layer(n=4, d=8, h=2, seed=0, samples=2)
+    kw = dict(pgd_steps=3, pgd_restarts=1, seed=1)
+    ref3 = tightness.table3(w, x, eps_list=(0.05,), **kw)
+    ref_f3 = tightness.figure3_weight_perturbation(w, x, sizes=(0.1,), samples=1, **kw)
+    with simulated_device() as sim:
+        ws, xs = w.to(sim.device), x.to(sim.device)
+        t3 = tightness.table3(ws, xs, eps_list=(0.05,), **kw)
+        f1 = tightness.figure1_single_head(ws, xs, eps_list=(0.05,), **kw)
+        f3 = tightness.figure3_weight_perturbation(ws, xs, sizes=(0.1,), samples=1, **kw)
+        f4 = tightness.figure4_input_norm(ws, xs, scales=(0.5,), eps=0.05, **kw)
+    assert len(f1) and len(f4) and sim.draws_on_device > 0
+    assert t3.equals(ref3) and f3.equals(ref_f3)
+
+
+# -- certification of the Lipschitz ViT: certify_table and the PGD audit --------------------
+
+
+def _lipschitz_vit():
+    torch.manual_seed(0)
+    cfg = ViTConfig(image_size=8, channels=1, patch=4, dim=16, depth=2, heads=2, mlp_hidden=16,
+                    num_classes=3, kind="lipschitz", block="stream", gamma_vo=0.75,
+                    mean=(0.5,), std=(0.25,))
+    return build_vit(cfg).double().eval()
+
+
+def test_certify_table_and_audit_on_the_device():
+    model = _lipschitz_vit()
+    x = torch.rand(6, 1, 8, 8, generator=torch.Generator().manual_seed(0), dtype=F64)
+    y = torch.tensor([0, 1, 2, 0, 1, 2])
+    args = (["lofast_M", "naive"], ["pairwise"])
+    ref = certify.certify_table(model, x, y, *args, batch_size=4)
+    radii = {"lofast_M": torch.tensor(ref["radius_lofast_M_pairwise"].to_numpy())}
+    ref_rows, ref_broken = certify.audit(model, x, y, radii, [0.05, 0.5], steps=4, restarts=2)
+    with simulated_device() as sim:
+        dm = model.to(sim.device)
+        table = certify.certify_table(dm, x.to(sim.device), y.to(sim.device), *args,
+                                      batch_size=4)
+        rows, broken = certify.audit(dm, x.to(sim.device), y.to(sim.device),
+                                     {k: v.to(sim.device) for k, v in radii.items()},
+                                     [0.05, 0.5], steps=4, restarts=2)
+    assert sim.draws_on_device > 0
+    cols = [c for c in table.columns if not c.startswith("seconds") and c != "forward_seconds"]
+    assert table[cols].equals(ref[cols])
+    assert rows == ref_rows and torch.equal(_host(broken), ref_broken)
+
+
+# -- the text PGD audit (OLSA text classifier, embeddings space) ----------------------------
+
+
+def test_text_audit_on_the_device():
+    from attncert.text.attacks import audit_embeddings
+    from attncert.text.models import OLSAClassifier
+
+    torch.manual_seed(0)
+    model = OLSAClassifier(12, max_len=8, dim=8, depth=1, heads=2, attention="olsa",
+                           alpha1=1.0, residual="averaged", residual_init=0.1).double().eval()
+    g = torch.Generator().manual_seed(0)
+    ids = torch.randint(3, 12, (6, 8), generator=g)
+    ids[:, 0] = 1
+    mask = torch.ones(6, 8, dtype=torch.bool)
+    y = torch.tensor([0, 1, 0, 1, 0, 1])
+    radius = torch.full((6,), 0.1, dtype=F64)
+    ref = audit_embeddings(model, ids, mask, y, radius, [0.05, 1.0], steps=3, restarts=2)
+    with simulated_device() as sim:
+        rows = audit_embeddings(model.to(sim.device), ids.to(sim.device), mask.to(sim.device),
+                                y.to(sim.device), radius.to(sim.device), [0.05, 1.0], steps=3,
+                                restarts=2)
+    assert sim.draws_on_device > 0 and rows == ref
+
+
+# -- CertViT: the empirical-Lipschitz audit and the Douglas-Rachford record step ------------
+
+
+def _standard_vit():
+    torch.manual_seed(0)
+    return build_vit(ViTConfig(image_size=8, channels=1, patch=4, dim=16, depth=1, heads=2,
+                               mlp_hidden=16, num_classes=3, kind="standard", block="prenorm",
+                               attn_bias=True, mean=(0.3,), std=(0.4,))).eval()
+
+
+def test_certvit_audit_and_douglas_rachford_on_the_device():
+    model = _standard_vit()
+    x = torch.rand(4, 1, 8, 8, generator=torch.Generator().manual_seed(0))
+    cfg = DRConfig(max_pairs=16, iterations=2, batch_size=8, seed=3)
+    ref_emp = empirical_lipschitz(model, x, steps=2,
+                                  generator=torch.Generator().manual_seed(0))
+    ref_dr = constrain(model, x, cfg, include=["blocks.0.mlp.fc1"])
+    with simulated_device() as sim:
+        dm = model.to(sim.device)
+        emp = empirical_lipschitz(dm, x.to(sim.device), steps=2,
+                                  generator=torch.Generator(device=sim.device).manual_seed(0))
+        dr = constrain(dm, x, cfg, include=["blocks.0.mlp.fc1"])
+    assert sim.draws_on_device > 0 and emp == ref_emp
+    assert all(v.device.type == "simdev" for v in dr.weights.values())
+    for k, v in ref_dr.weights.items():
+        assert torch.equal(_host(dr.weights[k]), v)
+
+
+# -- SpecFormer: MSVP, the attacks of robust_accuracy and the step timer --------------------
+
+
+BASE = ViTConfig(image_size=8, channels=1, patch=4, dim=8, depth=1, heads=2, mlp_hidden=8,
+                 num_classes=3, kind="standard", block="prenorm", attn_bias=True,
+                 mean=(0.5,), std=(0.3,))
+
+
+def test_msvp_on_the_device():
+    torch.manual_seed(0)
+    model = build_vit(BASE)
+    ref = MSVP(model, generator=torch.Generator().manual_seed(1)).train()
+    ref_pen = ref()
+    with simulated_device() as sim:
+        dm = model.to(sim.device)
+        msvp = MSVP(dm, generator=torch.Generator(device=sim.device).manual_seed(1)).train()
+        pen = msvp()
+    assert pen.device.type == "simdev" and torch.equal(_host(pen), ref_pen)
+
+
+def test_specformer_attacks_and_step_times_on_the_device():
+    g = torch.Generator().manual_seed(0)
+    y = torch.randint(0, 3, (8,), generator=g)
+    x = torch.rand(8, 1, 8, 8, generator=g)
+    torch.manual_seed(0)
+    model = build_vit(sf.method_model_config("vanilla", BASE, 0.5)).eval()
+    specs = [sf.AttackSpec("clean"), sf.AttackSpec("fgsm", 0.1, 1),
+             sf.AttackSpec("pgd_linf", 0.1, 3), sf.AttackSpec("cw_linf", 0.1, 2),
+             sf.AttackSpec("pgd_l2", 1.0, 3)]
+    ref = sf.robust_accuracy(model, x, y, specs, batch_size=5, seed=0)
+    torch.manual_seed(0)
+    spec_model = build_vit(sf.method_model_config("specformer", BASE, 0.5))
+    cfg = sf.method_train_config("specformer", TrainConfig(lr=1e-2, adversarial="pgd_linf",
+                                                           adv_eps=0.03, adv_steps=2),
+                                 (1e-3,) * 3)
+    with simulated_device() as sim:
+        rows = sf.robust_accuracy(model.to(sim.device), x.to(sim.device), y.to(sim.device),
+                                  specs, batch_size=5, seed=0)
+        times = sf.step_times({"specformer": (spec_model.to(sim.device), cfg)},
+                              x.to(sim.device), y.to(sim.device), steps=1, rounds=1, warmup=0)
+    assert sim.draws_on_device > 0 and rows == ref and len(times) == 1
