@@ -87,8 +87,9 @@ class SimTensor(torch.Tensor):
 
     @classmethod
     def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
-        # only reached when no simulated_device() is active
-        raise DeviceError(f"{func} on a simdev tensor outside simulated_device()")
+        if not _ACTIVE:
+            raise DeviceError(f"{func} on a simdev tensor outside simulated_device()")
+        return _ACTIVE[-1].run(func, args, kwargs or {})
 
 
 class _SimGenerator(torch.Generator):
@@ -174,6 +175,9 @@ class _GeneratorCheck(TorchFunctionMode):
 
 
 class _Mode(TorchDispatchMode):
+    """Creations on simdev (factories, copies to it) and host operators; operators on simdev
+    tensors are left to ``SimTensor.__torch_dispatch__`` (both call :meth:`run`)."""
+
     def __init__(self, record: SimRecord):
         super().__init__()
         self.record = record
@@ -193,15 +197,29 @@ class _Mode(TorchDispatchMode):
         raise DeviceError(msg)
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        kwargs = dict(kwargs or {})
+        kwargs = kwargs or {}
+        dev = kwargs.get("device")
+        if not (isinstance(dev, torch.device) and dev.type == NAME):
+            if any(isinstance(t, SimTensor) for t in tree_flatten((args, kwargs))[0]):
+                return NotImplemented  # SimTensor.__torch_dispatch__ runs it
+            out = func(*args, **kwargs)
+            first = args[0] if args else None
+            if isinstance(out, torch.Tensor) and (kwargs.get("generator") is not None or (
+                    isinstance(first, torch.Tensor) and self._is_host_drawn(first))):
+                self._mark(out)
+            return out
+        return self.run(func, args, kwargs)
+
+    def run(self, func, args, kwargs):
+        kwargs = dict(kwargs)
         name = func._schema.name
-        flat, _ = tree_flatten((args, kwargs))
-        tensors = [t for t in flat if isinstance(t, torch.Tensor)]
+        tensors = [t for t in tree_flatten((args, kwargs))[0] if isinstance(t, torch.Tensor)]
         on_sim = any(isinstance(t, SimTensor) for t in tensors)
         to_sim = isinstance(kwargs.get("device"), torch.device) and kwargs["device"].type == NAME
         if to_sim:
             kwargs["device"] = _CPU
-
+            if name == "aten::_efficientzerotensor":  # forward-mode AD's zero tangents
+                return SimTensor(torch.zeros(*args, **kwargs))
         if on_sim and name not in _MIXED_OK:
             for t in tensors:
                 if not isinstance(t, SimTensor) and t.dim() > 0 and t.device.type != "meta":
@@ -213,27 +231,22 @@ class _Mode(TorchDispatchMode):
                 self._fail("a tensor drawn at random on the host is copied to the device")
         if name == "aten::_to_copy" and to_sim and tensors and self._is_host_drawn(tensors[0]):
             self._fail("a tensor drawn at random on the host is copied to the device")
-        if name == "aten::_local_scalar_dense" and on_sim:
-            self.record.host_syncs += 1
+        scalar = name == "aten::_local_scalar_dense"
         to_host = (name == "aten::_to_copy" and on_sim and not to_sim
                    and isinstance(kwargs.get("device"), torch.device)
                    and kwargs["device"].type == "cpu")
-        if to_host:
+        if scalar or to_host:
             self.record.host_syncs += 1
-
-        gen = kwargs.get("generator")
         un = tree_map(lambda t: t.elem if isinstance(t, SimTensor) else t, (args, kwargs))
-        out = func(*un[0], **un[1])
-        # where the result lives: a new simdev tensor, the simdev inputs' device, or the host
-        keep_sim = (to_sim or (on_sim and not to_host)) and name != "aten::_local_scalar_dense"
-        if keep_sim:
+        with torch._C._DisableFuncTorch():  # the CPU kernel itself, below torch.func's layers
+            out = func(*un[0], **un[1])
+        # the result lives on simdev unless it is a scalar or a copy to the host
+        if (to_sim or on_sim) and not (scalar or to_host):
             return tree_map(lambda t: SimTensor(t) if isinstance(t, torch.Tensor) else t, out)
-        if not on_sim and isinstance(out, torch.Tensor):
-            first = args[0] if args else None
-            if gen is not None or (
-                    isinstance(first, torch.Tensor) and self._is_host_drawn(first)):
-                self._mark(out)
         return out
+
+
+_ACTIVE: list[_Mode] = []
 
 
 @contextlib.contextmanager
@@ -241,10 +254,12 @@ def simulated_device():
     """Run a block with the simulated accelerator (see the module docstring)."""
     record = SimRecord()
     real_generator = torch.Generator
+    mode = _Mode(record)
     torch.Generator = _SimGenerator
+    _ACTIVE.append(mode)
     try:
-        mode = _Mode(record)
         with _GeneratorCheck(mode._fail, record), mode:
             yield record
     finally:
         torch.Generator = real_generator
+        _ACTIVE.remove(mode)

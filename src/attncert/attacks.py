@@ -13,6 +13,8 @@ import torch
 from torch import Tensor, nn
 from torch.nn import functional as F
 
+from attncert import rng
+
 LOSSES = ("ce", "margin")
 
 
@@ -50,12 +52,13 @@ def project(delta: Tensor, x: Tensor, eps: Tensor, norm: str) -> Tensor:
 
 
 def _random_start(x: Tensor, eps: Tensor, norm: str, g: torch.Generator | None) -> Tensor:
+    """Drawn on x's device with ``g`` (a generator on that device, see attncert.rng)."""
     if norm == "l2":  # uniform in the l2 ball
-        d = torch.randn(x.shape, generator=g, device="cpu", dtype=x.dtype).to(x.device)
-        u = torch.rand(x.shape[0], generator=g, dtype=x.dtype).to(x.device)
+        d = torch.randn(x.shape, generator=g, device=x.device, dtype=x.dtype)
+        u = torch.rand(x.shape[0], generator=g, device=x.device, dtype=x.dtype)
         r = u.pow(1.0 / x[0].numel()).reshape_as(eps)
         return d / _flat_norm(d).clamp_min(1e-12) * eps * r
-    u = torch.rand(x.shape, generator=g, dtype=x.dtype).to(x.device)
+    u = torch.rand(x.shape, generator=g, device=x.device, dtype=x.dtype)
     return (2 * u - 1) * eps
 
 
@@ -69,6 +72,7 @@ def pgd(model: nn.Module, x: Tensor, y: Tensor, eps: float | Tensor, norm: str, 
     """
     if norm not in ("l2", "linf") or loss not in LOSSES:
         raise ValueError(f"norm must be l2|linf and loss ce|margin, got {norm!r}, {loss!r}")
+    rng.check(generator, x.device, "pgd random starts")
     x, y = x.detach(), y.detach()
     e = _per_sample(eps, x)
     alpha = 2.5 * e / steps if step_size is None else _per_sample(step_size, x)

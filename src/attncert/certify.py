@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING
 import torch
 from torch import Tensor
 
-from attncert import bounds
+from attncert import bounds, rng
 from attncert.models.vit import Component, propagate
 
 if TYPE_CHECKING:
@@ -91,7 +91,7 @@ def precompute(model, x: Tensor, variants: Sequence[str] = VARIANTS,
         for c in attn:
             xk, w, res = inputs[c.name], weights[c.name], c.residual == "identity"
             if v in ("lofast_M", "lofast_xi"):
-                g = torch.Generator(device=xk.device).manual_seed(seed)
+                g = rng.generator(seed, xk.device)
                 per_layer[c.name] = bounds.lofast_terms(xk, w, res, v.split("_")[1],
                                                         generator=g)
             elif v == "naive":
@@ -259,7 +259,7 @@ def audit(model, x: Tensor, y: Tensor, radii: Mapping[str, Tensor], eps_grid: Se
 
     from attncert.attacks import pgd_l2
 
-    g = torch.Generator(device=x.device).manual_seed(seed)
+    g = rng.generator(seed, x.device)
     with torch.no_grad():
         correct = torch.cat([model(x[i:i + batch_size]).argmax(1) == y[i:i + batch_size]
                              for i in range(0, len(y), batch_size)]).cpu()

@@ -26,6 +26,7 @@ from typing import Any
 
 import torch
 
+from attncert import rng
 from attncert.io import torch_save
 
 MIRROR_ENV = "ATTNCERT_DATA_MIRROR"
@@ -179,8 +180,8 @@ def subset_indices(n: int, k: int, seed: int) -> torch.Tensor:
     """``k`` distinct indices of ``range(n)`` from a seeded permutation (all if k = 0 or k >= n)."""
     if k == 0 or k >= n:
         return torch.arange(n)
-    g = torch.Generator().manual_seed(seed)
-    return torch.randperm(n, generator=g)[:k].sort().values
+    # host indices into host data: a CPU generator by design
+    return torch.randperm(n, generator=rng.generator(seed, "cpu"))[:k].sort().values
 
 
 def channel_stats(x: torch.Tensor) -> tuple[list[float], list[float]]:

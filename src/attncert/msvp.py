@@ -29,6 +29,7 @@ from collections.abc import Mapping
 import torch
 from torch import Tensor, nn
 
+from attncert import rng
 from attncert.layers import linear_weight
 
 __all__ = ["MAPS", "MSVP", "exact_head_sigma", "find_attention_modules", "head_blocks",
@@ -82,8 +83,9 @@ class _HeadVectors(nn.Module):
         for which in _distinct_maps(module):
             w = head_blocks(module, which).detach()
             h, dh, d = w.shape
-            u = torch.randn(h, dh, generator=generator, dtype=torch.float64)
-            v = torch.randn(h, d, generator=generator, dtype=torch.float64)
+            rng.check(generator, w.device, "MSVP initial vectors")
+            u = torch.randn(h, dh, generator=generator, device=w.device, dtype=torch.float64)
+            v = torch.randn(h, d, generator=generator, device=w.device, dtype=torch.float64)
             self.register_buffer(f"u_{which}", _normalise(u).to(w))
             self.register_buffer(f"v_{which}", _normalise(v).to(w))
 

@@ -30,7 +30,7 @@ import pandas as pd
 import torch
 from torch import Tensor, nn
 
-from attncert import attacks, runs
+from attncert import attacks, rng, runs
 from attncert.data import as_float, subset_indices
 from attncert.models import ViT, ViTConfig, build_vit
 from attncert.msvp import MSVP, exact_head_sigma, sigma_rows
@@ -214,7 +214,7 @@ def robust_accuracy(model: nn.Module, x: Tensor, y: Tensor, specs: Sequence[Atta
     model.eval()
     rows = []
     for spec in specs:
-        g = torch.Generator().manual_seed(seed)
+        g = rng.generator(seed, x.device)
         broken = torch.cat([spec.run(model, x[i:i + batch_size], y[i:i + batch_size], g).cpu()
                             for i in range(0, len(y), batch_size)])
         rows.append({"attack": spec.label, "kind": spec.attack, "eps": spec.eps,
@@ -289,10 +289,10 @@ def step_times(models: Mapping[str, tuple[nn.Module, TrainConfig]], x: Tensor, y
     state = {}
     for name, (model, cfg) in models.items():
         m = copy.deepcopy(model).train()
-        msvp = MSVP(m, *cfg.msvp_lambda, generator=torch.Generator().manual_seed(cfg.seed)
+        msvp = MSVP(m, *cfg.msvp_lambda, generator=rng.generator(cfg.seed, x.device)
                     ) if cfg.msvp_enabled else None
         opt = torch.optim.AdamW(m.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
-        state[name] = (m, cfg, msvp, opt, torch.Generator().manual_seed(cfg.seed))
+        state[name] = (m, cfg, msvp, opt, rng.generator(cfg.seed, x.device))
     device = x.device
 
     def run(name: str, n: int) -> None:

@@ -18,6 +18,7 @@ import pandas as pd
 import torch
 from torch import Tensor
 
+from attncert import rng
 from attncert.bounds import (
     AttentionWeights,
     delta21_m,
@@ -99,7 +100,7 @@ def random_attention_layer(
     g_qk, g_vo = (
         (weight_scale, weight_scale) if isinstance(weight_scale, float | int) else weight_scale
     )
-    gen = torch.Generator().manual_seed(seed)
+    gen = rng.generator(seed, "cpu")  # built on the host; callers move w and x
     d_h = d // h
 
     def mat(gamma: float, *shape: int) -> Tensor:
@@ -118,8 +119,9 @@ def _stack_eps(x: Tensor, eps_list) -> tuple[Tensor, Tensor]:
     return x.repeat(len(eps_list), 1, 1), eps
 
 
-def _gen(seed: int) -> torch.Generator:
-    return torch.Generator().manual_seed(seed)
+def _gen(seed: int, like: Tensor) -> torch.Generator:
+    """A generator on the device of ``like`` (the tensors it draws for)."""
+    return rng.generator(seed, like.device)
 
 
 def table3(
@@ -138,8 +140,8 @@ def table3(
     (largest per-sample value / PGD), source = "ours".
     """
     xs, eps = _stack_eps(x, eps_list)
-    t_m = lofast_terms(x, w, residual, "M", generator=_gen(seed))
-    t_xi = lofast_terms(x, w, residual, "xi", generator=_gen(seed))
+    t_m = lofast_terms(x, w, residual, "M", generator=_gen(seed, x))
+    t_xi = lofast_terms(x, w, residual, "xi", generator=_gen(seed, x))
     rep = len(eps_list)
 
     def tile(t):
@@ -147,7 +149,7 @@ def table3(
 
     values = {
         "PGD": pgd_sensitivity(
-            xs, w, eps, residual, steps=pgd_steps, restarts=pgd_restarts, generator=_gen(seed)
+            xs, w, eps, residual, steps=pgd_steps, restarts=pgd_restarts, generator=_gen(seed, x)
         ),
         "LoFAST(M)": lofast_from_terms(tile(t_m), eps, softmax_lipschitz),
         "LoFAST(xi)": lofast_from_terms(tile(t_xi), eps, softmax_lipschitz),
@@ -194,12 +196,12 @@ def figure1_single_head(
     PGD. Columns: eps, quantity ("Delta21" / "Delta22"), method, value, ratio_to_pgd, ratio_max.
     """
     xs, eps = _stack_eps(x, eps_list)
-    kw = dict(head=head, steps=pgd_steps, restarts=pgd_restarts, generator=_gen(seed))
+    kw = dict(head=head, steps=pgd_steps, restarts=pgd_restarts, generator=_gen(seed, x))
     frames = []
     d21 = {
         "PGD": pgd_sensitivity(xs, w, eps, True, target="delta21", **kw),
         "delta21 (M)": delta21_m(
-            xs, w, eps, head=head, softmax_lipschitz=softmax_lipschitz, generator=_gen(seed)
+            xs, w, eps, head=head, softmax_lipschitz=softmax_lipschitz, generator=_gen(seed, x)
         ),
         "delta21 (xi)": delta21_xi(xs, w, eps, head=head, softmax_lipschitz=softmax_lipschitz),
     }
@@ -232,7 +234,7 @@ def _perturb(w: AttentionWeights, which: str, size: float, gen: torch.Generator)
     """W + D with D Gaussian, scaled to ||D||_F = size over the whole (all-heads) matrix."""
     mats = {"W^Q": w.wq, "W^K": w.wk, "W^V": w.wv, "W^O": w.wo}
     m = mats[which]
-    noise = torch.randn(m.shape, generator=gen, dtype=torch.float64).to(m.dtype)
+    noise = torch.randn(m.shape, generator=gen, device=m.device, dtype=torch.float64).to(m.dtype)
     mats[which] = m + noise * (size / noise.norm())
     return AttentionWeights(mats["W^Q"], mats["W^K"], mats["W^V"], mats["W^O"])
 
@@ -255,14 +257,14 @@ def figure3_weight_perturbation(
     re-projected), `samples` draws per size. One row per (target, size, draw): LoFAST(M)
     and PGD (means over the inputs x) and their ratio.
     """
-    gen = _gen(seed)
+    gen = _gen(seed, x)
     rows = []
     for which in ("W^Q", "W^K", "W^V", "W^O"):
         for size in sizes:
             for k in range(samples):
                 wp = _perturb(w, which, size, gen)
                 bound = lofast_from_terms(
-                    lofast_terms(x, wp, residual, "M", generator=_gen(seed)), eps
+                    lofast_terms(x, wp, residual, "M", generator=_gen(seed, x)), eps
                 )
                 pgd = pgd_sensitivity(
                     x,
@@ -271,7 +273,7 @@ def figure3_weight_perturbation(
                     residual,
                     steps=pgd_steps,
                     restarts=pgd_restarts,
-                    generator=_gen(seed + k),
+                    generator=_gen(seed + k, x),
                 )
                 rows.append(
                     dict(
@@ -286,12 +288,13 @@ def figure3_weight_perturbation(
                 )
     # X: every draw for one size in one batch
     for size in sizes:
-        noise = torch.randn((samples, *x.shape), generator=gen, dtype=torch.float64).to(x.dtype)
+        noise = torch.randn((samples, *x.shape), generator=gen, device=x.device,
+                            dtype=torch.float64).to(x.dtype)
         noise = noise * (size / noise.flatten(2).norm(dim=-1))[..., None, None]
         xp = (x.unsqueeze(0) + noise).reshape(-1, *x.shape[1:])
-        bound = lofast_from_terms(lofast_terms(xp, w, residual, "M", generator=_gen(seed)), eps)
+        bound = lofast_from_terms(lofast_terms(xp, w, residual, "M", generator=_gen(seed, x)), eps)
         pgd = pgd_sensitivity(
-            xp, w, eps, residual, steps=pgd_steps, restarts=pgd_restarts, generator=_gen(seed)
+            xp, w, eps, residual, steps=pgd_steps, restarts=pgd_restarts, generator=_gen(seed, x)
         )
         bound, pgd = bound.view(samples, -1).mean(1), pgd.view(samples, -1).mean(1)
         for k in range(samples):
@@ -328,9 +331,11 @@ def figure4_input_norm(
     e = torch.full((xs.shape[0],), float(eps), dtype=x.dtype)
     values = {
         "PGD": pgd_sensitivity(
-            xs, w, e, residual, steps=pgd_steps, restarts=pgd_restarts, generator=_gen(seed)
+            xs, w, e, residual, steps=pgd_steps, restarts=pgd_restarts, generator=_gen(seed, x)
         ),
-        "LoFAST(M)": lofast_from_terms(lofast_terms(xs, w, residual, "M", generator=_gen(seed)), e),
+        "LoFAST(M)": lofast_from_terms(
+            lofast_terms(xs, w, residual, "M", generator=_gen(seed, x)), e
+        ),
         "LoFAST(xi)": lofast_from_terms(lofast_terms(xs, w, residual, "xi"), e),
         "naive": naive_bound(xs, w, e, residual),
     }

@@ -33,6 +33,7 @@ import torch
 from torch import Tensor, nn
 from torch.nn import functional as F
 
+from attncert import rng
 from attncert.attacks import pgd_linf
 from attncert.data import as_float
 from attncert.io import torch_save, write_json
@@ -152,9 +153,10 @@ def _to_float(x: Tensor) -> Tensor:
     return as_float(x) if x.dtype == torch.uint8 else x.float()
 
 
-def epoch_generator(seed: int, epoch: int) -> torch.Generator:
-    """The generator of one epoch's order and augmentation: resuming needs no saved state."""
-    return torch.Generator().manual_seed(seed * 1_000_003 + epoch)
+def epoch_generator(seed: int, epoch: int, device: str | torch.device = "cpu") -> torch.Generator:
+    """The generator of one epoch's draws on ``device`` (order and augmentation of host data
+    on "cpu", attack starts on the model's device): resuming needs no saved state."""
+    return rng.generator(seed * 1_000_003 + epoch, device)
 
 
 def augment_batch(x: Tensor, mode: str, g: torch.Generator, pad: int = 4) -> Tensor:
@@ -293,8 +295,7 @@ def train(model: nn.Module, train_data: Any, eval_data: Any, config: TrainConfig
     steps_per_epoch = math.ceil(n / config.batch_size)
     msvp = None
     if config.msvp_enabled:  # after model.to(dev): the vectors live beside the weights
-        msvp = MSVP(model, *config.msvp_lambda,
-                    generator=torch.Generator().manual_seed(config.seed))
+        msvp = MSVP(model, *config.msvp_lambda, generator=rng.generator(config.seed, dev))
     opt = torch.optim.AdamW(model.parameters(), lr=config.lr, weight_decay=config.weight_decay)
     sched = torch.optim.lr_scheduler.LambdaLR(
         opt, cosine_schedule(config.epochs * steps_per_epoch, config.warmup_steps))
@@ -310,6 +311,7 @@ def train(model: nn.Module, train_data: Any, eval_data: Any, config: TrainConfig
         t0 = time.perf_counter()
         model.train()
         g = epoch_generator(config.seed, epoch)
+        g_dev = g if dev.type == "cpu" else epoch_generator(config.seed, epoch, dev)
         order = torch.randperm(n, generator=g)
         loss_sum, correct = 0.0, 0
         bar = tqdm(range(steps_per_epoch), desc=f"epoch {epoch}/{config.epochs}",
@@ -318,7 +320,7 @@ def train(model: nn.Module, train_data: Any, eval_data: Any, config: TrainConfig
             idx = order[step * config.batch_size:(step + 1) * config.batch_size]
             xb = augment_batch(_to_float(x[idx]), config.augment, g).to(dev)
             yb = y[idx].to(dev)
-            logits, loss = step_loss(model, xb, yb, config, msvp, g)
+            logits, loss = step_loss(model, xb, yb, config, msvp, g_dev)
             opt.zero_grad(set_to_none=True)
             loss.backward()
             if config.grad_clip > 0:

@@ -206,7 +206,7 @@ def empirical_lipschitz(model: nn.Module, x: Tensor, steps: int = 20, radius: fl
         if len(x) > 1:
             num = (fx[1:] - fx[:-1]).flatten(1).norm(dim=1)
             best = float((num / (x[1:] - x[:-1]).flatten(1).norm(dim=1)).max())
-    noise = torch.randn(x.shape, generator=generator, dtype=x.dtype).to(x.device)
+    noise = torch.randn(x.shape, generator=generator, device=x.device, dtype=x.dtype)
     delta = noise * (radius / noise.flatten(1).norm(dim=1)).view(-1, *[1] * (x.dim() - 1))
     step = radius / 4
     for k in range(steps + 1):

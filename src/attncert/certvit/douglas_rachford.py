@@ -51,6 +51,7 @@ from dataclasses import dataclass, field
 import torch
 from torch import Tensor, nn
 
+from attncert import rng
 from attncert.data import as_float
 from attncert.layers import L2MultiHeadAttention
 
@@ -296,8 +297,8 @@ def record_inputs(model: nn.Module, images: Tensor, sites: Sequence[Site], batch
     quota = [0]  # rows to keep from each site's input in the current batch
 
     def keep(name: str, rows: Tensor) -> None:
-        idx = torch.randperm(rows.shape[0], generator=generator)[: quota[0]]
-        store[name].append(rows[idx.to(rows.device)])
+        idx = torch.randperm(rows.shape[0], generator=generator, device=rows.device)
+        store[name].append(rows[idx[: quota[0]]])
 
     handles = []
     for s in sites:
@@ -333,8 +334,8 @@ def record_inputs(model: nn.Module, images: Tensor, sites: Sequence[Site], batch
             raise ValueError(f"{name} was never called as a module in the forward pass: its "
                              "inputs cannot be recorded")
         rows = torch.cat(parts)
-        out[name] = rows[torch.randperm(rows.shape[0], generator=generator)[:max_pairs]
-                         .to(rows.device)]
+        out[name] = rows[torch.randperm(rows.shape[0], generator=generator,
+                                        device=rows.device)[:max_pairs]]
     return out
 
 
@@ -370,7 +371,7 @@ def constrain(model: nn.Module, images: Tensor, config: DRConfig | None = None,
 
     cfg = config or DRConfig()
     sites = linear_sites(model, include)
-    g = torch.Generator().manual_seed(cfg.seed)
+    g = rng.generator(cfg.seed, next(model.parameters()).device)
     inputs = record_inputs(model, images, sites, max_pairs=cfg.max_pairs, generator=g)
     modules = dict(model.named_modules())
     result = DRResult()

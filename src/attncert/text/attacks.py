@@ -17,6 +17,7 @@ from collections.abc import Callable, Sequence
 import torch
 from torch import Tensor
 
+from attncert import rng
 from attncert.attacks import pgd_l2
 
 
@@ -53,7 +54,7 @@ def audit_embeddings(model, ids: Tensor, mask: Tensor, y: Tensor, radius: Tensor
     (correct and not broken by PGD), ``certified_acc`` (correct and radius >= eps),
     ``attacked`` and ``broken``.
     """
-    g = torch.Generator(device=ids.device).manual_seed(seed)
+    g = rng.generator(seed, ids.device)
     correct = torch.cat([model(ids[i:i + batch_size], mask[i:i + batch_size]).argmax(1).cpu()
                          for i in range(0, len(y), batch_size)]) == y.cpu()
     rows = []
