@@ -5,12 +5,20 @@
 #   make pipeline SCALE=cpu    apply profiles/cpu.yaml first (2 CPU cores, < 90 min, offline data)
 #   make pipeline SCALE=smoke  apply profiles/smoke.yaml first (tiny, minutes)
 #   make pipeline SCALE=paper  restore the committed paper-scale params first
+#
+# A profile never discards edits: params.yaml becomes git HEAD + the profile + your edits
+# (values that differ from what the profile in force gives), so `make pipeline SCALE=cpu`
+# after editing a value keeps it (`dvc params diff` shows it). Changing the scale refuses,
+# naming the keys, when an edited key is one that the old or the new profile sets;
+# KEEP_EDITS=1 carries such edits over as they are.
 
 PYTHON ?= $(shell command -v python3.11 || command -v python3)
 VENV ?= .venv
 PY := $(VENV)/bin/python
 FIX_TORCHVISION ?= ../shared/tools/fix-torchvision-cpu
 SCALE ?=
+KEEP_EDITS ?=
+DVC ?= dvc
 export PATH := $(abspath $(VENV))/bin:$(PATH)
 
 .PHONY: env pipeline test lint bench clean-env
@@ -32,8 +40,8 @@ $(VENV)/.installed: requirements.txt requirements-nodeps.txt pyproject.toml
 	touch $@
 
 pipeline: env
-	$(if $(SCALE),$(PY) -m attncert.profile apply $(SCALE))
-	dvc repro
+	$(if $(SCALE),$(PY) -m attncert.profile apply $(SCALE) $(if $(KEEP_EDITS),--keep-edits))
+	$(DVC) repro
 
 test: env
 	$(PY) -m pytest

@@ -31,7 +31,7 @@ metrics = "reports/metrics/data.json"
 
 # %%
 import pandas as pd
-from IPython.display import display
+from IPython.display import Markdown, display
 
 from attncert import data
 from attncert.figures import data as figs
@@ -44,16 +44,22 @@ write_json(metrics, {row["dataset"]: row for row in summary})
 
 # %% [markdown]
 # ## Sources and sizes
-# `source` says which route provided each dataset: the local mirror or the download.
+# `source` says which route provided each dataset: the local mirror or the download. A
+# 20-image sample without a route (or not listed in `samples`) is skipped, never fatal: the
+# stages that use it say so in their reports.
 
 # %%
+skipped = {row["dataset"]: row["skipped"] for row in summary if "skipped" in row}
+display(Markdown("**Skipped samples**: " + ("; ".join(f"`{k}`: {v}" for k, v in skipped.items())
+                                            or "none")))
 pd.DataFrame(summary).set_index("dataset")
 
 # %% [markdown]
 # ## Sample images per class
 
 # %%
-objs = [data.load_processed(name, processed_dir) for name in datasets + samples]
+objs = [data.load_processed(row["dataset"], processed_dir) for row in summary
+        if "skipped" not in row]
 for obj in objs:
     if obj["kind"] == "image":
         split = "train" if "train" in obj else "test"

@@ -109,6 +109,38 @@ def test_missing_samples_are_explained(tmp_path):
         data.load_sample("cifar10_sample", None, tmp_path)
 
 
+def test_samples_without_a_route_are_skipped_and_recorded(mirror, tmp_path, monkeypatch):
+    """A mirror with MNIST but neither sample: the stage writes MNIST and a record of each
+    sample's skip; a stage asking for the images gets the reason, not a missing file."""
+    partial = tmp_path / "mirror"
+    partial.mkdir()
+    (partial / "MNIST").symlink_to(mirror / "MNIST")
+    monkeypatch.setenv(data.MIRROR_ENV, str(partial))
+    out = tmp_path / "out"
+    rows = data.prepare(["mnist"], ["cifar10_sample", "imagenet_sample"], "unused",
+                        str(tmp_path / "raw"), str(out), download=False, max_train=10,
+                        max_test=10, subset_seed=0, progress=False)
+    by_name = {r["dataset"]: r for r in rows}
+    assert set(by_name) == {"mnist", "cifar10_sample", "imagenet_sample"}
+    assert "skipped" not in by_name["mnist"] and by_name["mnist"]["n_train"] == 10
+    assert "no public download route" in by_name["imagenet_sample"]["skipped"]
+    assert "add cifar10 to data.datasets" in by_name["cifar10_sample"]["skipped"]
+    for name in ("cifar10_sample", "imagenet_sample"):
+        assert by_name[name]["source"] == f"skipped: {by_name[name]['skipped']}"
+        assert data.sample_skipped(name, out) == by_name[name]["skipped"]
+        with pytest.raises(data.DataUnavailable, match=f"{name}: skipped by the data stage"):
+            data.load_processed(name, out)
+    # a sample that is not requested is recorded as such; one from the mirror is available
+    monkeypatch.setenv(data.MIRROR_ENV, str(mirror))
+    rows = data.prepare(["mnist"], ["cifar10_sample"], "unused", str(tmp_path / "raw"),
+                        str(out), download=False, max_train=10, max_test=10, subset_seed=0,
+                        progress=False)
+    by_name = {r["dataset"]: r for r in rows}
+    assert data.sample_skipped("cifar10_sample", out) is None
+    assert by_name["cifar10_sample"]["n_test"] == 20
+    assert by_name["imagenet_sample"]["skipped"] == "not listed in data.samples"
+
+
 def test_env_var_overrides_param(monkeypatch, tmp_path):
     monkeypatch.delenv(data.MIRROR_ENV, raising=False)
     assert data.resolve_mirror("some/dir") == Path("some/dir")

@@ -334,7 +334,8 @@ def prepare(datasets: list[str], samples: list[str], mirror: str, raw_dir: str,
     """Fetch, process and save every requested dataset; return one summary row each.
 
     Every dataset is fetched before anything is written, so a missing dataset fails the
-    stage in seconds, naming both routes.
+    stage in seconds, naming both routes. A sample without a route is skipped: its file holds
+    the reason (see :func:`skipped_sample`) and its row has a ``skipped`` entry.
     """
     from tqdm.auto import tqdm
 
@@ -346,7 +347,18 @@ def prepare(datasets: list[str], samples: list[str], mirror: str, raw_dir: str,
             sources[name] = fetch_image(name, raw, mirror_path, download)
         else:
             sources[name] = fetch_sst2(raw, mirror_path, download)
-    loaded = [load_sample(s, mirror_path, raw) for s in samples]
+    # a sample is a small extra evaluation set: without a route it is skipped, never fatal. Every
+    # known sample gets a file (the images, or a record of why it was skipped), so a stage
+    # that depends on one always finds it and can say in its report that it was skipped.
+    loaded = []
+    for name in SAMPLE_FOLDERS:
+        if name not in samples:
+            loaded.append(skipped_sample(name, "not listed in data.samples"))
+            continue
+        try:
+            loaded.append(load_sample(name, mirror_path, raw))
+        except DataUnavailable as exc:
+            loaded.append(skipped_sample(name, str(exc)))
 
     rows = []
     for name in tqdm(datasets, desc="process", disable=not progress):
@@ -362,8 +374,15 @@ def prepare(datasets: list[str], samples: list[str], mirror: str, raw_dir: str,
     return rows
 
 
+def skipped_sample(name: str, reason: str) -> dict[str, Any]:
+    """The processed file of a sample that could not be provided: the reason, no images."""
+    return {"name": name, "kind": "image", "source": f"skipped: {reason}", "skipped": reason}
+
+
 def summary_row(obj: dict[str, Any]) -> dict[str, Any]:
     row = {"dataset": obj["name"], "kind": obj["kind"], "source": obj["source"]}
+    if "skipped" in obj:
+        return {**row, "skipped": obj["skipped"]}
     for split in ("train", "dev", "test"):
         if split in obj:
             row[f"n_{split}"] = len(obj[split]["y"])
@@ -374,13 +393,26 @@ def summary_row(obj: dict[str, Any]) -> dict[str, Any]:
     return row
 
 
-def load_processed(name: str, processed_dir: str | Path) -> dict[str, Any]:
-    """Read a processed dataset; a clear error if the data stage has not produced it."""
+def _read_processed(name: str, processed_dir: str | Path) -> dict[str, Any]:
     path = Path(processed_dir) / f"{name}.pt"
     if not path.is_file():
         raise DataUnavailable(f"{path}: missing; run the data stage (`dvc repro data`) with "
                               f"{name!r} in data.datasets or data.samples")
     return torch.load(path, weights_only=True)
+
+
+def load_processed(name: str, processed_dir: str | Path) -> dict[str, Any]:
+    """Read a processed dataset; a clear error if the data stage has not produced it or
+    skipped it (a sample without a route)."""
+    obj = _read_processed(name, processed_dir)
+    if "skipped" in obj:
+        raise DataUnavailable(f"{name}: skipped by the data stage: {obj['skipped']}")
+    return obj
+
+
+def sample_skipped(name: str, processed_dir: str | Path) -> str | None:
+    """Why the data stage skipped the sample ``name`` (None: it is available)."""
+    return _read_processed(name, processed_dir).get("skipped")
 
 
 def as_float(x: torch.Tensor) -> torch.Tensor:
