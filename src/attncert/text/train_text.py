@@ -33,7 +33,12 @@ from torch.nn import functional as F
 
 from attncert.io import torch_save, write_json
 from attncert.params import dataclass_from_mapping
-from attncert.precision import autocast, resolve_precision, training_matmuls
+from attncert.precision import (
+    autocast,
+    require_full_precision,
+    resolve_precision,
+    training_matmuls,
+)
 from attncert.train import (
     LOG_EVERY,
     cosine_schedule,
@@ -161,6 +166,7 @@ def certify_rows(model: nn.Module, data: Mapping[str, Tensor], device: torch.dev
     sample) from ``model.certified_radius``; a pandas DataFrame."""
     import pandas as pd
 
+    require_full_precision("a certificate (attncert.text)")
     model.eval()
     frames = []
     for i in range(0, len(data["y"]), batch_size):
