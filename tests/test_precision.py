@@ -8,6 +8,7 @@ from attncert import certify
 from attncert.attacks import attack_copy, confirm_l2, pgd_l2, verified_pgd_l2
 from attncert.models.vit import ViTConfig, build_vit
 from attncert.precision import (
+    attack_matmuls,
     autocast,
     require_full_precision,
     resolve_precision,
@@ -49,6 +50,10 @@ def test_tf32_only_inside_a_cuda_training_block():
     for precision, device in (("auto", "cpu"), ("fp32", "cuda"), ("bf16", "cpu")):
         with training_matmuls(precision, device):
             assert torch.get_float32_matmul_precision() == "highest"
+    with attack_matmuls("cuda"):
+        assert torch.get_float32_matmul_precision() == "high"
+    with attack_matmuls("cpu"):
+        assert torch.get_float32_matmul_precision() == "highest"
     with pytest.raises(KeyError), training_matmuls("bf16", "cuda"):
         raise KeyError  # restored on the way out of an error too
     assert torch.get_float32_matmul_precision() == "highest"

@@ -182,10 +182,15 @@ def verified_pgd_l2(model: nn.Module, x: Tensor, y: Tensor, eps: float | Tensor,
                     steps: int = 100, restarts: int = 10,
                     generator: torch.Generator | None = None,
                     attack_model: nn.Module | None = None) -> tuple[Tensor, Tensor]:
-    """L2 PGD on ``attack_model`` (default: :func:`attack_copy` of ``model``, float32), each
-    result confirmed on ``model`` in x's dtype by :func:`confirm_l2`: the soundness audit of a
-    float64 certificate at float32 attack cost. Returns (x_adv in x's dtype, success)."""
+    """L2 PGD on ``attack_model`` (default: :func:`attack_copy` of ``model``, float32; TF32
+    matmuls on CUDA), each result confirmed on ``model`` in x's dtype by :func:`confirm_l2`:
+    the soundness audit of a float64 certificate at float32 attack cost. Returns (x_adv in
+    x's dtype, success)."""
+    from attncert.precision import attack_matmuls
+
     attack_model = attack_copy(model) if attack_model is None else attack_model
     dtype = next(t for t in attack_model.parameters() if t.is_floating_point()).dtype
-    x_att, _ = pgd_l2(attack_model, x.to(dtype), y, eps, steps, restarts, generator=generator)
+    with attack_matmuls(x.device):
+        x_att, _ = pgd_l2(attack_model, x.to(dtype), y, eps, steps, restarts,
+                          generator=generator)
     return confirm_l2(model, x, x_att, y, eps)

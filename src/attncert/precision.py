@@ -11,8 +11,9 @@
 
 Weights and optimizer state stay float32 in every mode (bfloat16 needs no loss scaling).
 Certificates run in float64 and refuse to run under autocast or with TF32 allowed
-(:func:`require_full_precision`); PGD audits attack in float32 and re-check every success
-in the certificate's precision (:func:`attncert.attacks.verified_pgd_l2`).
+(:func:`require_full_precision`); PGD audits attack in float32 (TF32 on CUDA,
+:func:`attack_matmuls`) and re-check every success in the certificate's precision
+(:func:`attncert.attacks.verified_pgd_l2`).
 """
 
 from __future__ import annotations
@@ -50,6 +51,12 @@ def training_matmuls(precision: str, device: torch.device | str) -> Iterator[Non
         yield
     finally:
         torch.set_float32_matmul_precision(before)
+
+
+def attack_matmuls(device: torch.device | str) -> contextlib.AbstractContextManager:
+    """TF32 float32 matmuls on CUDA inside an attack: an attack is a lower bound, its
+    precision changes its strength only; every success is confirmed in full precision."""
+    return training_matmuls("tf32", device)
 
 
 def autocast(precision: str, device: torch.device | str) -> contextlib.AbstractContextManager:

@@ -18,6 +18,7 @@ import torch
 from torch import Tensor
 
 from attncert.attacks import attack_copy, confirm_l2, pgd_l2
+from attncert.precision import attack_matmuls
 
 
 def pgd_embeddings(f: Callable[[Tensor], Tensor], e: Tensor, y: Tensor, eps: float | Tensor,
@@ -66,7 +67,7 @@ def audit_embeddings(model, ids: Tensor, mask: Tensor, y: Tensor, radius: Tensor
         for i in range(0, len(y), batch_size):
             sl = slice(i, i + batch_size)
             e, m = model.embed(ids[sl], mask[sl]), mask[sl]
-            with torch.enable_grad():
+            with torch.enable_grad(), attack_matmuls(e.device):
                 e_adv, _ = pgd_embeddings(lambda z, m=m: attacker(z, m), e.float(), y[sl],
                                           float(eps), steps, restarts, generator=g)
             _, ok = confirm_l2(lambda z, m=m: model(z, m), e, e_adv, y[sl], float(eps),
