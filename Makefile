@@ -51,6 +51,7 @@ lint: env
 
 bench: env
 	$(PY) -m attncert.bounds.bench
+	$(PY) -m attncert.cost bench
 
 clean-env:
 	rm -rf $(VENV)

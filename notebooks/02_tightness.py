@@ -19,6 +19,7 @@
 # %% tags=["parameters"]
 seed = 0
 device = "cpu"
+precision = "auto"
 scale = "paper"
 checkpoint = ""
 inputs = "data/processed/mnist.pt"
@@ -55,7 +56,8 @@ w, x, layer_source = tightness.study_layer(checkpoint, inputs, n_tokens, dim, he
                                            gamma_qk, gamma_vo, seed, layer, input_radius)
 w, x = w.to(dev), x.to(dev)
 display(Markdown(f"**Layer:** {layer_source}  \n**Scale:** {scale}, {x.shape[0]} inputs of "
-                 f"{x.shape[1]} tokens x {x.shape[2]} features, {w.h} heads, device {dev}."))
+                 f"{x.shape[1]} tokens x {x.shape[2]} features, {w.h} heads, device {dev}, "
+                 f"{x.dtype} (the training precision `{precision}` applies to training only)."))
 
 # %% [markdown]
 # ## Table 3: bound vs PGD over eps

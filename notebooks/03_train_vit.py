@@ -21,6 +21,7 @@
 # %% tags=["parameters"]
 seed = 0
 device = "cpu"
+precision = "auto"
 scale = "paper"
 runs_dir = "runs/vit"
 dataset = "mnist"
@@ -70,6 +71,7 @@ from attncert.figures import vit as figs
 from attncert.io import write_json
 from attncert.models import build_vit
 from attncert.models.vit import save_vit
+from attncert.precision import resolve_precision
 from attncert.train import evaluate, resolve_device, train
 
 settings = dict(kind=kind, patch=patch, dim=dim, mlp_hidden=mlp_hidden, block=block, pool=pool,
@@ -87,13 +89,15 @@ run_dir = Path(runs_dir) / name
 data = load_processed(dataset, processed_dir)
 model_cfg = runs.vit_config(data, settings, depth, heads, gamma_vo)
 train_cfg = runs.train_config(settings, seed)
-fp = runs.fingerprint(model_cfg, train_cfg, dataset, data["source"])
+fp = runs.fingerprint(model_cfg, train_cfg, dataset, data["source"],
+                      resolve_precision(precision, dev))
 status = runs.prepare_checkpoint_dir(run_dir / "ckpt", fp)
 torch.manual_seed(seed)
 model = build_vit(model_cfg)
 n_params = sum(p.numel() for p in model.parameters())
 display(Markdown(
-    f"**Run** `{name}` ({scale} scale, device {dev}, checkpoint: {status})  \n"
+    f"**Run** `{name}` ({scale} scale, device {dev}, precision "
+    f"{resolve_precision(precision, dev)}, checkpoint: {status})  \n"
     f"**Data** {dataset}: {len(data['train']['y'])} training / {len(data['test']['y'])} test "
     f"images, {data['source']}  \n**Model** {n_params:,} parameters: `{model_cfg}`  \n"
     f"**Training** `{train_cfg}`"))
@@ -104,7 +108,7 @@ display(Markdown(
 
 # %%
 curves = train(model, data["train"], data["test"], train_cfg, run_dir / "ckpt", dev,
-               metrics_path=run_dir / "train.json")
+               metrics_path=run_dir / "train.json", precision=precision)
 save_vit(model, run_dir / "model.pt")
 show(figs.plot_training(curves))
 pd.DataFrame(curves)[["epoch", "train_loss", "train_acc", "test_loss", "test_acc", "lr",

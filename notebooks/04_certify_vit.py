@@ -22,6 +22,7 @@
 # %% tags=["parameters"]
 seed = 0
 device = "cpu"
+precision = "auto"
 scale = "paper"
 runs_dir = "runs/vit"
 dataset = "mnist"
@@ -65,7 +66,8 @@ n = min(n_test, len(data["test"]["y"]))
 x = as_float(data["test"]["x"][:n]).double().to(dev)
 y = data["test"]["y"][:n].to(dev)
 display(Markdown(f"**Run** `{name}` ({scale} scale, device {dev}): the first {n} test images "
-                 f"of {dataset}, float64.  \n**Model** `{model.config}`"))
+                 f"of {dataset}, float64 (trained at precision `{precision}`; certificates "
+                 f"never run under autocast).  \n**Model** `{model.config}`"))
 
 # %% [markdown]
 # ## Certified radii

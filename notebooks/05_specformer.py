@@ -33,6 +33,7 @@
 # %% tags=["parameters"]
 seed = 0
 device = "cpu"
+precision = "auto"
 scale = "paper"
 processed_dir = "data/processed"
 datasets = ["fashion_mnist"]
@@ -147,7 +148,8 @@ for name, d in data.items():
         train_cfg = sf.method_train_config(method, cfg, msvp_lambda)
         t0 = time.perf_counter()
         model, curves, status = sf.train_run(model_cfg, train_cfg, d, name,
-                                             out / "ckpt" / f"{name}-{training}-{method}", dev)
+                                             out / "ckpt" / f"{name}-{training}-{method}", dev,
+                                             precision)
         models[name, training, method] = model
         train_rows.append({"dataset": name, "training": training, "method": method,
                            "checkpoint": status, "epochs": len(curves),
@@ -258,7 +260,7 @@ for label, lam in (("lipschitz", [0.0, 0.0, 0.0]), ("lipschitz + MSVP", cert_msv
     cfg = dataclasses.replace(cert_train, msvp_lambda=tuple(lam))
     model, curves, _ = sf.train_run(cert_base, cfg, data[first], first,
                                     out / "ckpt" / f"{first}-certified-msvp{cfg.msvp_enabled:d}",
-                                    dev)
+                                    dev, precision)
     cert_sigma.append(sf.max_sigma_frame({label: model}))
     model = model.double()
     table = certify.certify_table(model, xc, yc, ["lofast_M", "specformer"], ["pairwise"],

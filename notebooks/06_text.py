@@ -24,6 +24,7 @@
 # %% tags=["parameters"]
 seed = 0
 device = "cpu"
+precision = "auto"
 scale = "paper"
 processed_dir = "data/processed"
 tokenizer = "minilm-package"
@@ -170,7 +171,7 @@ for name, (family, cls, kwargs, train_kw) in jobs.items():
     spec = {"class": cls.__name__, **{k: str(v) for k, v in kwargs.items()}}
     histories[name] = train_model(model, spec, data["train"], data["dev"],
                                   TextTrainConfig(**common, **train_kw), out / "ckpt" / name,
-                                  dev_)
+                                  dev_, precision)
     train_seconds = sum(r["seconds"] for r in histories[name])  # every epoch, resumed or not
     row, curve = evaluate_model(name, model, family, data["dev"], data["test"],
                                 variants=lofast_variants, **evaluation)

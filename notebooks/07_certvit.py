@@ -24,6 +24,7 @@
 # %% tags=["parameters"]
 seed = 0
 device = "cpu"
+precision = "auto"
 scale = "paper"
 source = "pipeline"
 dataset = "mnist"
@@ -129,7 +130,8 @@ status = "as loaded"
 if pretrain_epochs:
     status = stage.phase_checkpoint(work / "ckpt" / "pretrain", model, pretrain_cfg, dataset,
                                     data["source"])
-    train(model, data["train"], test, pretrain_cfg, work / "ckpt" / "pretrain", dev)
+    train(model, data["train"], test, pretrain_cfg, work / "ckpt" / "pretrain", dev,
+          precision=precision)
 log.add("pretrained", model, test, time.perf_counter() - t0, None, dev, eval_batch_size,
         f"checkpoint: {status}")
 log.frame()
@@ -156,7 +158,8 @@ status = "skipped"
 if adapt_epochs:
     status = stage.phase_checkpoint(work / "ckpt" / "adapt", adapted, adapt_cfg, dataset,
                                     data["source"])
-    train(adapted, data["train"], test, adapt_cfg, work / "ckpt" / "adapt", dev)
+    train(adapted, data["train"], test, adapt_cfg, work / "ckpt" / "adapt", dev,
+          precision=precision)
 bounds["adapt_finetuned"] = global_bound(adapted)
 log.add("adapt_finetuned", adapted, test, time.perf_counter() - t0, bounds["adapt_finetuned"],
         dev, eval_batch_size, f"checkpoint: {status}")
@@ -201,7 +204,8 @@ if finetune_epochs:
     with stage.finetune_scope(final, finetune_scope, result.masks):
         status = stage.phase_checkpoint(work / "ckpt" / "finetune", final, finetune_cfg, dataset,
                                         data["source"], f"scope {finetune_scope}")
-        train(final, data["train"], test, finetune_cfg, work / "ckpt" / "finetune", dev)
+        train(final, data["train"], test, finetune_cfg, work / "ckpt" / "finetune", dev,
+              precision=precision)
 final.eval()
 bounds["final"] = global_bound(final)
 log.add("masked_finetuned", final, test, time.perf_counter() - t0, bounds["final"], dev,

@@ -23,6 +23,7 @@
 # %% tags=["parameters"]
 seed = 0
 device = "cpu"
+precision = "auto"
 scale = "paper"
 dataset = "mnist"
 depths = [3, 4, 5]
@@ -93,7 +94,8 @@ display(Markdown(f"**{scale} scale**: {dataset}, depths {depths}, {dim}-d, patch
 # %%
 models, trained = {}, []
 for depth in depths:
-    model, acc, secs = study.train_model(data, p, depth, seed, out / "ckpt" / f"L{depth}", dev)
+    model, acc, secs = study.train_model(data, p, depth, seed, out / "ckpt" / f"L{depth}", dev,
+                                         precision)
     models[depth] = model.cpu()
     trained.append({"depth": depth, "test_acc": 100 * acc, "train_seconds": secs})
 pd.DataFrame(trained).round(2)

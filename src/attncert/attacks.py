@@ -140,3 +140,61 @@ def cw_linf(model: nn.Module, x: Tensor, y: Tensor, eps: float | Tensor, steps: 
             generator: torch.Generator | None = None) -> tuple[Tensor, Tensor]:
     """CW-20: L_inf PGD on the CW margin loss max_{j != y} f_j - f_y."""
     return pgd(model, x, y, eps, "linf", steps, restarts, step_size, "margin", True, generator)
+
+
+# -- audits: attack in float32, count a success only when the certified model confirms it ----
+
+
+def attack_copy(model: nn.Module, dtype: torch.dtype = torch.float32) -> nn.Module:
+    """``model`` itself if its floating parameters and buffers are ``dtype``, else a copy in
+    ``dtype`` to attack with (an attack is a lower bound: its precision changes its strength,
+    never the soundness of the comparison, see :func:`confirm_l2`)."""
+    import copy
+
+    tensors = [t for t in (*model.parameters(), *model.buffers()) if t.is_floating_point()]
+    if all(t.dtype == dtype for t in tensors):
+        return model
+    return copy.deepcopy(model).to(dtype)
+
+
+@torch.no_grad()
+def confirm_l2(f, x: Tensor, x_adv: Tensor, y: Tensor, eps: float | Tensor, box: bool = True
+               ) -> tuple[Tensor, Tensor]:
+    """Re-check attack candidates in x's precision (float64 for a certificate).
+
+    ``x_adv`` (any dtype, e.g. found by a float32 attack) is brought to x's dtype, into the box
+    [0, 1] (``box``) and into the closed l2 ball of radius eps around x; the norm is computed
+    again in x's dtype and a candidate still outside by rounding counts as no success.
+    Returns (x_adv', success): success[i] when ``f(x_adv'[i])`` does not predict y[i] and
+    ||x_adv'[i] - x[i]|| <= eps[i], so a success is an adversarial example of ``f`` itself.
+    """
+    e = _per_sample(eps, x)
+    cand = x_adv.detach().to(x.dtype)
+    if box:
+        cand = cand.clamp(0.0, 1.0)
+    d = cand - x
+    d = d * torch.clamp(e / _flat_norm(d).clamp_min(torch.finfo(x.dtype).tiny), max=1.0)
+    d = torch.where(_flat_norm(d) > e, d * (1.0 - 64 * torch.finfo(x.dtype).eps), d)
+    cand = x + d
+    if box:
+        cand = cand.clamp(0.0, 1.0)
+    inside = (_flat_norm(cand - x) <= e).flatten()
+    return cand, inside & (f(cand).argmax(1) != y)
+
+
+def verified_pgd_l2(model: nn.Module, x: Tensor, y: Tensor, eps: float | Tensor,
+                    steps: int = 100, restarts: int = 10,
+                    generator: torch.Generator | None = None,
+                    attack_model: nn.Module | None = None) -> tuple[Tensor, Tensor]:
+    """L2 PGD on ``attack_model`` (default: :func:`attack_copy` of ``model``, float32; TF32
+    matmuls on CUDA), each result confirmed on ``model`` in x's dtype by :func:`confirm_l2`:
+    the soundness audit of a float64 certificate at float32 attack cost. Returns (x_adv in
+    x's dtype, success)."""
+    from attncert.precision import attack_matmuls
+
+    attack_model = attack_copy(model) if attack_model is None else attack_model
+    dtype = next(t for t in attack_model.parameters() if t.is_floating_point()).dtype
+    with attack_matmuls(x.device):
+        x_att, _ = pgd_l2(attack_model, x.to(dtype), y, eps, steps, restarts,
+                          generator=generator)
+    return confirm_l2(model, x, x_att, y, eps)

@@ -30,6 +30,7 @@ from torch import Tensor
 
 from attncert import bounds, rng
 from attncert.models.vit import Component, propagate
+from attncert.precision import require_full_precision
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -74,6 +75,7 @@ def precompute(model, x: Tensor, variants: Sequence[str] = VARIANTS,
     unknown = sorted(set(variants) - set(VARIANTS))
     if unknown:
         raise ValueError(f"unknown variant(s) {unknown}; choose from {VARIANTS}")
+    require_full_precision("a certificate (attncert.certify)")
     components = model.components()
     _check_supported(components)
     # every attention input is the output of LayerProject(radius_attn): ||x_i|| <= radius
@@ -249,6 +251,11 @@ def audit(model, x: Tensor, y: Tensor, radii: Mapping[str, Tensor], eps_grid: Se
     """L2 PGD at each eps on every correctly classified point: empirical robust accuracy and
     the soundness audit in one attack.
 
+    The attack runs on a float32 copy of the model (:func:`attncert.attacks.verified_pgd_l2`);
+    a point counts as attacked successfully only when ``model`` in x's dtype (float64 for the
+    certificates) misclassifies the candidate moved into the closed eps-ball, its norm
+    checked again in that dtype.
+
     A successful attack on a point certified at eps (radius >= eps) is a broken certificate (a
     soundness bug). Returns one row per eps (``robust_acc``: correct and not broken by PGD,
     ``attacked``, ``broken_<name>`` and ``certified_<name>`` for every entry of ``radii``) and
@@ -257,20 +264,21 @@ def audit(model, x: Tensor, y: Tensor, radii: Mapping[str, Tensor], eps_grid: Se
     """
     from tqdm.auto import tqdm
 
-    from attncert.attacks import pgd_l2
+    from attncert.attacks import attack_copy, verified_pgd_l2
 
     g = rng.generator(seed, x.device)
     with torch.no_grad():
         correct = torch.cat([model(x[i:i + batch_size]).argmax(1) == y[i:i + batch_size]
                              for i in range(0, len(y), batch_size)]).cpu()
     idx = correct.nonzero().flatten()
+    attacker = attack_copy(model)
     rows, broken_all = [], []
     for e in tqdm(eps_grid, desc="PGD audit", disable=not progress):
         success = ~correct  # misclassified points count as attacked successfully
         for j in range(0, len(idx), batch_size):
             sub = idx[j:j + batch_size]
-            _, ok = pgd_l2(model, x[sub.to(x.device)], y[sub.to(y.device)], float(e), steps,
-                           restarts, generator=g)
+            _, ok = verified_pgd_l2(model, x[sub.to(x.device)], y[sub.to(y.device)], float(e),
+                                    steps, restarts, generator=g, attack_model=attacker)
             success[sub] = ok.cpu()
         row = {"eps": float(e), "attacked": int(len(idx)),
                "robust_acc": float((~success).double().mean())}

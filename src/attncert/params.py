@@ -27,6 +27,8 @@ TEXT_DATASETS = ("sst2",)
 DATASETS = IMAGE_DATASETS + TEXT_DATASETS
 #: Small real evaluation sets shipped with the offline mirror.
 SAMPLE_SETS = ("cifar10_sample", "imagenet_sample")
+#: Training precisions (``attncert.precision``); certificates are always float64.
+PRECISIONS = ("auto", "bf16", "tf32", "fp32")
 
 
 class ParamsError(ValueError):
@@ -103,6 +105,9 @@ class BaseParams:
     scale: str = param(one_of("paper", "cpu", "smoke"), doc="label of the scale profile")
     seed: int = param(nonneg)
     device: str = param(device_spec)
+    precision: str = param(one_of(*PRECISIONS),
+                           doc="training forward/loss: auto (bf16 on CUDA, fp32 elsewhere) | "
+                               "bf16 | tf32 | fp32; certificates are always float64")
 
 
 @dataclass(frozen=True)

@@ -56,9 +56,13 @@ def train_config(settings: Mapping[str, Any], seed: int) -> TrainConfig:
 
 
 def fingerprint(model_cfg: ViTConfig, train_cfg: TrainConfig, dataset: str,
-                data_source: str) -> dict[str, Any]:
+                data_source: str, precision: str | None = None) -> dict[str, Any]:
+    """What decides a run's checkpoint; ``precision`` (the resolved training precision,
+    :func:`attncert.precision.resolve_precision`) is part of it when given."""
     d = {"dataset": dataset, "data": data_source, "model": model_cfg.to_dict(),
          "train": {k: getattr(train_cfg, k) for k in TrainConfig.__dataclass_fields__}}
+    if precision is not None:
+        d["precision"] = precision
     d = json.loads(json.dumps(d))  # as stored: tuples become lists
     d["sha"] = hashlib.sha256(json.dumps(d, sort_keys=True).encode()).hexdigest()[:16]
     return d
@@ -76,7 +80,8 @@ def prepare_checkpoint_dir(ckpt_dir: str | Path, fp: Mapping[str, Any]) -> str:
         old = json.loads(marker.read_text()) if marker.is_file() else {}
         if old.get("sha") == fp["sha"]:
             return "resume"
-        changed = sorted(k for k in ("dataset", "data", "model", "train") if old.get(k) != fp[k])
+        changed = sorted(k for k in ("dataset", "data", "model", "train", "precision")
+                         if old.get(k) != fp.get(k))
         status = f"cleared: {', '.join(changed) or 'no fingerprint'} changed"
         shutil.rmtree(ckpt_dir)
     ckpt_dir.mkdir(parents=True, exist_ok=True)

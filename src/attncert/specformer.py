@@ -34,7 +34,8 @@ from attncert import attacks, rng, runs
 from attncert.data import as_float, subset_indices
 from attncert.models import ViT, ViTConfig, build_vit
 from attncert.msvp import MSVP, exact_head_sigma, sigma_rows
-from attncert.train import TrainConfig, step_loss, train
+from attncert.precision import resolve_precision
+from attncert.train import TrainConfig, resolve_device, step_loss, train
 
 __all__ = ["ATTACKS", "METHODS", "AttackSpec", "attack_specs", "base_model_config",
            "comparison_table", "data_config", "eval_split", "max_sigma_frame",
@@ -72,17 +73,19 @@ def subset_train(data: Mapping[str, Any], max_train: int, seed: int) -> dict[str
 
 
 def train_run(model_cfg: ViTConfig, train_cfg: TrainConfig, data: Mapping[str, Any],
-              dataset: str, ckpt_dir: str | Path, device: str | torch.device = "cpu"
-              ) -> tuple[ViT, list[dict[str, Any]], str]:
-    """Build (seeded with ``train_cfg.seed``) and train one model: (model, per-epoch rows,
-    checkpoint status). A checkpoint in ``ckpt_dir`` written for the same run resumes; one
-    written for another run is cleared (:func:`attncert.runs.prepare_checkpoint_dir`)."""
-    fp = runs.fingerprint(model_cfg, train_cfg, dataset, data["source"])
+              dataset: str, ckpt_dir: str | Path, device: str | torch.device = "cpu",
+              precision: str = "auto") -> tuple[ViT, list[dict[str, Any]], str]:
+    """Build (seeded with ``train_cfg.seed``) and train one model at ``precision``
+    (:mod:`attncert.precision`): (model, per-epoch rows, checkpoint status). A checkpoint in
+    ``ckpt_dir`` written for the same run resumes; one written for another run is cleared
+    (:func:`attncert.runs.prepare_checkpoint_dir`)."""
+    precision = resolve_precision(precision, resolve_device(device))
+    fp = runs.fingerprint(model_cfg, train_cfg, dataset, data["source"], precision)
     status = runs.prepare_checkpoint_dir(ckpt_dir, fp)
     torch.manual_seed(train_cfg.seed)
     model = build_vit(model_cfg)
     curves = train(model, data["train"], data["test"], train_cfg, ckpt_dir, device,
-                   progress=False)
+                   progress=False, precision=precision)
     return model.eval(), curves, status
 
 

@@ -17,6 +17,12 @@ Optional terms, both off by default:
           epoch's generator (resume stays exact); train_acc is then the adversarial accuracy.
 The scale s (a CE temperature) matters for Lipschitz models: their features have norm ~1, so
 unscaled CE wants a huge head; s changes the loss only, never the predictions or certificates.
+
+Speed: the training set moves to the device once (uint8 images stay uint8 there); each batch
+is indexed, converted and augmented on the device with the epoch's generator, which lives on
+that device; the loss and accuracy sums stay on the device and are read once per epoch. The
+forward pass and loss run at ``precision`` (:mod:`attncert.precision`: bf16 autocast on CUDA
+by default, float32 on CPU); evaluation and everything after training run outside autocast.
 """
 
 from __future__ import annotations
@@ -39,12 +45,14 @@ from attncert.data import as_float
 from attncert.io import torch_save, write_json
 from attncert.msvp import MSVP
 from attncert.params import dataclass_from_mapping
+from attncert.precision import autocast, resolve_precision, training_matmuls
 
 MARGINS = ("none", "lmt", "olsa")
 AUGMENTS = ("none", "crop", "crop_flip")
 ADVERSARIAL = ("none", "pgd_linf")
 CHECKPOINT = "last.pt"
 METRICS = "metrics.json"
+LOG_EVERY = 50  # steps between progress-bar loss read-outs (each one waits for the device)
 
 
 @dataclass(frozen=True)
@@ -153,27 +161,31 @@ def _to_float(x: Tensor) -> Tensor:
     return as_float(x) if x.dtype == torch.uint8 else x.float()
 
 
-def epoch_generator(seed: int, epoch: int, device: str | torch.device = "cpu") -> torch.Generator:
-    """The generator of one epoch's draws on ``device`` (order and augmentation of host data
-    on "cpu", attack starts on the model's device): resuming needs no saved state."""
+def epoch_generator(seed: int, epoch: int, device: torch.device | str = "cpu"
+                    ) -> torch.Generator:
+    """The generator of one epoch's order and augmentation, on ``device`` (where the batches
+    are drawn): resuming needs no saved state. On a CPU the draws are those of every earlier
+    version; on another device they are that device's stream for the same seed."""
     return rng.generator(seed * 1_000_003 + epoch, device)
 
 
 def augment_batch(x: Tensor, mode: str, g: torch.Generator, pad: int = 4) -> Tensor:
-    """Random crops of the zero-padded images (and horizontal flips for "crop_flip")."""
+    """Random crops of the zero-padded images (and horizontal flips for "crop_flip"), batched
+    on x's device with ``g`` (a generator on that device); no host synchronisation."""
     if mode == "none":
         return x
-    b, _, h, w = x.shape
+    b, c, h, w = x.shape
+    dev = x.device
     padded = F.pad(x, (pad, pad, pad, pad))
-    dy = torch.randint(0, 2 * pad + 1, (b,), generator=g)
-    dx = torch.randint(0, 2 * pad + 1, (b,), generator=g)
-    rows = (dy[:, None] + torch.arange(h))[:, None, :, None].expand(b, x.shape[1], h, w + 2 * pad)
-    out = padded.gather(2, rows.to(x.device))
-    cols = (dx[:, None] + torch.arange(w))[:, None, None, :].expand(b, x.shape[1], h, w)
-    out = out.gather(3, cols.to(x.device))
+    dy = torch.randint(0, 2 * pad + 1, (b,), generator=g, device=dev)
+    dx = torch.randint(0, 2 * pad + 1, (b,), generator=g, device=dev)
+    rows = (dy[:, None] + torch.arange(h, device=dev))[:, None, :, None]
+    out = padded.gather(2, rows.expand(b, c, h, w + 2 * pad))
+    cols = (dx[:, None] + torch.arange(w, device=dev))[:, None, None, :]
+    out = out.gather(3, cols.expand(b, c, h, w))
     if mode == "crop_flip":
-        flip = torch.rand(b, generator=g) < 0.5
-        out[flip.to(x.device)] = out[flip.to(x.device)].flip(-1)
+        flip = torch.rand(b, generator=g, device=dev) < 0.5
+        out = torch.where(flip[:, None, None, None], out.flip(-1), out)
     return out
 
 
@@ -220,15 +232,23 @@ def evaluate(model: nn.Module, data: Any, device: torch.device | str = "cpu",
     x, y = _xy(data)
     was_training = model.training
     model.eval()
-    loss_sum, correct = 0.0, 0
+    dev = torch.device(device)
+    loss_sum = torch.zeros((), dtype=_sum_dtype(dev), device=dev)
+    correct = torch.zeros((), dtype=torch.long, device=dev)
     for i in range(0, len(y), batch_size):
-        xb, yb = _to_float(x[i:i + batch_size]).to(device), y[i:i + batch_size].to(device)
+        xb = _to_float(x[i:i + batch_size].to(dev, non_blocking=True))
+        yb = y[i:i + batch_size].to(dev, non_blocking=True)
         logits = model(xb)
-        loss_sum += float(F.cross_entropy(logits, yb, reduction="sum"))
-        correct += int((logits.argmax(1) == yb).sum())
+        loss_sum += F.cross_entropy(logits, yb, reduction="sum").to(loss_sum.dtype)
+        correct += (logits.argmax(1) == yb).sum()
     model.train(was_training)
     n = max(len(y), 1)
-    return {"loss": loss_sum / n, "acc": correct / n}
+    return {"loss": float(loss_sum) / n, "acc": int(correct) / n}
+
+
+def _sum_dtype(device: torch.device) -> torch.dtype:
+    """float64 running sums, except on MPS (no float64 there)."""
+    return torch.float32 if device.type == "mps" else torch.float64
 
 
 @torch.no_grad()
@@ -275,10 +295,13 @@ def _set_rng_state(state: Mapping[str, Any]) -> None:
 def train(model: nn.Module, train_data: Any, eval_data: Any, config: TrainConfig,
           checkpoint_dir: str | Path, device: str | torch.device = "auto",
           progress: bool = True, metrics_path: str | Path | None = None,
-          callback: Callable[[int, dict[str, Any]], None] | None = None) -> list[dict[str, Any]]:
+          callback: Callable[[int, dict[str, Any]], None] | None = None,
+          precision: str = "auto") -> list[dict[str, Any]]:
     """Train ``model`` in place; return the per-epoch metrics rows.
 
     ``train_data``/``eval_data``: (x, y) or {"x", "y"} with uint8 (or float [0, 1]) images.
+    ``precision``: of the training forward pass and loss (:mod:`attncert.precision`; the
+    params' ``base.precision``). The training set is copied to the device once.
     After every epoch the full state goes atomically to ``checkpoint_dir/last.pt`` and the
     metrics list to ``metrics_path`` (default ``checkpoint_dir/metrics.json``); a later call
     with the same config resumes from that checkpoint (a different config is an error).
@@ -289,8 +312,10 @@ def train(model: nn.Module, train_data: Any, eval_data: Any, config: TrainConfig
     ckpt_path = Path(checkpoint_dir) / CHECKPOINT
     metrics_path = Path(metrics_path) if metrics_path else Path(checkpoint_dir) / METRICS
     dev = resolve_device(device)
+    precision = resolve_precision(precision, dev)
     model.to(dev)
     x, y = _xy(train_data)
+    x, y = x.to(dev), y.to(dev)  # once: batches are indexed and augmented on the device
     n = len(y)
     steps_per_epoch = math.ceil(n / config.batch_size)
     msvp = None
@@ -310,26 +335,30 @@ def train(model: nn.Module, train_data: Any, eval_data: Any, config: TrainConfig
     for epoch in range(start + 1, config.epochs + 1):
         t0 = time.perf_counter()
         model.train()
-        g = epoch_generator(config.seed, epoch)
-        g_dev = g if dev.type == "cpu" else epoch_generator(config.seed, epoch, dev)
-        order = torch.randperm(n, generator=g)
-        loss_sum, correct = 0.0, 0
+        g = epoch_generator(config.seed, epoch, dev)
+        order = torch.randperm(n, generator=g, device=dev)
+        loss_sum = torch.zeros((), dtype=_sum_dtype(dev), device=dev)
+        correct = torch.zeros((), dtype=torch.long, device=dev)
         bar = tqdm(range(steps_per_epoch), desc=f"epoch {epoch}/{config.epochs}",
                    disable=not progress, leave=False)
-        for step in bar:
-            idx = order[step * config.batch_size:(step + 1) * config.batch_size]
-            xb = augment_batch(_to_float(x[idx]), config.augment, g).to(dev)
-            yb = y[idx].to(dev)
-            logits, loss = step_loss(model, xb, yb, config, msvp, g_dev)
-            opt.zero_grad(set_to_none=True)
-            loss.backward()
-            if config.grad_clip > 0:
-                nn.utils.clip_grad_norm_(model.parameters(), config.grad_clip)
-            opt.step()
-            sched.step()
-            loss_sum += loss.item() * len(idx)
-            correct += int((logits.detach().argmax(1) == yb).sum())
-            bar.set_postfix(loss=f"{loss.item():.4f}")
+        with training_matmuls(precision, dev):
+            for step in bar:
+                idx = order[step * config.batch_size:(step + 1) * config.batch_size]
+                xb = augment_batch(_to_float(x[idx]), config.augment, g)
+                yb = y[idx]
+                with autocast(precision, dev):
+                    logits, loss = step_loss(model, xb, yb, config, msvp, g)
+                opt.zero_grad(set_to_none=True)
+                loss.backward()
+                if config.grad_clip > 0:
+                    nn.utils.clip_grad_norm_(model.parameters(), config.grad_clip)
+                opt.step()
+                sched.step()
+                loss_sum += loss.detach().to(loss_sum.dtype) * len(idx)
+                correct += (logits.detach().argmax(1) == yb).sum()
+                if progress and step % LOG_EVERY == 0:  # the only host sync of a step
+                    bar.set_postfix(loss=f"{loss.item():.4f}")
+        loss_sum, correct = float(loss_sum), int(correct)
         train_seconds = time.perf_counter() - t0
         ev = evaluate(model, eval_data, dev, config.eval_batch_size)
         row = {"epoch": epoch, "train_loss": loss_sum / n, "train_acc": correct / n,

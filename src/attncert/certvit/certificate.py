@@ -42,6 +42,7 @@ from attncert.bounds import GELU_LIPSCHITZ, spectral_norm
 from attncert.certvit.adapt import norm_lipschitz
 from attncert.layers import L2MultiHeadAttention, MultiHeadAttention
 from attncert.models.vit import MLP, ViT
+from attncert.precision import require_full_precision
 
 __all__ = [
     "GlobalBound",
@@ -104,6 +105,7 @@ def global_bound(model: ViT) -> GlobalBound:
     attention, plain-value L2 attention).
     """
     _check_adapted(model)
+    require_full_precision("a certificate (attncert.certvit)")
     cfg = model.config
     n = cfg.n_tokens
     rows: list[dict] = []

@@ -21,7 +21,8 @@ from torch import Tensor
 from attncert import certify, runs
 from attncert.crown.bridge import CrownCertifier, certify_points
 from attncert.models import ViTConfig, build_vit
-from attncert.train import TrainConfig, evaluate, train
+from attncert.precision import resolve_precision
+from attncert.train import TrainConfig, evaluate, resolve_device, train
 
 
 def vit_config(data: Mapping[str, Any], p: Mapping[str, Any], depth: int) -> ViTConfig:
@@ -37,8 +38,10 @@ def vit_config(data: Mapping[str, Any], p: Mapping[str, Any], depth: int) -> ViT
 
 
 def train_model(data: Mapping[str, Any], p: Mapping[str, Any], depth: int, seed: int,
-                ckpt_dir: str | Path, device: str | torch.device = "cpu"):
-    """Train one ViT (resumable in ``ckpt_dir``) on the first ``max_train`` training images;
+                ckpt_dir: str | Path, device: str | torch.device = "cpu",
+                precision: str = "auto"):
+    """Train one ViT (resumable in ``ckpt_dir``, at ``precision``: :mod:`attncert.precision`)
+    on the first ``max_train`` training images;
     returns (model in eval mode, clean test accuracy, training seconds: the sum over epochs,
     so a resumed or already finished run reports the time its training took)."""
     torch.manual_seed(seed)
@@ -49,10 +52,12 @@ def train_model(data: Mapping[str, Any], p: Mapping[str, Any], depth: int, seed:
     n = p["max_train"] or len(data["train"]["y"])
     tr = {"x": data["train"]["x"][:n], "y": data["train"]["y"][:n]}
     # a checkpoint of another model, config or training subset is cleared, never resumed
+    precision = resolve_precision(precision, resolve_device(device))
     fp = runs.fingerprint(model.config, cfg, data.get("name", ""),
-                          f"{data.get('source', '')}; first {n} training images")
+                          f"{data.get('source', '')}; first {n} training images", precision)
     runs.prepare_checkpoint_dir(ckpt_dir, fp)
-    curves = train(model, tr, data["test"], cfg, ckpt_dir, device, progress=False)
+    curves = train(model, tr, data["test"], cfg, ckpt_dir, device, progress=False,
+                   precision=precision)
     seconds = sum(row["seconds"] for row in curves)
     return model.eval(), evaluate(model, data["test"], device)["acc"], seconds
 

@@ -18,7 +18,8 @@ import torch
 from torch import Tensor
 
 from attncert import rng
-from attncert.attacks import pgd_l2
+from attncert.attacks import attack_copy, confirm_l2, pgd_l2
+from attncert.precision import attack_matmuls
 
 
 def pgd_embeddings(f: Callable[[Tensor], Tensor], e: Tensor, y: Tensor, eps: float | Tensor,
@@ -50,22 +51,28 @@ def audit_embeddings(model, ids: Tensor, mask: Tensor, y: Tensor, radius: Tensor
 
     ``model``: a text model of :mod:`attncert.text.models` (``embed``, ``model(e, mask)``);
     ``radius``: (N,) certified radii. A PGD success on a correctly classified point with
-    radius >= eps is a broken certificate (a soundness bug). One row per eps: ``robust_acc``
+    radius >= eps is a broken certificate (a soundness bug). PGD runs on a float32 copy of
+    the model; a success counts only when ``model`` itself, in the embeddings' dtype,
+    misclassifies the candidate inside the eps-ball (:func:`attncert.attacks.confirm_l2`).
+    One row per eps: ``robust_acc``
     (correct and not broken by PGD), ``certified_acc`` (correct and radius >= eps),
     ``attacked`` and ``broken``.
     """
     g = rng.generator(seed, ids.device)
     correct = torch.cat([model(ids[i:i + batch_size], mask[i:i + batch_size]).argmax(1).cpu()
                          for i in range(0, len(y), batch_size)]) == y.cpu()
+    attacker = attack_copy(model)  # float32; every success is confirmed on ``model``
     rows = []
     for eps in eps_grid:
         success = torch.zeros(len(y), dtype=torch.bool)
         for i in range(0, len(y), batch_size):
             sl = slice(i, i + batch_size)
             e, m = model.embed(ids[sl], mask[sl]), mask[sl]
-            with torch.enable_grad():
-                _, ok = pgd_embeddings(lambda z, m=m: model(z, m), e, y[sl], float(eps), steps,
-                                       restarts, generator=g)
+            with torch.enable_grad(), attack_matmuls(e.device):
+                e_adv, _ = pgd_embeddings(lambda z, m=m: attacker(z, m), e.float(), y[sl],
+                                          float(eps), steps, restarts, generator=g)
+            _, ok = confirm_l2(lambda z, m=m: model(z, m), e, e_adv, y[sl], float(eps),
+                               box=False)
             success[sl] = ok.cpu()
         cert = correct & (radius.cpu() >= eps)
         rows.append({"eps": float(eps), "attacked": len(y),

@@ -27,6 +27,8 @@ import torch
 from torch import Tensor, nn
 
 from attncert.models.vit import Block, ViTConfig
+from attncert.precision import resolve_precision
+from attncert.train import resolve_device
 
 from .attacks import audit_embeddings
 from .train_text import TextTrainConfig, certify_rows, evaluate_text, train_text
@@ -70,23 +72,27 @@ class StandardTextTransformer(nn.Module):
 
 def train_model(model: nn.Module, spec: Mapping[str, Any], train: Mapping[str, Tensor],
                 dev: Mapping[str, Tensor], config: TextTrainConfig, folder: str | Path,
-                device: torch.device | str) -> list[dict[str, Any]]:
-    """:func:`train_text` in ``folder``, resumed when ``folder/spec.json`` records the same
-    model ``spec``, training config and training data (its size and a hash of its token ids and
-    labels), otherwise started over (the folder is cleared)."""
+                device: torch.device | str, precision: str = "auto") -> list[dict[str, Any]]:
+    """:func:`train_text` at ``precision`` in ``folder``, resumed when ``folder/spec.json``
+    records the same model ``spec``, training config, training data (its size and a hash of
+    its token ids and labels) and resolved precision, otherwise started over (the folder is
+    cleared)."""
     folder = Path(folder)
+    precision = resolve_precision(precision, resolve_device(device))
     digest = hashlib.sha256()
     for key in ("ids", "mask", "y"):
         digest.update(train[key].cpu().contiguous().numpy().tobytes())
     record = {"model": dict(spec), "train": dataclasses.asdict(config),
-              "data": {"n": len(train["y"]), "sha256": digest.hexdigest()[:16]}}
+              "data": {"n": len(train["y"]), "sha256": digest.hexdigest()[:16]},
+              "precision": precision}
     spec_path = folder / SPEC
     if folder.exists() and (not spec_path.is_file()
                             or json.loads(spec_path.read_text()) != record):
         shutil.rmtree(folder)
     folder.mkdir(parents=True, exist_ok=True)
     spec_path.write_text(json.dumps(record, sort_keys=True))
-    return train_text(model, train, dev, config, folder, device, progress=False)
+    return train_text(model, train, dev, config, folder, device, progress=False,
+                      precision=precision)
 
 
 def _radii(model: nn.Module, family: str, data: Mapping[str, Tensor], device, batch_size: int,

@@ -12,6 +12,9 @@ epoch and resume from it) on tokenised data {"ids", "mask", "y"}, with two addit
 
 Batches are drawn from length-sorted buckets (``bucket`` batches each, order shuffled): the
 OLSA models drop the columns past the longest sentence of a batch, and attention costs n^2.
+As in :func:`attncert.train.train`, the tokenised training set moves to the device once, the
+forward pass and loss run at ``precision`` (:mod:`attncert.precision`) and the loss and
+accuracy sums are read once per epoch.
 """
 
 from __future__ import annotations
@@ -30,7 +33,14 @@ from torch.nn import functional as F
 
 from attncert.io import torch_save, write_json
 from attncert.params import dataclass_from_mapping
+from attncert.precision import (
+    autocast,
+    require_full_precision,
+    resolve_precision,
+    training_matmuls,
+)
 from attncert.train import (
+    LOG_EVERY,
     cosine_schedule,
     epoch_generator,
     lipschitz_diagnostics,
@@ -156,6 +166,7 @@ def certify_rows(model: nn.Module, data: Mapping[str, Tensor], device: torch.dev
     sample) from ``model.certified_radius``; a pandas DataFrame."""
     import pandas as pd
 
+    require_full_precision("a certificate (attncert.text)")
     model.eval()
     frames = []
     for i in range(0, len(data["y"]), batch_size):
@@ -181,9 +192,11 @@ def train_text(model: nn.Module, train_data: Mapping[str, Tensor],
                eval_data: Mapping[str, Tensor], config: TextTrainConfig,
                checkpoint_dir: str | Path, device: str | torch.device = "auto",
                progress: bool = True, metrics_path: str | Path | None = None,
-               callback: Callable[[int, dict[str, Any]], None] | None = None
-               ) -> list[dict[str, Any]]:
+               callback: Callable[[int, dict[str, Any]], None] | None = None,
+               precision: str = "auto") -> list[dict[str, Any]]:
     """Train ``model`` in place on {"ids", "mask", "y"}; return the per-epoch metrics rows.
+
+    ``precision``: of the forward pass and loss (:mod:`attncert.precision`).
 
     After every epoch the full state goes atomically to ``checkpoint_dir/last.pt`` and the
     metrics list to ``metrics_path`` (default ``checkpoint_dir/metrics.json``); a later call
@@ -198,8 +211,10 @@ def train_text(model: nn.Module, train_data: Mapping[str, Tensor],
     ckpt_path = Path(checkpoint_dir) / CHECKPOINT
     metrics_path = Path(metrics_path) if metrics_path else Path(checkpoint_dir) / METRICS
     dev = resolve_device(device)
+    precision = resolve_precision(precision, dev)
     model.to(dev)
-    lengths = train_data["mask"].sum(1)
+    lengths = train_data["mask"].sum(1).cpu()  # the CPU plans the batches
+    on_dev = {k: train_data[k].to(dev) for k in ("ids", "mask", "y")}  # once
     n = len(lengths)
     steps_per_epoch = math.ceil(n / config.batch_size)
     total_steps = config.epochs * steps_per_epoch
@@ -216,25 +231,32 @@ def train_text(model: nn.Module, train_data: Mapping[str, Tensor],
         model.train()
         batches = bucketed_batches(lengths, config.batch_size, config.bucket,
                                    epoch_generator(config.seed, epoch))
-        loss_sum, correct = 0.0, 0
+        loss_sum = torch.zeros((), dtype=torch.float32 if dev.type == "mps" else torch.float64,
+                               device=dev)
+        correct = torch.zeros((), dtype=torch.long, device=dev)
         bar = tqdm(batches, desc=f"epoch {epoch}/{config.epochs}", disable=not progress,
                    leave=False)
-        for i, idx in enumerate(bar):
-            ids, mask, y = (train_data[k][idx].to(dev) for k in ("ids", "mask", "y"))
-            gamma = gamma_ramp((epoch - 1) * steps_per_epoch + i, total_steps, config.gamma,
-                               config.gamma_ramp)
-            logits = model(ids, mask)
-            loss = text_loss(model, logits, y, gamma, config.logit_scale)
-            opt.zero_grad(set_to_none=True)
-            loss.backward()
-            if config.grad_clip > 0:
-                nn.utils.clip_grad_norm_(params, config.grad_clip)
-            opt.step()
-            sched.step()
-            reproject_orthogonal_(model)
-            loss_sum += loss.item() * len(idx)
-            correct += int((logits.detach().argmax(1) == y).sum())
-            bar.set_postfix(loss=f"{loss.item():.4f}")
+        with training_matmuls(precision, dev):
+            for i, idx in enumerate(bar):
+                idx = idx.to(dev, non_blocking=True)
+                ids, mask, y = (on_dev[k][idx] for k in ("ids", "mask", "y"))
+                gamma = gamma_ramp((epoch - 1) * steps_per_epoch + i, total_steps,
+                                   config.gamma, config.gamma_ramp)
+                with autocast(precision, dev):
+                    logits = model(ids, mask)
+                    loss = text_loss(model, logits, y, gamma, config.logit_scale)
+                opt.zero_grad(set_to_none=True)
+                loss.backward()
+                if config.grad_clip > 0:
+                    nn.utils.clip_grad_norm_(params, config.grad_clip)
+                opt.step()
+                sched.step()
+                reproject_orthogonal_(model)
+                loss_sum += loss.detach().to(loss_sum.dtype) * len(idx)
+                correct += (logits.detach().argmax(1) == y).sum()
+                if progress and i % LOG_EVERY == 0:  # the only host sync of a step
+                    bar.set_postfix(loss=f"{loss.item():.4f}")
+        loss_sum, correct = float(loss_sum), int(correct)
         train_seconds = time.perf_counter() - t0
         ev = evaluate_text(model, eval_data, dev, config.eval_batch_size)
         row = {"epoch": epoch, "train_loss": loss_sum / n, "train_acc": correct / n,

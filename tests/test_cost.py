@@ -1,0 +1,93 @@
+"""The cost estimate: counted FLOPs and kernels, read from the params file; training step times."""
+
+import re
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+
+from attncert import cost, profile
+from attncert.params import load_params, read_yaml
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="module")
+def smoke(tmp_path_factory):
+    """The smoke-scale params (tiny shapes: the estimate runs in seconds)."""
+    tmp = tmp_path_factory.mktemp("cost")
+    shutil.copy(ROOT / "params.yaml", tmp / "params.yaml")
+    shutil.copytree(ROOT / "profiles", tmp / "profiles")
+    profile.apply("smoke", tmp)
+    return tmp / "params.yaml"
+
+
+def _with(path: Path, tmp_path: Path, section: str, key: str, value) -> Path:
+    from ruamel.yaml import YAML
+
+    yaml = YAML()
+    data = yaml.load(path.read_text())
+    data[section][key] = value
+    out = tmp_path / f"{section}-{key}.yaml"
+    with out.open("w") as f:
+        yaml.dump(data, f)
+    return out
+
+
+def _hours(table: str) -> dict[str, float]:
+    rows = re.findall(r"^\| \**([a-z_]+)\** \| [^|]+ \| \**([0-9.e+-]+)\** \|", table, re.M)
+    return {k: float(v) for k, v in rows}
+
+
+def test_counts_are_exact_for_a_linear_map():
+    lin = torch.nn.Linear(8, 4, bias=False)
+    c = cost.fit(lambda b: (lambda: lin(torch.zeros(b, 8))))
+    assert c.per_sample == 2 * 8 * 4 and c.per_call == 0 and c.kernels >= 1
+
+
+def test_table_has_every_stage_and_follows_the_params(smoke, tmp_path):
+    p = load_params(smoke)
+    table = cost.cost_table(p, cost.GPUS["h100"])
+    hours = _hours(table)
+    assert set(cost.STAGES) | {"total"} <= set(hours)
+    assert hours["total"] == pytest.approx(sum(hours[s] for s in cost.STAGES), rel=0.01)
+    for stage in ("train_vit", "certify_vit", "specformer", "text", "certvit", "crown"):
+        assert hours[stage] > 0, stage
+    assert "at most" in table and "H100" in table
+    # more epochs: more training hours; a larger patch: fewer tokens, fewer FLOPs
+    def train_vit_flops(path):
+        return sum(w.flops for w in cost.stage_work(load_params(path), ["train_vit"])[0])
+
+    base = train_vit_flops(smoke)
+    assert train_vit_flops(_with(smoke, tmp_path, "train_vit", "epochs", 4)) > 3.9 * base
+    assert train_vit_flops(_with(smoke, tmp_path, "train_vit", "patch", 14)) < base
+
+
+def test_unknown_pretrained_source_is_a_clear_error(smoke, tmp_path):
+    p = load_params(_with(smoke, tmp_path, "certvit", "source", "someone/vit-huge"))
+    with pytest.raises(ValueError, match="HF_VITS"):
+        cost.stage_work(p)
+
+
+def test_paper_params_name_a_known_certvit_source():
+    source = read_yaml(ROOT / "params.yaml")["certvit"]["source"]
+    assert source == "pipeline" or source in cost.HF_VITS
+
+
+def test_readme_block_is_replaced_between_the_markers(tmp_path):
+    readme = tmp_path / "README.md"
+    readme.write_text(f"a\n{cost.MARKERS[0]}\nold\n{cost.MARKERS[1]}\nb\n")
+    cost.write_readme("| new |", readme)
+    assert readme.read_text() == f"a\n{cost.MARKERS[0]}\n| new |\n{cost.MARKERS[1]}\nb\n"
+    readme.write_text("no markers")
+    with pytest.raises(ValueError, match="markers"):
+        cost.write_readme("x", readme)
+    assert all(m in (ROOT / "README.md").read_text() for m in cost.MARKERS)
+
+
+def test_bench_times_a_training_step_of_every_model_kind(smoke):
+    rows = cost.bench_training(load_params(smoke), batch=2, steps=1, device="cpu")
+    assert [r["model"] for r in rows] == list(cost.bench_models(load_params(smoke)))
+    assert len(rows) == 6 and all(r["ms_per_step"] > 0 and r["precision"] == "fp32"
+                                  for r in rows)
