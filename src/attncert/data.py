@@ -423,7 +423,7 @@ def process_hub_text(name: str, raw_dir: Path, max_train: int, max_test: int, se
             out["unlabelled_splits"].append(split)
             continue
         idx = subset_indices(len(rows["label"]), max_train if split == "train" else max_test, seed)
-        out[split] = {key: [rows[key][i] for i in idx] for key in ("text", "text_pair")
+        out[split] = {key: [rows[key][i] for i in idx.tolist()] for key in ("text", "text_pair")
                       if key in rows}
         out[split]["y"] = torch.tensor(rows["label"], dtype=torch.int64)[idx]
     return out
