@@ -281,3 +281,15 @@ def test_optional_text_datasets_offline_are_skipped_and_recorded(mirror, tmp_pat
         data.prepare(["qqp"], [], "unused", str(tmp_path / "raw"), str(tmp_path / "out2"),
                      download=True, max_train=0, max_test=0, subset_seed=0, progress=False)
     assert not (tmp_path / "out2").exists(), "a required dataset without a route writes nothing"
+
+
+def test_text_lengths_count_both_sentences_of_a_pair():
+    from attncert.figures import data as figs
+
+    obj = {"classes": ["not_duplicate", "duplicate"],
+           "train": {"text": ["how are you", "hi"], "text_pair": ["fine thanks", "hello there you"],
+                     "y": torch.tensor([1, 0])},
+           "dev": {"text": ["one two"], "y": torch.tensor([0])}}
+    lengths = figs.sentence_lengths(obj)
+    assert lengths["words"].tolist() == [5, 4, 2]
+    assert lengths["label"].tolist() == ["duplicate", "not_duplicate", "not_duplicate"]
