@@ -14,13 +14,15 @@
 # Fetches every dataset of the study (local mirror first, then the real download), loads it
 # through torchvision's own dataset classes, subsets it as params.yaml says, and saves uint8
 # tensors with per-channel mean/std (models normalise inside, so eps stays in pixel space).
-# SST-2 is kept as raw sentences and labels; tokenisation belongs to the text models.
+# SST-2, Yelp polarity and QQP (question pairs) are kept as raw text and labels; tokenisation
+# belongs to the text models.
 
 # %% tags=["parameters"]
 mirror = "../shared/datasets"
 raw_dir = "data/raw"
 processed_dir = "data/processed"
 datasets = ["mnist"]
+optional = []
 samples = []
 download = True
 max_train = 0
@@ -39,19 +41,20 @@ from attncert.figures import show
 from attncert.io import write_json
 
 summary = data.prepare(datasets, samples, mirror, raw_dir, processed_dir, download,
-                       max_train, max_test, subset_seed)
+                       max_train, max_test, subset_seed, optional=optional)
 write_json(metrics, {row["dataset"]: row for row in summary})
 
 # %% [markdown]
 # ## Sources and sizes
 # `source` says which route provided each dataset: the local mirror or the download. A
 # 20-image sample without a route (or not listed in `samples`) is skipped, never fatal: the
-# stages that use it say so in their reports.
+# stages that use it say so in their reports. So is a dataset listed in `optional` (Yelp
+# polarity and QQP: offline they have no route).
 
 # %%
 skipped = {row["dataset"]: row["skipped"] for row in summary if "skipped" in row}
-display(Markdown("**Skipped samples**: " + ("; ".join(f"`{k}`: {v}" for k, v in skipped.items())
-                                            or "none")))
+display(Markdown("**Skipped samples and optional datasets**: "
+                 + ("; ".join(f"`{k}`: {v}" for k, v in skipped.items()) or "none")))
 pd.DataFrame(summary).set_index("dataset")
 
 # %% [markdown]
@@ -75,12 +78,14 @@ if not counts.empty:
 counts.pivot_table(index=["dataset", "class"], columns="split", values="count")
 
 # %% [markdown]
-# ## SST-2 sentence lengths
+# ## Text lengths
+# Whitespace words per example (SST-2 sentences, Yelp reviews, QQP question pairs: both questions).
 
 # %%
 for obj in objs:
     if obj["kind"] == "text":
         lengths = figs.sentence_lengths(obj)
-        show(figs.length_histogram(lengths))
+        show(figs.length_histogram(lengths, obj["name"]))
         display(lengths.groupby("split")["words"].describe())
-        print("splits without labels (not used for reporting):", obj["unlabelled_splits"] or "none")
+        print(obj["name"], "splits without labels (not used for reporting):",
+              obj["unlabelled_splits"] or "none")

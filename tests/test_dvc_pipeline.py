@@ -54,8 +54,12 @@ def test_smoke_pipeline_runs_offline_and_is_incremental(smoke_repo, env):
     pngs = sum("image/png" in o.get("data", {}) for c in report.cells for o in c.get("outputs", []))
     assert pngs >= 4, "the data report shows sample grids, class balance and lengths"
     metrics = json.loads((smoke_repo / "reports/metrics/data.json").read_text())
-    assert set(metrics) == {"mnist", "fashion_mnist", "sst2", "cifar10_sample", "imagenet_sample"}
-    assert all(m["source"].startswith("mirror ") for m in metrics.values())
+    assert set(metrics) == {"mnist", "fashion_mnist", "sst2", "cifar10_sample", "imagenet_sample",
+                            "yelp_polarity", "qqp"}
+    assert all(metrics[name]["skipped"] == "not listed in data.datasets"
+               for name in ("yelp_polarity", "qqp")), "optional datasets are recorded"
+    assert all(m["source"].startswith("mirror ") for name, m in metrics.items()
+               if name not in ("yelp_polarity", "qqp"))
     assert metrics["mnist"]["n_train"] == 2000
 
     # the ViT grid point was trained, certified with every variant and audited

@@ -21,6 +21,7 @@ download = False
 mirror = ""
 raw_dir = ""
 processed_dir = ""
+optional = []
 samples = []
 subset_seed = 0
 grid_per_class = 1
@@ -75,7 +76,7 @@ def test_passes_real_types(project, venv_env):
         ("  max_train: 0 ", "  max_trian: 0 ", "data.max_trian"),
         ("  max_train: 0 ", "  max_train: '1e3' ", "data.max_train"),
         ("  max_train: 0 ", "  max_train: -3 ", "data.max_train"),
-        ("svhn, sst2]", "svhn, sst3]", "data.datasets"),
+        ("svhn, sst2,", "svhn, sst3,", "data.datasets"),
         ("  device: auto ", "  device: tpu ", "base.device"),
         ("eps: [0.01, 0.03,", "eps: [-0.01, 0.03,", "tightness.eps"),
         ("  pgd_steps: 300", "  pgd_steps: 3e2", "tightness.pgd_steps"),

@@ -20,7 +20,8 @@ def test_committed_params_are_valid_paper_scale():
     p = load_params(ROOT / "params.yaml")
     assert p["base"].scale == "paper"
     assert set(p["data"].datasets) == {"mnist", "fashion_mnist", "cifar10", "cifar100", "svhn",
-                                       "sst2"}
+                                       "sst2", "yelp_polarity", "qqp"}
+    assert set(p["data"].optional) == {"yelp_polarity", "qqp"}  # offline: skipped, recorded
 
 
 def test_yaml_12_semantics(tmp_path):
@@ -42,6 +43,7 @@ def test_yaml_12_semantics(tmp_path):
          r"^data\.datasets: unknown value 'imagenette'"),
         ("data", "datasets", "mnist", r"^data\.datasets: expected a list"),
         ("data", "datasets", ["mnist", "mnist"], r"duplicate"),
+        ("data", "optional", ["yelp"], r"^data\.optional: unknown value 'yelp'"),
         ("base", "device", "gpu", r"^base\.device: unknown device 'gpu'"),
         ("base", "scale", "huge", r"^base\.scale: unknown value 'huge'"),
         ("base", "seed", 1.5, r"^base\.seed: expected int, got float"),

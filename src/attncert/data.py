@@ -7,7 +7,11 @@ differs:
 1. a local mirror in torchvision's ``<mirror>/<Dataset>/raw`` layout (``../shared/datasets``
    by default, ``data.mirror`` in params.yaml, ``$ATTNCERT_DATA_MIRROR`` overrides both);
    files are copied or decompressed into ``data/raw``, the mirror is never modified;
-2. the real download (torchvision ``download=True``; SST-2 from GLUE).
+2. the real download (torchvision ``download=True``; SST-2 from GLUE; Yelp polarity and QQP
+   through Hugging Face ``datasets``, written out in their original file layout).
+
+A dataset listed in ``data.optional`` that neither route provides is skipped, never fatal: its
+processed file records why (the same record as a skipped sample).
 
 Processed outputs hold uint8 pixels (N, C, H, W) and per-channel mean/std of the training
 split in [0, 1] pixel space: models normalise inside, so eps stays in pixel space.
@@ -19,7 +23,7 @@ import csv
 import gzip
 import os
 import shutil
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -72,7 +76,7 @@ IMAGE_DATASETS: dict[str, ImageDataset] = {
         ImageDataset("svhn", "SVHN", "SVHN", False, lambda s: {"split": s}),
     )
 }
-TEXT_FOLDER = {"sst2": "SST2"}
+TEXT_FOLDER = {"sst2": "SST2", "yelp_polarity": "YelpPolarity", "qqp": "QQP"}
 SAMPLE_FOLDERS = {"cifar10_sample": "CIFAR10-sample", "imagenet_sample": "ImageNet-sample"}
 
 
@@ -111,12 +115,13 @@ def _marked_source(folder: Path) -> str | None:
     return marker.read_text().strip() if marker.is_file() else None
 
 
-def _unavailable(name: str, mirror_dir: Path | None, download_error: str | None) -> DataUnavailable:
+def _unavailable(name: str, mirror_dir: Path | None, download_error: str | None,
+                 layout: str = "torchvision's layout") -> DataUnavailable:
     where = str(mirror_dir) if mirror_dir else "no mirror configured"
     dl = download_error if download_error else "downloads disabled (data.download: false)"
     return DataUnavailable(
         f"{name}: no usable copy in the local mirror ({where}) and the download failed "
-        f"({dl}). Provide it by either (1) placing the raw files in torchvision's layout under "
+        f"({dl}). Provide it by either (1) placing the raw files in {layout} under "
         f"a mirror folder and pointing ${MIRROR_ENV} or data.mirror at it, or (2) running "
         f"with internet access and data.download: true."
     )
@@ -275,6 +280,156 @@ def process_sst2(raw_dir: Path, max_train: int, max_test: int, seed: int,
     return out
 
 
+# ---------------------------------------------------------------------------- Yelp, QQP
+@dataclass(frozen=True)
+class HubTextDataset:
+    """A text dataset in its original file layout, or downloaded from the Hugging Face hub."""
+
+    name: str
+    files: dict[str, str]  # split -> file name in <mirror>/<folder>/
+    hub_id: str
+    hub_config: str | None
+    hub_splits: dict[str, str]  # our split -> the hub's split: the labelled splits, required
+    classes: tuple[str, ...]
+
+    @property
+    def folder(self) -> str:
+        return TEXT_FOLDER[self.name]
+
+
+HUB_TEXT_DATASETS: dict[str, HubTextDataset] = {
+    d.name: d
+    for d in (
+        # Zhang et al. 2015's CSV release: no header, "class","text" with class 1 (negative) or
+        # 2 (positive), quotes doubled, newlines written as the two characters \n
+        HubTextDataset("yelp_polarity", {"train": "train.csv", "test": "test.csv"},
+                       "fancyzhx/yelp_polarity", None, {"train": "train", "test": "test"},
+                       ("negative", "positive")),
+        # GLUE's QQP TSVs (header id, qid1, qid2, question1, question2, is_duplicate); its test
+        # split has no labels: a mirror's copy is listed as unlabelled, the download skips it
+        HubTextDataset("qqp", {"train": "train.tsv", "dev": "dev.tsv", "test": "test.tsv"},
+                       "nyu-mll/glue", "qqp", {"train": "train", "dev": "validation"},
+                       ("not_duplicate", "duplicate")),
+    )
+}
+QQP_COLUMNS = ("question1", "question2", "is_duplicate")
+
+
+def read_yelp_csv(path: Path) -> dict[str, list]:
+    """Read one Yelp polarity CSV of the original release: labels 1/2 become 0/1."""
+    text, label = [], []
+    with open(path, newline="", encoding="utf-8") as f:
+        for line, row in enumerate(csv.reader(f), start=1):
+            if len(row) != 2 or row[0] not in ("1", "2"):
+                raise ValueError(f"{path}:{line}: expected \"1\" or \"2\" then the review, "
+                                 f"got {row[:2]!r}")
+            label.append(int(row[0]) - 1)
+            text.append(row[1].replace("\\n", "\n"))
+    return {"text": text, "label": label}
+
+
+def read_qqp_tsv(path: Path) -> dict[str, list] | None:
+    """Read one GLUE QQP TSV by its header; None for a split without labels (GLUE's test)."""
+    with open(path, newline="", encoding="utf-8") as f:
+        reader = csv.DictReader(f, delimiter="\t", quoting=csv.QUOTE_NONE)
+        fields = reader.fieldnames or []
+        missing = [c for c in QQP_COLUMNS[:2] if c not in fields]
+        if missing:
+            raise ValueError(f"{path}: no {missing} column(s) in header {fields}")
+        if "is_duplicate" not in fields:
+            return None
+        text, pair, label = [], [], []
+        for line, row in enumerate(reader, start=2):
+            if row["is_duplicate"] not in ("0", "1"):
+                raise ValueError(f"{path}:{line}: is_duplicate must be 0 or 1, "
+                                 f"got {row['is_duplicate']!r}")
+            text.append(row["question1"])
+            pair.append(row["question2"])
+            label.append(int(row["is_duplicate"]))
+    return {"text": text, "text_pair": pair, "label": label}
+
+
+def _hub_text_files(spec: HubTextDataset, folder: Path) -> dict[str, Path]:
+    paths = {s: folder / f for s, f in spec.files.items()}
+    return {s: p for s, p in paths.items() if p.is_file()}
+
+
+def _one_line(text: str) -> str:
+    """A field for a QUOTE_NONE TSV: tabs and line breaks become spaces."""
+    return " ".join(text.replace("\t", " ").splitlines())
+
+
+def _write_hub_text(spec: HubTextDataset, hub: Any, folder: Path) -> None:
+    """Write the hub's labelled splits in the dataset's original file layout."""
+    folder.mkdir(parents=True, exist_ok=True)
+    for split, hub_split in spec.hub_splits.items():
+        rows = hub[hub_split]
+        with open(folder / spec.files[split], "w", newline="", encoding="utf-8") as f:
+            if spec.name == "yelp_polarity":
+                writer = csv.writer(f, quoting=csv.QUOTE_ALL)
+                for row in rows:
+                    writer.writerow([str(int(row["label"]) + 1), row["text"].replace("\n", "\\n")])
+            else:
+                f.write("id\t" + "\t".join(QQP_COLUMNS) + "\n")
+                for i, row in enumerate(rows):
+                    f.write(f"{row.get('idx', i)}\t{_one_line(row['question1'])}\t"
+                            f"{_one_line(row['question2'])}\t{int(row['label'])}\n")
+
+
+def fetch_hub_text(name: str, raw_dir: Path, mirror: Path | None, download: bool) -> str:
+    """Make Yelp polarity or QQP readable from ``raw_dir``; return the source used.
+
+    Mirror layout: ``<mirror>/YelpPolarity/{train,test}.csv`` (the original CSV release),
+    ``<mirror>/QQP/{train,dev}.tsv`` (GLUE). The download goes through Hugging Face
+    ``datasets`` (imported only here) and is written out in the same layout.
+    """
+    spec = HUB_TEXT_DATASETS[name]
+    local = raw_dir / spec.folder / "raw"
+    cached = _marked_source(local)
+    if cached and set(spec.hub_splits) <= set(_hub_text_files(spec, local)):
+        return cached
+    mirror_dir = mirror / spec.folder if mirror else None
+    if mirror_dir and set(spec.hub_splits) <= set(_hub_text_files(spec, mirror_dir)):
+        local.mkdir(parents=True, exist_ok=True)
+        for path in _hub_text_files(spec, mirror_dir).values():
+            shutil.copyfile(path, local / path.name)
+        return _mark(local, f"mirror {mirror_dir}")
+    error = None
+    if download:
+        cache = raw_dir / spec.folder / "hub-cache"
+        try:
+            from datasets import load_dataset
+
+            hub = load_dataset(spec.hub_id, spec.hub_config, cache_dir=str(cache))
+            _write_hub_text(spec, hub, local)
+            shutil.rmtree(cache, ignore_errors=True)  # the files above are the raw copy
+            where = spec.hub_id + (f" {spec.hub_config}" if spec.hub_config else "")
+            return _mark(local, f"download (Hugging Face datasets: {where})")
+        except Exception as exc:  # ImportError, network and hub errors
+            error = _first_line(exc)
+    layout = ", ".join(f"{spec.folder}/{spec.files[split]}" for split in spec.hub_splits)
+    raise _unavailable(name, mirror_dir, error, layout=f"their original layout ({layout})")
+
+
+def process_hub_text(name: str, raw_dir: Path, max_train: int, max_test: int, seed: int,
+                     source: str) -> dict[str, Any]:
+    """Sentences (and QQP's second questions as ``text_pair``) and labels, like SST-2."""
+    spec = HUB_TEXT_DATASETS[name]
+    local = raw_dir / spec.folder / "raw"
+    out: dict[str, Any] = {"name": name, "kind": "text", "source": source,
+                           "classes": list(spec.classes), "unlabelled_splits": []}
+    for split, path in _hub_text_files(spec, local).items():
+        rows = read_yelp_csv(path) if name == "yelp_polarity" else read_qqp_tsv(path)
+        if rows is None:
+            out["unlabelled_splits"].append(split)
+            continue
+        idx = subset_indices(len(rows["label"]), max_train if split == "train" else max_test, seed)
+        out[split] = {key: [rows[key][i] for i in idx.tolist()] for key in ("text", "text_pair")
+                      if key in rows}
+        out[split]["y"] = torch.tensor(rows["label"], dtype=torch.int64)[idx]
+    return out
+
+
 # ---------------------------------------------------------------------------- samples
 def _sample_files(folder: Path, prefix: str) -> list[tuple[Path, int]]:
     files = sorted(folder.glob(f"{prefix}_*_*.*"))
@@ -330,23 +485,32 @@ def sample_classes(name: str) -> list[str]:
 # ---------------------------------------------------------------------------- the stage
 def prepare(datasets: list[str], samples: list[str], mirror: str, raw_dir: str,
             processed_dir: str, download: bool, max_train: int, max_test: int,
-            subset_seed: int, progress: bool = True) -> list[dict[str, Any]]:
+            subset_seed: int, optional: Sequence[str] = (),
+            progress: bool = True) -> list[dict[str, Any]]:
     """Fetch, process and save every requested dataset; return one summary row each.
 
     Every dataset is fetched before anything is written, so a missing dataset fails the
     stage in seconds, naming both routes. A sample without a route is skipped: its file holds
-    the reason (see :func:`skipped_sample`) and its row has a ``skipped`` entry.
+    the reason (see :func:`skipped_sample`) and its row has a ``skipped`` entry. A dataset in
+    ``optional`` is skipped the same way (:func:`skipped_dataset`) when no route provides it
+    or when it is not in ``datasets``.
     """
     from tqdm.auto import tqdm
 
     mirror_path = resolve_mirror(mirror)
     raw, processed = Path(raw_dir), Path(processed_dir)
     sources = {}
+    # an optional dataset (data.optional) is skipped, never fatal, with the reason recorded in
+    # its processed file, like a sample; every optional dataset gets a file (the data or the
+    # record), so a stage that depends on one always finds it
+    skipped = {name: "not listed in data.datasets" for name in optional if name not in datasets}
     for name in tqdm(datasets, desc="fetch", disable=not progress):
-        if name in IMAGE_DATASETS:
-            sources[name] = fetch_image(name, raw, mirror_path, download)
-        else:
-            sources[name] = fetch_sst2(raw, mirror_path, download)
+        try:
+            sources[name] = fetch(name, raw, mirror_path, download)
+        except DataUnavailable as exc:
+            if name not in optional:
+                raise
+            skipped[name] = str(exc)
     # a sample is a small extra evaluation set: without a route it is skipped, never fatal. Every
     # known sample gets a file (the images, or a record of why it was skipped), so a stage
     # that depends on one always finds it and can say in its report that it was skipped.
@@ -361,11 +525,17 @@ def prepare(datasets: list[str], samples: list[str], mirror: str, raw_dir: str,
             loaded.append(skipped_sample(name, str(exc)))
 
     rows = []
-    for name in tqdm(datasets, desc="process", disable=not progress):
+    for name in tqdm(list(sources), desc="process", disable=not progress):
         if name in IMAGE_DATASETS:
             obj = process_image(name, raw, max_train, max_test, subset_seed, sources[name])
+        elif name in HUB_TEXT_DATASETS:
+            obj = process_hub_text(name, raw, max_train, max_test, subset_seed, sources[name])
         else:
             obj = process_sst2(raw, max_train, max_test, subset_seed, sources[name])
+        torch_save(obj, processed / f"{name}.pt")
+        rows.append(summary_row(obj))
+    for name, reason in skipped.items():
+        obj = skipped_dataset(name, reason)
         torch_save(obj, processed / f"{name}.pt")
         rows.append(summary_row(obj))
     for obj in loaded:
@@ -377,6 +547,21 @@ def prepare(datasets: list[str], samples: list[str], mirror: str, raw_dir: str,
 def skipped_sample(name: str, reason: str) -> dict[str, Any]:
     """The processed file of a sample that could not be provided: the reason, no images."""
     return {"name": name, "kind": "image", "source": f"skipped: {reason}", "skipped": reason}
+
+
+def skipped_dataset(name: str, reason: str) -> dict[str, Any]:
+    """The processed file of an optional dataset that was not provided: the reason, no data."""
+    kind = "image" if name in IMAGE_DATASETS else "text"
+    return {"name": name, "kind": kind, "source": f"skipped: {reason}", "skipped": reason}
+
+
+def fetch(name: str, raw_dir: Path, mirror: Path | None, download: bool) -> str:
+    """Fetch any dataset of ``data.datasets``; return the source used."""
+    if name in IMAGE_DATASETS:
+        return fetch_image(name, raw_dir, mirror, download)
+    if name in HUB_TEXT_DATASETS:
+        return fetch_hub_text(name, raw_dir, mirror, download)
+    return fetch_sst2(raw_dir, mirror, download)
 
 
 def summary_row(obj: dict[str, Any]) -> dict[str, Any]:
@@ -408,6 +593,11 @@ def load_processed(name: str, processed_dir: str | Path) -> dict[str, Any]:
     if "skipped" in obj:
         raise DataUnavailable(f"{name}: skipped by the data stage: {obj['skipped']}")
     return obj
+
+
+def dataset_skipped(name: str, processed_dir: str | Path) -> str | None:
+    """Why the data stage skipped the optional dataset ``name`` (None: it is available)."""
+    return _read_processed(name, processed_dir).get("skipped")
 
 
 def sample_skipped(name: str, processed_dir: str | Path) -> str | None:

@@ -21,9 +21,9 @@ from ruamel.yaml import YAML
 
 PARAMS_FILE = "params.yaml"
 
-#: Image datasets the data stage can prepare, and the text dataset.
+#: Image datasets the data stage can prepare, and the text datasets.
 IMAGE_DATASETS = ("mnist", "fashion_mnist", "cifar10", "cifar100", "svhn")
-TEXT_DATASETS = ("sst2",)
+TEXT_DATASETS = ("sst2", "yelp_polarity", "qqp")
 DATASETS = IMAGE_DATASETS + TEXT_DATASETS
 #: Small real evaluation sets shipped with the offline mirror.
 SAMPLE_SETS = ("cifar10_sample", "imagenet_sample")
@@ -116,6 +116,8 @@ class DataParams:
     raw_dir: str = param()
     processed_dir: str = param()
     datasets: list[str] = param(one_of(*DATASETS), unique)
+    optional: list[str] = param(one_of(*DATASETS), unique,
+                                doc="datasets skipped and recorded (never fatal) without a route")
     samples: list[str] = param(one_of(*SAMPLE_SETS), unique)
     download: bool = param()
     max_train: int = param(nonneg, doc="0 keeps the full split")

@@ -80,18 +80,24 @@ def class_balance(counts: pd.DataFrame, max_classes: int = 20):
 
 
 def sentence_lengths(obj: dict[str, Any]) -> pd.DataFrame:
-    """Whitespace-token counts of every sentence (tokenisation belongs to the text models)."""
-    return pd.DataFrame(
-        [{"split": split, "words": len(t.split()), "label": obj["classes"][int(lab)]}
-         for split in ("train", "dev", "test") if split in obj
-         for t, lab in zip(obj[split]["text"], obj[split]["y"], strict=True)]
-    )
+    """Whitespace-token counts of every example (tokenisation belongs to the text models); a
+    sentence pair (QQP) counts both sentences."""
+    rows = []
+    for split in ("train", "dev", "test"):
+        if split not in obj:
+            continue
+        part = obj[split]
+        pairs = part.get("text_pair", [""] * len(part["text"]))
+        rows += [{"split": split, "words": len(t.split()) + len(u.split()),
+                  "label": obj["classes"][int(lab)]}
+                 for t, u, lab in zip(part["text"], pairs, part["y"].tolist(), strict=True)]
+    return pd.DataFrame(rows)
 
 
-def length_histogram(lengths: pd.DataFrame):
+def length_histogram(lengths: pd.DataFrame, name: str = "sst2"):
     fig, ax = plt.subplots(figsize=(7, 3))
     sns.histplot(data=lengths, x="words", hue="split", stat="density", common_norm=False,
                  discrete=True, element="step", ax=ax)
-    ax.set_title("SST-2 sentence length (words)")
+    ax.set_title(f"{name} text length (words)")
     fig.tight_layout()
     return fig
