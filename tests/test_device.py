@@ -9,6 +9,8 @@ stream on either device.
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pandas as pd
 import pytest
 import torch
@@ -180,7 +182,8 @@ def test_text_olsa_certificates_on_the_device():
     ref = certify_rows(model, data, batch_size=4)
     with simulated_device() as sim:
         cert = certify_rows(model.to(sim.device), data, sim.device, batch_size=4)
-    assert cert.drop(columns="seconds").equals(ref.drop(columns="seconds"))
+    pd.testing.assert_frame_equal(cert.drop(columns="seconds"), ref.drop(columns="seconds"),
+                                  rtol=1e-12)
 
 
 # -- CertViT: the empirical-Lipschitz audit and the Douglas-Rachford record step ------------
@@ -271,3 +274,14 @@ def test_resolve_device(monkeypatch):
     assert resolve_device("cuda:0") == torch.device("cuda", 0)
     with pytest.raises(ValueError, match="only 2 CUDA"):
         resolve_device("cuda:2")
+
+
+def test_every_generator_comes_from_the_rng_helper():
+    """One convention: the package and the notebooks make generators only through
+    attncert.rng.generator(seed, device)."""
+    root = Path(__file__).resolve().parents[1]
+    files = [*(root / "src" / "attncert").rglob("*.py"), *(root / "notebooks").glob("*.py")]
+    offenders = [f"{p.relative_to(root)}:{i}" for p in files if p.name != "rng.py"
+                 for i, line in enumerate(p.read_text().splitlines(), 1)
+                 if "Generator(" in line]
+    assert len(files) > 20 and offenders == []
