@@ -48,10 +48,24 @@ NAME = "simdev"
 
 
 def _register() -> None:
-    from torch.utils.backend_registration import _setup_privateuseone_for_python_backend
+    from torch.utils.backend_registration import (
+        _DummyBackendModule,
+        _DummyPrivateUse1Hook,
+        _setup_privateuseone_for_python_backend,
+    )
+
+    # reported unavailable: code that asks torch for an accelerator (torch.accelerator, a
+    # pinned DataLoader) keeps seeing a CPU-only machine in the rest of the test session
+    class Hooks(_DummyPrivateUse1Hook):
+        def is_available(self) -> bool:
+            return False
+
+    class Module(_DummyBackendModule):
+        def is_available(self) -> bool:
+            return False
 
     if torch._C._get_privateuse1_backend_name() == "privateuseone":
-        _setup_privateuseone_for_python_backend(NAME)
+        _setup_privateuseone_for_python_backend(NAME, backend_module=Module(), hook=Hooks())
     if torch._C._get_privateuse1_backend_name() != NAME:
         raise RuntimeError("the PrivateUse1 backend is already taken by another name")
 
