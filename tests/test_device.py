@@ -18,7 +18,8 @@ from simdevice import DeviceError, SimTensor, simulated_device
 
 from attncert import certify, tightness
 from attncert import specformer as sf
-from attncert.certvit import DRConfig, constrain, empirical_lipschitz
+from attncert.certvit import DRConfig, adapt, constrain, empirical_lipschitz
+from attncert.certvit.certificate import certify as certify_global
 from attncert.models.vit import ViTConfig, build_vit
 from attncert.msvp import MSVP
 from attncert.train import TrainConfig, resolve_device
@@ -196,7 +197,7 @@ def _standard_vit():
                                attn_bias=True, mean=(0.3,), std=(0.4,))).eval()
 
 
-def test_certvit_audit_and_douglas_rachford_on_the_device():
+def test_certvit_certificate_audit_and_douglas_rachford_on_the_device():
     model = _standard_vit()
     x = torch.rand(4, 1, 8, 8, generator=torch.Generator().manual_seed(0))
     cfg = DRConfig(max_pairs=16, iterations=2, batch_size=8, seed=3)
@@ -208,6 +209,15 @@ def test_certvit_audit_and_douglas_rachford_on_the_device():
         emp = empirical_lipschitz(dm, x.to(sim.device), steps=2,
                                   generator=torch.Generator(device=sim.device).manual_seed(0))
         dr = constrain(dm, x, cfg, include=["blocks.0.mlp.fc1"])
+    adapted = adapt(_standard_vit())
+    y = torch.tensor([0, 1, 2, 0])
+    ref_cert = certify_global(adapted, x, y, [0.01, 0.1], attack_steps=2)
+    with simulated_device() as sim:
+        cert = certify_global(adapted.to(sim.device), x.to(sim.device), y.to(sim.device),
+                              [0.01, 0.1], attack_steps=2)
+    assert cert["audit"] == ref_cert["audit"] and cert["broken"] == 0
+    # the exact spectral norms of the bound may take another LAPACK path (last bits)
+    torch.testing.assert_close(cert["radius"], ref_cert["radius"], rtol=1e-12, atol=0)
     assert sim.draws_on_device > 0 and emp == ref_emp
     assert all(v.device.type == "simdev" for v in dr.weights.values())
     for k, v in ref_dr.weights.items():
