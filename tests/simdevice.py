@@ -21,7 +21,8 @@ CPU test and raises only on the GPU. This module gives the tests a second device
       reshaped from one, and then copied to the device (a host draw and a transfer where a
       draw on the device costs neither).
   It also counts host synchronisations (``.item()``, ``float()``, ``bool()``, copies to the
-  host) so a test can bound them.
+  host, boolean-mask indexing and other operators whose output size depends on values) so a
+  test can bound them.
 
 Usage::
 
@@ -47,10 +48,24 @@ NAME = "simdev"
 
 
 def _register() -> None:
-    from torch.utils.backend_registration import _setup_privateuseone_for_python_backend
+    from torch.utils.backend_registration import (
+        _DummyBackendModule,
+        _DummyPrivateUse1Hook,
+        _setup_privateuseone_for_python_backend,
+    )
+
+    # reported unavailable: code that asks torch for an accelerator (torch.accelerator, a
+    # pinned DataLoader) keeps seeing a CPU-only machine in the rest of the test session
+    class Hooks(_DummyPrivateUse1Hook):
+        def is_available(self) -> bool:
+            return False
+
+    class Module(_DummyBackendModule):
+        def is_available(self) -> bool:
+            return False
 
     if torch._C._get_privateuse1_backend_name() == "privateuseone":
-        _setup_privateuseone_for_python_backend(NAME)
+        _setup_privateuseone_for_python_backend(NAME, backend_module=Module(), hook=Hooks())
     if torch._C._get_privateuse1_backend_name() != NAME:
         raise RuntimeError("the PrivateUse1 backend is already taken by another name")
 
@@ -235,7 +250,7 @@ class _Mode(TorchDispatchMode):
         to_host = (name == "aten::_to_copy" and on_sim and not to_sim
                    and isinstance(kwargs.get("device"), torch.device)
                    and kwargs["device"].type == "cpu")
-        if scalar or to_host:
+        if scalar or to_host or (on_sim and _data_dependent_shape(name, args)):
             self.record.host_syncs += 1
         un = tree_map(lambda t: t.elem if isinstance(t, SimTensor) else t, (args, kwargs))
         with torch._C._DisableFuncTorch():  # the CPU kernel itself, below torch.func's layers
@@ -247,6 +262,18 @@ class _Mode(TorchDispatchMode):
 
 
 _ACTIVE: list[_Mode] = []
+_SHAPE_FROM_DATA = {"aten::nonzero", "aten::masked_select", "aten::unique_dim",
+                    "aten::_unique2", "aten::repeat_interleave"}
+
+
+def _data_dependent_shape(name: str, args) -> bool:
+    """An operator whose output size depends on device values waits for them (CUDA syncs):
+    nonzero and friends, and indexing with a boolean mask (``x[mask]``, ``x[mask] = v``)."""
+    if name in _SHAPE_FROM_DATA:
+        return True
+    return (name.startswith(("aten::index", "aten::_index_put")) and len(args) > 1
+            and isinstance(args[1], list | tuple)
+            and any(isinstance(t, torch.Tensor) and t.dtype == torch.bool for t in args[1]))
 
 
 @contextlib.contextmanager

@@ -87,7 +87,8 @@ def pgd(model: nn.Module, x: Tensor, y: Tensor, eps: float | Tensor, norm: str, 
         fooled = logits.argmax(1) != y
         value = attack_loss(logits, y, loss)
         take = (fooled & ~success) | (~success & ~fooled & (value > best_loss))
-        best[take] = cand[take]
+        # a select, not best[take] = ...: boolean-mask indexing waits for the device
+        best.copy_(torch.where(take.reshape(-1, *([1] * (best.dim() - 1))), cand, best))
         best_loss = torch.where(take, value, best_loss)
         success = success | fooled
 

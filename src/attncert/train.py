@@ -140,10 +140,26 @@ def load_checkpoint(path: Path, config: Mapping[str, Any],
 
 
 def resolve_device(spec: str | torch.device = "auto") -> torch.device:
-    """"auto" -> cuda if available else cpu; anything else as torch.device."""
+    """``base.device`` as a torch.device: "auto" -> the current CUDA device if there is one,
+    else cpu; "cpu", "cuda", "cuda:N", "mps" as given, with a one-line error when the machine
+    has no such device (rather than a failure deep inside a stage)."""
     if str(spec) == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    return torch.device(spec)
+        if torch.cuda.is_available():
+            return torch.device("cuda", torch.cuda.current_device())
+        return torch.device("cpu")
+    dev = torch.device(spec)
+    if dev.type == "cuda":
+        if not torch.cuda.is_available():
+            raise ValueError(f"device {spec!r}: CUDA is not available on this machine "
+                             "(use auto or cpu)")
+        index = torch.cuda.current_device() if dev.index is None else dev.index
+        if index >= torch.cuda.device_count():
+            raise ValueError(f"device {spec!r}: only {torch.cuda.device_count()} CUDA "
+                             "device(s) visible")
+        return torch.device("cuda", index)
+    if dev.type == "mps" and not torch.backends.mps.is_available():
+        raise ValueError(f"device {spec!r}: MPS is not available on this machine")
+    return dev
 
 
 # -- data ------------------------------------------------------------------------------------

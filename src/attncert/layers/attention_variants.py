@@ -21,6 +21,7 @@ import math
 import torch
 from torch import Tensor, nn
 
+from .. import rng
 from .attention import MultiHeadAttention, linear_weight
 from .embed import SVD_PAD
 
@@ -319,6 +320,7 @@ def spectral_init_(weight: Tensor, gain: float = 1.0,
     """
     if weight.dim() != 2:
         raise ValueError(f"spectral_init_ expects a 2-D weight, got shape {tuple(weight.shape)}")
+    rng.check(generator, weight.device, "spectral_init_")
     nn.init.xavier_normal_(weight, generator=generator)
     sigma = torch.linalg.matrix_norm(weight.double(), 2)
     return weight.mul_((gain / sigma).to(weight.dtype))
