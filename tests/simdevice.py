@@ -284,9 +284,14 @@ def simulated_device():
     mode = _Mode(record)
     torch.Generator = _SimGenerator
     _ACTIVE.append(mode)
+    # module.to(dtype) assigns ``param.data``, which would change only the wrapper's metadata of
+    # a simulated tensor; swapping the parameters converts the tensor it holds as well
+    swap = torch.__future__.get_swap_module_params_on_conversion()
+    torch.__future__.set_swap_module_params_on_conversion(True)
     try:
         with _GeneratorCheck(mode._fail, record), mode:
             yield record
     finally:
         torch.Generator = real_generator
+        torch.__future__.set_swap_module_params_on_conversion(swap)
         _ACTIVE.remove(mode)
