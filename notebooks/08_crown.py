@@ -19,6 +19,8 @@
 # an unsupported operator, a bound outside an operator's domain) is a recorded "-", never a
 # crash. Table 2 is a read-out of the same rows: LoFAST first, CROWN on the points it left.
 # Every certified point is then attacked with L2 PGD: a broken certificate fails the stage.
+# Everything runs on `base.device` (CROWN too: auto_LiRPA bounds on the GPU when there is one);
+# LoFAST and the audit in float64, CROWN in `bound_dtype`.
 
 # %% tags=["parameters"]
 seed = 0
@@ -47,6 +49,7 @@ n_test = 5
 cert_eps = [0.02, 0.05, 0.1]
 lofast_variant = "lofast_M"
 methods = ["crown"]
+bound_dtype = "float64"
 alpha_iterations = 20
 time_limit = 60.0
 attack_steps = 50
@@ -81,12 +84,12 @@ p = dict(patch=patch, dim=dim, heads=heads, mlp_hidden=mlp_hidden, pool=pool,
          warmup_steps=warmup_steps, lmt_offset=lmt_offset, logit_scale=logit_scale)
 data = load_processed(dataset, processed_dir)
 n = min(n_test, len(data["test"]["y"]))
-x = as_float(data["test"]["x"][:n]).double()
-y = data["test"]["y"][:n]
+x = as_float(data["test"]["x"][:n]).to(dev, torch.float64)
+y = data["test"]["y"][:n].to(dev)
 display(Markdown(f"**{scale} scale**: {dataset}, depths {depths}, {dim}-d, patch {patch}, "
-                 f"{n} test points, eps {cert_eps}; CROWN methods {methods} "
-                 f"(time limit {time_limit:g} s per bound).  \n**auto_LiRPA patches applied:** "
-                 f"{', '.join(PATCHES)}"))
+                 f"{n} test points, eps {cert_eps}; CROWN methods {methods} in {bound_dtype} "
+                 f"on {dev} (time limit {time_limit:g} s per bound).  \n"
+                 f"**auto_LiRPA patches applied:** {', '.join(PATCHES)}"))
 
 # %% [markdown]
 # ## Training one ViT per depth
@@ -96,7 +99,7 @@ models, trained = {}, []
 for depth in depths:
     model, acc, secs = study.train_model(data, p, depth, seed, out / "ckpt" / f"L{depth}", dev,
                                          precision)
-    models[depth] = model.cpu()
+    models[depth] = model
     trained.append({"depth": depth, "test_acc": 100 * acc, "train_seconds": secs})
 pd.DataFrame(trained).round(2)
 
@@ -112,7 +115,8 @@ for depth, model in models.items():
     radii = {"lofast": study.grid_radius(certified)}
     for method in methods:
         rows, build_s = study.crown_frame(model, x, y, cert_eps, method, time_limit,
-                                          alpha_iterations, progress=True)
+                                          alpha_iterations, getattr(torch, bound_dtype),
+                                          progress=True)
         crown_all.append(rows.assign(depth=depth))
         a, b = study.tables(lo, rows, cert_eps, depth, METHODS[method])
         t1 += a if method == methods[0] else a[1:]

@@ -2,6 +2,8 @@
 bounds contain every sampled and attacked output, the combination, failures as rows."""
 
 import math
+import re
+from pathlib import Path
 
 import pandas as pd
 import pytest
@@ -11,6 +13,9 @@ from attncert.attacks import pgd_l2
 from attncert.crown import PATCHES, CrownCertifier, CrownViT, apply_patches, certify_points, study
 from attncert.crown.bridge import margin_spec
 from attncert.models.vit import ViTConfig, build_vit
+from attncert.nbrun import read_notebook
+from attncert.params import load_params
+from attncert.train import resolve_device
 
 
 def tiny_vit(seed: int = 0, pool: str = "mean") -> torch.nn.Module:
@@ -61,13 +66,33 @@ def test_crown_bounds_contain_sampled_and_attacked_outputs():
             out = model(pts)
         assert (out >= lower - 1e-9).all() and (out <= upper + 1e-9).all()
         y = model(x).argmax(1)
-        margin = cert.margin_lower(x, y, eps)
         xa, _ = pgd_l2(model, x.expand(4, -1, -1, -1), y.expand(4), eps, 30, 2, generator=g)
         with torch.no_grad():
             logits = torch.cat([model(xa), out])
         gaps = logits[:, y] - logits  # (N, C): f_y - f_j
         others = [j for j in range(3) if j != int(y)]
+        margin = cert.margin_lower(x, y, eps)
         assert (gaps[:, others] >= margin - 1e-9).all(), k
+
+
+def test_alpha_crown_is_sound_and_at_least_as_tight_as_crown():
+    """alpha-CROWN (full alphas on the (tokens, features) activations) runs on the ViT graph:
+    its margins hold against sampled and attacked points and never fall below CROWN's."""
+    model = tiny_vit()
+    cert = CrownCertifier.from_vit(model, (1, 8, 8))
+    g = torch.Generator().manual_seed(3)
+    x = torch.rand(1, 1, 8, 8, generator=g, dtype=torch.float64)
+    y, eps = model(x).argmax(1), 0.1
+    crown = cert.margin_lower(x, y, eps, "crown")
+    alpha = cert.margin_lower(x, y, eps, "alpha_crown", 10)
+    assert (alpha >= crown - 1e-9).all() and torch.isfinite(alpha).all()
+    assert (alpha > crown + 1e-3).any(), "the optimised relaxations tighten this point"
+    xa, _ = pgd_l2(model, x.expand(4, -1, -1, -1), y.expand(4), eps, 30, 2, generator=g)
+    with torch.no_grad():
+        logits = torch.cat([model(xa), model(sample_ball(x, eps, 2000, g))])
+    gaps = logits[:, y] - logits
+    others = [j for j in range(3) if j != int(y)]
+    assert (gaps[:, others] >= alpha - 1e-9).all()
 
 
 def test_combination_certifies_at_least_either_method():
@@ -121,3 +146,61 @@ def test_time_limit_is_recorded_when_the_alarm_is_caught_and_rethrown():
     with time_limit(5.0) as quiet:
         pass
     assert not quiet.fired
+
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.mark.parametrize("method", ["crown", "alpha_crown"])
+def test_crown_runs_on_the_stage_device(monkeypatch, method):
+    """The stage's device (base.device of params.yaml, resolved: the GPU on a GPU box) carries
+    the whole CROWN path; nothing moves a model or a tensor to the CPU on the way."""
+    dev = resolve_device(load_params(ROOT / "params.yaml")["base"].device)
+    model = tiny_vit().to(dev)
+    x = torch.rand(2, 1, 8, 8, generator=torch.Generator().manual_seed(3),
+                   dtype=torch.float64).to(dev)
+    y = model(x).argmax(1)
+
+    def pinned(*args, **kwargs):
+        raise AssertionError("the CROWN path moved something to the CPU")
+
+    monkeypatch.setattr(torch.Tensor, "cpu", pinned)
+    monkeypatch.setattr(torch.nn.Module, "cpu", pinned)
+    rows, _ = study.crown_frame(model, x, y, [0.02], method, 0.0, 2, dtype=torch.float64)
+    assert set(rows["status"]) == {"ok"} and rows["certified"].any()
+    cert = CrownCertifier.from_vit(model, (1, 8, 8))
+    assert {p.device for p in cert.bounded.parameters()} == {x.device}
+    assert cert.margin_lower(x[:1], y[:1], 0.02, method, 2).device == x.device
+    with pytest.raises(ValueError, match="but y on"):
+        study.crown_frame(model, x, y.to("meta"), [0.02], method, 0.0, 3)
+
+
+def _sources_outside_parameters(path: Path) -> str:
+    if path.suffix == ".py" and path.parent.name == "notebooks":
+        nb = read_notebook(path)
+        return "\n".join(c.source for c in nb.cells
+                         if "parameters" not in c.get("metadata", {}).get("tags", []))
+    return path.read_text()
+
+
+@pytest.mark.parametrize("path", sorted((ROOT / "src/attncert/crown").glob("*.py"))
+                         + [ROOT / "notebooks/08_crown.py"], ids=lambda p: p.name)
+def test_crown_code_never_pins_the_cpu(path):
+    """The device comes from base.device: no `.cpu()`, no 'cpu' literal (the parameters cell's
+    default aside, which papermill replaces)."""
+    src = _sources_outside_parameters(path)
+    assert not re.search(r"\.cpu\(|['\"]cpu['\"]", src), path
+
+
+def test_paper_scale_crown_model_is_patch_16_at_32_pixels():
+    """LoFAST section 5.2's ViT at the committed scale: 4 tokens of 16 x 16 pixels on CIFAR's
+    32 x 32 x 3, and the CROWN graph computes the same function."""
+    p = load_params(ROOT / "params.yaml")["crown"]
+    assert (p.patch, p.dataset) == (16, "cifar10")
+    data = {"train": {"x": torch.zeros(2, 3, 32, 32, dtype=torch.uint8)},
+            "classes": [str(c) for c in range(10)], "mean": [0.5] * 3, "std": [0.25] * 3}
+    torch.manual_seed(0)
+    model = build_vit(study.vit_config(data, vars(p), min(p.depths))).double().eval()
+    x = torch.rand(2, 3, 32, 32, dtype=torch.float64)
+    assert model.pos.shape[1] == 4 + (model.cls_token is not None)
+    assert torch.allclose(CrownViT(model).double()(x), model(x), atol=1e-6, rtol=0)

@@ -13,7 +13,8 @@ from attncert import profile
 from attncert.params import ParamsError, load_params
 
 ROOT = Path(__file__).resolve().parents[1]
-FILES = ("Makefile", "params.yaml", "dvc.yaml", "profiles", ".dvc/config", ".dvcignore")
+FILES = ("Makefile", "params.yaml", "dvc.yaml", "profiles", ".dvc/config", ".dvcignore",
+         ".gitignore")
 
 
 @pytest.fixture
@@ -106,3 +107,14 @@ def test_added_keys_are_refused_not_dropped(project):
     path.write_text(path.read_text().replace("\ndata:\n", "\ndata:\n  new_key: 1\n", 1))
     with pytest.raises(ParamsError, match=r"added: \['data.new_key'\]"):
         profile.apply("cpu", project)
+
+
+def test_a_changed_profile_is_picked_up_not_kept_as_an_edit(project):
+    profile.apply("cpu", project)
+    cpu = project / "profiles" / "cpu.yaml"
+    cpu.write_text(cpu.read_text().replace("  epochs: 6\n", "  epochs: 8\n", 1))
+    _edit(project, "tightness", "input_radius", "2.0")
+    profile.apply("cpu", project)
+    p = load_params(project / "params.yaml")
+    assert (p["train_vit"].epochs, p["tightness"].input_radius) == (8, 2.0)
+    assert profile.edits(project)[1] == {"tightness.input_radius": 2.0}

@@ -484,6 +484,8 @@ class CrownParams:
     cert_eps: list[float] = param(positive, unique)
     lofast_variant: str = param(one_of(*CROWN_LOFAST))
     methods: list[str] = param(one_of(*CROWN_METHODS), unique)
+    bound_dtype: str = param(one_of("float64", "float32"),
+                             doc="CROWN's arithmetic: float64 for a certificate")
     alpha_iterations: int = param(positive)
     time_limit: float = param(nonneg, doc="seconds per (point, eps) bound; 0 = none")
     attack_steps: int = param(positive)

@@ -10,11 +10,13 @@ checkout the current params.yaml is the base when its base.scale is 'paper'. A p
 only change keys that exist, and the result is validated before params.yaml is written.
 
 A profile never discards edits. An edit is a value of params.yaml that differs from what the
-profile in force (its base.scale) gives on top of HEAD; the new params.yaml is HEAD + the new
-profile + the edits, so re-applying a scale keeps every edit, and `dvc params diff` lists the
-profile's changes and the edits. When the scale changes, an edit of a key that the old or the
-new profile sets (its value depends on the scale) is refused, naming the keys, unless
-``--keep-edits`` carries it over as it is. Edits are values: comments follow HEAD.
+last ``apply`` wrote (recorded in .profile-applied.json, git-ignored; without the record: what
+the profile in force, its base.scale, gives on top of HEAD); the new params.yaml is HEAD + the
+new profile + the edits, so re-applying a scale keeps every edit and picks up a changed profile
+or HEAD, and `dvc params diff` lists the profile's changes and the edits. When the scale
+changes, an edit of a key that the old or the new profile sets (its value depends on the scale)
+is refused, naming the keys, unless ``--keep-edits`` carries it over as it is. Edits are
+values: comments follow HEAD.
 """
 
 from __future__ import annotations
@@ -31,11 +33,12 @@ from typing import Any
 
 from ruamel.yaml import YAML
 
-from attncert.io import atomic_path
+from attncert.io import atomic_path, write_json
 from attncert.params import PARAMS_FILE, ParamsError, read_yaml, validate
 
 PROFILE_DIR = "profiles"
 PAPER = "paper"
+RECORD = ".profile-applied.json"  # the scale and the values the last apply wrote, before edits
 
 
 def profile_names(root: Path = Path()) -> list[str]:
@@ -104,19 +107,22 @@ def _with_profile(base: Mapping, name: str, root: Path) -> dict[str, Any]:
 
 
 def edits(root: Path = Path(), base_text: str | None = None) -> tuple[str, dict[str, Any]]:
-    """(the scale in force, {key: value}): the values of params.yaml that differ from what
-    its profile gives on top of the base (HEAD). Added or removed keys are an error."""
+    """(the scale in force, {key: value}): the values of params.yaml that differ from what the
+    last apply wrote (else from what its profile gives on top of the base, HEAD). Added or
+    removed keys are an error."""
     path = root / PARAMS_FILE
     if not path.is_file():
         return PAPER, {}
-    base_text = _base_text(root) if base_text is None else base_text
-    safe = YAML(typ="safe", pure=True)
-    current = safe.load(path.read_text()) or {}
+    current = read_yaml(path) or {}
     scale = current.get("base", {}).get("scale") if isinstance(current, Mapping) else None
     if scale not in profile_names(root):
         raise ParamsError(f"{PARAMS_FILE}: base.scale is {scale!r}, not a known profile "
                           f"({', '.join(profile_names(root))}); cannot tell its edits apart")
-    expected = _with_profile(safe.load(base_text) or {}, scale, root)
+    base_text = _base_text(root) if base_text is None else base_text
+    expected = _with_profile(YAML(typ="safe", pure=True).load(base_text) or {}, scale, root)
+    record = _record(root)
+    if record.get("scale") == scale:  # a profile or HEAD changed since is not an edit
+        expected.update((k, v) for k, v in record["values"].items() if k in expected)
     flat = flatten(current)
     added, removed = sorted(set(flat) - set(expected)), sorted(set(expected) - set(flat))
     if added or removed:
@@ -138,6 +144,10 @@ def apply(name: str, root: Path = Path(), keep_edits: bool = False
     committed = flatten(YAML(typ="safe", pure=True).load(base_text) or {})
     old_scale, edited = edits(root, base_text)
     target = _with_profile(YAML(typ="safe", pure=True).load(base_text) or {}, name, root)
+    gone = [k for k in edited if k not in target]
+    if gone:
+        raise ParamsError(f"{PARAMS_FILE}: edited {', '.join(gone)}, which the committed "
+                          f"{PARAMS_FILE} no longer has; undo the edit(s)")
     if old_scale != name and not keep_edits:
         scaled = set(flatten(overrides(old_scale, root))) | set(flatten(overrides(name, root)))
         clash = {k: v for k, v in edited.items() if k in scaled and v != target[k]}
@@ -162,7 +172,18 @@ def apply(name: str, root: Path = Path(), keep_edits: bool = False
     validate(new, f"{PARAMS_FILE} + {name}")
     with atomic_path(root / PARAMS_FILE) as tmp:
         tmp.write_text(buf.getvalue())
+    write_json(root / RECORD, {"scale": name, "values": target})
     return {k: (committed[k], v) for k, v in flatten(new).items() if v != committed[k]}
+
+
+def _record(root: Path) -> dict[str, Any]:
+    """What the last apply wrote (scale, flat values before edits); {} if unknown."""
+    try:
+        record = json.loads((root / RECORD).read_text())
+    except (OSError, ValueError):
+        return {}
+    ok = isinstance(record, dict) and isinstance(record.get("values"), dict)
+    return record if ok else {}
 
 
 def main(argv: list[str] | None = None) -> int:

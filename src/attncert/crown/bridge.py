@@ -42,7 +42,10 @@ from auto_LiRPA import BoundedModule, BoundedTensor, PerturbationLpNorm  # noqa:
 METHODS = {"crown": "CROWN", "alpha_crown": "CROWN-Optimized"}
 #: Needed for attention (the guide, STACK.md): matrix mode for every linear bound. The ReduceMax
 #: option is moot once softmax has no max (patch 5) and is kept for any other max in a graph.
-BOUND_OPTS = {"conv_mode": "matrix", "fixed_reducemax_index": True}
+#: alpha-CROWN: auto_LiRPA 0.3's sparse alphas index only vectors (after a linear layer) or
+#: (C, H, W) maps, not the ViT's (tokens, features) activations (its init raises): full alphas.
+BOUND_OPTS = {"conv_mode": "matrix", "fixed_reducemax_index": True,
+              "sparse_features_alpha": False, "sparse_spec_alpha": False}
 _TINY = 1e-12
 STATUSES = ("ok", "overflow", "domain", "out_of_memory", "unsupported", "time_limit", "error",
             "skipped")
@@ -257,8 +260,8 @@ class CrownCertifier:
     @classmethod
     def from_vit(cls, vit: nn.Module, image_shape: Sequence[int],
                  dtype: torch.dtype = torch.float64) -> CrownCertifier:
-        """Build the bridge and its BoundedModule; a build failure is kept (every point then
-        records "unsupported")."""
+        """Build the bridge and its BoundedModule on the ViT's device; a build failure is kept
+        (every point then records "unsupported")."""
         t0 = time.perf_counter()
         net = CrownViT(vit).to(dtype).eval()
         dev = net.head_weight.device
@@ -335,6 +338,8 @@ def certify_points(cert: CrownCertifier, x: Tensor, y: Tensor, eps_grid: Sequenc
         except Exception as exc:  # noqa: BLE001 (a failed point is a result: the paper's "-")
             status = "time_limit" if alarm.fired else failure_status(exc)
             row.update(status=status, error=f"{type(exc).__name__}: {exc}"[:200])
+            if status == "out_of_memory" and x.is_cuda:
+                torch.cuda.empty_cache()  # the next point starts from a clean allocator
         row["seconds"] = time.perf_counter() - t0
         rows.append(row)
     return rows

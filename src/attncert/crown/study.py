@@ -38,12 +38,11 @@ def vit_config(data: Mapping[str, Any], p: Mapping[str, Any], depth: int) -> ViT
 
 
 def train_model(data: Mapping[str, Any], p: Mapping[str, Any], depth: int, seed: int,
-                ckpt_dir: str | Path, device: str | torch.device = "cpu",
-                precision: str = "auto"):
+                ckpt_dir: str | Path, device: str | torch.device, precision: str = "auto"):
     """Train one ViT (resumable in ``ckpt_dir``, at ``precision``: :mod:`attncert.precision`)
-    on the first ``max_train`` training images;
-    returns (model in eval mode, clean test accuracy, training seconds: the sum over epochs,
-    so a resumed or already finished run reports the time its training took)."""
+    on the first ``max_train`` training images on ``device`` (the stage's ``base.device``);
+    returns (model in eval mode, on ``device``, clean test accuracy, training seconds: the sum
+    over epochs, so a resumed or already finished run reports the time its training took)."""
     torch.manual_seed(seed)
     model = build_vit(vit_config(data, p, depth))
     cfg = TrainConfig(epochs=p["epochs"], batch_size=p["batch_size"], lr=p["lr"],
@@ -76,11 +75,17 @@ def lofast_frame(model, x: Tensor, y: Tensor, variant: str, eps_grid: Sequence[f
 
 
 def crown_frame(model, x: Tensor, y: Tensor, eps_grid: Sequence[float], method: str,
-                time_limit_s: float, alpha_iterations: int, dtype: torch.dtype = torch.float32,
+                time_limit_s: float, alpha_iterations: int, dtype: torch.dtype = torch.float64,
                 progress: bool = False) -> tuple[pd.DataFrame, float]:
     """One row per (point, eps), smallest eps first, skipping the larger eps of a point that
-    was not certified; returns (rows, seconds to build the bounded graph)."""
-    model = model.to(dtype)
+    was not certified; returns (rows, seconds to build the bounded graph).
+
+    CROWN runs where the points are (``x.device``: the model is moved there, in place) in
+    ``dtype``: float64 for a certificate; float32 halves time and memory, with rounding in
+    the bound's last digits (the stage's PGD audit checks every certified point)."""
+    if y.device != x.device:
+        raise ValueError(f"x on {x.device} but y on {y.device}")
+    model = model.to(device=x.device, dtype=dtype)
     cert = CrownCertifier.from_vit(model, x.shape[1:], dtype)
     eps_sorted = sorted(eps_grid)
     rows = []
