@@ -624,8 +624,9 @@ def cost_table(params, gpu: GPU, utilisation: float = UTILISATION) -> str:
             bound_by[w.stage].add("kernels" if w.kernels * KERNEL_SECONDS > flop_s else "FLOPs")
     g = params["vit_grid"]
     points = len(g.dataset) * len(g.depth) * len(g.heads) * len(g.gamma_vo)
-    notes = {"train_vit": f"{points} grid points", "certify_vit": f"{points} grid points",
-             "data": "CPU (downloads)", "figures": "CPU"}
+    notes = {s: f"{points} grid points, {hours[s] / points:.2g} h each"
+             for s in ("train_vit", "certify_vit")}
+    notes |= {"data": "CPU (downloads)", "figures": "CPU"}
     lines = ["| stage | PFLOP (counted) | GPU-hours | bound by | note |", "|---|---|---|---|---|"]
     for s in STAGES:
         lines.append(f"| {s} | {pflop[s]:.3g} | {hours[s]:.3g} | "
