@@ -28,6 +28,7 @@ shape with a stated batch, on this machine's device.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import functools
 import math
 import re
@@ -122,9 +123,12 @@ def count(fn: Callable[[], Any]) -> tuple[float, int]:
     return float(flops.get_total_flops()), kernels.kernels
 
 
-def fit(make: Callable[[int], Callable[[], Any]]) -> Counts:
-    """:class:`Counts` from calls at batch 1 and 2 (``make(b)`` returns the call)."""
+def fit(make: Callable[[int], Callable[[], Any]], per_call_cost: bool = True) -> Counts:
+    """:class:`Counts` from calls at batch 1 and 2 (``make(b)`` returns the call); with
+    ``per_call_cost=False`` one call at batch 1, every FLOP taken as per sample."""
     f1, k1 = count(make(1))
+    if not per_call_cost:
+        return Counts(0.0, f1, k1)
     f2, _ = count(make(2))
     return Counts(max(2 * f1 - f2, 0.0), max(f2 - f1, 0.0), k1)
 
@@ -205,15 +209,24 @@ def _vit_counts(cfg, train: bool = True, dtype=torch.float32, msvp_lambda=None):
     return out
 
 
-@functools.cache
 def vit_counts(cfg, msvp: tuple[float, ...] | None = None) -> dict[str, Counts]:
-    """Train step, forward and attack step of a ViT config (cached per config)."""
+    """Train step, forward and attack step of a ViT config (cached per shape: a norm bound
+    such as gamma_vo changes no FLOP)."""
+    return _vit_counts_cached(dataclasses.replace(cfg, gamma_vo=1.0), msvp)
+
+
+@functools.cache
+def _vit_counts_cached(cfg, msvp):
     return _vit_counts(cfg, msvp_lambda=msvp)
 
 
-@functools.cache
 def vit_forward64(cfg) -> Counts:
     """A float64 forward pass (the certificates' precision) of a ViT config (cached)."""
+    return _forward64_cached(dataclasses.replace(cfg, gamma_vo=1.0))
+
+
+@functools.cache
+def _forward64_cached(cfg) -> Counts:
     return _vit_counts(cfg, train=False, dtype=torch.float64)["forward"]
 
 
@@ -228,19 +241,24 @@ def layer_certificate_counts(n: int, d: int, h: int, variant: str) -> Counts:
         if variant in ("lofast_M", "lofast_xi"):
             return lambda: bounds.lofast_terms(x, w, True, variant.split("_")[1])
         return lambda: bounds.naive_terms(x, w, True)
-    return fit(make)
+    return fit(make, per_call_cost=False)  # per sample: batched Lanczos runs per sample
 
 
 @functools.cache
-def layer_pgd_counts(n: int, d: int, h: int) -> Counts:
-    """One step of the tightness study's PGD ascent on one layer (float64)."""
+def layer_pgd_counts(n: int, d: int, h: int) -> tuple[Counts, Counts]:
+    """The tightness study's PGD ascent on one layer (float64), per input: (its set-up, the
+    Jacobian start direction by Lanczos; one step), from runs of 2 and 4 steps (restarts run
+    batched: they multiply FLOPs, not kernels)."""
     from attncert.bounds import pgd_sensitivity
     from attncert.bounds.bench import bench_layer
 
-    def make(b):
-        w, x = bench_layer(n, d, h, b, torch.float64)
-        return lambda: pgd_sensitivity(x, w, 0.05, True, steps=1, restarts=1)
-    return fit(make)
+    w, x = bench_layer(n, d, h, 1, torch.float64)
+    runs = {k: count(lambda k=k: pgd_sensitivity(
+        x, w, 0.05, True, steps=k, restarts=1, generator=torch.Generator().manual_seed(0)))
+        for k in (2, 4)}
+    step_f, step_k = ((runs[4][i] - runs[2][i]) / 2 for i in (0, 1))
+    setup = Counts(0.0, max(runs[2][0] - 2 * step_f, 0.0), max(runs[2][1] - 2 * step_k, 0))
+    return setup, Counts(0.0, max(step_f, 0.0), max(step_k, 0))
 
 
 # -- work items ---------------------------------------------------------------------------------
@@ -333,7 +351,7 @@ def _certify_work(stage: str, name: str, cfg, n: int, variants, tests: int, batc
 
 def _tightness_work(p) -> list[Work]:
     t = p["tightness"]
-    c = layer_pgd_counts(t.n_tokens, t.dim, t.heads)
+    setup, step = layer_pgd_counts(t.n_tokens, t.dim, t.heads)
     lc = layer_certificate_counts(t.n_tokens, t.dim, t.heads, "lofast_M")
     # (calls, inputs per call): Table 3, Figure 1 (two pieces), Figure 3 (W^Q, W^K, W^V, W^O
     # per size and draw, then X per size), Figure 4 (one call per scale)
@@ -341,9 +359,10 @@ def _tightness_work(p) -> list[Work]:
     calls = [(1, s * len(t.eps)), (2, s * len(t.eps)),
              (4 * len(t.fig3_sizes) * t.fig3_samples, s),
              (len(t.fig3_sizes), s * t.fig3_samples), (len(t.fig4_scales), s)]
-    k = t.pgd_steps * t.pgd_restarts
-    flops = sum(m * (k * c.flops(b) + lc.flops(b)) for m, b in calls)
-    kernels = sum(m * (k * c.kernels + lc.kernels) for m, _ in calls)
+    flops = sum(m * (setup.flops(b) + t.pgd_steps * step.flops(t.pgd_restarts * b)
+                     + lc.flops(b)) for m, b in calls)
+    kernels = sum(m * (setup.kernels + t.pgd_steps * step.kernels + lc.kernels)
+                  for m, _ in calls)
     return [Work("tightness", f"one layer ({t.n_tokens} tokens, {t.dim}-d, {t.heads} heads): "
                  f"PGD-{t.pgd_steps} x {t.pgd_restarts} and LoFAST", "fp64", flops, kernels)]
 
@@ -547,7 +566,8 @@ def _certvit_work(p, n_train_max: int, n_test_max: int) -> list[Work]:
     per_pass = 2 * 2 * cv.dr_max_pairs * cfg.dim * max(cfg.mlp_hidden, cfg.dim)
     passes = cv.dr_iterations * cv.dr_projection_steps * math.ceil(cv.dr_max_pairs
                                                                    / cv.dr_batch_size)
-    out.append(Work("certvit", "Douglas-Rachford", "fp32", maps * passes * per_pass,
+    out.append(Work("certvit", "Douglas-Rachford (from its matrix sizes)", "fp32",
+                    maps * passes * per_pass,
                     maps * passes * 20))
     n = min(cv.n_test, n_te)
     f64 = vit_forward64(cfg)
@@ -604,8 +624,9 @@ def cost_table(params, gpu: GPU, utilisation: float = UTILISATION) -> str:
             bound_by[w.stage].add("kernels" if w.kernels * KERNEL_SECONDS > flop_s else "FLOPs")
     g = params["vit_grid"]
     points = len(g.dataset) * len(g.depth) * len(g.heads) * len(g.gamma_vo)
-    notes = {"train_vit": f"{points} grid points", "certify_vit": f"{points} grid points",
-             "data": "CPU (downloads)", "figures": "CPU"}
+    notes = {s: f"{points} grid points, {hours[s] / points:.2g} h each"
+             for s in ("train_vit", "certify_vit")}
+    notes |= {"data": "CPU (downloads)", "figures": "CPU"}
     lines = ["| stage | PFLOP (counted) | GPU-hours | bound by | note |", "|---|---|---|---|---|"]
     for s in STAGES:
         lines.append(f"| {s} | {pflop[s]:.3g} | {hours[s]:.3g} | "
