@@ -5,12 +5,14 @@
 #   make pipeline SCALE=cpu    apply profiles/cpu.yaml first (2 CPU cores, < 90 min, offline data)
 #   make pipeline SCALE=smoke  apply profiles/smoke.yaml first (tiny, minutes)
 #   make pipeline SCALE=paper  restore the committed paper-scale params first
+#   make pipeline GPUS="0 1"   spread the independent stages over these GPUs (scripts/repro-gpus)
 
 PYTHON ?= $(shell command -v python3.11 || command -v python3)
 VENV ?= .venv
 PY := $(VENV)/bin/python
 FIX_TORCHVISION ?= ../shared/tools/fix-torchvision-cpu
 SCALE ?=
+GPUS ?=
 export PATH := $(abspath $(VENV))/bin:$(PATH)
 
 .PHONY: env pipeline test lint bench clean-env
@@ -33,7 +35,7 @@ $(VENV)/.installed: requirements.txt requirements-nodeps.txt pyproject.toml
 
 pipeline: env
 	$(if $(SCALE),$(PY) -m attncert.profile apply $(SCALE))
-	dvc repro
+	$(if $(GPUS),scripts/repro-gpus $(GPUS),dvc repro)
 
 test: env
 	$(PY) -m pytest
