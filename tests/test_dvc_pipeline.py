@@ -88,29 +88,34 @@ def test_smoke_pipeline_runs_offline_and_is_incremental(smoke_repo, env):
     assert all(r >= 1.0 for r in tight["table3_lofast_M_over_pgd"].values()), "bound < PGD"
 
 
-# measured durations differ between any two runs; everything else is seeded
-TIMING = ("second", "time", "speed", "wall", "_s_", "per_s")
+# measured durations (and ratios of them) differ between any two runs; the rest is seeded
+TIMING = ("second", "time", "speed", "wall", "_s_", "per_s", "cost", "step_ratio")
 
 
-def _untimed(tree):
+def _untimed(tree, approx: bool = False):
     if isinstance(tree, dict):
-        return {k: _untimed(v) for k, v in tree.items()
+        return {k: _untimed(v, approx) for k, v in tree.items()
                 if not any(t in f"_{k.lower()}_" for t in TIMING)}
     if isinstance(tree, list):
-        return [_untimed(v) for v in tree]
+        return [_untimed(v, approx) for v in tree]
+    if approx and isinstance(tree, float):
+        return pytest.approx(tree, rel=1e-4, nan_ok=True)
     return tree
 
 
 def _metrics(repo: Path) -> dict[str, dict]:
+    """Every metrics file of the stages (summary.json only gathers them, timings included)."""
     paths = [p for p in repo.glob("**/*.json") if ".dvc" not in p.parts
-             and p.parts[len(repo.parts)] in ("reports", "runs", "results")]
-    return {str(p.relative_to(repo)): _untimed(json.loads(p.read_text())) for p in paths}
+             and p.parts[len(repo.parts)] in ("reports", "runs", "results")
+             and p.name != "summary.json"]
+    return {str(p.relative_to(repo)): json.loads(p.read_text()) for p in paths}
 
 
 def test_two_workers_match_a_sequential_run(smoke_repo, env, tmp_path):
     """scripts/repro-gpus with 2 workers (on CPU here) in a fresh clone: dvc.lock is complete
     and consistent (nothing left to run, every stage recorded) and every metric equals the
-    sequential run's (measured seconds excepted)."""
+    sequential run's (measured seconds excepted; floats to a relative 1e-4: LoFAST(xi)'s
+    tightness ratios differ by about 1e-5 between any two runs)."""
     _sh(["dvc", "repro"], smoke_repo, env)  # the sequential run (done above when run in order)
     par = tmp_path / "par"
     subprocess.run(["git", "clone", "-q", str(smoke_repo), str(par)], check=True)
@@ -128,4 +133,4 @@ def test_two_workers_match_a_sequential_run(smoke_repo, env, tmp_path):
     seq, got = _metrics(smoke_repo), _metrics(par)
     assert set(got) == set(seq) and len(seq) >= 8
     for path, value in seq.items():
-        assert got[path] == value, path
+        assert _untimed(got[path]) == _untimed(value, approx=True), path
