@@ -11,6 +11,7 @@
 # after editing a value keeps it (`dvc params diff` shows it). Changing the scale refuses,
 # naming the keys, when an edited key is one that the old or the new profile sets;
 # KEEP_EDITS=1 carries such edits over as they are.
+#   make pipeline GPUS="0 1"   spread the independent stages over these GPUs (scripts/repro-gpus)
 
 PYTHON ?= $(shell command -v python3.11 || command -v python3)
 VENV ?= .venv
@@ -19,6 +20,7 @@ FIX_TORCHVISION ?= ../shared/tools/fix-torchvision-cpu
 SCALE ?=
 KEEP_EDITS ?=
 DVC ?= dvc
+GPUS ?=
 export PATH := $(abspath $(VENV))/bin:$(PATH)
 
 .PHONY: env pipeline test lint bench clean-env
@@ -41,7 +43,7 @@ $(VENV)/.installed: requirements.txt requirements-nodeps.txt pyproject.toml
 
 pipeline: env
 	$(if $(SCALE),$(PY) -m attncert.profile apply $(SCALE) $(if $(KEEP_EDITS),--keep-edits))
-	$(DVC) repro
+	$(if $(GPUS),scripts/repro-gpus $(GPUS),$(DVC) repro)
 
 test: env
 	$(PY) -m pytest
