@@ -23,7 +23,11 @@ a pre-trained ViT has no global Lipschitz constant, for two reasons (MATH.md sec
     + beta, Lipschitz (D/(D-1)) max|gamma|; the LayerNorm's gamma, beta are copied.
   - ``"identity"``: the LayerNorm is removed, Lipschitz 1.
 
-GELU MLPs, the patch embedding, the input normalisation and the head stay as they are. The
+GELU MLPs, the patch embedding, the input normalisation and the head stay as they are,
+unless the certifiable adaptation asks for more (``pool="mean"``: :class:`MeanPooledViT`
+averages every token, class token included, a pooling with constant 1/sqrt(n) in place of
+the class token's 1; ``head_norm=True``: the head applies unit rows, so a fixed Lipschitz
+margin in the loss keeps its meaning, ``attncert.models.vit.ViTConfig.head_norm``). The
 adapted model is an ordinary ``nn.Module`` (pixels in [0, 1] -> logits): fine-tune it with
 :func:`attncert.train.train` ("adaptation epochs"), then constrain it
 (:mod:`attncert.certvit.douglas_rachford`) and certify it (:mod:`attncert.certvit.certificate`).
@@ -47,7 +51,9 @@ from attncert.models.vit import ViT, build_vit
 
 __all__ = [
     "NORMS",
+    "POOLS",
     "Adaptation",
+    "MeanPooledViT",
     "ProjectNorm",
     "adapt",
     "calibrate_radii",
@@ -58,7 +64,27 @@ __all__ = [
 ]
 
 NORMS = ("project", "center", "identity")
+POOLS = ("cls", "mean")
 _TINY = 1e-12
+
+
+class MeanPooledViT(ViT):
+    """An adapted ViT that pools by the mean of all n tokens (the class token included).
+
+    (1/n) sum_i t_i has Lipschitz constant 1/sqrt(n) in ||.||_F (Cauchy-Schwarz:
+    ||sum_i d_i|| <= sqrt(n) ||D||_F), against 1 for reading the class token: the same
+    tokens, the same parameters, a smaller factor in the certificate. Built by :func:`adapt`
+    with ``Adaptation(pool="mean")`` (it swaps the class of the adapted copy).
+    """
+
+    def pool(self, t: Tensor) -> Tensor:
+        return t.mean(dim=1)
+
+
+def pool_lipschitz(model: ViT) -> float:
+    """The pooling's constant: 1/sqrt(n) for mean pooling, 1 for the class token."""
+    mean = isinstance(model, MeanPooledViT) or model.config.pool == "mean"
+    return 1.0 / math.sqrt(model.config.n_tokens) if mean else 1.0
 
 
 class ProjectNorm(nn.Module):
@@ -151,11 +177,15 @@ def norm_lipschitz(module: nn.Module) -> float:
 @dataclass(frozen=True)
 class Adaptation:
     """How a standard ViT was adapted: the norm replacement, its radius (``project`` only;
-    None = sqrt(dim)) and the L2 attention's value map (``kim``: the Lipschitz one)."""
+    None = sqrt(dim)), the L2 attention's value map (``kim``: the Lipschitz one), the pooling
+    (``cls``: as pre-trained; ``mean``: :class:`MeanPooledViT`) and whether the head applies
+    unit rows (``head_norm``)."""
 
     norm: str = "project"
     value: str = "kim"
     radius: float | None = None
+    pool: str = "cls"
+    head_norm: bool = False
 
     def __post_init__(self) -> None:
         if self.norm not in NORMS:
@@ -165,6 +195,10 @@ class Adaptation:
                              f"{', '.join(VALUE_MAPS)}")
         if self.radius is not None and not self.radius > 0:
             raise ValueError(f"Adaptation.radius must be > 0, got {self.radius!r}")
+        if self.pool not in POOLS:
+            raise ValueError(f"Adaptation.pool = {self.pool!r}: choose from {', '.join(POOLS)}")
+        if not isinstance(self.head_norm, bool):
+            raise ValueError(f"Adaptation.head_norm must be a bool, got {self.head_norm!r}")
 
 
 def adapt(model: ViT, adaptation: Adaptation | None = None) -> ViT:
@@ -172,8 +206,10 @@ def adapt(model: ViT, adaptation: Adaptation | None = None) -> ViT:
 
     Every ``blocks.N.attn`` becomes ``L2MultiHeadAttention.from_dot_product`` (W^Q kept, W^K
     tied to it, W^V, W^O and their biases copied); every LayerNorm (``blocks.N.norm_attn``,
-    ``blocks.N.norm_mlp``, ``norm``) its :func:`replace_norm`. ``model`` is left unchanged;
-    the copy records its :class:`Adaptation` as ``.adaptation``.
+    ``blocks.N.norm_mlp``, ``norm``) its :func:`replace_norm`; ``pool="mean"`` makes the copy
+    a :class:`MeanPooledViT` (a model without a class token already mean-pools) and
+    ``head_norm`` sets the config's flag. ``model`` is left unchanged; the copy records its
+    :class:`Adaptation` as ``.adaptation``.
     """
     a = adaptation or Adaptation()
     if not isinstance(model, ViT) or model.config.kind != "standard":
@@ -186,6 +222,10 @@ def adapt(model: ViT, adaptation: Adaptation | None = None) -> ViT:
         block.norm_attn = replace_norm(block.norm_attn, a.norm, a.radius)
         block.norm_mlp = replace_norm(block.norm_mlp, a.norm, a.radius)
     out.norm = replace_norm(out.norm, a.norm, a.radius)
+    if a.pool == "mean" and out.config.pool == "cls":
+        out.__class__ = MeanPooledViT
+    if a.head_norm:
+        out.config = dataclasses.replace(out.config, head_norm=True)
     out.adaptation = a
     return out
 
