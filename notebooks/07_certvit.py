@@ -170,9 +170,11 @@ logs[modes[0]].frame()
 # so the adapted model computes another function until it is fine-tuned. ProjectNorm's radius
 # is the `radius_quantile` of the pre-trained model's token norms at each LayerNorm: it equals
 # that LayerNorm on the larger tokens, and the certificate pays max|gamma| per slot. The
-# `spectral` mode keeps R = sqrt(D) (LayerNorm on tokens with std >= 1: a gain <= 1 then
-# costs nothing in the bound, and a large R keeps the tokens' scale), pools by the mean of
-# all tokens and applies unit head rows (its fine-tunes use CE at `logit_scale`).
+# `spectral` mode calibrates only the norms before attention (their radius confines the
+# attention's inputs to a ball, where its constant is far smaller) and keeps R = sqrt(D)
+# elsewhere (with gains <= 1 a radius costs nothing in the bound, and a large R keeps the
+# tokens' scale); it pools by the mean of all tokens and applies unit head rows (its
+# fine-tunes use CE at `logit_scale`).
 
 # %%
 adapted = {}
@@ -180,9 +182,9 @@ for m in modes:
     t0 = time.perf_counter()
     adapted[m] = adapt(model, stage.adaptation(m, norm))
     radii = {}
-    if norm == "project" and m == "paper":
+    if norm == "project":
         radii = calibrate_radii(adapted[m], model, data["train"]["x"][:dr_images],
-                                radius_quantile)
+                                radius_quantile, slots=stage.calibration_slots(m, adapted[m]))
     bounds[m]["adapted"] = global_bound(adapted[m])
     logs[m].add("adapted", adapted[m], test, time.perf_counter() - t0, bounds[m]["adapted"], dev,
                 eval_batch_size, f"norm {norm}, radii "
@@ -388,8 +390,9 @@ if imagenet_smoke:
     imagenet = {}
     for m in modes:
         hf_adapted = adapt(hf, stage.adaptation(m, norm))
-        if norm == "project" and m == "paper":
-            calibrate_radii(hf_adapted, hf, sample["test"]["x"], radius_quantile)
+        if norm == "project":
+            calibrate_radii(hf_adapted, hf, sample["test"]["x"], radius_quantile,
+                            slots=stage.calibration_slots(m, hf_adapted))
         hf_bound = global_bound(hf_adapted)
         hf_adapted, _ = stage.constrain_mode(
             m, hf_adapted, sample["test"]["x"],

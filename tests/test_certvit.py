@@ -399,13 +399,27 @@ def test_mean_pooled_adaptation_roundtrips(tmp_path):
     assert pool["lipschitz"] == pytest.approx(1 / math.sqrt(model.config.n_tokens))
 
 
-@pytest.mark.parametrize("budgets", [dict(), dict(q=1.5, v=0.8, o=1.2, fc1=2.0, gain=0.5)])
-def test_spectral_bounds_dominate_gradient_ascent(budgets):
-    """Mean pooling, gain-clipped norms and the factored attention constant: gradient ascent
-    on the logits and on every logit difference never exceeds the certificate's constants,
-    and the sets' bound is never below the model's bound."""
+@pytest.mark.parametrize(("budgets", "radius"), [(dict(), None), (dict(), 0.5),
+                                                 (dict(q=1.5, v=0.8, o=1.2, fc1=2.0, gain=0.5),
+                                                  0.8)])
+def test_spectral_bounds_dominate_gradient_ascent(budgets, radius):
+    """Mean pooling, gain-clipped norms and the factored attention constant (on the ball the
+    norm before it confines its inputs to, with ``radius``): gradient ascent on the logits
+    and on every logit difference never exceeds the certificate's constants, and the sets'
+    bound is never below the model's bound."""
+    from attncert.certvit.adapt import output_radius
+
     b = Budgets(**budgets)
     model = _spectral_model(b)
+    if radius is not None:
+        for blk in model.blocks:
+            blk.norm_attn.set_radius(radius)
+        project_(model, map_sets(model, b))
+        for blk in model.blocks:  # the ball is what makes the attention's constant small
+            r = output_radius(blk.norm_attn)
+            assert r <= radius * b.gain * (1 + 1e-12)
+            assert blk.attn.lipschitz_bound(model.config.n_tokens, r) < (
+                blk.attn.lipschitz_bound(model.config.n_tokens))
     bound = global_bound(model)
     assert bound.features <= budget_bound(model, b) * (1 + 1e-9)
     x = pixels(16).double()

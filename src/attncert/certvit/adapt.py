@@ -38,6 +38,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -59,6 +60,7 @@ __all__ = [
     "calibrate_radii",
     "load_adapted",
     "norm_lipschitz",
+    "output_radius",
     "replace_norm",
     "save_adapted",
 ]
@@ -159,6 +161,14 @@ def replace_norm(ln: nn.LayerNorm, norm: str, radius: float | None = None) -> nn
     raise ValueError(f"norm {norm!r}: choose from {', '.join(NORMS)}")
 
 
+def output_radius(module: nn.Module) -> float | None:
+    """r such that every output token of the norm slot lies within r of one point (beta),
+    whatever the input: R max|gamma| for a ProjectNorm; None (unbounded) otherwise."""
+    if isinstance(module, ProjectNorm):
+        return float(module.radius) * module.compute_lipschitz()
+    return None
+
+
 def norm_lipschitz(module: nn.Module) -> float:
     """Global Lipschitz constant (per token and in ||.||_F) of a norm slot of the adapted ViT.
 
@@ -232,9 +242,11 @@ def adapt(model: ViT, adaptation: Adaptation | None = None) -> ViT:
 
 @torch.no_grad()
 def calibrate_radii(adapted: ViT, original: ViT, images: Tensor, quantile: float = 0.1,
-                    batch_size: int = 256) -> dict[str, float]:
+                    batch_size: int = 256, slots: Sequence[str] | None = None
+                    ) -> dict[str, float]:
     """Set each ProjectNorm's radius to the ``quantile`` of ||x - mean(x)|| over the tokens
     reaching the matching LayerNorm of ``original`` on ``images`` (pixels, uint8 or [0, 1]).
+    ``slots``: only the ProjectNorms of these names (default: all).
 
     Then every ProjectNorm equals its LayerNorm on a fraction >= 1 - quantile of those
     tokens (:meth:`ProjectNorm.set_radius` keeps gamma R): the adapted model stays close to
@@ -245,7 +257,11 @@ def calibrate_radii(adapted: ViT, original: ViT, images: Tensor, quantile: float
 
     if not 0 <= quantile < 1:
         raise ValueError(f"quantile must be in [0, 1), got {quantile!r}")
-    slots = {n: m for n, m in adapted.named_modules() if isinstance(m, ProjectNorm)}
+    chosen = slots
+    slots = {n: m for n, m in adapted.named_modules()
+             if isinstance(m, ProjectNorm) and (chosen is None or n in chosen)}
+    if chosen is not None and set(chosen) - set(slots):
+        raise ValueError(f"no ProjectNorm named {sorted(set(chosen) - set(slots))}")
     lns = dict(original.named_modules())
     norms: dict[str, list[Tensor]] = {n: [] for n in slots}
     handles = []

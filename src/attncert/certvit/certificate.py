@@ -11,7 +11,10 @@ Every component of the network is counted, pixels in [0, 1] to the head's input:
                                                                  (MeanPooledViT: all n tokens)
 
 with L(attn) Kim et al. (2021), "The Lipschitz constant of self-attention", Theorem 3.2 for
-L2 attention with tied W^Q = W^K, per head, including W^V and W^O
+L2 attention with tied W^Q = W^K, applied per head to the factorisation
+h(X W^{Q,l}) (W^{Q,l})^T W^{V,l}, with W^O, and tightened on the ball its inputs are confined
+to when the norm before it is a ProjectNorm (every token within R max|gamma| of beta, for
+clean and perturbed inputs alike, so the product with L(norm_attn) bounds attention o norm)
 (:meth:`attncert.layers.L2MultiHeadAttention.lipschitz_bound`), L(norm) the constant of the
 LayerNorm replacement (:func:`attncert.certvit.adapt.norm_lipschitz`), 1.1289 = max |GELU'|
 (CertViT uses 1.12, which is below the maximum), spectral norms certificate-grade upper bounds
@@ -40,7 +43,7 @@ import torch
 from torch import Tensor, nn
 
 from attncert.bounds import GELU_LIPSCHITZ, spectral_norm
-from attncert.certvit.adapt import norm_lipschitz, pool_lipschitz
+from attncert.certvit.adapt import norm_lipschitz, output_radius, pool_lipschitz
 from attncert.layers import L2MultiHeadAttention, MultiHeadAttention
 from attncert.models.vit import MLP, ViT
 
@@ -126,7 +129,8 @@ def global_bound(model: ViT) -> GlobalBound:
     for i, b in enumerate(model.blocks):
         p = f"blocks.{i}"
         l_na = add(f"{p}.norm_attn", "norm", norm_lipschitz(b.norm_attn), b.form == "stream")
-        l_att = add(f"{p}.attn", "l2_attention", b.attn.lipschitz_bound(n), False)
+        l_att = add(f"{p}.attn", "l2_attention",
+                    b.attn.lipschitz_bound(n, output_radius(b.norm_attn)), False)
         if b.form == "stream":
             add(f"{p}.attn_residual", "residual", 1.0 + l_att, True)
         else:

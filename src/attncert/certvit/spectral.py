@@ -40,6 +40,7 @@ from attncert.bounds import GELU_LIPSCHITZ
 from attncert.certvit.adapt import ProjectNorm, pool_lipschitz
 from attncert.certvit.douglas_rachford import DRConfig, DRResult, Site, constrain
 from attncert.layers import CenterNorm, L2MultiHeadAttention
+from attncert.layers.attention_variants import l2_attention_domain_constant
 from attncert.models.vit import ViT
 
 __all__ = [
@@ -182,9 +183,17 @@ def budget_bound(model: ViT, budgets: Budgets) -> float:
     eye = torch.eye(dh, dtype=torch.float64)[None]
     k_n = kim_l2_attention_lipschitz(eye, eye, eye[0], n)
     b = budgets
-    attn = k_n * math.sqrt(cfg.heads) * b.q * b.q * b.v * b.o
     mlp = b.fc2 * GELU_LIPSCHITZ * b.fc1
-    stream = all(blk.form == "stream" for blk in model.blocks)
-    per_block = ((b.gain * (1 + attn)) if stream else (1 + b.gain * attn)) * (1 + b.gain * mlp)
-    return b.embed * per_block ** cfg.depth * b.gain * pool_lipschitz(model)
+    total = b.embed * b.gain * pool_lipschitz(model)
+    for blk in model.blocks:
+        k = k_n
+        if isinstance(blk.norm_attn, ProjectNorm):  # inputs within R gain of beta
+            r = torch.tensor([float(blk.norm_attn.radius) * b.gain * b.q], dtype=torch.float64)
+            k = min(k_n, float(l2_attention_domain_constant(n, r, dh)[0]))
+        attn = k * math.sqrt(cfg.heads) * b.q * b.q * b.v * b.o
+        if blk.form == "stream":
+            total *= b.gain * (1 + attn) * (1 + b.gain * mlp)
+        else:
+            total *= (1 + b.gain * attn) * (1 + b.gain * mlp)
+    return total
 

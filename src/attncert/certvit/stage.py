@@ -12,7 +12,8 @@
 * the two constraining modes run side by side (:data:`MODES`): ``paper`` (CertViT's l1
   Douglas-Rachford, then the fine-tune of :func:`finetune_scope`) and ``spectral`` (a
   spectral-norm ball per map, :mod:`attncert.certvit.spectral`, then a projected fine-tune
-  with a Lipschitz-margin loss): :func:`adaptation`, :func:`constrain_mode`,
+  with a Lipschitz-margin loss): :func:`adaptation`, :func:`calibration_slots`,
+  :func:`constrain_mode`,
   :func:`finetune_context`, :func:`margin_offset`;
 * :class:`StepLog`: accuracy, Lipschitz bound and seconds through the steps (pretrained,
   adapted, adapt-finetuned, constrained, masked-finetuned);
@@ -61,6 +62,7 @@ __all__ = [
     "UpsampleNormalize",
     "adaptation",
     "bound_parameters",
+    "calibration_slots",
     "constrain_mode",
     "finetune_context",
     "margin_offset",
@@ -266,6 +268,18 @@ def adaptation(mode: str, norm: str) -> Adaptation:
     if mode == "paper":
         return Adaptation(norm=norm)
     return Adaptation(norm=norm, pool="mean", head_norm=True)
+
+
+def calibration_slots(mode: str, model: ViT) -> list[str] | None:
+    """The ProjectNorms whose radius :func:`attncert.certvit.calibrate_radii` sets: every one
+    in ``paper`` (None); in ``spectral`` only the norms before attention, whose radius
+    confines the attention's inputs to a small ball (a tighter attention constant); the
+    others keep R = sqrt(D), since with gains <= 1 their radius costs nothing in the bound
+    and a large R keeps the tokens' scale."""
+    _check_mode(mode)
+    if mode == "paper":
+        return None
+    return [f"blocks.{i}.norm_attn" for i in range(len(model.blocks))]
 
 
 def constrain_mode(mode: str, model: ViT, images: Tensor, config: DRConfig,
