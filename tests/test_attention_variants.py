@@ -157,6 +157,117 @@ def test_l2_lipschitz_bound_corrects_degree_in_wq():
     assert att.lipschitz_bound(n) == pytest.approx(c * printed, rel=1e-8)
 
 
+def _ascent_lipschitz(f, x0, steps=60, radius=0.05, lr=0.02, seed=0):
+    """Gradient ascent on ||f(x0 + u) - f(x0)||_F / ||u||_F over u (a LOWER bound on the
+    Lipschitz constant near x0), from a random start; returns the largest ratio seen."""
+    g = _gen(seed)
+    u = torch.randn(x0.shape, generator=g, dtype=F64)
+    u = (radius * u / u.norm()).requires_grad_(True)
+    fx0, best = f(x0).detach(), 0.0
+    for _ in range(steps):
+        ratio = (f(x0 + u) - fx0).norm() / u.norm()
+        best = max(best, ratio.item())
+        (grad,) = torch.autograd.grad(ratio, u)
+        with torch.no_grad():
+            u += lr * grad / grad.norm().clamp_min(1e-30)
+    return best
+
+
+@pytest.mark.parametrize(("q_scale", "v_scale"), [(0.2, 1.0), (0.6, 0.3), (1.0, 1.0), (3.0, 0.5)])
+def test_l2_factored_bound_holds_under_gradient_ascent(q_scale, v_scale):
+    """The factored bound K_n min(...) (c_l = ||W^{Q,l}|| ||W^{Q,l T} W^{V,l}||) is never below
+    a gradient-ascent lower bound, nor below the local Jacobian norm, at small and large
+    ||W^Q||; and it never exceeds the printed bound with the degree correction."""
+    n, d, h = 5, 8, 2
+    att = _randomise(L2MultiHeadAttention(d, h), seed=11, scale=0.5)
+    with torch.no_grad():
+        for w, c in ((att.q.weight, q_scale), (att.v.weight, v_scale)):
+            blocks = w.view(h, d // h, d)
+            blocks.mul_(c / torch.linalg.matrix_norm(blocks, 2)[:, None, None])
+    bound = att.lipschitz_bound(n)
+    assert bound <= att.lipschitz_bound_printed(n) * (1 + 1e-12)
+    g = _gen(12)
+    for k, spread in enumerate((0.1, 1.0, 4.0)):
+        x0 = spread * torch.randn(n, d, generator=g, dtype=F64)
+        ascent = _ascent_lipschitz(lambda z: att(z[None])[0], x0, seed=k)
+        jac = _jacobian_norm(lambda z: att(z[None])[0], x0)
+        assert 0 < ascent <= bound and jac <= bound
+
+
+def test_l2_factored_bound_is_tighter_below_unit_queries():
+    """||W^Q|| < 1: the factored bound is degree 2 in ||W^Q|| (no max(1, ||W^Q||)), so halving
+    W^Q divides it by 4 while the printed form only halves."""
+    att = _randomise(L2MultiHeadAttention(8, 2), seed=13, scale=0.1)
+    b0, p0 = att.lipschitz_bound(9), att.lipschitz_bound_printed(9)
+    with torch.no_grad():
+        att.q.weight.mul_(0.5)
+    assert att.lipschitz_bound(9) == pytest.approx(b0 / 4, rel=1e-9)
+    assert att.lipschitz_bound_printed(9) == pytest.approx(p0 / 2, rel=1e-9)
+
+
+def _into_ball(x, radius, center):
+    """Rows of x moved into the ball (center, radius): the domain of the radius bound."""
+    d = x - center
+    return center + d * (radius / d.norm(dim=-1, keepdim=True)).clamp(max=1.0)
+
+
+@pytest.mark.parametrize(("q_scale", "radius"), [(0.3, 1.0), (0.5, 2.0), (1.0, 1.5), (2.0, 3.0)])
+def test_l2_domain_bound_holds_inside_the_ball(q_scale, radius):
+    """Tokens in one ball: Jacobian norms at points of the ball (boundary and inside) and
+    gradient ascent of the ratio over pairs kept inside the ball never exceed the radius
+    bound, which is never above the global one; it is far below it for small balls."""
+    n, d, h = 6, 8, 2
+    att = _randomise(L2MultiHeadAttention(d, h), seed=21, scale=0.6)
+    with torch.no_grad():
+        blocks = att.q.weight.view(h, d // h, d)
+        blocks.mul_(q_scale / torch.linalg.matrix_norm(blocks, 2)[:, None, None])
+    bound = att.lipschitz_bound(n, radius)
+    assert bound <= att.lipschitz_bound(n) * (1 + 1e-12)
+    g = _gen(22)
+    center = torch.randn(d, generator=g, dtype=F64)
+    f = lambda z: att(z[None])[0]  # noqa: E731
+    best = 0.0
+    for k in range(6):
+        x0 = center + radius * torch.randn(n, d, generator=g, dtype=F64)
+        x0 = _into_ball(x0, radius * (0.5 + 0.1 * k), center)
+        best = max(best, _jacobian_norm(f, x0))
+        # projected gradient ascent on the ratio: x1 = x0 + u stays in the ball
+        u = 0.05 * torch.randn(n, d, generator=g, dtype=F64)
+        for _ in range(40):
+            u.requires_grad_(True)
+            x1 = _into_ball(x0 + u, radius, center)
+            ratio = (f(x1) - f(x0)).norm() / (x1 - x0).norm().clamp_min(1e-12)
+            best = max(best, ratio.item())
+            (grad,) = torch.autograd.grad(ratio, u)
+            with torch.no_grad():
+                u = u + 0.05 * grad / grad.norm().clamp_min(1e-30)
+    assert 0 < best <= bound
+    if radius * q_scale <= 0.5:
+        assert bound < 0.5 * att.lipschitz_bound(n)
+
+
+def test_l2_domain_bound_through_project_norm():
+    """Attention after a ProjectNorm (radius R, gains <= 1): every input reaches the attention
+    inside the ball (beta, R max|gamma|), so L(norm) x the radius bound is a global constant
+    of the composition; gradient ascent on arbitrary inputs stays below it."""
+    from attncert.certvit.adapt import ProjectNorm
+
+    n, d = 5, 8
+    norm = ProjectNorm(d, radius=1.2).double()
+    att = _randomise(L2MultiHeadAttention(d, 2), seed=23, scale=0.5)
+    with torch.no_grad():
+        norm.weight.copy_(torch.linspace(-0.9, 0.8, d, dtype=F64))
+        norm.bias.copy_(torch.randn(d, generator=_gen(24), dtype=F64))
+    r = float(norm.radius) * norm.compute_lipschitz()
+    bound = norm.compute_lipschitz() * att.lipschitz_bound(n, r)
+    f = lambda z: att(norm(z[None]))[0]  # noqa: E731
+    g = _gen(25)
+    for k in range(4):
+        x0 = (0.3 + k) * torch.randn(n, d, generator=g, dtype=F64)
+        assert _ascent_lipschitz(f, x0, seed=k) <= bound
+        assert _jacobian_norm(f, x0) <= bound
+
+
 def test_l2_plain_values_have_no_bound():
     with pytest.raises(ValueError, match="no global Lipschitz"):
         L2MultiHeadAttention(4, 2, value="plain").lipschitz_bound(3)

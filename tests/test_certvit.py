@@ -1,5 +1,6 @@
 """CertViT: HF loading, adaptation, Douglas-Rachford constraining, the global certificate."""
 
+import copy
 import math
 
 import pytest
@@ -12,6 +13,7 @@ from attncert.certvit import (
     Adaptation,
     CheckpointUnavailable,
     DRConfig,
+    MeanPooledViT,
     ProjectNorm,
     adapt,
     calibrate_radii,
@@ -31,6 +33,15 @@ from attncert.certvit import (
     save_adapted,
     soft_threshold,
     tiny_hf_vit,
+)
+from attncert.certvit.spectral import (
+    Budgets,
+    budget_bound,
+    clip_spectral,
+    constrain_spectral,
+    map_sets,
+    project_,
+    projected,
 )
 from attncert.layers import L2MultiHeadAttention
 from attncert.models.vit import ViTConfig, build_vit, save_vit
@@ -341,3 +352,121 @@ def test_lipschitz_table_compares_bounds():
         0.5 * table.loc["blocks.0.mlp.fc1", "adapted"])
     assert table.loc["features", "constrained"] < table.loc["features", "adapted"]
     assert table.loc["logits", "adapted"] == pytest.approx(before.logits)
+
+
+# -- the certifiable (spectral) mode ----------------------------------------------------------
+
+
+def _spectral_model(budgets, seed=0):
+    """A tiny adapted ViT of the spectral mode, its weights projected into ``budgets``."""
+    model = adapt(tiny_vit(), Adaptation(norm="project", pool="mean", head_norm=True))
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():  # non-trivial gains, biases and position embeddings
+        for p in model.parameters():
+            p.add_(0.3 * torch.randn(p.shape, generator=g))
+    return project_(model, map_sets(model, budgets)).double()
+
+
+def test_clip_spectral_is_the_projection_onto_the_ball():
+    g = torch.Generator().manual_seed(0)
+    w = torch.randn(8, 5, generator=g, dtype=torch.float64)
+    c = clip_spectral(w, 0.7, blocks=2)
+    for block in c.view(2, 4, 5):
+        assert torch.linalg.matrix_norm(block, 2) <= 0.7 * (1 + 1e-12)
+    torch.testing.assert_close(clip_spectral(c, 0.7, blocks=2), c)  # idempotent
+    # nearest point of the ball: no random point of the ball is closer to w
+    for _ in range(50):
+        other = torch.randn(8, 5, generator=g, dtype=torch.float64)
+        other = clip_spectral(other, 0.7, blocks=2)
+        assert (w - c).norm() <= (w - other).norm() + 1e-12
+    with pytest.raises(ValueError, match="blocks"):
+        clip_spectral(w, 1.0, blocks=3)
+
+
+def test_mean_pooled_adaptation_roundtrips(tmp_path):
+    model = _spectral_model(Budgets()).float()
+    assert isinstance(model, MeanPooledViT) and model.config.head_norm
+    x = pixels(4)
+    with torch.no_grad():
+        t = model.norm(model.blocks[1](model.blocks[0](model.tokens(x))))
+        torch.testing.assert_close(model.features(x), t.mean(1))
+    save_adapted(model, tmp_path / "m.pt")
+    back = load_adapted(tmp_path / "m.pt")
+    assert isinstance(back, MeanPooledViT)
+    torch.testing.assert_close(back(x), model.eval()(x))
+    bound = global_bound(model)
+    pool = next(r for r in bound.rows if r["name"] == "pool")
+    assert pool["lipschitz"] == pytest.approx(1 / math.sqrt(model.config.n_tokens))
+
+
+@pytest.mark.parametrize(("budgets", "radius"), [(dict(), None), (dict(), 0.5),
+                                                 (dict(q=1.5, v=0.8, o=1.2, fc1=2.0, gain=0.5),
+                                                  0.8)])
+def test_spectral_bounds_dominate_gradient_ascent(budgets, radius):
+    """Mean pooling, gain-clipped norms and the factored attention constant (on the ball the
+    norm before it confines its inputs to, with ``radius``): gradient ascent on the logits
+    and on every logit difference never exceeds the certificate's constants, and the sets'
+    bound is never below the model's bound."""
+    from attncert.certvit.adapt import output_radius
+
+    b = Budgets(**budgets)
+    model = _spectral_model(b)
+    if radius is not None:
+        for blk in model.blocks:
+            blk.norm_attn.set_radius(radius)
+        project_(model, map_sets(model, b))
+        for blk in model.blocks:  # the ball is what makes the attention's constant small
+            r = output_radius(blk.norm_attn)
+            assert r <= radius * b.gain * (1 + 1e-12)
+            assert blk.attn.lipschitz_bound(model.config.n_tokens, r) < (
+                blk.attn.lipschitz_bound(model.config.n_tokens))
+    bound = global_bound(model)
+    assert bound.features <= budget_bound(model, b) * (1 + 1e-9)
+    x = pixels(16).double()
+    emp = empirical_lipschitz(model, x, steps=25, radius=0.05,
+                              generator=torch.Generator().manual_seed(1))
+    assert 0 < emp <= bound.logits
+    # the pairwise constant: ascent on each logit difference f_j - f_k
+    w = bound.head_weight.double()
+    for j, k in ((0, 1), (2, 3)):
+        def diff(z, j=j, k=k):
+            out = model(z)
+            return out[:, j] - out[:, k]
+        u = 0.05 * torch.randn(x.shape, generator=torch.Generator().manual_seed(j),
+                               dtype=torch.float64)
+        for _ in range(25):
+            u.requires_grad_(True)
+            ratio = (diff(x + u) - diff(x)).abs() / u.flatten(1).norm(dim=1)
+            (grad,) = torch.autograd.grad(ratio.sum(), u)
+            with torch.no_grad():
+                u = u + 0.02 * grad / grad.flatten(1).norm(dim=1).clamp_min(1e-30).view(-1, 1, 1, 1)
+        assert float(ratio.detach().max()) <= bound.features * float((w[j] - w[k]).norm())
+        assert float((w[j] - w[k]).norm()) * bound.features <= bound.pairwise
+
+
+def test_spectral_constraining_and_projected_fine_tune(tmp_path):
+    b = Budgets(embed=0.8, q=0.4, v=0.5, o=0.9, fc1=0.7, fc2=0.6, gain=0.9)
+    model = adapt(tiny_vit(), Adaptation(norm="project", pool="mean", head_norm=True))
+    x = pixels(32)
+    result = constrain_spectral(model, x, b, DRConfig(iterations=3, projection_steps=10,
+                                                      batch_size=16, max_pairs=64))
+    out = project_(result.apply(copy.deepcopy(model)), map_sets(model, b))
+    for s in map_sets(out, b):
+        p = dict(out.named_parameters())[s.param].detach().double()
+        if s.kind == "gain":
+            assert p.abs().max() <= s.budget
+        else:
+            norms = torch.linalg.matrix_norm(p.view(s.blocks, -1, p.shape[1]), 2)
+            assert norms.max() <= s.budget * (1 + 1e-5)
+    assert {d["site"] for d in result.diagnostics} >= {"embed.proj", "blocks.0.attn.q",
+                                                       "blocks.0.attn.v.head1"}
+    assert all(d["sigma_after"] <= d["sigma_before"] + 1e-9 for d in result.diagnostics)
+    y = torch.arange(32) % 4
+    with projected(out, map_sets(out, b)):
+        train(out, (x, y), (x, y), TrainConfig(epochs=2, lr=0.05, batch_size=8, margin="lmt",
+                                               lmt_offset=0.1), tmp_path, "cpu", progress=False)
+    assert global_bound(out).features <= budget_bound(out, b) * (1 + 1e-5)
+    # outside the block the hook is gone: training may leave the sets
+    train(out, (x, y), (x, y), TrainConfig(epochs=1, lr=0.5, batch_size=8), tmp_path / "free",
+          "cpu", progress=False)
+    assert global_bound(out).features > budget_bound(out, b)

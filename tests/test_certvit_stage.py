@@ -200,3 +200,67 @@ def test_step_log_metrics_table1_and_figures():
 def test_adaptation_norms_listed_in_the_stage_are_the_adapt_norms():
     for norm in params.CERTVIT_NORMS:
         Adaptation(norm=norm)
+
+
+def test_modes_match_the_schema():
+    assert params.CERTVIT_MODES == stage.MODES
+    with pytest.raises(ValueError, match="mode"):
+        stage.adaptation("l2", "project")
+    raw = params.read_yaml(params.PARAMS_FILE)["certvit"]
+    with pytest.raises(params.ParamsError, match="constrain"):
+        params.parse_section("certvit", {**raw, "constrain": []}, params.CertvitParams)
+    with pytest.raises(params.ParamsError, match="constrain"):
+        params.parse_section("certvit", {**raw, "constrain": ["sparse"]}, params.CertvitParams)
+
+
+@pytest.mark.parametrize("mode", stage.MODES)
+def test_each_mode_constrains_and_fine_tunes(tmp_path, mode):
+    """Both modes run the stage's steps on a tiny ViT; the spectral mode's fine-tune keeps the
+    features' bound within the sets' bound and the LMT offset is sqrt(2) L eps."""
+    from attncert.certvit import MeanPooledViT
+    from attncert.certvit.spectral import Budgets, budget_bound
+
+    data = dataset()
+    budgets = Budgets(embed=0.9, q=0.4, v=0.5, o=0.8, fc1=0.9, fc2=0.7, gain=1.0)
+    model = adapt(tiny_vit(), stage.adaptation(mode, "project"))
+    assert isinstance(model, MeanPooledViT) == (mode == "spectral")
+    assert model.config.head_norm == (mode == "spectral")
+    cfg = DRConfig(threshold=0.5, eta=0.2, iterations=2, max_pairs=128, batch_size=32)
+    constrained, result = stage.constrain_mode(mode, model, data["train"]["x"][:16], cfg,
+                                               budgets)
+    assert constrained is not model
+    before = global_bound(constrained).features
+    offset = stage.margin_offset(constrained, budgets, 0.5)
+    assert offset == pytest.approx(math.sqrt(2) * 0.5 * budget_bound(constrained, budgets))
+    tc = TrainConfig(epochs=1, batch_size=8, lr=0.05, margin="lmt", lmt_offset=offset)
+    with stage.finetune_context(mode, constrained, "bound_free", result.masks, budgets):
+        train(constrained, data["train"], data["test"], tc, tmp_path, "cpu", progress=False)
+    after = global_bound(constrained).features
+    if mode == "spectral":
+        assert before <= budget_bound(constrained, budgets) * (1 + 1e-5)
+        assert after <= budget_bound(constrained, budgets) * (1 + 1e-5)
+    else:
+        assert after == before  # bound_free
+    with pytest.raises(ValueError, match="budgets"):
+        stage.constrain_mode("spectral", model, data["train"]["x"][:16], cfg)
+
+
+def test_mode_steps_and_certified_modes_figure():
+    data = dataset()
+    logs = {}
+    for mode in stage.MODES:
+        model = adapt(tiny_vit(), stage.adaptation(mode, "project"))
+        logs[mode] = stage.StepLog()
+        logs[mode].add("pretrained", model, data["test"], 1.0, None)
+        logs[mode].add("adapted", model, data["test"], 1.0, global_bound(model))
+    table = stage.mode_steps(logs)
+    assert list(table.index) == ["pretrained", "adapted"]
+    b = global_bound(model)
+    assert table.loc["adapted", ("spectral", "bound (pairwise)")] == pytest.approx(b.pairwise)
+    assert b.pairwise <= 2 * b.features * (1 + 1e-12)  # unit head rows
+    fig = figs.plot_certified_modes({"paper": {0.1: 0.0, 1.58: 0.0},
+                                     "spectral": {0.1: 0.8, 1.58: 0.1}},
+                                    {"paper": {0.1: 0.5, 1.58: 0.0},
+                                     "spectral": {0.1: 0.9, 1.58: 0.3}})
+    assert isinstance(fig, Figure)
+    matplotlib.pyplot.close(fig)

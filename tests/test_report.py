@@ -543,3 +543,21 @@ def test_fmt_shows_a_failed_value_as_a_dash():
 
     assert fmt(float("nan"), "percent") == fmt(None, "fraction") == "–"
     assert fmt(80.0, "percent") == "80.0%"
+
+
+def test_certvit_rows_headline_pairwise_bound_and_the_paper_mode_beside():
+    m = {"dataset": "mnist", "test_clean_acc": 0.8, "headline_mode": "spectral",
+         "certified_acc": {"0.5": 0.5, "1.58": 0.1}, "pgd_acc": {"0.5": 0.7, "1.58": 0.2},
+         "lipschitz": {"final": 5.0}, "lipschitz_pairwise": {"final": 2.5}, "broken": 0,
+         "modes": {"paper": {"test_clean_acc": 0.7, "certified_acc": {"1.58": 0.0},
+                             "lipschitz_pairwise": {"final": 1e6}},
+                   "spectral": {"test_clean_acc": 0.8}}}
+    rows = {r["key"]: r for r in report._certvit_rows(m, {})}
+    assert rows["lipschitz_pairwise/final"]["ours"] == 2.5  # the certificate's constant
+    assert rows["lipschitz_pairwise/final"]["paper"] == 1.2
+    assert rows["modes/paper/certified_acc/1.58"]["brief"]
+    assert rows["modes/paper/lipschitz_pairwise/final"]["ours"] == 1e6
+    assert not any(k.startswith("modes/spectral") for k in rows)
+    del m["lipschitz_pairwise"]  # metrics written before the pairwise constant existed
+    rows = {r["key"]: r for r in report._certvit_rows(m, {})}
+    assert rows["lipschitz/final"]["ours"] == 5.0

@@ -302,6 +302,9 @@ class SpecformerParams:
 CERTVIT_NORMS = ("project", "center", "identity")
 CERTVIT_MARGINS = ("none", "lmt")
 CERTVIT_FINETUNE_SCOPES = ("masked", "bound_free")
+#: CertViT's constraining modes (``attncert.certvit.stage.MODES``): the paper's l1
+#: Douglas-Rachford, and spectral-norm balls per map (the certifiable mode).
+CERTVIT_MODES = ("paper", "spectral")
 #: CertViT's MNIST eps (Table 1): the report compares certified accuracy at it.
 CERTVIT_EPS = 1.58
 
@@ -350,6 +353,22 @@ class CertvitParams:
     finetune_lr: float = param(positive)
     finetune_margin: str = param(one_of(*CERTVIT_MARGINS))
     lmt_offset: float = param(nonneg)
+    constrain: list[str] = param(one_of(*CERTVIT_MODES), unique,
+                                 doc="modes run side by side: paper (l1 Douglas-Rachford, "
+                                     "the steps above) | spectral (spectral-norm balls)")
+    budget_embed: float = param(positive, doc="spectral: ||E|| / min(std) of the patch "
+                                              "embedding with the input normalisation")
+    budget_q: float = param(positive, doc="spectral: ||W^Q|| of every head")
+    budget_v: float = param(positive, doc="spectral: ||W^V|| of every head")
+    budget_o: float = param(positive, doc="spectral: ||W^O||")
+    budget_fc1: float = param(positive, doc="spectral: ||W_1|| of every MLP")
+    budget_fc2: float = param(positive, doc="spectral: ||W_2|| of every MLP")
+    budget_gain: float = param(positive, doc="spectral: max|gamma| of every norm")
+    spectral_epochs: int = param(nonneg, doc="spectral: projected fine-tune after constraining")
+    spectral_lr: float = param(positive)
+    margin_eps: float = param(nonneg, doc="spectral: the Lipschitz-margin loss's eps (offset "
+                                          "sqrt(2) L eps, L the sets' bound)")
+    logit_scale: float = param(positive, doc="spectral: CE temperature (loss only)")
     n_test: int = param(positive)
     eval_batch_size: int = param(positive)
     cert_eps: list[float] = param(positive, unique)
@@ -365,6 +384,8 @@ class CertvitParams:
             _fail("certvit.heads", f"dim = {self.dim} is not divisible by heads = {self.heads}")
         if not 0 < self.dr_relaxation < 2:
             _fail("certvit.dr_relaxation", f"must be in (0, 2), got {self.dr_relaxation!r}")
+        if not self.constrain:
+            _fail("certvit.constrain", "needs at least one mode (paper, spectral)")
         if CERTVIT_EPS not in self.cert_eps:
             _fail("certvit.cert_eps", f"must include {CERTVIT_EPS} (CertViT's MNIST eps, "
                                       "compared in the report)")

@@ -317,10 +317,27 @@ def _certvit_rows(m: Mapping, item: Mapping) -> list[dict]:
             rows.append(_row(f"{what}/{eps}", f"{label} at eps {eps}", acc, "fraction",
                              paper_value(key, 100) if at_paper_eps else None, src,
                              brief=at_paper_eps))
-    final = m.get("lipschitz", {}).get("final")
+    # the certificate's constant (features x pairwise head rows) when recorded, else pixels ->
+    # logits (metrics written before the pairwise constant existed)
+    key = "lipschitz_pairwise" if "lipschitz_pairwise" in m else "lipschitz"
+    final = m.get(key, {}).get("final")
     if final is not None:
-        rows.append(_row("lipschitz/final", "Lipschitz bound of the final model", final, "value",
+        rows.append(_row(f"{key}/final", "Lipschitz bound of the final model", final, "value",
                          paper_value("lipschitz"), src, brief=True))
+    for mode, mm in m.get("modes", {}).items():
+        if mode == m.get("headline_mode"):
+            continue
+        rows.append(_row(f"modes/{mode}/test_clean_acc", f"{mode} mode: clean accuracy",
+                         mm.get("test_clean_acc"), "fraction", brief=True))
+        for eps, acc in mm.get("certified_acc", {}).items():
+            rows.append(_row(f"modes/{mode}/certified_acc/{eps}",
+                             f"{mode} mode: certified accuracy at eps {eps}", acc, "fraction",
+                             brief=_at_certvit_eps(m.get("dataset"), eps) is not None))
+        bound = mm.get("lipschitz_pairwise", {}).get("final")
+        if bound is not None:
+            rows.append(_row(f"modes/{mode}/lipschitz_pairwise/final",
+                             f"{mode} mode: Lipschitz bound of the final model", bound, "value",
+                             brief=True))
     units = {"broken": "count", "n_test": "count", "median_radius": "value",
              "total_seconds": "seconds"}
     for key, unit in units.items():

@@ -18,7 +18,9 @@ Kept apart from attncert.models so the pipeline's ViT stays one readable file.
 
 from .adapt import (
     NORMS,
+    POOLS,
     Adaptation,
+    MeanPooledViT,
     ProjectNorm,
     adapt,
     calibrate_radii,
@@ -52,7 +54,9 @@ from .load import CheckpointUnavailable, hf_normalization, load_model, tiny_hf_v
 
 __all__ = [
     "NORMS",
+    "POOLS",
     "Adaptation",
+    "MeanPooledViT",
     "CheckpointUnavailable",
     "DRConfig",
     "DRResult",

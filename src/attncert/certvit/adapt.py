@@ -23,7 +23,11 @@ a pre-trained ViT has no global Lipschitz constant, for two reasons (MATH.md sec
     + beta, Lipschitz (D/(D-1)) max|gamma|; the LayerNorm's gamma, beta are copied.
   - ``"identity"``: the LayerNorm is removed, Lipschitz 1.
 
-GELU MLPs, the patch embedding, the input normalisation and the head stay as they are. The
+GELU MLPs, the patch embedding, the input normalisation and the head stay as they are,
+unless the certifiable adaptation asks for more (``pool="mean"``: :class:`MeanPooledViT`
+averages every token, class token included, a pooling with constant 1/sqrt(n) in place of
+the class token's 1; ``head_norm=True``: the head applies unit rows, so a fixed Lipschitz
+margin in the loss keeps its meaning, ``attncert.models.vit.ViTConfig.head_norm``). The
 adapted model is an ordinary ``nn.Module`` (pixels in [0, 1] -> logits): fine-tune it with
 :func:`attncert.train.train` ("adaptation epochs"), then constrain it
 (:mod:`attncert.certvit.douglas_rachford`) and certify it (:mod:`attncert.certvit.certificate`).
@@ -34,6 +38,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -47,18 +52,41 @@ from attncert.models.vit import ViT, build_vit
 
 __all__ = [
     "NORMS",
+    "POOLS",
     "Adaptation",
+    "MeanPooledViT",
     "ProjectNorm",
     "adapt",
     "calibrate_radii",
     "load_adapted",
     "norm_lipschitz",
+    "output_radius",
     "replace_norm",
     "save_adapted",
 ]
 
 NORMS = ("project", "center", "identity")
+POOLS = ("cls", "mean")
 _TINY = 1e-12
+
+
+class MeanPooledViT(ViT):
+    """An adapted ViT that pools by the mean of all n tokens (the class token included).
+
+    (1/n) sum_i t_i has Lipschitz constant 1/sqrt(n) in ||.||_F (Cauchy-Schwarz:
+    ||sum_i d_i|| <= sqrt(n) ||D||_F), against 1 for reading the class token: the same
+    tokens, the same parameters, a smaller factor in the certificate. Built by :func:`adapt`
+    with ``Adaptation(pool="mean")`` (it swaps the class of the adapted copy).
+    """
+
+    def pool(self, t: Tensor) -> Tensor:
+        return t.mean(dim=1)
+
+
+def pool_lipschitz(model: ViT) -> float:
+    """The pooling's constant: 1/sqrt(n) for mean pooling, 1 for the class token."""
+    mean = isinstance(model, MeanPooledViT) or model.config.pool == "mean"
+    return 1.0 / math.sqrt(model.config.n_tokens) if mean else 1.0
 
 
 class ProjectNorm(nn.Module):
@@ -133,6 +161,14 @@ def replace_norm(ln: nn.LayerNorm, norm: str, radius: float | None = None) -> nn
     raise ValueError(f"norm {norm!r}: choose from {', '.join(NORMS)}")
 
 
+def output_radius(module: nn.Module) -> float | None:
+    """r such that every output token of the norm slot lies within r of one point (beta),
+    whatever the input: R max|gamma| for a ProjectNorm; None (unbounded) otherwise."""
+    if isinstance(module, ProjectNorm):
+        return float(module.radius) * module.compute_lipschitz()
+    return None
+
+
 def norm_lipschitz(module: nn.Module) -> float:
     """Global Lipschitz constant (per token and in ||.||_F) of a norm slot of the adapted ViT.
 
@@ -151,11 +187,15 @@ def norm_lipschitz(module: nn.Module) -> float:
 @dataclass(frozen=True)
 class Adaptation:
     """How a standard ViT was adapted: the norm replacement, its radius (``project`` only;
-    None = sqrt(dim)) and the L2 attention's value map (``kim``: the Lipschitz one)."""
+    None = sqrt(dim)), the L2 attention's value map (``kim``: the Lipschitz one), the pooling
+    (``cls``: as pre-trained; ``mean``: :class:`MeanPooledViT`) and whether the head applies
+    unit rows (``head_norm``)."""
 
     norm: str = "project"
     value: str = "kim"
     radius: float | None = None
+    pool: str = "cls"
+    head_norm: bool = False
 
     def __post_init__(self) -> None:
         if self.norm not in NORMS:
@@ -165,6 +205,10 @@ class Adaptation:
                              f"{', '.join(VALUE_MAPS)}")
         if self.radius is not None and not self.radius > 0:
             raise ValueError(f"Adaptation.radius must be > 0, got {self.radius!r}")
+        if self.pool not in POOLS:
+            raise ValueError(f"Adaptation.pool = {self.pool!r}: choose from {', '.join(POOLS)}")
+        if not isinstance(self.head_norm, bool):
+            raise ValueError(f"Adaptation.head_norm must be a bool, got {self.head_norm!r}")
 
 
 def adapt(model: ViT, adaptation: Adaptation | None = None) -> ViT:
@@ -172,8 +216,10 @@ def adapt(model: ViT, adaptation: Adaptation | None = None) -> ViT:
 
     Every ``blocks.N.attn`` becomes ``L2MultiHeadAttention.from_dot_product`` (W^Q kept, W^K
     tied to it, W^V, W^O and their biases copied); every LayerNorm (``blocks.N.norm_attn``,
-    ``blocks.N.norm_mlp``, ``norm``) its :func:`replace_norm`. ``model`` is left unchanged;
-    the copy records its :class:`Adaptation` as ``.adaptation``.
+    ``blocks.N.norm_mlp``, ``norm``) its :func:`replace_norm`; ``pool="mean"`` makes the copy
+    a :class:`MeanPooledViT` (a model without a class token already mean-pools) and
+    ``head_norm`` sets the config's flag. ``model`` is left unchanged; the copy records its
+    :class:`Adaptation` as ``.adaptation``.
     """
     a = adaptation or Adaptation()
     if not isinstance(model, ViT) or model.config.kind != "standard":
@@ -186,15 +232,21 @@ def adapt(model: ViT, adaptation: Adaptation | None = None) -> ViT:
         block.norm_attn = replace_norm(block.norm_attn, a.norm, a.radius)
         block.norm_mlp = replace_norm(block.norm_mlp, a.norm, a.radius)
     out.norm = replace_norm(out.norm, a.norm, a.radius)
+    if a.pool == "mean" and out.config.pool == "cls":
+        out.__class__ = MeanPooledViT
+    if a.head_norm:
+        out.config = dataclasses.replace(out.config, head_norm=True)
     out.adaptation = a
     return out
 
 
 @torch.no_grad()
 def calibrate_radii(adapted: ViT, original: ViT, images: Tensor, quantile: float = 0.1,
-                    batch_size: int = 256) -> dict[str, float]:
+                    batch_size: int = 256, slots: Sequence[str] | None = None
+                    ) -> dict[str, float]:
     """Set each ProjectNorm's radius to the ``quantile`` of ||x - mean(x)|| over the tokens
     reaching the matching LayerNorm of ``original`` on ``images`` (pixels, uint8 or [0, 1]).
+    ``slots``: only the ProjectNorms of these names (default: all).
 
     Then every ProjectNorm equals its LayerNorm on a fraction >= 1 - quantile of those
     tokens (:meth:`ProjectNorm.set_radius` keeps gamma R): the adapted model stays close to
@@ -205,7 +257,11 @@ def calibrate_radii(adapted: ViT, original: ViT, images: Tensor, quantile: float
 
     if not 0 <= quantile < 1:
         raise ValueError(f"quantile must be in [0, 1), got {quantile!r}")
-    slots = {n: m for n, m in adapted.named_modules() if isinstance(m, ProjectNorm)}
+    chosen = slots
+    slots = {n: m for n, m in adapted.named_modules()
+             if isinstance(m, ProjectNorm) and (chosen is None or n in chosen)}
+    if chosen is not None and set(chosen) - set(slots):
+        raise ValueError(f"no ProjectNorm named {sorted(set(chosen) - set(slots))}")
     lns = dict(original.named_modules())
     norms: dict[str, list[Tensor]] = {n: [] for n in slots}
     handles = []

@@ -8,9 +8,13 @@ Every component of the network is counted, pixels in [0, 1] to the head's input:
            * prod_blocks (1 + L(norm_attn) L(attn))       prenorm: x + Att(Norm(x))
                          (1 + L(norm_mlp) ||W2|| 1.1289 ||W1||)   x + W2 GELU(W1 Norm(x))
            * L(norm) * L(pool)                            final norm; class token 1, mean 1/sqrt(n)
+                                                                 (MeanPooledViT: all n tokens)
 
 with L(attn) Kim et al. (2021), "The Lipschitz constant of self-attention", Theorem 3.2 for
-L2 attention with tied W^Q = W^K, per head, including W^V and W^O
+L2 attention with tied W^Q = W^K, applied per head to the factorisation
+h(X W^{Q,l}) (W^{Q,l})^T W^{V,l}, with W^O, and tightened on the ball its inputs are confined
+to when the norm before it is a ProjectNorm (every token within R max|gamma| of beta, for
+clean and perturbed inputs alike, so the product with L(norm_attn) bounds attention o norm)
 (:meth:`attncert.layers.L2MultiHeadAttention.lipschitz_bound`), L(norm) the constant of the
 LayerNorm replacement (:func:`attncert.certvit.adapt.norm_lipschitz`), 1.1289 = max |GELU'|
 (CertViT uses 1.12, which is below the maximum), spectral norms certificate-grade upper bounds
@@ -39,7 +43,7 @@ import torch
 from torch import Tensor, nn
 
 from attncert.bounds import GELU_LIPSCHITZ, spectral_norm
-from attncert.certvit.adapt import norm_lipschitz
+from attncert.certvit.adapt import norm_lipschitz, output_radius, pool_lipschitz
 from attncert.layers import L2MultiHeadAttention, MultiHeadAttention
 from attncert.models.vit import MLP, ViT
 from attncert.precision import require_full_precision
@@ -78,6 +82,13 @@ class GlobalBound:
     def logits(self) -> float:
         """Global Lipschitz constant of pixels -> logits, L_feat ||W_head||."""
         return self.features * self.head
+
+    @property
+    def pairwise(self) -> float:
+        """The constant the certificate uses: L_feat max_{j != k} ||w_j - w_k||, the largest
+        Lipschitz constant of a logit difference f_j - f_k (the pairwise test's denominator)."""
+        w = self.head_weight.double()
+        return self.features * float(torch.cdist(w, w).max())
 
 
 def _check_adapted(model: nn.Module) -> None:
@@ -120,7 +131,8 @@ def global_bound(model: ViT) -> GlobalBound:
     for i, b in enumerate(model.blocks):
         p = f"blocks.{i}"
         l_na = add(f"{p}.norm_attn", "norm", norm_lipschitz(b.norm_attn), b.form == "stream")
-        l_att = add(f"{p}.attn", "l2_attention", b.attn.lipschitz_bound(n), False)
+        l_att = add(f"{p}.attn", "l2_attention",
+                    b.attn.lipschitz_bound(n, output_radius(b.norm_attn)), False)
         if b.form == "stream":
             add(f"{p}.attn_residual", "residual", 1.0 + l_att, True)
         else:
@@ -131,7 +143,7 @@ def global_bound(model: ViT) -> GlobalBound:
         s2 = add(f"{p}.mlp.fc2", "linear", _spectral_upper(b.mlp.fc2.weight), False)
         add(f"{p}.mlp_residual", "residual", 1.0 + l_nm * s2 * g * s1, True)
     add("norm", "norm", norm_lipschitz(model.norm), True)
-    add("pool", "pool", 1.0 if cfg.pool == "cls" else 1.0 / math.sqrt(n), True)
+    add("pool", "pool", pool_lipschitz(model), True)
     w_head = model.head_weight().detach().clone()  # the rows applied (unit with head_norm)
     head = add("head", "linear", _spectral_upper(w_head), False)
     features = math.prod(r["lipschitz"] for r in rows if r["factor"])

@@ -45,7 +45,7 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 import torch
@@ -193,10 +193,17 @@ def _rms_rows(t: Tensor) -> float:
     return float(t.pow(2).sum(-1).mean().sqrt())
 
 
-def douglas_rachford(w0: Tensor, x: Tensor, config: DRConfig) -> tuple[Tensor, dict]:
+def douglas_rachford(w0: Tensor, x: Tensor, config: DRConfig,
+                     prox: Callable[[Tensor], Tensor] | None = None) -> tuple[Tensor, dict]:
     """Algorithm 1 on one layer: (sparse weight (out, in), diagnostics).
 
     w0: the layer's weight (out, in); x: its recorded inputs (K, in), already shuffled.
+    ``prox``: the proximal step in place of soft-thresholding (None: the l1 objective with
+    tau = threshold x RMS weight). The projection onto a closed convex set S (e.g. a
+    spectral-norm ball, :func:`attncert.certvit.spectral.clip_spectral`) is the prox of its
+    indicator: DR then seeks a point of S cap C, and the result prox(Z) always lies in S
+    (when S and C do not meet, it tends to a point of S nearest C: Bauschke, Combettes &
+    Luke 2004, "Finding best approximation pairs relative to two closed convex sets").
     Computed in float64 on x's device; the result has w0's dtype and device. Diagnostics:
     spectral norms before/after (exact SVD), the output deviation of the result (max over
     mini-batches of the RMS deviation, relative to the RMS output norm; eta for comparison),
@@ -207,11 +214,15 @@ def douglas_rachford(w0: Tensor, x: Tensor, config: DRConfig) -> tuple[Tensor, d
     xb = _batches(x.to(torch.float64), config.batch_size)
     out_rms = _rms_rows(x.to(torch.float64) @ w0d.T)
     eta = config.eta * out_rms
-    tau = config.threshold * float(w0d.pow(2).mean().sqrt())
+    if prox is None:
+        tau = config.threshold * float(w0d.pow(2).mean().sqrt())
+
+        def prox(w: Tensor) -> Tensor:
+            return soft_threshold(w, tau)
     z = w0d.clone()
     proj_steps, iterations = 0, 0
     while iterations < config.iterations:
-        p = soft_threshold(z, tau)
+        p = prox(z)
         w, info = project_outputs(2 * p - z, w0d, xb, eta, config.projection_steps, config.tol)
         proj_steps += info.steps
         iterations += 1
@@ -219,7 +230,7 @@ def douglas_rachford(w0: Tensor, x: Tensor, config: DRConfig) -> tuple[Tensor, d
         z = z + step
         if float(step.norm()) <= config.tol * float(z.norm()):
             break
-    result = soft_threshold(z, tau)
+    result = prox(z)
     dev = _batch_deviation(result - w0d, xb).flatten(1).norm(dim=1) / math.sqrt(xb.shape[1])
     diag = {
         "shape": tuple(w0.shape), "pairs": int(xb.shape[0] * xb.shape[1]),
@@ -358,8 +369,13 @@ class DRResult:
 
 
 def constrain(model: nn.Module, images: Tensor, config: DRConfig | None = None,
-              include: Sequence[str] | None = None, progress: bool = False) -> DRResult:
+              include: Sequence[str] | None = None, progress: bool = False,
+              prox_for: Callable[[Site], Callable[[Tensor], Tensor]] | None = None) -> DRResult:
     """Algorithm 3: Douglas-Rachford (Algorithm 1) on every linear layer of ``model``.
+
+    ``prox_for(site)``: the site's proximal step (None: CertViT's l1 soft-thresholding), e.g.
+    the projection onto its spectral-norm ball
+    (:func:`attncert.certvit.spectral.constrain_spectral`).
 
     Inputs are recorded once on ``images`` (training pixels) from the unchanged model; the
     layers are then processed independently, one after the other. The loop over sites is
@@ -379,7 +395,8 @@ def constrain(model: nn.Module, images: Tensor, config: DRConfig | None = None,
         key = f"{s.module}.weight"
         full = result.weights.setdefault(key, modules[s.module].weight.detach().clone())
         rows = slice(None) if s.rows is None else s.rows
-        new, diag = douglas_rachford(full[rows], inputs[s.name], cfg)
+        prox = None if prox_for is None else prox_for(s)
+        new, diag = douglas_rachford(full[rows], inputs[s.name], cfg, prox)
         full[rows] = new
         result.diagnostics.append({"site": s.name, **diag})
     result.masks = {k: w != 0 for k, w in result.weights.items()}

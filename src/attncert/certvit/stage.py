@@ -9,6 +9,12 @@
 * :func:`finetune_scope`: what the fine-tune after constraining may change: every weight with
   the pruned ones kept at zero (CertViT), or only the parameters the bound does not depend on
   (:func:`bound_parameters`), which keeps the constrained model's bound;
+* the two constraining modes run side by side (:data:`MODES`): ``paper`` (CertViT's l1
+  Douglas-Rachford, then the fine-tune of :func:`finetune_scope`) and ``spectral`` (a
+  spectral-norm ball per map, :mod:`attncert.certvit.spectral`, then a projected fine-tune
+  with a Lipschitz-margin loss): :func:`adaptation`, :func:`calibration_slots`,
+  :func:`constrain_mode`,
+  :func:`finetune_context`, :func:`margin_offset`;
 * :class:`StepLog`: accuracy, Lipschitz bound and seconds through the steps (pretrained,
   adapted, adapt-finetuned, constrained, masked-finetuned);
 * :func:`paper_row`, :func:`table1` and :func:`stage_metrics`: CertViT's Table 1 row beside
@@ -18,8 +24,10 @@
 from __future__ import annotations
 
 import contextlib
+import copy
 import dataclasses
 import hashlib
+import math
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -30,20 +38,35 @@ from torch import Tensor, nn
 from torch.nn import functional as F
 
 from attncert import paper, runs
-from attncert.certvit.adapt import ProjectNorm
+from attncert.certvit.adapt import Adaptation, ProjectNorm
 from attncert.certvit.certificate import GlobalBound
-from attncert.certvit.douglas_rachford import freeze_zeros
+from attncert.certvit.douglas_rachford import DRConfig, DRResult, constrain, freeze_zeros
 from attncert.certvit.load import load_model
+from attncert.certvit.spectral import (
+    Budgets,
+    budget_bound,
+    constrain_spectral,
+    map_sets,
+    project_,
+    projected,
+)
 from attncert.layers import CenterNorm, Normalize
 from attncert.models.vit import ViT, ViTConfig, build_vit
 from attncert.train import TrainConfig, evaluate
 
 __all__ = [
     "FINETUNE_SCOPES",
+    "MODES",
     "PIPELINE",
     "StepLog",
     "UpsampleNormalize",
+    "adaptation",
     "bound_parameters",
+    "calibration_slots",
+    "constrain_mode",
+    "finetune_context",
+    "margin_offset",
+    "mode_steps",
     "finetune_scope",
     "fit_to_dataset",
     "frozen",
@@ -60,6 +83,8 @@ __all__ = [
 PIPELINE = "pipeline"
 #: What the fine-tune after constraining trains (:func:`finetune_scope`).
 FINETUNE_SCOPES = ("masked", "bound_free")
+#: The constraining modes: CertViT's l1 Douglas-Rachford, and spectral-norm balls per map.
+MODES = ("paper", "spectral")
 
 
 class UpsampleNormalize(Normalize):
@@ -230,10 +255,90 @@ def finetune_scope(model: ViT, scope: str, masks: Mapping[str, Tensor]):
     raise ValueError(f"scope {scope!r}: choose from {', '.join(FINETUNE_SCOPES)}")
 
 
+def _check_mode(mode: str) -> None:
+    if mode not in MODES:
+        raise ValueError(f"mode {mode!r}: choose from {', '.join(MODES)}")
+
+
+def adaptation(mode: str, norm: str) -> Adaptation:
+    """The adaptation of each mode: ``paper`` keeps the pre-trained pooling and head;
+    ``spectral`` pools by the mean of all tokens (constant 1/sqrt(n) instead of 1) and applies
+    unit head rows (a fixed Lipschitz margin in the loss keeps its meaning)."""
+    _check_mode(mode)
+    if mode == "paper":
+        return Adaptation(norm=norm)
+    return Adaptation(norm=norm, pool="mean", head_norm=True)
+
+
+def calibration_slots(mode: str, model: ViT) -> list[str] | None:
+    """The ProjectNorms whose radius :func:`attncert.certvit.calibrate_radii` sets: every one
+    in ``paper`` (None); in ``spectral`` only the norms before attention, whose radius
+    confines the attention's inputs to a small ball (a tighter attention constant); the
+    others keep R = sqrt(D), since with gains <= 1 their radius costs nothing in the bound
+    and a large R keeps the tokens' scale."""
+    _check_mode(mode)
+    if mode == "paper":
+        return None
+    return [f"blocks.{i}.norm_attn" for i in range(len(model.blocks))]
+
+
+def constrain_mode(mode: str, model: ViT, images: Tensor, config: DRConfig,
+                   budgets: Budgets | None = None, progress: bool = False
+                   ) -> tuple[ViT, DRResult]:
+    """Constrain a copy of ``model`` (which is left unchanged): ``paper`` runs CertViT's l1
+    Douglas-Rachford (Algorithms 1-3); ``spectral`` the same splitting with each map's
+    spectral-norm ball as the prox, then projects the norm gains (``budgets`` required)."""
+    _check_mode(mode)
+    if mode == "paper":
+        result = constrain(model, images, config, progress=progress)
+        return result.apply(copy.deepcopy(model)), result
+    if budgets is None:
+        raise ValueError("the spectral mode needs budgets")
+    result = constrain_spectral(model, images, budgets, config, progress=progress)
+    out = result.apply(copy.deepcopy(model))
+    return project_(out, map_sets(out, budgets)), result
+
+
+def finetune_context(mode: str, model: ViT, scope: str, masks: Mapping[str, Tensor],
+                     budgets: Budgets | None = None):
+    """The ``with`` context of the fine-tune after constraining: ``paper`` is
+    :func:`finetune_scope`; ``spectral`` projects every map into its set after each optimiser
+    step (:func:`attncert.certvit.spectral.projected`)."""
+    _check_mode(mode)
+    if mode == "paper":
+        return finetune_scope(model, scope, masks)
+    if budgets is None:
+        raise ValueError("the spectral mode needs budgets")
+    return projected(model, map_sets(model, budgets))
+
+
+def margin_offset(model: ViT, budgets: Budgets, eps: float) -> float:
+    """The Lipschitz-margin loss's offset sqrt(2) L eps (LMT, Tsuzuku et al. 2018; CE with it
+    added to the rival logits), L the features' bound every model in the sets satisfies
+    (:func:`attncert.certvit.spectral.budget_bound`): with unit head rows (||w_y - w_j|| <=
+    2, sqrt(2) for orthogonal rows) a margin above it certifies about eps."""
+    return math.sqrt(2.0) * budget_bound(model, budgets) * eps
+
+
+def mode_steps(logs: Mapping[str, StepLog]):
+    """pandas DataFrame: one row per step, for each mode its clean accuracy (%), the
+    certificate's constant (features x pairwise head rows) and the features' bound."""
+    import pandas as pd
+
+    frames = []
+    for mode, log in logs.items():
+        f = log.frame().set_index("step")
+        frames.append(pd.DataFrame({
+            (mode, "clean (%)"): 100 * f["clean_acc"],
+            (mode, "bound (pairwise)"): f["lipschitz_pairwise"],
+            (mode, "bound (features)"): f["lipschitz_features"]}))
+    return pd.concat(frames, axis=1)
+
+
 @dataclass
 class StepLog:
-    """Clean accuracy, Lipschitz bound (pixels -> logits, and pixels -> features) and seconds
-    of each step of the stage, in order."""
+    """Clean accuracy, Lipschitz bound (pixels -> logits, pixels -> features, and the
+    certificate's pairwise constant) and seconds of each step of the stage, in order."""
 
     rows: list[dict] = field(default_factory=list)
 
@@ -246,6 +351,7 @@ class StepLog:
         row = {"step": step, "clean_acc": evaluate(model, test, device, batch_size)["acc"],
                "lipschitz": bound.logits if bound else None,
                "lipschitz_features": bound.features if bound else None,
+               "lipschitz_pairwise": bound.pairwise if bound else None,
                "seconds": float(seconds), "note": note}
         self.rows.append(row)
         return row
@@ -256,7 +362,7 @@ class StepLog:
 
         return pd.DataFrame(self.rows,
                             columns=["step", "clean_acc", "lipschitz", "lipschitz_features",
-                                     "seconds", "note"])
+                                     "lipschitz_pairwise", "seconds", "note"])
 
     def column(self, key: str) -> dict[str, Any]:
         return {r["step"]: r[key] for r in self.rows}
@@ -304,6 +410,7 @@ def stage_metrics(log: StepLog, bounds: Mapping[str, GlobalBound], report: Mappi
         "total_seconds": sum(timings.values()),
         "lipschitz": {k: b.logits for k, b in bounds.items()},
         "lipschitz_features": {k: b.features for k, b in bounds.items()},
+        "lipschitz_pairwise": {k: b.pairwise for k, b in bounds.items()},
         "lipschitz_reduction": {k: ref.logits / b.logits for k, b in bounds.items()
                                 if k != reference},
         "lipschitz_features_reduction": {k: ref.features / b.features

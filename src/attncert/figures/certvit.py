@@ -8,7 +8,7 @@ import pandas as pd
 import seaborn as sns
 from matplotlib.figure import Figure
 
-__all__ = ["plot_dr_sites", "plot_lipschitz_components", "plot_steps"]
+__all__ = ["plot_certified_modes", "plot_dr_sites", "plot_lipschitz_components", "plot_steps"]
 
 
 def _style() -> None:
@@ -91,4 +91,27 @@ def plot_dr_sites(diagnostics: pd.DataFrame) -> Figure:
     sparsity = diagnostics.assign(zeros=100 * diagnostics["sparsity"])
     sns.barplot(sparsity, y="site", x="zeros", color="C2", ax=axes[1])
     axes[1].set(xlabel="zero entries (%)", ylabel="", xlim=(0, 100))
+    return fig
+
+
+def plot_certified_modes(certified: dict, pgd: dict) -> Figure:
+    """Certified (solid) and L2 PGD (dashed) accuracy against eps, one colour per mode.
+
+    ``certified``, ``pgd``: {mode: {eps: fraction}} (``attncert.certvit.certify``'s
+    ``certified_acc`` and ``pgd_acc``). PGD accuracy is an upper bound on the robust accuracy,
+    certified accuracy a lower bound: the gap is what the certificate leaves open.
+    """
+    _style()
+    fig, ax = plt.subplots(figsize=(6, 3.4), constrained_layout=True)
+    for i, mode in enumerate(certified):
+        eps = sorted(certified[mode])
+        ax.plot(eps, [100 * certified[mode][e] for e in eps], "o-", color=f"C{i}",
+                label=f"{mode}: certified")
+        if mode in pgd:
+            pe = sorted(pgd[mode])
+            ax.plot(pe, [100 * pgd[mode][e] for e in pe], "s--", color=f"C{i}", alpha=0.7,
+                    label=f"{mode}: L2 PGD")
+    ax.set(xscale="log", xlabel="eps (pixel-space l2)", ylabel="accuracy (%)", ylim=(0, 100),
+           title="Certified and PGD accuracy of each mode's final model")
+    ax.legend(fontsize=7)
     return fig

@@ -28,6 +28,7 @@ from .embed import SVD_PAD
 __all__ = [
     "CenterNorm",
     "L2MultiHeadAttention",
+    "l2_attention_domain_constant",
     "LNFormerAttention",
     "ResidualScale",
     "ScaledCosineAttention",
@@ -72,6 +73,16 @@ class _HeadedAttention(nn.Module):
 
     def extra_repr(self) -> str:
         return f"dim={self.dim}, heads={self.heads}"
+
+
+def l2_attention_domain_constant(n: int, radius: Tensor, d_head: int) -> Tensor:
+    """D(n, rho) / sqrt(d_h), rho = radius / d_h^(1/4): the Lipschitz constant of Kim's
+    single-head L2 attention h(Y) = P(Y) Y / sqrt(d_h) (W^Q = W^V = I) on n tokens that all lie
+    in one ball of the given radius (:meth:`L2MultiHeadAttention.lipschitz_bound` has the
+    proof). ``radius``: a float64 tensor of radii, one constant each."""
+    rho2 = radius.double().pow(2) / math.sqrt(d_head)
+    p = 1.0 / (1.0 + (n - 1) * torch.exp(-4.0 * rho2))
+    return ((n * p).sqrt() * (1.0 + 8.0 * rho2) + 2.0 * rho2) / math.sqrt(d_head)
 
 
 class L2MultiHeadAttention(_HeadedAttention):
@@ -127,19 +138,60 @@ class L2MultiHeadAttention(_HeadedAttention):
             values = self._split(self.v(x))
         return self._merge(self._probs(q, self.d_head) @ values)
 
-    def lipschitz_bound(self, n: int) -> float:
-        """Global L2 (Frobenius) Lipschitz bound of this layer (no residual) on n tokens.
+    def lipschitz_bound(self, n: int, radius: float | None = None) -> float:
+        """Global L2 (Frobenius) Lipschitz bound of this layer (no residual) on n tokens:
 
-        Kim et al. Theorem 3.2 as in MATH.md section 4, evaluated by
-        :func:`attncert.bounds.kim_l2_attention_lipschitz` (exact float64 spectral norms),
-        with one correction. A head's Lipschitz constant is homogeneous of degree 2 in
-        W^{Q,l} (f(X; c W^Q) = c f(cX; W^Q)) while the printed bound is of degree 1, so the
-        printed form can only hold up to ||W^{Q,l}|| = 1 and fails above it
-        (tests/test_global_bounds.py::test_kim_formula_limits). Each head is therefore
-        evaluated at W^{Q,l} / m_l, m_l = max(1, ||W^{Q,l}||), and its constant multiplied by
-        m_l^2 (heads combine as the root of the sum of squares, a concatenation), which is
-        the printed bound called with W^{Q,l} m_l. Padded by SVD_PAD per spectral-norm
-        factor. Raises for ``value="plain"`` (no global Lipschitz constant).
+            L = min( ||W^O|| sqrt(sum_l (k_l c_l)^2),  sum_l k_l c_l ||W^{O,l}|| ),
+            c_l = ||W^{Q,l}|| ||(W^{Q,l})^T W^{V,l}||,  K_n = sqrt(n / d_h) (4 W0((n-1)/e) + 1),
+            k_l = K_n, or min(K_n, D(n, rho_l) / sqrt(d_h)) when every input token lies in one
+            ball of radius ``radius`` (rho_l = radius ||W^{Q,l}|| / d_h^(1/4)),
+            D(n, rho) = sqrt(n p) (1 + 8 rho^2) + 2 rho^2,  p = 1 / (1 + (n-1) exp(-4 rho^2)),
+
+        W^{O,l} the d_h rows of W^O (x W convention) that head l's output meets, W0 Lambert's W.
+        With ``radius`` the bound holds on that domain only: on the image of a norm whose
+        outputs are confined to such a ball (ProjectNorm: radius R max|gamma|, around beta),
+        so it bounds attention o norm with the norm's own constant.
+
+        Proof. Let h(Y) = P(Y) Y / sqrt(d_h) on n tokens Y (n x d_h), P(Y)_ij =
+        softmax_j(-||y_i - y_j||^2 / sqrt(d_h)): Kim et al.'s single-head L2 attention on
+        d_h-dimensional tokens with W^Q = W^V = I (and W^O = I), whose constant their Theorem
+        3.2 bounds by K_n (MATH.md section 4; at ||W^Q|| = 1 the printed form is the theorem,
+        tests/test_global_bounds.py). Head l of this layer is
+            P^l X A_l W^{V,l} = P(X W^{Q,l}) (X W^{Q,l}) (W^{Q,l})^T W^{V,l} / sqrt(d_h)
+                              = h(X W^{Q,l}) M_l,   M_l = (W^{Q,l})^T W^{V,l}  (d_h x d_h),
+        because P^l depends on X only through X W^{Q,l}. X -> X W^{Q,l} is ||W^{Q,l}||-Lipschitz
+        in ||.||_F and right-multiplication by M_l is ||M_l||-Lipschitz, so head l is
+        c_l-Lipschitz with K_n c_l. The layer is concat_l(head_l) W^O (+ a constant bias): the
+        concatenation's perturbation has ||.||_F^2 = sum_l ||delta_l||_F^2, giving the first
+        term; writing it as sum_l head_l W^{O,l} and the triangle inequality gives the second.
+
+        Consequences. c_l <= ||W^{Q,l}||^2 ||W^{V,l}||, so this is never above the printed bound
+        evaluated at W^{Q,l} max(1, ||W^{Q,l}||) (the degree correction: a head's constant is
+        homogeneous of degree 2 in W^{Q,l}, f(X; c W^Q) = c f(cX; W^Q)), and below it whenever
+        ||W^{Q,l}|| < 1 (the max(1, .) is not needed: the factorisation holds for every scale)
+        or W^{Q,l} and W^{V,l} are not aligned.
+
+        The domain constant (tokens in a ball). With Z = Y / d_h^(1/4), h(Y) = g(Z) / d_h^(1/4)
+        for g(Z) = P Z, P_ij = softmax_j(-||z_i - z_j||^2), so Lip(h) = Lip(g) / sqrt(d_h); the
+        rows z_i lie in a ball of radius rho (translate it to 0: g(Z + 1 c^T) = g(Z) + 1 c^T).
+        For a perturbation E (rows e_j), with zbar_i = sum_j P_ij z_j and
+        ds_ij = -2 (z_i - z_j)^T (e_i - e_j), dP_ij = P_ij (ds_ij - sum_l P_il ds_il), so
+            dg_i = sum_j P_ij e_j + sum_j P_ij (z_j - zbar_i) ds_ij
+                 = (P E)_i + 2 C_i e_i + 2 sum_j P_ij (z_j - zbar_i)(z_i - z_j)^T e_j,
+        C_i = sum_j P_ij (z_j - zbar_i)(z_j - zbar_i)^T (the terms in z_i cancel because
+        sum_j P_ij (z_j - zbar_i) = 0). (i) ||P||_2^2 <= max column sum x max row sum, and
+        P_ij <= 1 / (1 + (n-1) exp(-4 rho^2)) = p (the own term of the denominator is 1, the
+        others >= exp(-(2 rho)^2)), so ||P E||_F <= sqrt(n p) ||E||_F. (ii) C_i is the
+        covariance of a distribution on the ball: ||C_i|| <= rho^2, a block-diagonal map of
+        norm <= 2 rho^2. (iii) The blocks B_ij = 2 P_ij (z_j - zbar_i)(z_i - z_j)^T have
+        ||B_ij|| <= 8 rho^2 P_ij (zbar_i is in the ball); a block operator's norm is at most
+        that of the matrix of block norms, and for nonnegative matrices entrywise domination
+        bounds the spectral norm, so this term is <= 8 rho^2 sqrt(n p). The Jacobian of g is
+        bounded by D(n, rho) on the (convex) domain, hence so is Lip(g) there. X -> X W^{Q,l}
+        maps a ball of radius r into one of radius r ||W^{Q,l}||, which gives rho_l.
+
+        Spectral norms are exact float64 SVDs, padded by SVD_PAD per factor. Raises for
+        ``value="plain"`` (no global Lipschitz constant) and for a negative ``radius``.
         """
         from attncert.bounds import kim_l2_attention_lipschitz
 
@@ -147,13 +199,36 @@ class L2MultiHeadAttention(_HeadedAttention):
             raise ValueError("L2 attention with plain values (P X W^V) has no global Lipschitz "
                              "constant; use value='kim'")
         h, dh, d = self.heads, self.d_head, self.dim
-        w = (self.q.weight, self.v.weight, self.o.weight)
-        wq, wv, wo = (t.detach().double() for t in w)
-        wq = wq.view(h, dh, d).transpose(1, 2)  # (h, d, d_h), x W convention
+        wq = self.q.weight.detach().double().view(h, dh, d)  # (h, d_h, d): (W^{Q,l})^T
+        wv = self.v.weight.detach().double().view(h, dh, d)
+        wo = self.o.weight.detach().double()  # (d, h d_h): W^O^T
+        eye = torch.eye(dh, dtype=torch.float64, device=wq.device)[None]
+        k_n = kim_l2_attention_lipschitz(eye, eye, eye[0], n)  # K_n: W^Q = W^V = W^O = I
+        q = torch.linalg.matrix_norm(wq, 2)
+        m = torch.linalg.matrix_norm(wq @ wv.transpose(1, 2), 2)  # ||(W^{Q,l})^T W^{V,l}||
+        c = q * m * k_n
+        if radius is not None:
+            if not radius >= 0:
+                raise ValueError(f"radius must be >= 0, got {radius!r}")
+            c = q * m * torch.minimum(torch.full_like(q, k_n),
+                                      l2_attention_domain_constant(n, radius * q, dh))
+        o_heads = torch.linalg.matrix_norm(wo.view(d, h, dh).transpose(0, 1), 2)
+        concat = float(torch.linalg.matrix_norm(wo, 2)) * float(c.pow(2).sum().sqrt())
+        split = float((c * o_heads).sum())
+        return min(concat, split) * (1.0 + SVD_PAD) ** 3
+
+    def lipschitz_bound_printed(self, n: int) -> float:
+        """Kim et al. Theorem 3.2 as printed, with the degree correction (each head evaluated
+        at W^{Q,l} max(1, ||W^{Q,l}||)): the form :meth:`lipschitz_bound` tightens, kept for
+        comparison."""
+        from attncert.bounds import kim_l2_attention_lipschitz
+
+        h, dh, d = self.heads, self.d_head, self.dim
+        wq, wv, wo = (t.detach().double() for t in (self.q.weight, self.v.weight, self.o.weight))
+        wq = wq.view(h, dh, d).transpose(1, 2)
         wv = wv.view(h, dh, d).transpose(1, 2)
-        m = torch.linalg.matrix_norm(wq, 2).clamp_min(1.0)  # m_l = max(1, ||W^{Q,l}||)
-        bound = kim_l2_attention_lipschitz(wq * m[:, None, None], wv, wo.T, n)
-        return bound * (1.0 + SVD_PAD) ** 4  # ||W^Q|| twice (through m_l), ||W^V||, ||W^O||
+        m = torch.linalg.matrix_norm(wq, 2).clamp_min(1.0)
+        return kim_l2_attention_lipschitz(wq * m[:, None, None], wv, wo.T, n) * (1.0 + SVD_PAD) ** 4
 
     @classmethod
     def from_dot_product(cls, mha: MultiHeadAttention, value: str = "kim") -> L2MultiHeadAttention:
