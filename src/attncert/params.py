@@ -322,10 +322,11 @@ class SpecformerParams:
         for key in ("methods", "adv_methods"):
             bad = [m for m in getattr(self, key) if m not in SPECFORMER_PRETRAINED_METHODS]
             if pretrained and bad:
-                _fail(f"specformer.{key}", f"{', '.join(bad)} swap the attention or norms, so the "
-                      f"pre-trained weights of {pretrained[0]!r} do not fit them; with a "
-                      f"pre-trained source use {', '.join(SPECFORMER_PRETRAINED_METHODS)} "
-                      f"(the baselines run with sources: [{SPECFORMER_SCRATCH}])")
+                _fail(f"specformer.{key}", f"the pre-trained weights of {pretrained[0]!r} do not "
+                      f"fit {', '.join(bad)} (the baselines change the ViT's attention or "
+                      f"norms); with a pre-trained source use "
+                      f"{', '.join(SPECFORMER_PRETRAINED_METHODS)}, the baselines with "
+                      f"sources: [{SPECFORMER_SCRATCH}]")
 
 
 #: CertViT's LayerNorm replacements (names of ``attncert.certvit.NORMS``) and fine-tune losses.
