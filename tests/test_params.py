@@ -144,5 +144,6 @@ def test_specformer_baselines_run_from_scratch(raw):
     raw["specformer"]["methods"] = ["vanilla", "specformer", "l2former", "lnformer", "lipsformer"]
     assert validate(raw)["specformer"].methods[-1] == "lipsformer"
     raw["specformer"]["sources"] = ["scratch", "some/model"]
-    with pytest.raises(ParamsError, match=r"weights of 'some/model' do not fit l2former, lnformer, lipsformer"):
+    msg = r"weights of 'some/model' do not fit l2former, lnformer, lipsformer"
+    with pytest.raises(ParamsError, match=msg):
         validate(raw)
