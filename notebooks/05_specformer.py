@@ -22,6 +22,15 @@
 # a training step relative to vanilla (its Table 3), and what the penalty buys in
 # *certified* terms on a Lipschitz ViT.
 #
+# **Sources.** `sources` lists where each method's ViT comes from: `scratch` builds the ViT of
+# `patch`..`mlp_hidden` and trains it (`epochs`, `lr`, ...); a Hugging Face
+# `ViTForImageClassification` (hub id or `save_pretrained` folder; the paper scale: ImageNet
+# ViT-S/16 and DeiT-Ti, as in SpecFormer's tables) is loaded into the same standard ViT, gets a
+# head for the dataset's classes, eats the dataset's images upsampled to `image_size` inside the
+# model (eps stays in the dataset's pixel space) and is fine-tuned with the `finetune_*` recipe.
+# Pre-trained weights fit vanilla and SpecFormer only: the other baselines swap attention or
+# norms. Runs of a pre-trained source are named `<dataset>@<model>`.
+#
 # **Attacks.** The project's own `attncert.attacks` (untargeted, pixel space [0, 1], the
 # normalisation inside the model; a success is kept once found, a clean error counts as
 # broken). They are the attacks the certification audit already trusts (tested against
@@ -37,6 +46,8 @@ precision = "auto"
 scale = "paper"
 processed_dir = "data/processed"
 datasets = ["fashion_mnist"]
+sources = ["scratch"]
+image_size = 224
 methods = ["vanilla", "specformer", "l2former", "lnformer", "lipsformer"]
 adv_methods = ["vanilla", "specformer"]
 patch = 7
@@ -57,6 +68,13 @@ warmup_steps = 100
 augment = "none"
 adv_eps_255 = 8.0
 adv_steps = 3
+finetune_epochs = 1
+finetune_adv_epochs = 1
+finetune_batch_size = 64
+finetune_lr = 1e-4
+finetune_weight_decay = 0.05
+finetune_warmup_steps = 0
+finetune_grad_clip = 1.0
 n_eval = 500
 eval_batch_size = 500
 std_eps_255 = 2.0
@@ -110,24 +128,40 @@ standard, adversarial = sf.train_configs(
     epochs=epochs, adv_epochs=adv_epochs, batch_size=batch_size, lr=lr,
     weight_decay=weight_decay, warmup_steps=warmup_steps, augment=augment,
     eval_batch_size=eval_batch_size, adv_eps_255=adv_eps_255, adv_steps=adv_steps, seed=seed)
-plan = sf.run_plan(methods, adv_methods, standard, adversarial)
+ft_standard, ft_adversarial = sf.train_configs(
+    epochs=finetune_epochs, adv_epochs=finetune_adv_epochs, batch_size=finetune_batch_size,
+    lr=finetune_lr, weight_decay=finetune_weight_decay, warmup_steps=finetune_warmup_steps,
+    augment=augment, eval_batch_size=eval_batch_size, adv_eps_255=adv_eps_255,
+    adv_steps=adv_steps, seed=seed, grad_clip=finetune_grad_clip)
+plans = {src: sf.run_plan(methods, adv_methods, *((standard, adversarial) if src == sf.SCRATCH
+                                                   else (ft_standard, ft_adversarial)))
+         for src in sources}
+# every pre-trained source is loaded and fitted once before any training (a clear error first)
+fitted = {(name, src): "; ".join(sf.pretrained_model(src, d, image_size, seed)[1])
+          for name, d in data.items() for src in sources if src != sf.SCRATCH}
 display(Markdown(
     f"**Scale** {scale}, device {dev}.  \n**Data** " + "; ".join(
         f"{k}: {len(d['train']['y'])} training / {len(d['test']['y'])} test images "
         f"({d['source']})" for k, d in data.items())
-    + f"  \n**Runs** {len(plan)} per dataset: {[f'{t}/{m}' for t, m, _ in plan]}  \n"
-    f"**Attacks** on the first {n_eval} test images: {[s.label for s in specs]}"))
+    + f"  \n**Sources** {sources}" + "".join(
+        f"  \n{sf.run_label(k, src)}: {note}" for (k, src), note in fitted.items())
+    + f"  \n**Runs** per dataset and source: {[f'{t}/{m}' for t, m, _ in plans[sources[0]]]}"
+    f"  \n**Attacks** on the first {n_eval} test images: {[s.label for s in specs]}"))
 
 # %% [markdown]
 # ### The CIFAR-10 sample
 # The mirror's 20 real CIFAR-10 test images (`cifar10_sample`) are used by
-# `tests/test_specformer.py::test_paper_scale_cifar_grid_code_path`: it loads this stage's
-# paper-scale parameters, shrinks only the model size, epochs, batch size, attack steps and
-# number of attacked images, and runs this notebook's calls (`base_model_config`,
-# `method_model_config`, `train_configs`, `run_plan`, `method_train_config`, `train_run`,
-# `attack_specs`, `eval_split`, `robust_accuracy`) for every method, standard and
-# adversarial, on the 20 images shaped as CIFAR-10 and as CIFAR-100 (3 x 32 x 32, 10 and 100
-# classes, training set = test set). It checks that the code path runs, not accuracy. This
+# `tests/test_specformer.py`: `test_paper_scale_cifar_grid_code_path` runs the from-scratch
+# route (this stage's paper-scale parameters with `sources: [scratch]` and every method;
+# only the model size, epochs, batch size, attack steps and number of attacked images shrunk)
+# through this notebook's calls (`base_model_config`, `method_model_config`, `train_configs`,
+# `run_plan`, `method_train_config`, `train_run`, `attack_specs`, `eval_split`,
+# `robust_accuracy`), and `test_paper_scale_pretrained_code_path` the pre-trained route
+# (`pretrained_model`, `finetune_run`) with a tiny `ViTForImageClassification` saved by
+# `save_pretrained` in place of the hub's ViT-S/16 and DeiT-Ti, vanilla and SpecFormer,
+# standard and adversarial, on the 20 images shaped as CIFAR-10 and as CIFAR-100 (3 x 32 x 32,
+# 10 and 100 classes, training set = test set). They check that the code path runs, not
+# accuracy. This
 # report does not evaluate the sample: its models are trained on the datasets listed above,
 # and without a CIFAR-10 training set offline none of them was trained on CIFAR-10, so none
 # can classify its images. At the paper scale `cifar10` and `cifar100` are training
@@ -135,50 +169,59 @@ display(Markdown(
 
 # %% [markdown]
 # ## Training
-# Every run builds its model from the seed, trains with AdamW and a cosine schedule, and keeps
-# a per-epoch checkpoint under `results_dir/ckpt/` (an interrupted stage resumes). The test
-# accuracy is reported, never used to select anything.
+# Every run builds its model from the seed (or loads its pre-trained source and seeds the new
+# head), trains with AdamW and a cosine schedule, and keeps a per-epoch checkpoint under
+# `results_dir/ckpt/` (an interrupted stage resumes). The test accuracy is reported, never used
+# to select anything.
 
 # %%
-models, train_rows = {}, []
+models, train_rows, labels = {}, [], {}
 for name, d in data.items():
     base = sf.base_model_config(d, patch, dim, depth, heads, mlp_hidden, block)
-    for training, method, cfg in plan:
-        model_cfg = sf.method_model_config(method, base, lipsformer_alpha)
-        train_cfg = sf.method_train_config(method, cfg, msvp_lambda)
-        t0 = time.perf_counter()
-        model, curves, status = sf.train_run(model_cfg, train_cfg, d, name,
-                                             out / "ckpt" / f"{name}-{training}-{method}", dev,
-                                             precision)
-        models[name, training, method] = model
-        train_rows.append({"dataset": name, "training": training, "method": method,
-                           "checkpoint": status, "epochs": len(curves),
-                           "train_seconds": sum(r["seconds"] for r in curves),
-                           "wall_seconds": time.perf_counter() - t0,
-                           "test_acc": curves[-1]["test_acc"]})
+    for src in sources:
+        label = sf.run_label(name, src)
+        labels[label] = name
+        for training, method, cfg in plans[src]:
+            train_cfg = sf.method_train_config(method, cfg, msvp_lambda)
+            ckpt = out / "ckpt" / f"{label}-{training}-{method}"
+            t0 = time.perf_counter()
+            if src == sf.SCRATCH:
+                model, curves, status = sf.train_run(
+                    sf.method_model_config(method, base, lipsformer_alpha), train_cfg, d, name,
+                    ckpt, dev, precision)
+            else:
+                model, curves, status = sf.finetune_run(src, train_cfg, d, name, image_size,
+                                                        ckpt, dev, precision)
+            models[label, training, method] = model
+            train_rows.append({"dataset": label, "source": src, "training": training,
+                               "method": method, "checkpoint": status, "epochs": len(curves),
+                               "train_seconds": sum(r["seconds"] for r in curves),
+                               "wall_seconds": time.perf_counter() - t0,
+                               "test_acc": curves[-1]["test_acc"]})
 trained = pd.DataFrame(train_rows)
 trained.round(4)
 
 # %% [markdown]
 # ## Robustness (SpecFormer Tables 1 and 2 layout)
-# Accuracy (%) under each attack, method x (dataset, attack); "paper" columns are SpecFormer's
-# Table 1 (ViT-S on CIFAR-10, standard training) where it reports the cell. Standard-training
+# Accuracy (%) under each attack, method x (run, attack); "paper" columns are SpecFormer's
+# Table 1 (ViT-S on CIFAR-10, standard training) where it reports the cell, beside the CIFAR-10
+# runs of the first source (the paper scale: the pre-trained ViT-S/16). Standard-training
 # rows answer Table 1 (FGSM, PGD-2 at 2/255); adversarial-training rows Table 2 (CW-n, PGD-n
 # at 8/255). Every model is attacked with every attack; L2 PGD radii are in pixels.
 
 # %%
 rows = []
-for (name, training, method), model in models.items():
-    x, y = sf.eval_split(data[name], n_eval)
+for (label, training, method), model in models.items():
+    x, y = sf.eval_split(data[labels[label]], n_eval)
     for r in sf.robust_accuracy(model, x.to(dev), y.to(dev), specs, eval_batch_size, seed):
-        rows.append({"dataset": name, "training": training, "method": method, **r})
+        rows.append({"dataset": label, "training": training, "method": method, **r})
 robustness = pd.DataFrame(rows)
 with atomic_path(out / "robustness.csv") as tmp:
     robustness.to_csv(tmp, index=False)
-sf.comparison_table(rows, SPECFORMER_TABLE1, "cifar10").round(2)
+sf.comparison_table(rows, SPECFORMER_TABLE1, sf.run_label("cifar10", sources[0])).round(2)
 
 # %%
-for name in datasets:
+for name in labels:
     show(figs.plot_robustness(robustness, name))
     show(figs.plot_l2_curves(robustness, name))
 
@@ -190,11 +233,11 @@ for name in datasets:
 
 # %%
 sigma = pd.concat([sf.max_sigma_frame({m: models[name, "standard", m] for m in methods}
-                                       ).assign(dataset=name) for name in datasets],
+                                       ).assign(dataset=name) for name in labels],
                   ignore_index=True)
 with atomic_path(out / "sigma.csv") as tmp:
     sigma.to_csv(tmp, index=False)
-for name in datasets:
+for name in labels:
     pair = sigma[(sigma["dataset"] == name) & sigma["method"].isin(["vanilla", "specformer"])]
     show(figs.plot_max_sigma(pair, f"{name}: vanilla vs SpecFormer (MSVP)"))
 sigma.pivot_table(index=["dataset", "method", "depth"], columns="map", values="sigma").round(3)
@@ -202,16 +245,18 @@ sigma.pivot_table(index=["dataset", "method", "depth"], columns="map", values="s
 # %% [markdown]
 # ## Cost of a training step (SpecFormer Table 3)
 # Every method's training step (forward, loss incl. MSVP, backward, AdamW) on the same batch of
-# `batch_size` training images of the first dataset, measured side by side in this one run:
+# `batch_size` (a pre-trained source: `finetune_batch_size`) training images of the first
+# dataset, with the first source's models and recipe, measured side by side in this one run:
 # after `timing_warmup` steps each, `timing_rounds` rounds time `timing_steps` steps of every
 # method in turn (the start rotates); the ratio to vanilla is taken within each round, then
 # the median over rounds. SpecFormer reports MSVP at 1.5x vanilla; that is the limit here.
 
 # %%
-first = datasets[0]
-xb = as_float(data[first]["train"]["x"][:batch_size]).to(dev)
-yb = data[first]["train"]["y"][:batch_size].to(dev)
-timed = {m: (models[first, "standard", m], sf.method_train_config(m, standard, msvp_lambda))
+first, first_run = datasets[0], sf.run_label(datasets[0], sources[0])
+timing_cfg = standard if sources[0] == sf.SCRATCH else ft_standard
+xb = as_float(data[first]["train"]["x"][:timing_cfg.batch_size]).to(dev)
+yb = data[first]["train"]["y"][:timing_cfg.batch_size].to(dev)
+timed = {m: (models[first_run, "standard", m], sf.method_train_config(m, timing_cfg, msvp_lambda))
          for m in methods}
 times = sf.step_times(timed, xb, yb, timing_steps, timing_rounds, timing_warmup)
 ratios = sf.step_time_ratios(times)
@@ -237,7 +282,7 @@ ratios.round(4)
 
 # %%
 try:
-    certify.precompute(models[first, "standard", "vanilla"], xb[:2])
+    certify.precompute(models[first_run, "standard", "vanilla"], xb[:2])
     refusal = "(certified: unexpected for a LayerNorm model)"
 except ValueError as exc:
     refusal = str(exc)

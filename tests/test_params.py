@@ -52,6 +52,14 @@ def test_yaml_12_semantics(tmp_path):
         ("text", "olsa_residual_init", 1.0, r"^text\.olsa_residual_init: must be in \(0, 1\)"),
         ("text", "olsa_residual_init", 0.0, r"^text\.olsa_residual_init: must be in \(0, 1\)"),
         ("text", "olsa_alpha1", 0.0, r"^text\.olsa_alpha1: must be > 0"),
+        ("specformer", "sources", [], r"^specformer\.sources: needs at least one entry"),
+        ("specformer", "sources", "scratch", r"^specformer\.sources: expected a list"),
+        ("specformer", "image_size", 0, r"^specformer\.image_size: must be > 0"),
+        ("specformer", "methods", ["vanilla", "lipsformer"],
+         r"^specformer\.methods: the pre-trained weights of 'WinKawaks/vit-small-patch16-224' "
+         r"do not fit lipsformer \(the baselines change"),
+        ("specformer", "adv_methods", ["l2former"],
+         r"^specformer\.adv_methods: the pre-trained weights .* do not fit l2former"),
     ],
 )
 def test_invalid_values_name_the_key(raw, section, key, value, match):
@@ -128,3 +136,14 @@ def test_profile_with_invalid_value_is_rejected_before_writing(project_copy):
     with pytest.raises(ParamsError, match=r"data\.max_train: must be >= 0"):
         profile.apply("bad", project_copy)
     assert (project_copy / "params.yaml").read_text() == before
+
+
+def test_specformer_baselines_run_from_scratch(raw):
+    """The attention-swapping baselines are valid with the from-scratch source only."""
+    raw["specformer"]["sources"] = ["scratch"]
+    raw["specformer"]["methods"] = ["vanilla", "specformer", "l2former", "lnformer", "lipsformer"]
+    assert validate(raw)["specformer"].methods[-1] == "lipsformer"
+    raw["specformer"]["sources"] = ["scratch", "some/model"]
+    msg = r"weights of 'some/model' do not fit l2former, lnformer, lipsformer"
+    with pytest.raises(ParamsError, match=msg):
+        validate(raw)

@@ -156,6 +156,19 @@ def test_subset_train_is_seeded_and_named():
 
 # -- the paper-scale CIFAR grid, on the mirror's 20 CIFAR-10 images --------------------------
 
+
+def cifar_shaped(dataset, num_classes, mirror, tmp_path, max_train=0):
+    """The mirror's 20 CIFAR-10 test images as a processed dataset shaped as ``dataset``
+    (train = test = the 20 images; 10 or 100 classes; the labels 0-9 are valid in both)."""
+    try:
+        sample = load_sample("cifar10_sample", mirror, tmp_path / "raw")
+    except DataUnavailable as exc:
+        pytest.skip(str(exc))
+    classes = sample["classes"] if num_classes == 10 else [f"c{i}" for i in range(100)]
+    return sf.subset_train({"train": sample["test"], "test": sample["test"],
+                            "mean": sample["mean"], "std": sample["std"], "classes": classes,
+                            "source": f"{dataset}-shaped {sample['source']}"}, max_train, 0)
+
 #: The only knobs shrunk: model size, epochs, batch size, attack steps, attacked images.
 TINY = {"dim": 8, "depth": 1, "heads": 2, "mlp_hidden": 8, "epochs": 1, "adv_epochs": 1,
         "batch_size": 10, "eval_batch_size": 10, "adv_steps": 1, "attack_steps": 2,
@@ -164,9 +177,10 @@ TINY = {"dim": 8, "depth": 1, "heads": 2, "mlp_hidden": 8, "epochs": 1, "adv_epo
 
 @pytest.mark.parametrize("dataset,num_classes", [("cifar10", 10), ("cifar100", 100)])
 def test_paper_scale_cifar_grid_code_path(dataset, num_classes, mirror, tmp_path):
-    """The paper-scale ``specformer`` params (CIFAR-10 and CIFAR-100: 3 x 32 x 32, patch 4,
-    crop_flip, 2/255 and 8/255 attacks, L2 PGD, MSVP, PGD adversarial training) through the
-    notebook's own calls, with only the size knobs of :data:`TINY` shrunk.
+    """The paper-scale ``specformer`` params on the from-scratch route (``sources:
+    [scratch]``, every method; CIFAR-10 and CIFAR-100: 3 x 32 x 32, patch 4, crop_flip, 2/255
+    and 8/255 attacks, L2 PGD, MSVP, PGD adversarial training) through the notebook's own
+    calls, with only the size knobs of :data:`TINY` shrunk.
 
     A code-path check, not a measurement: the mirror's 20 real CIFAR-10 test images stand in
     for both splits (train = test = the 20 images), labelled with CIFAR-10's 10 classes or
@@ -175,16 +189,9 @@ def test_paper_scale_cifar_grid_code_path(dataset, num_classes, mirror, tmp_path
     """
     paper = load_params(ROOT / "params.yaml")["specformer"]
     assert paper.datasets == ["cifar10", "cifar100"] and dataset in paper.datasets
-    p = dataclasses.replace(paper, **TINY)
-    try:
-        sample = load_sample("cifar10_sample", mirror, tmp_path / "raw")
-    except DataUnavailable as exc:
-        pytest.skip(str(exc))
-    classes = sample["classes"] if num_classes == 10 else [f"c{i}" for i in range(100)]
-    data = sf.subset_train({"train": sample["test"], "test": sample["test"],
-                            "mean": sample["mean"], "std": sample["std"], "classes": classes,
-                            "source": f"{dataset}-shaped {sample['source']}"},
-                           p.max_train, 0)
+    p = dataclasses.replace(paper, **TINY, sources=[sf.SCRATCH], methods=list(sf.METHODS),
+                            adv_methods=list(sf.METHODS))
+    data = cifar_shaped(dataset, num_classes, mirror, tmp_path, p.max_train)
 
     # the notebook's calls, in its order (notebooks/05_specformer.py)
     specs = sf.attack_specs(p.std_eps_255, p.adv_eval_eps_255, p.attack_steps, p.l2_eps)
@@ -229,3 +236,131 @@ def test_paper_scale_cifar_grid_code_path(dataset, num_classes, mirror, tmp_path
     assert len(table) == len(plan)
     if dataset == "cifar10":  # the labels meet SpecFormer Table 1's columns
         assert (dataset, "PGD-2 2/255", "paper") in table.columns
+
+
+# -- the paper-scale pre-trained route, with a tiny saved ViTForImageClassification ---------
+
+#: The knobs shrunk for the pre-trained route (the model itself is the tiny saved one).
+TINY_FINETUNE = {"finetune_epochs": 1, "finetune_adv_epochs": 1, "finetune_batch_size": 10,
+                 "finetune_warmup_steps": 1, "eval_batch_size": 10, "adv_steps": 1,
+                 "attack_steps": 2, "n_eval": 20, "image_size": 64}
+
+
+@pytest.fixture(scope="module")
+def tiny_pretrained(tmp_path_factory):
+    """A tiny HF ViTForImageClassification (64 px, patch 16, 2 layers, d 32, 2 heads, 1000
+    ImageNet-sized labels) written by save_pretrained: the stand-in for ViT-S/16 and DeiT-Ti."""
+    from attncert.certvit import tiny_hf_vit
+
+    return tiny_hf_vit(tmp_path_factory.mktemp("hub") / "tiny-vit-patch16-64", image_size=64,
+                       patch_size=16, hidden_size=32, num_layers=2, num_heads=2,
+                       intermediate_size=64, num_labels=1000)
+
+
+@pytest.mark.parametrize("dataset,num_classes", [("cifar10", 10), ("cifar100", 100)])
+def test_paper_scale_pretrained_code_path(dataset, num_classes, mirror, tmp_path,
+                                          tiny_pretrained):
+    """The paper-scale pre-trained route (SpecFormer Tables 1-2: a pre-trained ViT fine-tuned
+    with and without MSVP, standard and PGD adversarial, CIFAR upsampled inside the model)
+    through the notebook's calls, with a tiny local checkpoint in place of the hub's models."""
+    paper = load_params(ROOT / "params.yaml")["specformer"]
+    assert paper.image_size == 224 and sf.SCRATCH not in paper.sources
+    assert set(paper.methods) == set(paper.adv_methods) == set(sf.PRETRAINED_METHODS)
+    p = dataclasses.replace(paper, **TINY_FINETUNE, sources=[str(tiny_pretrained)])
+    data = cifar_shaped(dataset, num_classes, mirror, tmp_path)
+    src = p.sources[0]
+
+    specs = sf.attack_specs(p.std_eps_255, p.adv_eval_eps_255, p.attack_steps, p.l2_eps)
+    standard, adversarial = sf.train_configs(
+        epochs=p.finetune_epochs, adv_epochs=p.finetune_adv_epochs,
+        batch_size=p.finetune_batch_size, lr=p.finetune_lr,
+        weight_decay=p.finetune_weight_decay, warmup_steps=p.finetune_warmup_steps,
+        augment=p.augment, eval_batch_size=p.eval_batch_size, adv_eps_255=p.adv_eps_255,
+        adv_steps=p.adv_steps, seed=0, grad_clip=p.finetune_grad_clip)
+    plan = sf.run_plan(p.methods, p.adv_methods, standard, adversarial)
+    assert len(plan) == 4
+    label = sf.run_label(dataset, src)
+    assert label == f"{dataset}@tiny-vit-patch16-64"
+    model, notes = sf.pretrained_model(src, data, p.image_size, 0)
+    assert any("upsampled x2" in n for n in notes) and any("1000 -> " in n for n in notes)
+    x, y = sf.eval_split(data, p.n_eval)
+    rows = []
+    for training, method, cfg in plan:
+        train_cfg = sf.method_train_config(method, cfg, p.msvp_lambda)
+        assert train_cfg.msvp_enabled == (method == "specformer")
+        assert train_cfg.msvp_lambda == ((1e-5,) * 3 if method == "specformer" else (0.0,) * 3)
+        assert train_cfg.adversarial == ("pgd_linf" if training == "adversarial" else "none")
+        assert train_cfg.grad_clip == 1.0
+        model, curves, status = sf.finetune_run(src, train_cfg, data, dataset, p.image_size,
+                                                tmp_path / f"{label}-{training}-{method}")
+        assert status == "fresh" and len(curves) == 1
+        assert (model.config.image_size, model.config.patch, model.config.dim) == (64, 16, 32)
+        assert model.config.num_classes == num_classes
+        with torch.no_grad():
+            assert model(x[:2]).shape == (2, num_classes)  # 32-pixel input, upsampled inside
+        got = sf.robust_accuracy(model, x, y, specs, p.eval_batch_size, 0)
+        rows += [{"dataset": label, "training": training, "method": method, **r} for r in got]
+    df = pd.DataFrame(rows)
+    assert len(df) == len(plan) * len(specs) and df["accuracy"].between(0, 1).all()
+    table = sf.comparison_table(rows, SPECFORMER_TABLE1, label)
+    assert len(table) == len(plan)
+    assert (label, "PGD-2 2/255", "paper") in table.columns
+    frame = sf.max_sigma_frame({"vanilla": model})
+    assert len(frame) == 2 * 3  # two layers x (q, k, v) of the loaded model
+    # resumes the same run; another starting checkpoint or recipe clears it
+    again = sf.finetune_run(src, train_cfg, data, dataset, p.image_size,
+                            tmp_path / f"{label}-{training}-{method}")
+    assert again[2] == "resume"
+    with pytest.raises(ValueError, match="64-pixel images, specformer.image_size is 224"):
+        sf.pretrained_model(src, data, 224, 0)
+
+
+def test_msvp_sees_the_pretrained_heads(tiny_pretrained):
+    """MSVP on a loaded checkpoint penalises the checkpoint's own per-head W^Q, W^K, W^V:
+    the head blocks are the rows of the HF projections (MATH.md section 1), and the head-h
+    attention they give is HF's own head-h attention probabilities."""
+    from transformers import ViTForImageClassification
+
+    from attncert.msvp import MSVP, find_attention_modules, head_blocks
+
+    hf = ViTForImageClassification.from_pretrained(str(tiny_pretrained),
+                                                   attn_implementation="eager").eval()
+    data = {"train": {"x": torch.zeros(2, 3, 64, 64, dtype=torch.uint8)},
+            "classes": [str(i) for i in range(1000)]}
+    model = sf.pretrained_model(tiny_pretrained, data, 64, 0)[0]
+    found = find_attention_modules(model)
+    assert list(found) == ["blocks.0.attn", "blocks.1.attn"]
+    heads, dh = 2, 16
+    for i, name in enumerate(found):
+        att = hf.vit.layers[i].attention
+        for which, lin in (("q", att.q_proj), ("k", att.k_proj), ("v", att.v_proj)):
+            blocks = head_blocks(found[name], which)
+            assert blocks.shape == (heads, dh, 32)
+            for h in range(heads):
+                torch.testing.assert_close(blocks[h], lin.weight[h * dh:(h + 1) * dh, :])
+    # head semantics: softmax((x W_q^h + b)(x W_k^h + b)^T / sqrt(d_h)) is HF's head h
+    g = torch.Generator().manual_seed(0)
+    pixels = torch.rand(2, 3, 64, 64, generator=g)
+    mean = torch.tensor([0.5, 0.5, 0.5]).view(1, 3, 1, 1)
+    with torch.no_grad():
+        out = hf(pixel_values=(pixels - mean) / 0.5, output_attentions=True,
+                 output_hidden_states=True)
+        x = hf.vit.layers[0].layernorm_before(out.hidden_states[0])
+        attn = found["blocks.0.attn"]
+        bq = attn.q.bias.view(heads, dh)
+        bk = attn.k.bias.view(heads, dh)
+        for h in range(heads):
+            q = x @ head_blocks(attn, "q")[h].T + bq[h]
+            k = x @ head_blocks(attn, "k")[h].T + bk[h]
+            p = torch.softmax(q @ k.transpose(1, 2) / dh ** 0.5, dim=-1)
+            torch.testing.assert_close(p, out.attentions[0][:, h], atol=1e-5, rtol=1e-4)
+        torch.testing.assert_close(model(pixels), out.logits[:, :1000], atol=1e-4, rtol=1e-4)
+    # the penalty is differentiable in exactly those weights
+    msvp = MSVP(model.train(), 1e-5, 1e-5, 1e-5, generator=torch.Generator().manual_seed(0))
+    penalty = msvp()
+    assert penalty > 0
+    penalty.backward()
+    for name in found:
+        for which in "qkv":
+            assert model.get_submodule(f"{name}.{which}").weight.grad.abs().sum() > 0
+    assert model.head.weight.grad is None

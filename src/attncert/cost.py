@@ -56,6 +56,10 @@ SST2 = {"train": 67349, "dev": 872, "test": 1821}
 HF_VITS = {
     "google/vit-base-patch16-224": dict(image_size=224, patch=16, dim=768, depth=12, heads=12,
                                         mlp_hidden=3072),
+    "WinKawaks/vit-small-patch16-224": dict(image_size=224, patch=16, dim=384, depth=12,
+                                            heads=6, mlp_hidden=1536),
+    "facebook/deit-tiny-patch16-224": dict(image_size=224, patch=16, dim=192, depth=12,
+                                           heads=3, mlp_hidden=768),
 }
 #: BERT-family encoders the text stage may freeze: (hidden, layers, heads, intermediate)
 ENCODERS = {"bert-base-uncased": (768, 12, 12, 3072), "minilm-package": (384, 6, 12, 1536)}
@@ -372,24 +376,36 @@ def _specformer_work(p, n_train_max: int, n_test_max: int) -> list[Work]:
 
     s = p["specformer"]
     out = []
-    for ds in s.datasets:
-        _, _, _, n_tr, n_te = DATASETS[ds]
+    for ds, src in ((ds, src) for ds in s.datasets for src in s.sources):
+        channels, _, k, n_tr, n_te = DATASETS[ds]
         n_tr, n_te = _n(s.max_train, _n(n_train_max, n_tr)), _n(n_test_max, n_te)
-        base = sf.base_model_config(stand_in(ds), s.patch, s.dim, s.depth, s.heads,
-                                    s.mlp_hidden, s.block)
+        if src == sf.SCRATCH:
+            base = sf.base_model_config(stand_in(ds), s.patch, s.dim, s.depth, s.heads,
+                                        s.mlp_hidden, s.block)
+            recipe = (s.epochs, s.adv_epochs, s.batch_size)
+        elif src in HF_VITS:  # fine-tuned at its own input size (the upsampling is free)
+            from attncert.models import ViTConfig
+
+            base = ViTConfig(channels=channels, num_classes=k, kind="standard",
+                             block="prenorm", pool="cls", attn_bias=True, **HF_VITS[src])
+            recipe = (s.finetune_epochs, s.finetune_adv_epochs, s.finetune_batch_size)
+        else:
+            raise ValueError(f"specformer.sources: the shape of {src!r} is unknown here; add it "
+                             "to attncert.cost.HF_VITS")
+        run = sf.run_label(ds, src)
         n_eval = min(s.n_eval, n_te)
-        for training, methods, epochs in (("standard", s.methods, s.epochs),
-                                          ("adversarial", s.adv_methods, s.adv_epochs)):
+        for training, methods, epochs in (("standard", s.methods, recipe[0]),
+                                          ("adversarial", s.adv_methods, recipe[1])):
             for m in methods:
                 cfg = sf.method_model_config(m, base, s.lipsformer_alpha)
                 c = vit_counts(cfg, tuple(s.msvp_lambda) if m == "specformer" else None)
                 adv = s.adv_steps if training == "adversarial" else 0
-                out += training_work("specformer", f"{ds} {training} {m}", c, n_tr, n_te,
-                                     epochs, s.batch_size, s.eval_batch_size, adv)
+                out += training_work("specformer", f"{run} {training} {m}", c, n_tr, n_te,
+                                     epochs, recipe[2], s.eval_batch_size, adv)
                 # FGSM (1), PGD-2, CW-n, PGD-n and L2 PGD-n per radius
                 steps = 1 + 2 + 2 * s.attack_steps + s.attack_steps * len(s.l2_eps)
-                out.append(audit_work("specformer", f"{ds} {training} {m}: attacks", c["attack"],
-                                      n_eval, 1, steps, 1, s.eval_batch_size))
+                out.append(audit_work("specformer", f"{run} {training} {m}: attacks",
+                                      c["attack"], n_eval, 1, steps, 1, s.eval_batch_size))
     # the certified pair: two Lipschitz ViTs (with and without MSVP), certified by two bounds
     ds = s.datasets[0]
     _, _, _, n_tr, n_te = DATASETS[ds]

@@ -231,6 +231,15 @@ class CertifyVitParams:
 
 #: The training methods of the SpecFormer study (attncert.specformer.METHODS).
 SPECFORMER_METHODS = ("vanilla", "specformer", "l2former", "lnformer", "lipsformer")
+#: The methods a pre-trained source runs: the baselines swap attention or norms, so the
+#: checkpoint's weights do not fit them. The source ``scratch`` is the ViT trained from scratch.
+SPECFORMER_PRETRAINED_METHODS = ("vanilla", "specformer")
+SPECFORMER_SCRATCH = "scratch"
+
+
+def nonempty(key: str, v: list) -> None:
+    if not v:
+        _fail(key, "needs at least one entry")
 
 
 @dataclass(frozen=True)
@@ -239,6 +248,12 @@ class SpecformerParams:
     ``specformer``). l_inf radii are in units of 1/255 (pixel space), l2 radii in pixels."""
 
     datasets: list[str] = param(one_of(*IMAGE_DATASETS), unique)
+    sources: list[str] = param(nonempty, unique,
+                               doc="'scratch' (a ViT of patch/dim/depth/heads trained here) or "
+                                   "a pre-trained ViTForImageClassification: HF hub id or "
+                                   "save_pretrained folder, fine-tuned with the finetune_* recipe")
+    image_size: int = param(positive, doc="input size of the pre-trained sources; images are "
+                                          "upsampled to it inside the model (integer factor)")
     methods: list[str] = param(one_of(*SPECFORMER_METHODS), unique, doc="standard training")
     adv_methods: list[str] = param(one_of(*SPECFORMER_METHODS), unique,
                                    doc="PGD adversarial training ([] = none)")
@@ -260,6 +275,13 @@ class SpecformerParams:
     augment: str = param(one_of(*AUGMENTS))
     adv_eps_255: float = param(positive, doc="adversarial training radius (l_inf, x 1/255)")
     adv_steps: int = param(positive)
+    finetune_epochs: int = param(positive, doc="pre-trained sources: standard fine-tune")
+    finetune_adv_epochs: int = param(positive, doc="pre-trained sources: PGD fine-tune")
+    finetune_batch_size: int = param(positive)
+    finetune_lr: float = param(positive)
+    finetune_weight_decay: float = param(nonneg)
+    finetune_warmup_steps: int = param(nonneg)
+    finetune_grad_clip: float = param(nonneg, doc="max global gradient norm (0 = off)")
     n_eval: int = param(positive, doc="first n test images attacked")
     eval_batch_size: int = param(positive)
     std_eps_255: float = param(positive, doc="FGSM and PGD-2 radius (l_inf, x 1/255)")
@@ -296,6 +318,15 @@ class SpecformerParams:
                 _fail(f"specformer.{key}", f"{dim} is not divisible by {heads} heads")
         if "vanilla" not in self.methods:
             _fail("specformer.methods", "needs vanilla (the reference of the step-time ratios)")
+        pretrained = [s for s in self.sources if s != SPECFORMER_SCRATCH]
+        for key in ("methods", "adv_methods"):
+            bad = [m for m in getattr(self, key) if m not in SPECFORMER_PRETRAINED_METHODS]
+            if pretrained and bad:
+                _fail(f"specformer.{key}", f"the pre-trained weights of {pretrained[0]!r} do not "
+                      f"fit {', '.join(bad)} (the baselines change the ViT's attention or "
+                      f"norms); with a pre-trained source use "
+                      f"{', '.join(SPECFORMER_PRETRAINED_METHODS)}, the baselines with "
+                      f"sources: [{SPECFORMER_SCRATCH}]")
 
 
 #: CertViT's LayerNorm replacements (names of ``attncert.certvit.NORMS``) and fine-tune losses.

@@ -15,6 +15,15 @@ points the attack does not break (a clean error counts as broken).
 
 :func:`step_times` measures the cost of one training step of each method side by side
 (SpecFormer Table 3: MSVP costs 1.5x a vanilla step).
+
+Two routes per method: ``scratch`` builds and trains the ViT of :func:`base_model_config`
+(:func:`train_run`); a pre-trained source (a Hugging Face ``ViTForImageClassification`` hub id
+or ``save_pretrained`` folder, e.g. ImageNet ViT-S/16 or DeiT-Ti as in SpecFormer's tables) is
+read by :func:`attncert.certvit.load_model` into the same standard ViT, given a head for the
+dataset's classes and the dataset's images upsampled inside the model
+(:func:`attncert.certvit.stage.fit_to_dataset`, so eps stays in the dataset's pixel space), and
+fine-tuned (:func:`finetune_run`). Only vanilla and SpecFormer fit pre-trained weights
+(:data:`PRETRAINED_METHODS`); MSVP then penalises the checkpoint's own per-head W^Q, W^K, W^V.
 """
 
 from __future__ import annotations
@@ -31,18 +40,25 @@ import torch
 from torch import Tensor, nn
 
 from attncert import attacks, rng, runs
+from attncert.certvit.load import load_model
+from attncert.certvit.stage import fit_to_dataset, phase_checkpoint
 from attncert.data import as_float, subset_indices
 from attncert.models import ViT, ViTConfig, build_vit
 from attncert.msvp import MSVP, exact_head_sigma, sigma_rows
 from attncert.precision import resolve_precision
 from attncert.train import TrainConfig, resolve_device, step_loss, train
 
-__all__ = ["ATTACKS", "METHODS", "AttackSpec", "attack_specs", "base_model_config",
-           "comparison_table", "data_config", "eval_split", "max_sigma_frame",
-           "method_model_config", "method_train_config", "robust_accuracy", "run_plan",
-           "step_time_ratios", "step_times", "subset_train", "train_configs", "train_run"]
+__all__ = ["ATTACKS", "METHODS", "PRETRAINED_METHODS", "SCRATCH", "AttackSpec", "attack_specs",
+           "base_model_config", "comparison_table", "data_config", "eval_split",
+           "finetune_run", "max_sigma_frame", "method_model_config", "method_train_config",
+           "pretrained_model", "robust_accuracy", "run_label", "run_plan", "step_time_ratios",
+           "step_times", "subset_train", "train_configs", "train_run"]
 
 METHODS = ("vanilla", "specformer", "l2former", "lnformer", "lipsformer")
+#: Methods that keep the standard ViT, so a pre-trained checkpoint's weights fit them.
+PRETRAINED_METHODS = ("vanilla", "specformer")
+#: The source of a ViT built and trained from scratch (:func:`train_run`).
+SCRATCH = "scratch"
 ATTACKS = ("clean", "fgsm", "pgd_linf", "cw_linf", "pgd_l2")
 _NAMES = {"clean": "clean", "fgsm": "FGSM", "pgd_linf": "PGD", "cw_linf": "CW",
           "pgd_l2": "L2-PGD"}
@@ -89,6 +105,50 @@ def train_run(model_cfg: ViTConfig, train_cfg: TrainConfig, data: Mapping[str, A
     return model.eval(), curves, status
 
 
+def run_label(dataset: str, source: str) -> str:
+    """The name of a dataset's runs from ``source``: the dataset for :data:`SCRATCH`, else
+    ``<dataset>@<last part of the source>`` (``cifar10@vit-small-patch16-224``)."""
+    if source == SCRATCH:
+        return dataset
+    name = Path(str(source).rstrip("/")).name
+    if not name:
+        raise ValueError(f"source {source!r} names no model")
+    return f"{dataset}@{name}"
+
+
+def pretrained_model(source: str | Path, data: Mapping[str, Any], image_size: int,
+                     seed: int = 0) -> tuple[ViT, list[str]]:
+    """The standard ViT of a pre-trained ``source`` (hub id or ``save_pretrained`` folder, via
+    :func:`attncert.certvit.load_model`) fitted to ``data``: a seeded head for its classes and
+    its images upsampled inside the model to ``image_size`` (integer factor;
+    :func:`attncert.certvit.stage.fit_to_dataset`). Returns the model (CPU, eval mode) and one
+    note per change. Raises ValueError when the checkpoint's input size is not ``image_size``.
+    """
+    model = load_model(source)
+    if model.config.image_size != image_size:
+        raise ValueError(f"{source}: the checkpoint takes {model.config.image_size}-pixel "
+                         f"images, specformer.image_size is {image_size}")
+    return fit_to_dataset(model, data, seed)
+
+
+def finetune_run(source: str | Path, train_cfg: TrainConfig, data: Mapping[str, Any],
+                 dataset: str, image_size: int, ckpt_dir: str | Path,
+                 device: str | torch.device = "cpu", precision: str = "auto"
+                 ) -> tuple[ViT, list[dict[str, Any]], str]:
+    """Fine-tune the pre-trained ``source`` (:func:`pretrained_model`, head seeded with
+    ``train_cfg.seed``) on ``data`` at ``precision``: (model, per-epoch rows, checkpoint
+    status). The checkpoint in ``ckpt_dir`` resumes only for the same starting weights, model
+    and training config, data and precision (:func:`attncert.certvit.stage.phase_checkpoint`).
+    """
+    precision = resolve_precision(precision, resolve_device(device))
+    model, notes = pretrained_model(source, data, image_size, train_cfg.seed)
+    status = phase_checkpoint(ckpt_dir, model, train_cfg, dataset, data["source"],
+                              f"{source}; precision {precision}; " + "; ".join(notes))
+    curves = train(model, data["train"], data["test"], train_cfg, ckpt_dir, device,
+                   progress=False, precision=precision)
+    return model.eval(), curves, status
+
+
 def base_model_config(data: Mapping[str, Any], patch: int, dim: int, depth: int, heads: int,
                       mlp_hidden: int, block: str) -> ViTConfig:
     """The standard ViT every method starts from (:func:`method_model_config`): a class token,
@@ -100,13 +160,15 @@ def base_model_config(data: Mapping[str, Any], patch: int, dim: int, depth: int,
 
 def train_configs(*, epochs: int, adv_epochs: int, batch_size: int, lr: float,
                   weight_decay: float, warmup_steps: int, augment: str, eval_batch_size: int,
-                  adv_eps_255: float, adv_steps: int, seed: int
+                  adv_eps_255: float, adv_steps: int, seed: int, grad_clip: float = 0.0
                   ) -> tuple[TrainConfig, TrainConfig]:
-    """(standard, adversarial): AdamW with a cosine schedule; the adversarial one is the same
-    for ``adv_epochs`` with PGD adversarial training at l_inf ``adv_eps_255`` / 255."""
+    """(standard, adversarial): AdamW with a cosine schedule (gradients clipped to global norm
+    ``grad_clip``, 0 = off); the adversarial one is the same for ``adv_epochs`` with PGD
+    adversarial training at l_inf ``adv_eps_255`` / 255."""
     standard = TrainConfig(epochs=epochs, batch_size=batch_size, lr=lr,
                            weight_decay=weight_decay, warmup_steps=warmup_steps,
-                           augment=augment, eval_batch_size=eval_batch_size, seed=seed)
+                           augment=augment, eval_batch_size=eval_batch_size, seed=seed,
+                           grad_clip=grad_clip)
     adversarial = dataclasses.replace(standard, epochs=adv_epochs, adversarial="pgd_linf",
                                       adv_eps=adv_eps_255 / 255, adv_steps=adv_steps)
     return standard, adversarial
