@@ -172,9 +172,6 @@ def test_text_audit_on_the_device():
     assert sim.draws_on_device > 0 and rows == ref
 
 
-@pytest.mark.xfail(strict=True, raises=DeviceError,
-                   reason="the OLSA Lipschitz bound multiplies host sentence lengths with the "
-                          "layers' device parameters (text.models._OLSAStack.lipschitz)")
 def test_text_olsa_certificates_on_the_device():
     from attncert.text.train_text import certify_rows
 

@@ -49,14 +49,14 @@ def test_train_config_uses_every_training_key_and_the_seed():
 
 def test_checkpoint_dir_resumes_same_run_and_clears_another(tmp_path):
     s = _settings()
-    cfg = runs.vit_config(_data(), s, 3, 4, 0.5)
+    cfg = runs.vit_config(_data(3, 32), s, 3, 4, 0.5)
     fp = runs.fingerprint(cfg, runs.train_config(s, 0), "mnist", "test")
     ckpt = tmp_path / "ckpt"
     assert runs.prepare_checkpoint_dir(ckpt, fp) == "fresh"
     (ckpt / "last.pt").write_text("state")
     assert runs.prepare_checkpoint_dir(ckpt, fp) == "resume"
     assert (ckpt / "last.pt").exists()
-    other = runs.fingerprint(runs.vit_config(_data(), s, 3, 4, 0.25),
+    other = runs.fingerprint(runs.vit_config(_data(3, 32), s, 3, 4, 0.25),
                              runs.train_config(s, 0), "mnist", "test")
     status = runs.prepare_checkpoint_dir(ckpt, other)
     assert status == "cleared: model changed" and not (ckpt / "last.pt").exists()

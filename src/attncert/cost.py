@@ -43,6 +43,8 @@ from torch import Tensor, nn
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils.flop_counter import FlopCounterMode
 
+from attncert import rng
+
 #: public dataset facts: (channels, image size, classes, training images, test images)
 DATASETS = {
     "mnist": (1, 28, 10, 60000, 10000),
@@ -258,7 +260,7 @@ def layer_pgd_counts(n: int, d: int, h: int) -> tuple[Counts, Counts]:
 
     w, x = bench_layer(n, d, h, 1, torch.float64)
     runs = {k: count(lambda k=k: pgd_sensitivity(
-        x, w, 0.05, True, steps=k, restarts=1, generator=torch.Generator().manual_seed(0)))
+        x, w, 0.05, True, steps=k, restarts=1, generator=rng.generator(0)))
         for k in (2, 4)}
     step_f, step_k = ((runs[4][i] - runs[2][i]) / 2 for i in (0, 1))
     setup = Counts(0.0, max(runs[2][0] - 2 * step_f, 0.0), max(runs[2][1] - 2 * step_k, 0))

@@ -109,8 +109,8 @@ class _OLSAStack(nn.Module):
     def lipschitz(self, mask: Tensor) -> Tensor:
         """(B,) float64 sound Lipschitz constant, embeddings -> logits, per sentence length:
         prod_k L_k(n) (exact norms of the orthogonalised maps) * ||W_head||_2 (exact SVD)."""
-        n = mask.sum(1).cpu()
-        total = torch.ones(len(n), dtype=torch.float64)
+        n = mask.sum(1)
+        total = torch.ones(len(n), dtype=torch.float64, device=mask.device)
         for layer in self.layers:
             total = total * layer.lipschitz(n)
         return total * spectral_norm_exact(self.head.weight_effective())
