@@ -59,6 +59,7 @@ lofast_radius_attn = 1.0
 lofast_variants = ["lofast_M"]
 lofast_epochs = 1
 lofast_lr = 1e-3
+lofast_logit_scale = 10.0
 frozen_source = "minilm-package"
 frozen_epochs = 1
 frozen_max_train = 0
@@ -169,7 +170,7 @@ jobs |= {f"lofast-L{L}-H{H}-vo{vo:g}": (
                                       depth=L, heads=H, mlp_hidden=lofast_mlp_hidden,
                                       radius_attn=lofast_radius_attn, gamma_qk=lofast_gamma_qk,
                                       gamma_vo=vo)),
-    dict(epochs=lofast_epochs, lr=lofast_lr, gamma=0.0))
+    dict(epochs=lofast_epochs, lr=lofast_lr, gamma=0.0, logit_scale=lofast_logit_scale))
     for L in lofast_layers for H in lofast_heads for vo in lofast_gamma_vo}
 jobs["frozen-olsa"] = ("olsa", FrozenEncoderOLSA,
                        dict(source=frozen_source, heads=heads, max_len=max_len, **olsa_layer),
@@ -201,7 +202,7 @@ for name, (family, cls, kwargs, train_kw) in jobs.items():
     else:
         cached = data
     histories[name] = train_model(model, spec, cached["train"], cached["dev"],
-                                  TextTrainConfig(**common, **train_kw), out / "ckpt" / name,
+                                  TextTrainConfig(**(common | train_kw)), out / "ckpt" / name,
                                   dev_)
     train_seconds = sum(r["seconds"] for r in histories[name])  # every epoch, resumed or not
     row, curve = evaluate_model(name, model, family, data["dev"], data["test"],

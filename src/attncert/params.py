@@ -417,6 +417,8 @@ class TextParams:
     lofast_variants: list[str] = param(one_of(*TEXT_LOFAST_VARIANTS), unique)
     lofast_epochs: int = param(positive)
     lofast_lr: float = param(positive)
+    lofast_logit_scale: float = param(positive, doc="CE temperature of the LoFAST grid (its "
+                                                    "head is free, unlike OLSA's)")
     frozen_source: str = param(doc="the frozen encoder: 'minilm-package', a hub id or a folder")
     frozen_epochs: int = param(positive)
     frozen_max_train: int = param(nonneg, doc="seeded subset of the training sentences for "

@@ -176,6 +176,7 @@ class FrozenEncoderOLSA(_OLSAStack):
         super().__init__(encoder.config.hidden_size, depth, heads, num_classes, token_norm,
                          "olsa", max_len, alpha1, group_size, iters, residual, residual_init)
         self.token_norm = float(token_norm)
+        self.embed_dim = encoder.config.hidden_size
         self.encoder = encoder.requires_grad_(False).eval()
 
     def train(self, mode: bool = True) -> FrozenEncoderOLSA:

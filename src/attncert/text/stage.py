@@ -225,6 +225,7 @@ def _attention_layers(model: nn.Module) -> list[nn.Module]:
             if isinstance(m, kinds) and not name.startswith("encoder")]
 
 
+@torch.no_grad()
 def residual_diagnostics(model: nn.Module) -> dict[str, list[float]]:
     """Per OLSA layer: the residual gates b_att, b_ff (0.5 for OLSA's averaged residual) and
     alpha1 of its attention (OLSA only); empty lists for the other families."""
@@ -327,12 +328,17 @@ def frozen_states(model: nn.Module, data: Mapping[str, Tensor], device,
     encoder's outputs computed once (``model.embed``), truncated to the longest sentence, so
     the head trains for many epochs without running the encoder again. The model reads these
     states in place of ids (its forward accepts embeddings)."""
-    keep = int(data["mask"].sum(1).max())
+    lengths = data["mask"].sum(1)
+    keep = int(lengths.max())
     ids, mask = data["ids"][:, :keep], data["mask"][:, :keep]
     model.eval()
-    states = torch.cat([model.embed(ids[i:i + batch_size].to(device),
-                                    mask[i:i + batch_size].to(device)).float().cpu()
-                        for i in range(0, len(ids), batch_size)])
+    states = torch.zeros(*ids.shape, model.embed_dim)
+    order = lengths.argsort()  # batches of similar length: little padding through the encoder
+    for i in range(0, len(ids), batch_size):
+        rows = order[i:i + batch_size]
+        n = int(lengths[rows].max())
+        states[rows, :n] = model.embed(ids[rows, :n].to(device),
+                                       mask[rows, :n].to(device)).float().cpu()
     return {"ids": states, "mask": mask, "y": data["y"]}
 
 
