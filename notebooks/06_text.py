@@ -194,14 +194,12 @@ for name, (family, cls, kwargs, train_kw) in jobs.items():
     data = splits
     if cls is FrozenEncoderOLSA:  # the encoder runs once per sentence; the head reads states
         t0 = time.perf_counter()
-        data = frozen_splits
-        cached = {s: frozen_states(model, data[s], dev_, cert_batch_size)
-                  for s in ("train", "dev")}
-        print(f"{name}: encoder outputs of {len(data['train']['y'])} training and "
-              f"{len(data['dev']['y'])} dev sentences in {time.perf_counter() - t0:.0f} s")
-    else:
-        cached = data
-    histories[name] = train_model(model, spec, cached["train"], cached["dev"],
+        data = {s: frozen_states(model, frozen_splits[s], dev_, cert_batch_size)
+                for s in ("train", "dev", "test")}
+        print(f"{name}: encoder outputs of {len(data['train']['y'])} training, "
+              f"{len(data['dev']['y'])} dev and {len(data['test']['y'])} {reported} "
+              f"sentences in {time.perf_counter() - t0:.0f} s")
+    histories[name] = train_model(model, spec, data["train"], data["dev"],
                                   TextTrainConfig(**(common | train_kw)), out / "ckpt" / name,
                                   dev_)
     train_seconds = sum(r["seconds"] for r in histories[name])  # every epoch, resumed or not
