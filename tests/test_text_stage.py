@@ -163,3 +163,31 @@ def test_sst2_without_a_labelled_test_split_reports_on_dev(tmp_path):
     assert reported == "test" and raw["test"]["text"] == ["ok"] and len(raw["train"]["y"]) == 2
     with pytest.raises(ValueError, match="dev"):
         select_splits({"train": sst2["train"]}, 0, 0, 0)
+
+
+def test_frozen_states_are_the_encoder_outputs_computed_once():
+    """The head reads cached encoder states exactly as it reads ids, and its certificate,
+    statistics and audit run on them (embed of states is the identity)."""
+    import transformers
+
+    from attncert.text.models import FrozenEncoderOLSA
+    from attncert.text.stage import frozen_states
+
+    torch.manual_seed(0)
+    bert = transformers.BertModel(transformers.BertConfig(
+        vocab_size=12, hidden_size=8, num_hidden_layers=1, num_attention_heads=2,
+        intermediate_size=16, max_position_embeddings=16)).eval()
+    model = FrozenEncoderOLSA(heads=2, encoder=bert, max_len=8).eval()
+    data = _toy(7)
+    cached = frozen_states(model, data, "cpu", batch_size=3)
+    keep = int(data["mask"].sum(1).max())
+    assert cached["ids"].shape == (7, keep, 8) and torch.equal(cached["mask"],
+                                                               data["mask"][:, :keep])
+    with torch.no_grad():
+        assert torch.allclose(model(cached["ids"], cached["mask"]),
+                              model(data["ids"], data["mask"]), atol=1e-5)
+        assert torch.equal(model.embed(cached["ids"], cached["mask"]), cached["ids"])
+    row, _ = evaluate_model("frozen", model, "olsa", cached, cached, n_test=0, eps=[0.05],
+                            pgd_steps=2, pgd_restarts=1, device="cpu", batch_size=4,
+                            n_attack=4)
+    assert row["broken"] == 0 and row["n_certified"] == 7 and len(row["gates"]) == 1
