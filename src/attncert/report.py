@@ -330,7 +330,8 @@ def _certvit_rows(m: Mapping, item: Mapping) -> list[dict]:
 
 
 #: text model names as notebooks/06_text.py builds them: "olsa-L<depth>-g<gamma>" is OLSA
-_OLSA_NAME = re.compile(r"olsa-L(\d+)-g")
+#: (with "-averaged": OLSA's own residual); the attention sweep's "-alpha1-<a>" is not
+_OLSA_NAME = re.compile(r"olsa-L(\d+)-g[0-9.]+(-averaged)?$")
 #: the depth of OLSA's headline model (OLSA section 5: a 3-layer OLSA on SST and Yelp)
 OLSA_PAPER_DEPTH = 3
 
