@@ -47,8 +47,8 @@ from attncert.layers import (
     ResidualScale,
     ScaledCosineAttention,
     SLLResidual,
-    spectral_init_,
     project_local_lipschitz,
+    spectral_init_,
     spectral_norm_exact,
 )
 from attncert.params import dataclass_from_mapping

@@ -217,8 +217,9 @@ def evaluate_model(name: str, model: nn.Module, family: str, dev: Mapping[str, T
 def _attention_layers(model: nn.Module) -> list[nn.Module]:
     """The self-attention modules of a text model, in forward order (those with
     ``compute_probs``; a frozen encoder's own attention is not counted)."""
-    from .olsa import L2Attention, OLSAAttention
     from attncert.layers import MultiHeadAttention
+
+    from .olsa import L2Attention, OLSAAttention
 
     kinds = (OLSAAttention, L2Attention, MultiHeadAttention)
     return [m for name, m in model.named_modules()
