@@ -50,10 +50,16 @@ def _certify_metrics(name: str) -> dict:
             "cost_vs_forward": {k: 4.0 * (i + 1) for i, k in enumerate(keys)}}
 
 
-def _text_model(family: str, test_acc: float, radii: dict) -> dict:
+def _text_model(family: str, test_acc: float, radii: dict, layers: int = 0) -> dict:
     """One model's entry of the text metrics (attncert.text.stage.evaluate_model + 06_text)."""
+    attention = ({"max_prob": [0.2] * layers, "uniform": 0.1, "max_prob_mean": 0.2,
+                  "ratio": 2.0} if layers else
+                 {"max_prob": [], "uniform": None, "max_prob_mean": None, "ratio": None})
     return {"family": family, "dev_acc": test_acc + 0.01, "test_acc": test_acc,
-            "n_certified": 20, "avg_radius": radii,
+            "n_certified": 20, "n_attacked": 10, "avg_radius": radii,
+            "avg_radius_correct": {k: v / test_acc for k, v in radii.items()},
+            "gates": [[0.1, 0.2]] * layers if family == "olsa" else [],
+            "alpha1": [4.0] * layers if family == "olsa" else [], "attention": attention,
             "certified_acc": {"0.1": test_acc / 2, "0.5": test_acc / 4},
             "pgd_acc": {"0.1": test_acc - 0.1, "0.5": test_acc - 0.2}, "broken": 0,
             "cert_seconds_per_batch": 0.01, "cert_batch_size": 20, "train_seconds": 3.0,
@@ -63,14 +69,22 @@ def _text_model(family: str, test_acc: float, radii: dict) -> dict:
 def _text_metrics() -> dict:
     """The text stage's metrics file as notebooks/06_text.py writes it."""
     return {"scale": "smoke", "train_sentences": 64, "n_certified": 20, "eps": [0.1, 0.5],
-            "models": {"olsa-L1-g2": _text_model("olsa", 0.62, {"global": 0.31}),
-                       "olsa-L3-g2": _text_model("olsa", 0.64, {"global": 0.42}),
-                       "kim-l2-L3-g2": _text_model("olsa", 0.58, {"global": 0.21}),
-                       "vanilla-L3": _text_model("none", 0.7, {"none": 0.0}),
+            "reported_split": "test", "n_attacked": 10, "depth0": "olsa-L0-g2",
+            "models": {"olsa-L0-g2": _text_model("olsa", 0.63, {"global": 0.5}),
+                       "olsa-L1-g2": _text_model("olsa", 0.62, {"global": 0.31}, 1),
+                       "olsa-L3-g2": _text_model("olsa", 0.64, {"global": 0.42}, 3),
+                       "kim-l2-L3-g2": _text_model("olsa", 0.58, {"global": 0.21}, 3),
+                       "vanilla-L3": _text_model("none", 0.7, {"none": 0.0}, 3),
                        "lofast-L1-H2-vo0.5": _text_model("lofast", 0.6,
-                                                         {"lofast_M": 0.12, "global": 0.03}),
-                       "frozen-olsa": _text_model("olsa", 0.66, {"global": 0.05})},
-            "paper": {"olsa_sst_avg_radius": 0.979, "shi_sst_avg_radius": 0.11},
+                                                         {"lofast_M": 0.12, "global": 0.03}, 1),
+                       "frozen-olsa": _text_model("olsa", 0.66, {"global": 0.05}, 1)},
+            "attention_vs_depth0": {
+                name: {"d_test_acc": acc - 0.63, "d_avg_radius": r - 0.5,
+                       "d_avg_radius_correct": 0.0}
+                for name, acc, r in (("olsa-L1-g2", 0.62, 0.31), ("olsa-L3-g2", 0.64, 0.42),
+                                     ("kim-l2-L3-g2", 0.58, 0.21))},
+            "paper": {"olsa_sst_avg_radius": 0.979, "olsa_softmax_lipschitz": 0.25,
+                      "shi_sst_avg_radius": 0.11},
             "broken": 0, "seconds": 12.0}
 
 
@@ -212,18 +226,36 @@ def test_text_rows_put_olsas_sst_radius_beside_every_3_layer_olsa():
     assert olsa3["ours"] == 0.42 and olsa3["paper"] == paper.OLSA_AVG_RADIUS["sst"]
     assert olsa3["brief"] and olsa3["source"].startswith("OLSA section 5")
     assert f"{paper.OLSA_SHI_AVG_RADIUS['sst']:g}" in olsa3["source"]
-    for other in ("olsa-L1-g2", "kim-l2-L3-g2", "frozen-olsa"):   # not the paper's model
+    assert "1/4" not in olsa3["source"] and "0.25: unsound" in olsa3["source"]  # labelled
+    correct = rows["models/olsa-L3-g2/avg_radius_correct/global"]
+    assert correct["ours"] == pytest.approx(0.42 / 0.64) and correct["brief"]
+    assert correct["paper"] is None   # OLSA's rule counts 0 for misclassified sentences
+    assert rows["attention_vs_depth0/olsa-L3-g2/d_test_acc"]["ours"] == pytest.approx(0.01)
+    assert rows["attention_vs_depth0/olsa-L3-g2/d_avg_radius"]["ours"] == pytest.approx(-0.08)
+    assert rows["models/olsa-L3-g2/attention/ratio"]["ours"] == 2.0
+    assert rows["models/olsa-L3-g2/b_att"]["ours"] == pytest.approx(0.1)
+    assert rows["models/olsa-L3-g2/alpha1"]["ours"] == 4.0
+    assert "models/olsa-L0-g2/attention/ratio" not in rows   # depth 0: no attention
+    for other in ("olsa-L0-g2", "olsa-L1-g2", "kim-l2-L3-g2", "frozen-olsa"):   # not the paper's
         assert rows[f"models/{other}/avg_radius/global"]["paper"] is None
     # the standard transformer has no certificate; the paper's numbers are never "ours"
     assert not [k for k in rows if k.startswith(("models/vanilla-L3/avg", "paper"))]
     assert rows["models/vanilla-L3/test_acc"]["brief"]
     lofast = {k: r["brief"] for k, r in rows.items() if "lofast-L1-H2-vo0.5/avg_radius" in k}
     assert lofast == {"models/lofast-L1-H2-vo0.5/avg_radius/lofast_M": True,   # the largest
-                      "models/lofast-L1-H2-vo0.5/avg_radius/global": False}
+                      "models/lofast-L1-H2-vo0.5/avg_radius/global": False,
+                      "models/lofast-L1-H2-vo0.5/avg_radius_correct/lofast_M": True,
+                      "models/lofast-L1-H2-vo0.5/avg_radius_correct/global": False}
     assert rows["models/olsa-L1-g2/certified_acc/0.5"]["unit"] == "fraction"
     assert rows["models/olsa-L1-g2/cert_seconds_per_batch"]["unit"] == "seconds"
     brief = [r for r in rows.values() if r["brief"]]
-    assert len(brief) == 2 * len(m["models"]) - 1   # test accuracy and one radius per model
+    # accuracy per model; two radii per certified model; two differences to depth 0 and the
+    # attention ratio per OLSA-family model with attention; three counts
+    assert len(brief) == len(m["models"]) + 2 * 6 + 2 * 3 + 4 + 3
+    assert rows["n_attacked"]["ours"] == 10 and rows["broken"]["brief"]
+    dev = report.headline_rows("text", m | {"reported_split": "dev"})
+    assert next(r for r in dev if r["key"] == "models/olsa-L3-g2/test_acc")["label"] \
+        == "olsa-L3-g2 dev accuracy"
 
 
 def test_crown_rows_follow_lofast_tables_1_and_2():
@@ -338,7 +370,7 @@ def test_readme_numbers_are_the_metrics_files_numbers(metrics_tree):
     crown = {t["quantity"]: t for t in tables["crown"]}
     assert crown["L3 LoFAST certified at eps 0.02"]["paper"] == "29.1%"   # LoFAST Table 1
     text = {t["quantity"]: t for t in tables["text"]}
-    assert text["olsa-L3-g2 average certified radius (global)"]["paper"] == "0.979"
+    assert text["olsa-L3-g2 average certified radius (global; 0 if wrong)"]["paper"] == "0.979"
 
 
 def test_notebook_tables_are_the_metrics_files_numbers(metrics_tree):

@@ -455,21 +455,88 @@ def _lofast(block="stream"):
 def test_lofast_text_model_is_certified_by_certify_unchanged(block):
     model = _lofast(block)
     data = _toy(6)
-    ids, y = data["ids"], data["y"]
+    ids, mask, y = data["ids"], data["mask"], data["y"]
     e = model.embed(ids)
-    assert torch.allclose(model(e), model(ids, data["mask"]))
-    out = certify.certify_batch(model, e, y, ["lofast_M", "global"])
-    r = out["radius_lofast_M"]
-    assert (r >= 0).all() and (r > 0).any() and (out["radius_global"] >= 0).all()
-    pre = certify.precompute(model, e, ["lofast_M"])
-    assert set(pre.inputs) == {"blocks.0.attn", "blocks.1.attn"}
-    mine = model.certified_radius(ids, data["mask"], y)
-    assert torch.equal(mine, torch.where(out["prediction"] == y, r, torch.zeros_like(r)))
-    _, success = pgd_embeddings(model, e, y, r.clamp_min(1e-6) * 0.99, steps=50, restarts=2,
-                                generator=_gen(0))
+    assert torch.allclose(e.norm(dim=-1), torch.full(ids.shape, 2.0, dtype=F64))  # norm 2
+    assert torch.allclose(model(e, mask), model(ids, mask))
+    lengths = mask.sum(1)
+    for i in range(len(y)):  # padding changes nothing: the padded sentence is the n-token model
+        n = int(lengths[i])
+        assert torch.allclose(model(ids[i:i + 1], mask[i:i + 1]), model(e[i:i + 1, :n]))
+    n = int(lengths[0])
+    view = model.at_length(n)
+    out = certify.certify_batch(view, e[:1, :n], y[:1], ["lofast_M", "global"])
+    assert (out["radius_lofast_M"] >= 0).all() and (out["radius_global"] >= 0).all()
+    pre = certify.precompute(view, e[:1, :n], ["lofast_M"])
+    assert {"blocks.0.attn", "blocks.1.attn", "blocks.0.norm_attn", "norm"} <= set(pre.inputs)
+    mine = model.certified_radius(ids, mask, y)
+    assert (mine >= 0).all() and (mine > 0).any()
+    assert torch.equal(mine[:1], torch.where(out["prediction"] == y[:1],
+                                             out["radius_lofast_M"], torch.zeros(1, dtype=F64)))
+    success = torch.zeros(len(y), dtype=torch.bool)
+    for i in range(len(y)):  # PGD on the real tokens' embeddings at 0.99 x the radius
+        n = int(lengths[i])
+        _, ok = pgd_embeddings(model.at_length(n), e[i:i + 1, :n], y[i:i + 1],
+                               mine[i:i + 1].clamp_min(1e-6) * 0.99, steps=50, restarts=2,
+                               generator=_gen(i))
+        success[i] = ok[0]
     assert not (success & (mine > 0)).any()
     with pytest.raises(ValueError, match="max_len"):
-        model(ids[:, :5])
+        model(torch.cat([ids, ids], dim=1))
+    with pytest.raises(ValueError, match="tokens"):
+        view(e[:1, :n - 1])
+
+
+def test_first_projection_is_certified_with_its_local_constant():
+    """Word embeddings of norm 2 meet LayerProject(1): the certifier uses the local constant
+    ~1 / (2 - eps), so the radius grows over the global count (constant 1), and stays sound."""
+    model = _lofast()
+    data = _toy(6)
+    e = model.embed(data["ids"])
+    n = int(data["mask"].sum(1).min())
+    view = model.at_length(n)
+    x, y = e[:, :n], data["y"]
+    pre = certify.precompute(view, x, ["lofast_M"])
+    local = certify.certified_radius(pre, "lofast_M")
+    glob = certify.certified_radius(certify.Precomputed(
+        pre.components, pre.logits, {k: v for k, v in pre.inputs.items() if k.endswith(".attn")},
+        pre.weights, pre.terms, pre.seconds), "lofast_M")
+    assert (local >= glob).all() and (local > glob * 1.2).any()
+    _, ok = pgd_embeddings(view, x, y, local.clamp_min(1e-6) * 0.99, steps=100, restarts=3,
+                           generator=_gen(0))
+    assert not (ok & (local > 0) & (pre.logits.argmax(1) == y)).any()
+
+
+@pytest.mark.parametrize("radius", [0.5, 1.0, 3.0])
+def test_project_local_lipschitz_bounds_random_pairs_and_ascent(radius):
+    from attncert.layers import LayerProject, project_local_lipschitz
+
+    proj = LayerProject(radius)
+    g = _gen(3)
+    x = torch.randn(64, 5, 4, generator=g, dtype=F64)
+    x = x / x.norm(dim=-1, keepdim=True) * radius * (1.0 + 2.0 * torch.rand(
+        64, 5, 1, generator=g, dtype=F64))
+    eps = radius * (0.05 + 1.5 * torch.rand(64, generator=g, dtype=F64))
+    factor = project_local_lipschitz(x, radius, eps)
+    assert ((factor > 0) & (factor <= 1)).all() and (factor < 1).any()
+    for _ in range(20):  # random perturbations of Frobenius norm eps, most on one token
+        d = torch.randn(64, 5, 4, generator=g, dtype=F64)
+        d[:, 0] *= 5
+        d = d / d.flatten(1).norm(dim=1)[:, None, None] * eps[:, None, None]
+        moved = (proj(x + d) - proj(x)).flatten(1).norm(dim=1)
+        assert (moved <= factor * eps * (1 + 1e-12)).all()
+    d = (1e-3 * torch.randn(64, 5, 4, generator=g, dtype=F64)).requires_grad_()
+    opt = torch.optim.Adam([d], lr=0.02)
+    for _ in range(200):  # gradient ascent on the ratio inside the ball
+        dd = d / d.flatten(1).norm(dim=1).clamp_min(1.0 * eps)[:, None, None] * eps[:, None, None]
+        loss = -(proj(x + dd) - proj(x)).flatten(1).norm(dim=1).sum()
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    with torch.no_grad():
+        dd = d / d.flatten(1).norm(dim=1).clamp_min(1.0 * eps)[:, None, None] * eps[:, None, None]
+        moved = (proj(x + dd) - proj(x)).flatten(1).norm(dim=1)
+    assert (moved <= factor * eps * (1 + 1e-9)).all()
 
 
 def test_frozen_olsa_head_takes_alpha1_and_residual():

@@ -10,7 +10,15 @@ from matplotlib.figure import Figure
 
 from attncert.figures import text as figs
 from attncert.text.models import LipschitzTextTransformer, OLSAClassifier, TextTransformerConfig
-from attncert.text.stage import StandardTextTransformer, evaluate_model, train_model
+from attncert.text.stage import (
+    StandardTextTransformer,
+    attention_statistics,
+    attention_table,
+    average_radius,
+    evaluate_model,
+    select_splits,
+    train_model,
+)
 from attncert.text.train_text import TextTrainConfig
 
 matplotlib.use("Agg")
@@ -58,13 +66,23 @@ def test_evaluate_model_reads_out_everything_and_audits(family, tmp_path):
     # same spec and config: resumed (nothing to train); another spec: started over
     assert train_model(model, {"class": family}, train, test, cfg, tmp_path / "ck", "cpu")
     variants = ["lofast_M", "global"]
-    row, curves = evaluate_model("m", model, family, test, test, n_test=6, eps=[0.01, 0.1],
+    row, curves = evaluate_model("m", model, family, test, test, n_test=0, eps=[0.01, 0.1],
                                  pgd_steps=3, pgd_restarts=1, device="cpu", batch_size=4,
-                                 variants=variants)
-    assert 0 <= row["test_acc"] <= 1 and row["broken"] == 0 and row["n_certified"] == 6
+                                 variants=variants, n_attack=5)
+    assert 0 <= row["test_acc"] <= 1 and row["broken"] == 0
+    assert row["n_certified"] == 12 and row["n_attacked"] == 5  # n_test 0: the whole split
     assert set(row["certified_acc"]) == set(row["pgd_acc"]) == {"0.01", "0.1"}
     expect = {"olsa": {"global"}, "lofast": set(variants), "none": {"none"}}[family]
-    assert set(row["avg_radius"]) == expect
+    assert set(row["avg_radius"]) == set(row["avg_radius_correct"]) == expect
+    for v in expect:  # the mean over all sentences is the correct-only mean x accuracy
+        assert row["avg_radius"][v] == pytest.approx(row["avg_radius_correct"][v]
+                                                     * row["test_acc"], abs=1e-12)
+    n_layers = 1 if isinstance(model, OLSAClassifier) else 0
+    assert len(row["gates"]) == len(row["alpha1"]) == n_layers
+    att = row["attention"]
+    assert len(att["max_prob"]) == 1 and 1 / 7 <= att["uniform"] <= 1
+    assert att["uniform"] - 1e-9 <= att["max_prob_mean"] <= 1 and att["ratio"] >= 1 - 1e-9
+    assert len(attention_table({"m": row | {"train_seconds": 1.0}})) == 1
     assert {c["variant"] for c in curves} == expect and len(curves) == 2 * len(expect)
     if family == "none":
         assert row["certified_acc"] == {"0.01": 0.0, "0.1": 0.0}
@@ -77,7 +95,11 @@ def test_figures_draw_from_saved_rows():
                            "eps": [0.1, 0.5] * 2, "certified_acc": [0.5, 0.2, 0.4, 0.0]})
     table = pd.DataFrame({"model": ["a", "b"], "family": ["olsa", "lofast"],
                           "test_acc": [0.7, 0.6], "avg_radius": [0.2, 0.1]})
-    for fig in (figs.plot_certified_vs_eps(curves), figs.plot_accuracy_vs_radius(table)):
+    sweep = pd.DataFrame({"model": ["L0", "L3"], "test_acc": [0.8, 0.78],
+                          "avg_radius": [1.0, 0.5], "avg_radius_correct": [1.2, 0.6],
+                          "attn_ratio": [float("nan"), 1.3]})
+    for fig in (figs.plot_certified_vs_eps(curves), figs.plot_accuracy_vs_radius(table),
+                figs.plot_attention_tradeoff(sweep)):
         assert isinstance(fig, Figure) and fig.axes
 
 
@@ -94,3 +116,78 @@ def test_train_model_starts_over_on_other_training_data(tmp_path):
     train_model(model, {"class": "none"}, larger, test, cfg, tmp_path, "cpu")
     record = json.loads((tmp_path / "spec.json").read_text())
     assert record["data"]["n"] == 48 and (tmp_path / "spec.json").read_text() != first
+
+
+def test_depth0_uniform_attention_and_gate_read_outs():
+    """Depth 0 has no attention (no statistics); alpha1 huge makes OLSA's attention uniform
+    (max probability = 1/n); the averaged residual reads b = 0.5; alpha1 can be frozen."""
+    torch.manual_seed(0)
+    data = _toy(10)
+    flat = attention_statistics(OLSAClassifier(12, max_len=8, dim=8, depth=0, heads=2), data,
+                                "cpu")
+    assert flat["max_prob"] == [] and flat["ratio"] is None
+    model = OLSAClassifier(12, max_len=8, dim=8, depth=2, heads=2, alpha1=1e9,
+                           train_alpha1=False).eval()
+    stats = attention_statistics(model, data, "cpu", batch_size=3)
+    assert len(stats["max_prob"]) == 2 and stats["ratio"] == pytest.approx(1.0, abs=1e-6)
+    expect = (1.0 / data["mask"].sum(1).double()).mean()
+    assert stats["uniform"] == pytest.approx(float(expect))
+    assert not model.layers[0].attn.log_alpha1.requires_grad
+    sharp = OLSAClassifier(12, max_len=8, dim=8, depth=1, heads=2, alpha1=1e-3).eval()
+    assert attention_statistics(sharp, data, "cpu")["ratio"] > 1.5
+
+
+def test_average_radius_rules():
+    r = torch.tensor([1.0, 2.0, 0.0, 4.0], dtype=torch.float64)
+    ok = torch.tensor([True, True, False, False])
+    assert average_radius(r, ok) == {"all": pytest.approx(0.75), "correct": pytest.approx(1.5)}
+
+
+def test_sst2_without_a_labelled_test_split_reports_on_dev(tmp_path):
+    """GLUE's download route: the public test split has no labels, so the processed SST-2
+    has none; the stage reports on the dev split (and says so)."""
+    from attncert import data
+
+    folder = tmp_path / "raw" / "SST2" / "raw"
+    folder.mkdir(parents=True)
+    (folder / "train.tsv").write_text("sentence\tlabel\ngood film\t1\nbad film\t0\n"
+                                      "fine\t1\n")
+    (folder / "dev.tsv").write_text("sentence\tlabel\ngreat\t1\nawful\t0\n")
+    (folder / "test.tsv").write_text("index\tsentence\n0\tan unlabelled line\n")
+    sst2 = data.process_sst2(tmp_path / "raw", 0, 0, 0, "download (GLUE)")
+    assert "test" not in sst2 and sst2["unlabelled_splits"] == ["test"]
+    raw, reported = select_splits(sst2, 0, 0, 0)
+    assert reported == "dev" and raw["test"] is raw["dev"] and len(raw["train"]["y"]) == 3
+    mirror_like = sst2 | {"test": {"text": ["ok"], "y": torch.tensor([1])}}
+    raw, reported = select_splits(mirror_like, 2, 0, 0)
+    assert reported == "test" and raw["test"]["text"] == ["ok"] and len(raw["train"]["y"]) == 2
+    with pytest.raises(ValueError, match="dev"):
+        select_splits({"train": sst2["train"]}, 0, 0, 0)
+
+
+def test_frozen_states_are_the_encoder_outputs_computed_once():
+    """The head reads cached encoder states exactly as it reads ids, and its certificate,
+    statistics and audit run on them (embed of states is the identity)."""
+    import transformers
+
+    from attncert.text.models import FrozenEncoderOLSA
+    from attncert.text.stage import frozen_states
+
+    torch.manual_seed(0)
+    bert = transformers.BertModel(transformers.BertConfig(
+        vocab_size=12, hidden_size=8, num_hidden_layers=1, num_attention_heads=2,
+        intermediate_size=16, max_position_embeddings=16)).eval()
+    model = FrozenEncoderOLSA(heads=2, encoder=bert, max_len=8).eval()
+    data = _toy(7)
+    cached = frozen_states(model, data, "cpu", batch_size=3)
+    keep = int(data["mask"].sum(1).max())
+    assert cached["ids"].shape == (7, keep, 8) and torch.equal(cached["mask"],
+                                                               data["mask"][:, :keep])
+    with torch.no_grad():
+        assert torch.allclose(model(cached["ids"], cached["mask"]),
+                              model(data["ids"], data["mask"]), atol=1e-5)
+        assert torch.equal(model.embed(cached["ids"], cached["mask"]), cached["ids"])
+    row, _ = evaluate_model("frozen", model, "olsa", cached, cached, n_test=0, eps=[0.05],
+                            pgd_steps=2, pgd_restarts=1, device="cpu", batch_size=4,
+                            n_attack=4)
+    assert row["broken"] == 0 and row["n_certified"] == 7 and len(row["gates"]) == 1

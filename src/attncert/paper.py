@@ -35,6 +35,9 @@ CERTVIT_CIFAR10 = {"clean": 75.1, "pgd": 42.7, "certified": 33.1, "eps": 0.1412,
 #: OLSA (MATH.md section 8): average certified radius (l2, embedding space) of the 3-layer OLSA
 #: model on Yelp and SST, against Shi et al.'s; OLSA over a frozen BERT on QQP.
 OLSA_AVG_RADIUS = {"sst": 0.979, "yelp": 1.733}
+#: The softmax Lipschitz constant behind OLSA's radii (its Theorem 4.1): 1/4, unsound (the
+#: constant is 1/2, MATH.md section 4); our radii use 1/2.
+OLSA_SOFTMAX_LIPSCHITZ = 0.25
 OLSA_SHI_AVG_RADIUS = {"sst": 0.110, "yelp": 0.061}
 OLSA_FROZEN_BERT_QQP = {"olsa": 0.368, "shi": 0.071}
 

@@ -476,11 +476,17 @@ class TextParams:
     lofast_variants: list[str] = param(one_of(*TEXT_LOFAST_VARIANTS), unique)
     lofast_epochs: int = param(positive)
     lofast_lr: float = param(positive)
+    lofast_logit_scale: float = param(positive, doc="CE temperature of the LoFAST grid (its "
+                                                    "head is free, unlike OLSA's)")
     frozen_source: str = param(doc="the frozen encoder: 'minilm-package', a hub id or a folder")
     frozen_epochs: int = param(positive)
     frozen_max_train: int = param(nonneg, doc="seeded subset of the training sentences for "
                                               "the frozen-encoder head (0 = all of them)")
-    n_test: int = param(positive, doc="first n test sentences certified and attacked")
+    attention_alpha1: list[float] = param(positive, unique, doc="the attention sweep: the "
+                                          "deepest OLSA, averaged residual, alpha1 fixed at "
+                                          "each value (empty: no sweep)")
+    n_test: int = param(nonneg, doc="first n test sentences certified (0 = the whole split)")
+    n_attack: int = param(positive, doc="first n certified sentences attacked (PGD audit)")
     cert_batch_size: int = param(positive)
     eps: list[float] = param(positive, unique)
     pgd_steps: int = param(positive)

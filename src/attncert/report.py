@@ -347,31 +347,60 @@ def _certvit_rows(m: Mapping, item: Mapping) -> list[dict]:
 
 
 #: text model names as notebooks/06_text.py builds them: "olsa-L<depth>-g<gamma>" is OLSA
-_OLSA_NAME = re.compile(r"olsa-L(\d+)-g")
+#: (with "-averaged": OLSA's own residual); the attention sweep's "-alpha1-<a>" is not
+_OLSA_NAME = re.compile(r"olsa-L(\d+)-g[0-9.]+(-averaged)?$")
 #: the depth of OLSA's headline model (OLSA section 5: a 3-layer OLSA on SST and Yelp)
 OLSA_PAPER_DEPTH = 3
 
 
 def _text_rows(m: Mapping, item: Mapping) -> list[dict]:
-    """Per SST-2 model: test accuracy, average certified radius per bound variant (OLSA's SST
-    radius beside every 3-layer OLSA), certified accuracy per eps, certification cost."""
+    """Per SST-2 model: accuracy on the reported split, average certified radius per bound
+    variant with both rules (0 for misclassified sentences, OLSA's; correctly classified
+    only), OLSA's SST radius (its unsound softmax constant 1/4) beside every 3-layer OLSA,
+    the differences to the depth-0 baseline, the residual gates, alpha1, the attention's max
+    probability against 1/n, certified accuracy per eps, certification cost."""
     ref, shi = paper.OLSA_AVG_RADIUS["sst"], paper.OLSA_SHI_AVG_RADIUS["sst"]
-    src = f"OLSA section 5 ({OLSA_PAPER_DEPTH}-layer OLSA, SST; Shi et al.: {shi:g})"
+    src = (f"OLSA section 5 ({OLSA_PAPER_DEPTH}-layer OLSA, SST; softmax constant "
+           f"{paper.OLSA_SOFTMAX_LIPSCHITZ:g}: unsound, ours 1/2; Shi et al.: {shi:g})")
+    split = m.get("reported_split", "test")
     rows = []
+    versus = m.get("attention_vs_depth0", {})
     for name, r in m.get("models", {}).items():
         base = f"models/{name}"
-        rows.append(_row(f"{base}/test_acc", f"{name} test accuracy", r["test_acc"], "fraction",
-                         brief=True))
+        rows.append(_row(f"{base}/test_acc", f"{name} {split} accuracy", r["test_acc"],
+                         "fraction", brief=True))
         if r.get("family") == "none":   # no certificate: radius and certified accuracy are 0
             continue
         match = _OLSA_NAME.match(name) if r["family"] == "olsa" else None
         olsa_ref = ref if match and int(match.group(1)) == OLSA_PAPER_DEPTH else None
-        radii = r.get("avg_radius", {})
+        radii, correct = r.get("avg_radius", {}), r.get("avg_radius_correct", {})
         best = max(radii, key=radii.get) if radii else None
         for variant, radius in radii.items():
             rows.append(_row(f"{base}/avg_radius/{variant}",
-                             f"{name} average certified radius ({variant})", radius, "value",
-                             olsa_ref, src, brief=variant == best))
+                             f"{name} average certified radius ({variant}; 0 if wrong)",
+                             radius, "value", olsa_ref, src, brief=variant == best))
+        for variant, radius in correct.items():
+            rows.append(_row(f"{base}/avg_radius_correct/{variant}",
+                             f"{name} average certified radius ({variant}; correct only)",
+                             radius, "value", brief=variant == best))
+        for key, label in (("d_test_acc", f"{split} accuracy"),
+                           ("d_avg_radius", "average radius")):
+            if key in versus.get(name, {}):
+                rows.append(_row(f"attention_vs_depth0/{name}/{key}",
+                                 f"{name} minus depth 0: {label}", versus[name][key],
+                                 "value", brief=True))
+        gates = r.get("gates") or []
+        if gates:
+            rows.append(_row(f"{base}/b_att", f"{name} attention gate b (mean over layers)",
+                             sum(g[0] for g in gates) / len(gates), "value"))
+        if r.get("alpha1"):
+            rows.append(_row(f"{base}/alpha1", f"{name} alpha1 (mean over layers)",
+                             sum(r["alpha1"]) / len(r["alpha1"]), "value"))
+        att = r.get("attention") or {}
+        if att.get("ratio") is not None:
+            rows.append(_row(f"{base}/attention/ratio",
+                             f"{name} attention max probability / uniform (1/n)",
+                             att["ratio"], "ratio", brief=r["family"] == "olsa"))
         for eps, acc in r.get("certified_acc", {}).items():
             rows.append(_row(f"{base}/certified_acc/{eps}", f"{name} certified at eps {eps}",
                              acc, "fraction"))
@@ -380,10 +409,11 @@ def _text_rows(m: Mapping, item: Mapping) -> list[dict]:
                              f"{name} certification seconds per batch of "
                              f"{r.get('cert_batch_size', '?')}", r["cert_seconds_per_batch"],
                              "seconds"))
-    for key, label in (("n_certified", "certified test sentences"),
+    for key, label in (("n_certified", f"certified {split} sentences"),
+                       ("n_attacked", "attacked sentences (PGD audit)"),
                        ("broken", "broken certificates")):
         if key in m:
-            rows.append(_row(key, label, m[key], "count"))
+            rows.append(_row(key, label, m[key], "count", brief=True))
     return rows
 
 

@@ -1,5 +1,5 @@
 """Figures of the SST-2 text stage: certified accuracy vs eps per model (LoFAST Figure 5
-analog) and clean accuracy against the average certified radius."""
+analog), clean accuracy against the average certified radius, and the attention sweep."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import pandas as pd
 import seaborn as sns
 from matplotlib.figure import Figure
 
-__all__ = ["plot_accuracy_vs_radius", "plot_certified_vs_eps"]
+__all__ = ["plot_accuracy_vs_radius", "plot_attention_tradeoff", "plot_certified_vs_eps"]
 
 
 def _style() -> None:
@@ -43,4 +43,29 @@ def plot_accuracy_vs_radius(table: pd.DataFrame) -> Figure:
         ax.annotate(row["model"], (row["avg_radius"], row["test_acc"]), fontsize=7,
                     xytext=(3, 3), textcoords="offset points")
     ax.set(xlabel="average certified radius (embedding l2)", ylabel="test accuracy")
+    return fig
+
+
+def plot_attention_tradeoff(sweep: pd.DataFrame) -> Figure:
+    """Test accuracy against the average certified radius as attention is made to matter: one
+    point per model, both averaging rules (filled: 0 for misclassified sentences; hollow:
+    correctly classified only), labelled with the attention's max-probability ratio to 1/n.
+
+    ``sweep``: rows with columns model, test_acc, avg_radius, avg_radius_correct, attn_ratio
+    (NaN for a model without attention, e.g. the depth-0 baseline).
+    """
+    _style()
+    fig, ax = plt.subplots(figsize=(6.5, 4), constrained_layout=True)
+    palette = sns.color_palette(n_colors=len(sweep))
+    for color, (_, row) in zip(palette, sweep.iterrows(), strict=True):
+        ax.scatter(row["avg_radius"], row["test_acc"], color=color, s=50, label=row["model"])
+        ax.scatter(row["avg_radius_correct"], row["test_acc"], facecolors="none",
+                   edgecolors=color, s=50)
+        ratio = row["attn_ratio"]
+        ax.annotate("no attention" if pd.isna(ratio) else f"max p = {ratio:.2f} / n",
+                    (row["avg_radius"], row["test_acc"]), fontsize=7, xytext=(3, 3),
+                    textcoords="offset points")
+    ax.set(xlabel="average certified radius (embedding l2; hollow: correct only)",
+           ylabel="test accuracy", title="Attention made to matter: accuracy vs radius")
+    ax.legend(fontsize="x-small", title=None)
     return fig

@@ -12,7 +12,7 @@ from .attention_variants import (
 from .embed import PatchEmbed, patchify, spectral_norm_exact
 from .linear import NormConstrainedLinear
 from .norm import Normalize
-from .project import LayerProject
+from .project import LayerProject, project_local_lipschitz
 from .sll import SLLResidual
 
 __all__ = [
@@ -29,6 +29,7 @@ __all__ = [
     "ScaledCosineAttention",
     "linear_weight",
     "patchify",
+    "project_local_lipschitz",
     "spectral_init_",
     "spectral_norm_exact",
 ]

@@ -52,13 +52,18 @@ class MultiHeadAttention(nn.Module):
         b, n, _ = t.shape
         return t.reshape(b, n, self.heads, self.d_head).transpose(1, 2)
 
-    def compute_probs(self, x: Tensor) -> Tensor:
-        """(B, h, n, n): P_l(X) = softmax(X W_l^Q (X W_l^K)^T / sqrt(d_h))."""
+    def compute_probs(self, x: Tensor, mask: Tensor | None = None) -> Tensor:
+        """(B, h, n, n): P_l(X) = softmax(X W_l^Q (X W_l^K)^T / sqrt(d_h)); ``mask`` (B, n)
+        bool excludes the False (padding) keys, so a padded sentence of n real tokens gives
+        its real tokens exactly the n-token outputs."""
         q, k = self._split(self.q(x)), self._split(self.k(x))
-        return torch.softmax(q @ k.transpose(-1, -2) / math.sqrt(self.d_head), dim=-1)
+        scores = q @ k.transpose(-1, -2) / math.sqrt(self.d_head)
+        if mask is not None:
+            scores = scores.masked_fill(~mask[:, None, None, :], -math.inf)
+        return torch.softmax(scores, dim=-1)
 
-    def forward(self, x: Tensor) -> Tensor:
-        p = self.compute_probs(x)
+    def forward(self, x: Tensor, mask: Tensor | None = None) -> Tensor:
+        p = self.compute_probs(x, mask)
         heads = p @ self._split(self.v(x))  # (B, h, n, d_h): P_l X W_l^V
         b, _, n, _ = heads.shape
         return self.o(heads.transpose(1, 2).reshape(b, n, self.dim))  # concat heads, W^O

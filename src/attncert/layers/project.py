@@ -38,3 +38,22 @@ class LayerProject(nn.Module):
 
     def extra_repr(self) -> str:
         return f"radius={self.radius:g}"
+
+
+def project_local_lipschitz(x: Tensor, radius: float, eps: Tensor | float) -> Tensor:
+    """(B,) float64 local Lipschitz factor of LayerProject(radius) at the clean tokens x
+    (B, n, d) for perturbations ||X' - X||_F <= eps (B,): R / (rho - eps) where
+    rho - eps > R, rho = min_i ||x_i||, else 1 (the global constant).
+
+    Why: when rho - eps > R every token x_i and its perturbed x_i' lie outside the ball, where
+    the projection is x -> R x / ||x||, and ||x / ||x|| - y / ||y|| || <= ||x - y|| /
+    sqrt(||x|| ||y||) (expand both squares: ||x - y||^2 >= ||x|| ||y|| (2 - 2 cos)), so token i
+    moves by at most R ||x_i' - x_i|| / (rho - eps); summing squares over the tokens gives
+    the factor for the whole matrix. Increasing in eps, so bisection over eps stays exact.
+    """
+    rho = x.detach().double().norm(dim=-1).amin(dim=-1)
+    e = torch.as_tensor(eps, dtype=torch.float64, device=rho.device)
+    gap = rho - e
+    if math.isinf(radius):
+        return torch.ones_like(gap)
+    return torch.where(gap > radius, radius / gap.clamp_min(_TINY), torch.ones_like(gap))

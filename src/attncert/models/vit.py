@@ -47,6 +47,7 @@ from attncert.layers import (
     ResidualScale,
     ScaledCosineAttention,
     SLLResidual,
+    project_local_lipschitz,
     spectral_init_,
     spectral_norm_exact,
 )
@@ -235,13 +236,15 @@ class Block(nn.Module):
     def _scaled(scale: ResidualScale | None, y: Tensor) -> Tensor:
         return y if scale is None else scale(y)
 
-    def forward(self, x: Tensor) -> Tensor:
+    def forward(self, x: Tensor, mask: Tensor | None = None) -> Tensor:
+        """``mask`` (B, n) bool: padding keys excluded (dot-product attention only)."""
+        kw = {} if mask is None else {"mask": mask}
         if self.form == "stream":
             x = self.norm_attn(x)
             # F(X) = X + sum_l P_l X A_l on the attention's own input
-            x = x + self._scaled(self.scale_attn, self.attn(x))
+            x = x + self._scaled(self.scale_attn, self.attn(x, **kw))
         else:
-            x = x + self._scaled(self.scale_attn, self.attn(self.norm_attn(x)))
+            x = x + self._scaled(self.scale_attn, self.attn(self.norm_attn(x), **kw))
         if self.lipschitz:
             return self.mlp(self.norm_mlp(x))  # SLL carries its own residual
         return x + self._scaled(self.scale_mlp, self.mlp(self.norm_mlp(x)))
@@ -413,6 +416,8 @@ def propagate(components: Sequence[Component], inputs: Mapping[str, Tensor],
     ``inputs``: from :meth:`ViT.attention_inputs`; ``attention_delta(component, X, eps)`` must
     return an upper bound on ||Att(X') - Att(X)||_F over ||X' - X||_F <= eps (residual
     INCLUDED when component.residual == "identity", EXCLUDED (H = 0) when "skip").
+    ``inputs`` may also hold the clean input of a "project" component (LayerProject): its
+    local factor :func:`attncert.layers.project_local_lipschitz` then replaces the constant 1.
     """
     batch = next(iter(inputs.values())).shape[0] if inputs else None
     e = torch.as_tensor(eps, dtype=torch.float64)
@@ -428,6 +433,11 @@ def propagate(components: Sequence[Component], inputs: Mapping[str, Tensor],
                 e = attention_delta(c, x, e_in)
             else:
                 e = e_in + attention_delta(c, x, c.pre_lipschitz * e_in)
+        elif c.kind == "project" and c.name in inputs:
+            # a projection whose clean input lies outside its ball is locally contracting
+            x = inputs[c.name]
+            e = e.to(x.device)
+            e = e * project_local_lipschitz(x, c.module.radius, e)
         else:
             e = e * c.lipschitz
     return e

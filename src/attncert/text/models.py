@@ -20,15 +20,20 @@ radius of a perturbation of ``e`` over the whole sentence.
   the perturbed input of a 1-layer OLSA head (OLSA over frozen BERT; train it with gamma = 0).
   The certificate covers perturbations of those token states (the head's input space), not
   of the words or the encoder's input embeddings: the encoder is not certified.
-* :class:`LipschitzTextTransformer`: LoFAST appendix D's small BERT-style model: word +
-  position embeddings, ViT blocks (:class:`attncert.models.vit.Block`: LayerProject on the
-  residual stream, dot-product attention with ||W^Q||, ||W^K|| <= gamma_qk and ||W^V||,
-  ||W^O|| <= gamma_vo, SLL residual MLP), a final LayerProject, mean pooling over all L tokens
-  and a linear head. It exposes the ViT's certification interface (:meth:`components`,
-  :meth:`attention_inputs`, ``config.radius_attn``) on the embeddings, so
-  :mod:`attncert.certify` certifies it unchanged. Padding tokens are ordinary tokens (the
-  bounds model unmasked attention), and the certified perturbation may move all L embeddings,
-  padding included: a superset of the perturbations of the real words.
+* :class:`LipschitzTextTransformer`: LoFAST appendix D's small BERT-style model: word
+  embeddings normalised to norm 2 (the perturbed input, as OLSA's) + position embeddings, ViT
+  blocks (:class:`attncert.models.vit.Block`: LayerProject on the residual stream, dot-product
+  attention with ||W^Q||, ||W^K|| <= gamma_qk and ||W^V||, ||W^O|| <= gamma_vo, SLL residual
+  MLP), a final LayerProject, mean pooling over the real tokens and a linear head. Padding
+  keys are masked, so a sentence of n tokens is exactly the unpadded n-token model; that model
+  (:meth:`~LipschitzTextTransformer.at_length`) exposes the ViT's certification interface
+  (``components``, ``attention_inputs``, ``config.radius_attn``) on the embeddings, so
+  :mod:`attncert.certify` certifies it unchanged, with the local constant of every
+  LayerProject whose clean input lies outside its ball (the first projection maps tokens of
+  norm ~2 to radius_attn).
+
+Every model's certificate is stated in the space of word embeddings of norm 2, except the
+frozen-encoder head's (the encoder's normalised outputs).
 """
 
 from __future__ import annotations
@@ -72,11 +77,12 @@ class _OLSAStack(nn.Module):
 
     def __init__(self, dim: int, depth: int, heads: int, num_classes: int, radius: float,
                  attention: str, max_len: int, alpha1: float, group_size: int, iters: int,
-                 residual: str, residual_init: float):
+                 residual: str, residual_init: float, train_alpha1: bool = True):
         super().__init__()
         self.layers = nn.ModuleList(
             OLSALayer(dim, heads, radius, attention, max_len, alpha1, group_size, iters,
-                      residual=residual, residual_init=residual_init)
+                      residual=residual, residual_init=residual_init,
+                      train_alpha1=train_alpha1)
             for _ in range(depth))
         self.norm = LayerProject(radius)
         self.head = SpectralNormLinear(dim, num_classes)
@@ -128,16 +134,19 @@ class OLSAClassifier(_OLSAStack):
     ``attention="l2"`` swaps in Kim et al.'s L2 attention (scaled to be 1-Lipschitz) for
     comparison. ``alpha1`` is the initial alpha1 of every OLSA attention; ``residual`` and
     ``residual_init`` choose every layer's residual (:class:`~attncert.text.olsa.OLSALayer`:
-    OLSA's averaged 0.5 x + 0.5 f(x), or a trainable gate started at b = residual_init).
-    The certified input is the normalised word embedding (B, L, dim).
+    OLSA's averaged 0.5 x + 0.5 f(x), or a trainable gate started at b = residual_init);
+    ``train_alpha1=False`` keeps alpha1 fixed. ``depth=0`` is the bag-of-words baseline
+    (normalised embeddings, pooling, head). The certified input is the normalised word
+    embedding (B, L, dim).
     """
 
     def __init__(self, vocab_size: int, max_len: int = 32, dim: int = 256, depth: int = 3,
                  heads: int = 8, num_classes: int = 2, attention: str = "olsa",
                  token_norm: float = 2.0, alpha1: float = 4.0, group_size: int = 2,
-                 iters: int = 1, residual: str = "averaged", residual_init: float = 0.5):
+                 iters: int = 1, residual: str = "averaged", residual_init: float = 0.5,
+                 train_alpha1: bool = True):
         super().__init__(dim, depth, heads, num_classes, 2.0 * token_norm, attention, max_len,
-                         alpha1, group_size, iters, residual, residual_init)
+                         alpha1, group_size, iters, residual, residual_init, train_alpha1)
         self.token_norm = float(token_norm)
         # raw norms ~1: Adam's fixed step size then turns the normalised directions usefully
         self.word = nn.Embedding(vocab_size, dim)
@@ -167,6 +176,7 @@ class FrozenEncoderOLSA(_OLSAStack):
         super().__init__(encoder.config.hidden_size, depth, heads, num_classes, token_norm,
                          "olsa", max_len, alpha1, group_size, iters, residual, residual_init)
         self.token_norm = float(token_norm)
+        self.embed_dim = encoder.config.hidden_size
         self.encoder = encoder.requires_grad_(False).eval()
 
     def train(self, mode: bool = True) -> FrozenEncoderOLSA:
@@ -176,7 +186,11 @@ class FrozenEncoderOLSA(_OLSAStack):
 
     @torch.no_grad()
     def embed(self, ids: Tensor, mask: Tensor) -> Tensor:
-        """(B, L, hidden): the encoder's last hidden states normalised to ``token_norm``."""
+        """(B, L, hidden): the encoder's last hidden states normalised to ``token_norm``;
+        float input is taken as those states already (computed once by
+        :func:`attncert.text.stage.frozen_states`) and returned unchanged."""
+        if ids.is_floating_point():
+            return ids
         states = self.encoder(input_ids=ids, attention_mask=mask.long()).last_hidden_state
         return normalize_tokens(states, self.token_norm)
 
@@ -184,7 +198,8 @@ class FrozenEncoderOLSA(_OLSAStack):
 # ---------------------------------------------------------------------------- LoFAST model
 @dataclass(frozen=True)
 class TextTransformerConfig:
-    """LoFAST appendix D's text transformer; ``radius_stream = None`` means sqrt(dim).
+    """LoFAST appendix D's text transformer; ``radius_stream = None`` means sqrt(dim);
+    ``token_norm``: the norm of every word embedding (OLSA's 2).
 
     Block settings (``block``, radii, gammas, ``mlp_hidden``) have the meaning of
     :class:`attncert.models.vit.ViTConfig` and are validated by it.
@@ -202,12 +217,16 @@ class TextTransformerConfig:
     radius_stream: float | None = None
     gamma_qk: float = 1.0
     gamma_vo: float = 1.0
+    token_norm: float = 2.0
 
     def __post_init__(self) -> None:
         for name in ("vocab_size", "max_len"):
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, int) or v <= 0:
                 raise ValueError(f"TextTransformerConfig.{name} must be a positive int, got {v!r}")
+        v = self.token_norm
+        if isinstance(v, bool) or not isinstance(v, int | float) or not v > 0:
+            raise ValueError(f"TextTransformerConfig.token_norm must be a number > 0, got {v!r}")
         self.block_config()  # validates the remaining fields
 
     def block_config(self) -> ViTConfig:
@@ -218,13 +237,22 @@ class TextTransformerConfig:
 
 
 class LipschitzTextTransformer(nn.Module):
-    """LoFAST appendix D classifier with the ViT's certification interface on embeddings."""
+    """LoFAST appendix D classifier with the ViT's certification interface on embeddings.
+
+    The certified input is the word embeddings normalised to ``token_norm`` (OLSA's embedding
+    space: every text model's radii are in the same units). A padding mask truncates the batch
+    to its longest sentence, excludes padding keys from attention and padding tokens from the
+    mean pooling, so a sentence of n tokens is exactly the unpadded n-token model; certificates
+    are stated for that model (:meth:`at_length`), pooling constant 1/sqrt(n).
+    """
 
     def __init__(self, config: TextTransformerConfig):
         super().__init__()
         self.config = config
         block_cfg = config.block_config()
         self.word = nn.Embedding(config.vocab_size, config.dim)
+        # raw norms ~1 (as OLSA's): Adam's fixed step size then turns the directions usefully
+        nn.init.normal_(self.word.weight, std=config.dim ** -0.5)
         self.pos = nn.Parameter(torch.zeros(1, config.max_len, config.dim))
         nn.init.trunc_normal_(self.pos, std=0.02)
         self.blocks = nn.ModuleList(Block(block_cfg) for _ in range(config.depth))
@@ -232,32 +260,53 @@ class LipschitzTextTransformer(nn.Module):
         self.head = nn.Linear(config.dim, config.num_classes)
 
     def embed(self, ids: Tensor, mask: Tensor | None = None) -> Tensor:
-        """(B, L, dim): word embeddings (the certified input; the mask is not used)."""
-        return self.word(ids)
+        """(B, L, dim): word embeddings normalised to ``token_norm`` (the certified input)."""
+        return normalize_tokens(self.word(ids), self.config.token_norm)
 
     def forward(self, x: Tensor, mask: Tensor | None = None) -> Tensor:
-        """Logits from ids (B, L) or embeddings (B, L, dim), L = max_len: every position counts
-        (no mask), as the pooling constant 1/sqrt(max_len) in :meth:`components` assumes."""
-        if x.shape[1] != self.config.max_len:
-            raise ValueError(f"input has {x.shape[1]} positions; this model reads max_len = "
-                             f"{self.config.max_len} (pad the ids to max_len)")
-        t = (x if x.is_floating_point() else self.embed(x)) + self.pos
+        """Logits from ids (B, L) or embeddings (B, L, dim), L <= max_len; ``mask`` (B, L)
+        bool with the real tokens first (None: every position is a real token)."""
+        if x.shape[1] > self.config.max_len:
+            raise ValueError(f"input has {x.shape[1]} positions; this model reads at most "
+                             f"max_len = {self.config.max_len}")
+        if mask is not None:
+            keep = int(mask.sum(1).max())  # positions past the longest sentence are padding
+            x, mask = x[:, :keep], mask[:, :keep]
+        t = (x if x.is_floating_point() else self.embed(x)) + self.pos[:, :x.shape[1]]
         for block in self.blocks:
-            t = block(t)
-        return self.head(self.norm(t).mean(dim=1))
+            t = block(t, mask)
+        t = self.norm(t)
+        if mask is None:
+            return self.head(t.mean(dim=1))
+        m = mask.to(t.dtype)[..., None]
+        return self.head((t * m).sum(1) / m.sum(1).clamp_min(1.0))
+
+    def at_length(self, n: int) -> _FixedLength:
+        """The certification interface for unpadded sentences of ``n`` tokens."""
+        return _FixedLength(self, n)
 
     # -- certification interface (as attncert.models.vit.ViT, input = embeddings) -------------
 
     def attention_modules(self) -> dict[str, nn.Module]:
         return {f"blocks.{i}.attn": b.attn for i, b in enumerate(self.blocks)}
 
+    def project_modules(self) -> dict[str, LayerProject]:
+        """Every LayerProject by component name (their clean inputs give local constants)."""
+        out = {}
+        for i, b in enumerate(self.blocks):
+            out[f"blocks.{i}.norm_attn"], out[f"blocks.{i}.norm_mlp"] = b.norm_attn, b.norm_mlp
+        return out | {"norm": self.norm}
+
     @torch.no_grad()
     def attention_inputs(self, e: Tensor) -> tuple[Tensor, dict[str, Tensor]]:
-        """One forward pass on embeddings: (logits, {attention name: its clean input X_k})."""
+        """One forward pass on unpadded embeddings: (logits, {attention or projection name: its
+        clean input}); the projections' inputs give their local constants in
+        :func:`attncert.models.vit.propagate`."""
         captured: dict[str, Tensor] = {}
+        mods = self.attention_modules() | self.project_modules()
         handles = [mod.register_forward_pre_hook(
             lambda _m, args, name=name: captured.__setitem__(name, args[0].detach()))
-            for name, mod in self.attention_modules().items()]
+            for name, mod in mods.items()]
         try:
             logits = self(e)
         finally:
@@ -265,13 +314,15 @@ class LipschitzTextTransformer(nn.Module):
                 h.remove()
         return logits, captured
 
-    def components(self) -> list[Component]:
-        """Ordered :class:`Component` s from the embeddings to the logits (exact SVDs)."""
+    def components(self, n_tokens: int | None = None) -> list[Component]:
+        """Ordered :class:`Component` s from the embeddings of ``n_tokens`` (default max_len)
+        unpadded tokens to the logits (exact SVDs)."""
+        n = self.config.max_len if n_tokens is None else n_tokens
         out = [Component("pos", "tokens", 1.0, None)]  # adding position embeddings
         for i, block in enumerate(self.blocks):
             out += block.components(f"blocks.{i}")
         out.append(Component("norm", "project", LayerProject.lipschitz, self.norm))
-        out.append(Component("pool", "pool", 1.0 / math.sqrt(self.config.max_len), None))
+        out.append(Component("pool", "pool", 1.0 / math.sqrt(n), None))
         out.append(Component("head", "head", spectral_norm_exact(self.head.weight), self.head,
                              weight=self.head.weight.detach(), bias=self.head.bias.detach()))
         return out
@@ -279,10 +330,45 @@ class LipschitzTextTransformer(nn.Module):
     @torch.no_grad()
     def certified_radius(self, ids: Tensor, mask: Tensor | None, y: Tensor,
                          variant: str = "lofast_M", test: str = "pairwise") -> Tensor:
-        """(B,) float64 LoFAST radius on the embeddings via :func:`attncert.certify.certify_batch`
-        (0 if misclassified); ``mask`` is not used (see the module docstring)."""
+        """(B,) float64 LoFAST radius on the normalised embeddings of each sentence's real
+        tokens via :func:`attncert.certify.certify_batch` (0 if misclassified), one call per
+        sentence length."""
         from attncert import certify
 
-        out = certify.certify_batch(self, self.embed(ids), y, [variant], test)
-        r = out[f"radius_{variant}"]
-        return torch.where(out["prediction"] == y.cpu(), r, torch.zeros_like(r))
+        mask = _full_mask(ids) if mask is None else mask
+        e, lengths = self.embed(ids), mask.sum(1)
+        r = torch.zeros(len(y), dtype=torch.float64)
+        for n in lengths.unique().tolist():
+            rows = (lengths == n).nonzero().squeeze(1)
+            out = certify.certify_batch(self.at_length(n), e[rows, :n], y[rows], [variant],
+                                        test)
+            ok = out["prediction"] == y[rows].cpu()
+            r[rows.cpu()] = torch.where(ok, out[f"radius_{variant}"], 0.0)
+        return r
+
+
+class _FixedLength(nn.Module):
+    """A :class:`LipschitzTextTransformer` on unpadded sentences of n tokens: the interface
+    :mod:`attncert.certify` reads (``config``, ``components``, ``attention_inputs``, calls on
+    (B, n, dim) embeddings), sharing the model's parameters."""
+
+    def __init__(self, model: LipschitzTextTransformer, n: int):
+        super().__init__()
+        if not 1 <= n <= model.config.max_len:
+            raise ValueError(f"length {n} outside 1..max_len = {model.config.max_len}")
+        self.model, self.n, self.config = model, int(n), model.config
+
+    def _check(self, e: Tensor) -> None:
+        if e.shape[1] != self.n:
+            raise ValueError(f"embeddings have {e.shape[1]} tokens; this view reads {self.n}")
+
+    def forward(self, e: Tensor) -> Tensor:
+        self._check(e)
+        return self.model(e)
+
+    def attention_inputs(self, e: Tensor) -> tuple[Tensor, dict[str, Tensor]]:
+        self._check(e)
+        return self.model.attention_inputs(e)
+
+    def components(self) -> list[Component]:
+        return self.model.components(self.n)

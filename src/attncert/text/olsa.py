@@ -238,14 +238,15 @@ class OLSAAttention(nn.Module):
     """
 
     def __init__(self, dim: int, heads: int, radius: float, alpha1: float = 4.0,
-                 iters: int = 1):
+                 iters: int = 1, train_alpha1: bool = True):
         super().__init__()
         if dim % heads or (dim // heads) % 2:
             raise ValueError(f"dim {dim} must split into {heads} heads of even size (MaxMin)")
         self.heads, self.radius = heads, float(radius)
         self.q, self.k, self.v = (OrthogonalLinear(dim, iters=iters) for _ in range(3))
         self.w_s = nn.Parameter(torch.randn(heads, dim // heads) / math.sqrt(dim // heads))
-        self.log_alpha1 = nn.Parameter(torch.tensor(math.log(alpha1)))
+        self.log_alpha1 = nn.Parameter(torch.tensor(math.log(alpha1)),
+                                       requires_grad=train_alpha1)
 
     @property
     def alpha1(self) -> Tensor:
@@ -321,12 +322,19 @@ class L2Attention(nn.Module):
         return torch.tensor([1.0] + [kim_l2_attention_lipschitz(*heads, n)
                                      for n in range(1, max_len + 1)], dtype=torch.float64)
 
+    def _probs(self, y: Tensor, mask: Tensor) -> Tensor:
+        # -||y_i - y_j||^2 = 2 y_i.y_j - ||y_j||^2 - ||y_i||^2; the last term cancels in softmax
+        scores = 2 * y @ y.transpose(-1, -2) - y.pow(2).sum(-1).unsqueeze(-2)
+        return _masked_softmax(scores / math.sqrt(self.d_head), mask)
+
+    def compute_probs(self, x: Tensor, mask: Tensor) -> Tensor:
+        """(B, h, n, n): softmax_j -||x_i W^{Q,h} - x_j W^{Q,h}||^2 / sqrt(d_h), padding masked."""
+        return self._probs(_split_heads(x @ self.q.weight_effective().T, self.heads), mask)
+
     def forward(self, x: Tensor, mask: Tensor) -> Tensor:
         wq = self.q.weight_effective()
         y = _split_heads(x @ wq.T, self.heads)  # (B, h, n, d_h): X W^{Q,h}
-        # -||y_i - y_j||^2 = 2 y_i.y_j - ||y_j||^2 - ||y_i||^2; the last term cancels in softmax
-        scores = 2 * y @ y.transpose(-1, -2) - y.pow(2).sum(-1).unsqueeze(-2)
-        p = _masked_softmax(scores / math.sqrt(self.d_head), mask)
+        p = self._probs(y, mask)
         # X A_h W^{V,h} = (X W^{Q,h}) (W^{Q,h}^T W^{V,h}) / sqrt(d_h); row blocks of (out, in)
         wq_h = wq.unflatten(0, (self.heads, self.d_head))  # (h, d_h, d) = W^{Q,h}^T
         wv_h = self.v.weight_effective().unflatten(0, (self.heads, self.d_head))
@@ -359,7 +367,9 @@ class OLSALayer(nn.Module):
     ``residual="averaged"`` is OLSA's averaged residual, b_a = b_f = 0.5 (0.5 x + 0.5 f(x)).
     ``residual="gated"`` trains one theta per sublayer, b = sigmoid(theta) in (0, 1), starting
     at b = ``residual_init`` (0.5 is the averaged layer; a small b keeps the input and lets
-    training decide how much of each sublayer to mix in).
+    training decide how much of each sublayer to mix in). ``train_alpha1=False`` keeps OLSA's
+    alpha1 fixed at its initial value (a softmax temperature the model cannot raise to make
+    its attention uniform).
 
     Soundness of the bound, for either choice: for any inputs x, x' and fixed coefficients
     c = 1 - b and b (the forward pass's own values: they do not depend on the input),
@@ -372,7 +382,8 @@ class OLSALayer(nn.Module):
 
     def __init__(self, dim: int, heads: int, radius: float, attention: str = "olsa",
                  max_len: int = 32, alpha1: float = 4.0, group_size: int = 2, iters: int = 1,
-                 residual: str = "averaged", residual_init: float = 0.5):
+                 residual: str = "averaged", residual_init: float = 0.5,
+                 train_alpha1: bool = True):
         super().__init__()
         if attention not in ATTENTIONS:
             raise ValueError(f"attention {attention!r}: choose from {', '.join(ATTENTIONS)}")
@@ -383,7 +394,7 @@ class OLSALayer(nn.Module):
                              f"{residual_init!r}")
         self.residual = residual
         self.project = LayerProject(radius)
-        self.attn = (OLSAAttention(dim, heads, radius, alpha1, iters)
+        self.attn = (OLSAAttention(dim, heads, radius, alpha1, iters, train_alpha1)
                      if attention == "olsa" else L2Attention(dim, heads, max_len, iters))
         self.ff1 = OrthogonalLinear(dim, bias=True, iters=iters)
         self.ff2 = OrthogonalLinear(dim, bias=True, iters=iters)

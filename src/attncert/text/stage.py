@@ -18,6 +18,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+import math
 import shutil
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -31,6 +32,7 @@ from attncert.precision import resolve_precision
 from attncert.train import resolve_device
 
 from .attacks import audit_embeddings
+from .olsa import normalize_tokens
 from .train_text import TextTrainConfig, certify_rows, evaluate_text, train_text
 
 FAMILIES = ("olsa", "lofast", "none")
@@ -38,17 +40,20 @@ SPEC = "spec.json"
 
 
 class StandardTextTransformer(nn.Module):
-    """A standard pre-norm transformer classifier of the given size: word + position
-    embeddings, :class:`attncert.models.vit.Block` s of the standard ViT (LayerNorm,
-    dot-product attention, GELU MLP), LayerNorm, mean pooling over the real tokens, a linear
+    """A standard pre-norm transformer classifier of the given size: word embeddings of norm
+    ``token_norm`` (the certified models' embedding space) + position embeddings,
+    :class:`attncert.models.vit.Block` s of the standard ViT (LayerNorm, dot-product attention
+    with padding keys masked, GELU MLP), LayerNorm, mean pooling over the real tokens, a linear
     head. No Lipschitz constraint: the clean-accuracy reference of the certified models."""
 
     def __init__(self, vocab_size: int, max_len: int, dim: int, depth: int, heads: int,
-                 mlp_hidden: int, num_classes: int = 2):
+                 mlp_hidden: int, num_classes: int = 2, token_norm: float = 2.0):
         super().__init__()
         cfg = ViTConfig(dim=dim, depth=depth, heads=heads, mlp_hidden=mlp_hidden,
                         num_classes=num_classes, kind="standard", block="prenorm", pool="mean")
+        self.token_norm = float(token_norm)
         self.word = nn.Embedding(vocab_size, dim)
+        nn.init.normal_(self.word.weight, std=dim ** -0.5)
         self.pos = nn.Parameter(torch.zeros(1, max_len, dim))
         nn.init.trunc_normal_(self.pos, std=0.02)
         self.blocks = nn.ModuleList(Block(cfg) for _ in range(depth))
@@ -56,13 +61,16 @@ class StandardTextTransformer(nn.Module):
         self.head = nn.Linear(dim, num_classes)
 
     def embed(self, ids: Tensor, mask: Tensor | None = None) -> Tensor:
-        """(B, L, dim): word embeddings (the input PGD perturbs)."""
-        return self.word(ids)
+        """(B, L, dim): word embeddings normalised to ``token_norm`` (the input PGD perturbs)."""
+        return normalize_tokens(self.word(ids), self.token_norm)
 
     def forward(self, x: Tensor, mask: Tensor | None = None) -> Tensor:
+        if mask is not None:
+            keep = int(mask.sum(1).max())  # positions past the longest sentence are padding
+            x, mask = x[:, :keep], mask[:, :keep]
         t = (x if x.is_floating_point() else self.embed(x)) + self.pos[:, :x.shape[1]]
         for block in self.blocks:
-            t = block(t)
+            t = block(t, mask)
         t = self.norm(t)
         if mask is None:
             return self.head(t.mean(dim=1))
@@ -95,60 +103,96 @@ def train_model(model: nn.Module, spec: Mapping[str, Any], train: Mapping[str, T
                       precision=precision)
 
 
+def _lofast_table(model: nn.Module, data: Mapping[str, Tensor], device, batch_size: int,
+                  variants: Sequence[str]):
+    """:func:`attncert.certify.certify_table` on each sentence's real tokens (normalised
+    embeddings), one group per sentence length (:meth:`LipschitzTextTransformer.at_length`);
+    rows in the order of ``data``."""
+    import pandas as pd
+
+    from attncert.certify import certify_table
+
+    lengths = data["mask"].sum(1)
+    with torch.no_grad():
+        e = model.embed(data["ids"].to(device))
+    frames = []
+    for n in lengths.unique().tolist():
+        rows = (lengths == n).nonzero().squeeze(1)
+        part = certify_table(model.at_length(n), e[rows.to(e.device), :n],
+                             data["y"][rows].to(device), variants, ["pairwise"],
+                             batch_size=batch_size, progress=False)
+        part["index"] = rows.numpy()
+        frames.append(part)
+    return pd.concat(frames, ignore_index=True).sort_values("index", ignore_index=True)
+
+
 def _radii(model: nn.Module, family: str, data: Mapping[str, Tensor], device, batch_size: int,
-           variants: Sequence[str]) -> tuple[dict[str, Tensor], float, Any]:
-    """({variant: (N,) radius}, certification seconds per batch, the per-sample frame)."""
+           variants: Sequence[str]) -> tuple[dict[str, Tensor], Tensor, float, Any]:
+    """({variant: (N,) radius, 0 where misclassified}, (N,) bool correct, certification
+    seconds per batch, the per-sample frame)."""
     import pandas as pd
 
     n = len(data["y"])
     if family == "olsa":
         rows = certify_rows(model, data, device, batch_size)
         return ({"global": torch.tensor(rows["radius"].to_numpy())},
+                torch.tensor(rows["correct"].to_numpy()),
                 float(rows["seconds"].mean()) * min(batch_size, n), rows)
     if family == "lofast":
-        from attncert.certify import certify_table
-
-        with torch.no_grad():
-            e = model.embed(data["ids"].to(device))
-        table = certify_table(model, e, data["y"].to(device), variants, ["pairwise"],
-                              batch_size=batch_size, progress=False)
+        table = _lofast_table(model, data, device, batch_size, variants)
         correct = torch.tensor(table["correct"].to_numpy())
         radii = {v: torch.tensor(table[f"radius_{v}_pairwise"].to_numpy()).double()
                  * correct for v in variants}  # 0 on misclassified points, as OLSA's
         seconds = {v: float(table[f"seconds_{v}_pairwise"].mean()) * min(batch_size, n)
                    for v in variants}
-        return radii, seconds[variants[0]], table
+        return radii, correct, seconds[variants[0]], table
     with torch.no_grad():
         pred = torch.cat([model(data["ids"][i:i + batch_size].to(device),
                                 data["mask"][i:i + batch_size].to(device)).argmax(1).cpu()
                           for i in range(0, n, batch_size)])
+    correct = pred == data["y"]
     rows = pd.DataFrame({"index": range(n), "label": data["y"].numpy(),
-                         "prediction": pred.numpy(), "correct": (pred == data["y"]).numpy()})
-    return {"none": torch.zeros(n, dtype=torch.float64)}, 0.0, rows
+                         "prediction": pred.numpy(), "correct": correct.numpy()})
+    return {"none": torch.zeros(n, dtype=torch.float64)}, correct, 0.0, rows
+
+
+def average_radius(radius: Tensor, correct: Tensor) -> dict[str, float]:
+    """Both averaging rules: ``all`` (OLSA's: the mean over every sentence, 0 where
+    misclassified) and ``correct`` (the mean over the correctly classified sentences)."""
+    r = torch.where(correct, radius.double(), torch.zeros_like(radius, dtype=torch.float64))
+    n_ok = int(correct.sum())
+    return {"all": float(r.mean()) if len(r) else math.nan,
+            "correct": float(r[correct].mean()) if n_ok else math.nan}
 
 
 def evaluate_model(name: str, model: nn.Module, family: str, dev: Mapping[str, Tensor],
                    test: Mapping[str, Tensor], n_test: int, eps: Sequence[float],
                    pgd_steps: int, pgd_restarts: int, device, batch_size: int = 100,
-                   variants: Sequence[str] = ("lofast_M",), seed: int = 0
-                   ) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+                   variants: Sequence[str] = ("lofast_M",), seed: int = 0,
+                   n_attack: int | None = None) -> tuple[dict[str, Any], list[dict[str, Any]]]:
     """Every read-out of one trained model: (metrics, one curve row per variant and eps).
 
-    Clean accuracy on all of dev (model selection) and test (the report); certificates, PGD
-    and the audit on the first ``n_test`` test sentences. A PGD success on a certified point
-    raises (a broken certificate is a soundness bug, the stage must fail).
+    Clean accuracy on all of dev (model selection) and test (the report); certified radii on
+    the first ``n_test`` test sentences (0 = all), averaged with both rules
+    (:func:`average_radius`); PGD and the audit on the first ``n_attack`` of them (None = all
+    certified); the residual gates, alpha1 and the attention's mean max probability on the
+    certified sentences. A PGD success on a certified point raises (a broken certificate is a
+    soundness bug, the stage must fail).
     """
     if family not in FAMILIES:
         raise ValueError(f"family {family!r}: choose from {', '.join(FAMILIES)}")
     model.eval()
     accs = {split: evaluate_text(model, data, device, batch_size)["acc"]
             for split, data in (("dev", dev), ("test", test))}
-    sub = {k: v[:n_test] for k, v in test.items()}
-    radii, seconds, _ = _radii(model, family, sub, device, batch_size, variants)
+    n_cert = len(test["y"]) if n_test == 0 else min(n_test, len(test["y"]))
+    sub = {k: v[:n_cert] for k, v in test.items()}
+    radii, correct, seconds, _ = _radii(model, family, sub, device, batch_size, variants)
     best = torch.stack(list(radii.values())).max(0).values
-    audit = audit_embeddings(model, sub["ids"].to(device), sub["mask"].to(device),
-                             sub["y"].to(device), best, eps, pgd_steps, pgd_restarts, seed,
-                             batch_size)
+    n_att = n_cert if n_attack is None else min(n_attack, n_cert)
+    att = {k: v[:n_att] for k, v in sub.items()}
+    audit = audit_embeddings(model, att["ids"].to(device), att["mask"].to(device),
+                             att["y"].to(device), best[:n_att], eps, pgd_steps, pgd_restarts,
+                             seed, batch_size)
     broken = sum(r["broken"] for r in audit)
     if broken:
         raise AssertionError(f"{name}: {broken} certificates broken by PGD (eps "
@@ -156,12 +200,184 @@ def evaluate_model(name: str, model: nn.Module, family: str, dev: Mapping[str, T
     curves = [{"model": name, "variant": v, "eps": float(e),
                "certified_acc": float(((r >= e) & (r > 0)).double().mean())}
               for v, r in radii.items() for e in eps]
+    averages = {v: average_radius(r, correct) for v, r in radii.items()}
     metrics = {
         "family": family, "dev_acc": accs["dev"], "test_acc": accs["test"],
-        "n_certified": len(sub["y"]),
-        "avg_radius": {v: float(r.mean()) for v, r in radii.items()},
-        "certified_acc": {f"{r['eps']:g}": r["certified_acc"] for r in audit},
+        "n_certified": n_cert, "n_attacked": n_att,
+        "avg_radius": {v: a["all"] for v, a in averages.items()},
+        "avg_radius_correct": {v: a["correct"] for v, a in averages.items()},
+        "certified_acc": {f"{e:g}": float(((best >= e) & (best > 0)).double().mean())
+                          for e in eps},
+        "attacked_certified_acc": {f"{r['eps']:g}": r["certified_acc"] for r in audit},
         "pgd_acc": {f"{r['eps']:g}": r["robust_acc"] for r in audit},
         "broken": broken, "cert_seconds_per_batch": seconds, "cert_batch_size": batch_size,
+        **residual_diagnostics(model),
+        "attention": attention_statistics(model, sub, device, batch_size),
     }
     return metrics, curves
+
+
+# -- what the attention does -----------------------------------------------------------------
+
+
+def _attention_layers(model: nn.Module) -> list[nn.Module]:
+    """The self-attention modules of a text model, in forward order (those with
+    ``compute_probs``; a frozen encoder's own attention is not counted)."""
+    from attncert.layers import MultiHeadAttention
+
+    from .olsa import L2Attention, OLSAAttention
+
+    kinds = (OLSAAttention, L2Attention, MultiHeadAttention)
+    return [m for name, m in model.named_modules()
+            if isinstance(m, kinds) and not name.startswith("encoder")]
+
+
+@torch.no_grad()
+def residual_diagnostics(model: nn.Module) -> dict[str, list[float]]:
+    """Per OLSA layer: the residual gates b_att, b_ff (0.5 for OLSA's averaged residual) and
+    alpha1 of its attention (OLSA only); empty lists for the other families."""
+    from .olsa import OLSAAttention, OLSALayer
+
+    gates, alpha1 = [], []
+    for m in model.modules():
+        if isinstance(m, OLSALayer):
+            (_, b_att), (_, b_ff) = m.residual_weights()
+            gates.append([float(b_att), float(b_ff)])
+            if isinstance(m.attn, OLSAAttention):
+                alpha1.append(float(m.attn.alpha1))
+    return {"gates": gates, "alpha1": alpha1}
+
+
+@torch.no_grad()
+def attention_statistics(model: nn.Module, data: Mapping[str, Tensor], device,
+                         batch_size: int = 256) -> dict[str, Any]:
+    """How far the trained attention is from uniform, on the sentences of ``data``.
+
+    ``max_prob``: per attention layer, the mean over sentences, heads and real query tokens of
+    max_j p_ij (padding keys excluded); ``uniform``: the mean of 1/n over the same queries
+    (the value of a uniform attention); ``max_prob_mean``: the mean over layers; ``ratio``:
+    max_prob_mean / uniform (1 = exactly uniform, a bag of words). Empty for a model without
+    self-attention (depth 0).
+    """
+    layers = _attention_layers(model)
+    if not layers:
+        return {"max_prob": [], "uniform": None, "max_prob_mean": None, "ratio": None}
+    sums = torch.zeros(len(layers), dtype=torch.float64)
+    captured: dict[int, Tensor] = {}
+
+    def hook(i):
+        def fn(module, args, kwargs, _out):
+            x = args[0]
+            mask = args[1] if len(args) > 1 else kwargs.get("mask")
+            if mask is None:
+                mask = torch.ones(x.shape[:2], dtype=torch.bool, device=x.device)
+            p = module.compute_probs(x, mask)  # (B, h, n, n)
+            top = p.amax(-1).mean(1).double()  # (B, n): mean over heads
+            m = mask.double()
+            captured[i] = (top * m).sum(1) / m.sum(1)
+        return fn
+
+    handles = [m.register_forward_hook(hook(i), with_kwargs=True) for i, m in enumerate(layers)]
+    model.eval()
+    inv_n, count = 0.0, 0
+    try:
+        for i in range(0, len(data["y"]), batch_size):
+            ids, mask = (data[k][i:i + batch_size].to(device) for k in ("ids", "mask"))
+            model(ids, mask)
+            for k in range(len(layers)):
+                sums[k] += float(captured[k].sum())
+            inv_n += float((1.0 / mask.sum(1).double()).sum())
+            count += len(ids)
+    finally:
+        for h in handles:
+            h.remove()
+    per_layer = (sums / count).tolist()
+    mean = sum(per_layer) / len(per_layer)
+    uniform = inv_n / count
+    return {"max_prob": per_layer, "uniform": uniform, "max_prob_mean": mean,
+            "ratio": mean / uniform}
+
+
+# -- data ------------------------------------------------------------------------------------
+
+
+def select_splits(sst2: Mapping[str, Any], max_train: int, max_eval: int, seed: int
+                  ) -> tuple[dict[str, dict[str, Any]], str]:
+    """({"train", "dev", "test": {"text", "y"}}, the name of the reported split).
+
+    Seeded subsets (:func:`attncert.data.subset_indices`; 0 = all). "test" is the split the
+    stage reports on: the labelled test split when the processed SST-2 has one, otherwise
+    (GLUE's download route, whose public test split has no labels) the dev split, which then
+    serves both model selection and the report; the second value says which.
+    """
+    from attncert.data import subset_indices
+
+    for split in ("train", "dev"):
+        if split not in sst2:
+            raise ValueError(f"the processed SST-2 has no labelled {split!r} split (splits: "
+                             f"{sorted(k for k in ('train', 'dev', 'test') if k in sst2)})")
+    reported = "test" if "test" in sst2 else "dev"
+
+    def take(split: str, k: int) -> dict[str, Any]:
+        idx = subset_indices(len(sst2[split]["y"]), k, seed)
+        return {"text": [sst2[split]["text"][i] for i in idx.tolist()],
+                "y": sst2[split]["y"][idx]}
+
+    dev = take("dev", max_eval)
+    return {"train": take("train", max_train), "dev": dev,
+            "test": take("test", max_eval) if reported == "test" else dev}, reported
+
+
+@torch.no_grad()
+def frozen_states(model: nn.Module, data: Mapping[str, Tensor], device,
+                  batch_size: int = 256) -> dict[str, Tensor]:
+    """{"ids": (N, L', hidden) float32 normalised encoder states, "mask", "y"}: a frozen
+    encoder's outputs computed once (``model.embed``), truncated to the longest sentence, so
+    the head trains for many epochs without running the encoder again. The model reads these
+    states in place of ids (its forward accepts embeddings)."""
+    lengths = data["mask"].sum(1)
+    keep = int(lengths.max())
+    ids, mask = data["ids"][:, :keep], data["mask"][:, :keep]
+    model.eval()
+    states = torch.zeros(*ids.shape, model.embed_dim)
+    order = lengths.argsort()  # batches of similar length: little padding through the encoder
+    for i in range(0, len(ids), batch_size):
+        rows = order[i:i + batch_size]
+        n = int(lengths[rows].max())
+        states[rows, :n] = model.embed(ids[rows, :n].to(device),
+                                       mask[rows, :n].to(device)).float().cpu()
+    return {"ids": states, "mask": mask, "y": data["y"]}
+
+
+# -- tables ----------------------------------------------------------------------------------
+
+
+def attention_table(results: Mapping[str, Mapping[str, Any]]):
+    """One row per model from :func:`evaluate_model` metrics: accuracy, average radius (both
+    rules; for LoFAST the best variant), certified and PGD accuracy at every eps, cost, the
+    mean residual gates and alpha1 over layers, the attention's mean max probability, its
+    uniform value 1/n and their ratio, broken certificates. A pandas DataFrame."""
+    import pandas as pd
+
+    def mean(v):
+        return sum(v) / len(v) if v else math.nan
+
+    rows = []
+    for name, r in results.items():
+        best = max(r["avg_radius"], key=r["avg_radius"].get)
+        att = r["attention"]
+        rows.append({
+            "model": name, "family": r["family"], "dev_acc": r["dev_acc"],
+            "test_acc": r["test_acc"], "avg_radius": r["avg_radius"][best],
+            "avg_radius_correct": r["avg_radius_correct"][best], "variant": best,
+            "n_certified": r["n_certified"],
+            **{f"cert@{e}": v for e, v in r["certified_acc"].items()},
+            **{f"pgd@{e}": v for e, v in r["pgd_acc"].items()},
+            "b_att": mean([g[0] for g in r["gates"]]), "b_ff": mean([g[1] for g in r["gates"]]),
+            "alpha1": mean(r["alpha1"]),
+            "max_prob": math.nan if att["max_prob_mean"] is None else att["max_prob_mean"],
+            "1/n": math.nan if att["uniform"] is None else att["uniform"],
+            "attn_ratio": math.nan if att["ratio"] is None else att["ratio"],
+            "cert_s/batch": r["cert_seconds_per_batch"], "train_s": r.get("train_seconds"),
+            "broken": r["broken"]})
+    return pd.DataFrame(rows)
