@@ -60,6 +60,8 @@ def _text_model(family: str, test_acc: float, radii: dict, layers: int = 0) -> d
             "avg_radius_correct": {k: v / test_acc for k, v in radii.items()},
             "gates": [[0.1, 0.2]] * layers if family == "olsa" else [],
             "alpha1": [4.0] * layers if family == "olsa" else [], "attention": attention,
+            "b_att_mean": 0.1 if family == "olsa" and layers else None,
+            "alpha1_mean": 4.0 if family == "olsa" and layers else None,
             "certified_acc": {"0.1": test_acc / 2, "0.5": test_acc / 4},
             "pgd_acc": {"0.1": test_acc - 0.1, "0.5": test_acc - 0.2}, "broken": 0,
             "cert_seconds_per_batch": 0.01, "cert_batch_size": 20, "train_seconds": 3.0,
@@ -233,8 +235,8 @@ def test_text_rows_put_olsas_sst_radius_beside_every_3_layer_olsa():
     assert rows["attention_vs_depth0/olsa-L3-g2/d_test_acc"]["ours"] == pytest.approx(0.01)
     assert rows["attention_vs_depth0/olsa-L3-g2/d_avg_radius"]["ours"] == pytest.approx(-0.08)
     assert rows["models/olsa-L3-g2/attention/ratio"]["ours"] == 2.0
-    assert rows["models/olsa-L3-g2/b_att"]["ours"] == pytest.approx(0.1)
-    assert rows["models/olsa-L3-g2/alpha1"]["ours"] == 4.0
+    assert rows["models/olsa-L3-g2/b_att_mean"]["ours"] == pytest.approx(0.1)
+    assert rows["models/olsa-L3-g2/alpha1_mean"]["ours"] == 4.0
     assert "models/olsa-L0-g2/attention/ratio" not in rows   # depth 0: no attention
     for other in ("olsa-L0-g2", "olsa-L1-g2", "kim-l2-L3-g2", "frozen-olsa"):   # not the paper's
         assert rows[f"models/{other}/avg_radius/global"]["paper"] is None
@@ -415,7 +417,8 @@ def test_comparison_figures_draw_from_saved_metrics_with_the_papers_beside(metri
     tradeoff = figs.paper_tradeoff_frame([items[run]["dataset"] for run in points])
     assert list(tradeoff["source"]) == ["paper: CertViT Table 1 (mnist)"]
     text = figs.text_certified_frame(m["text"]["text"])
-    assert "vanilla-L3" not in set(text["model"]) and len(text) == 2 * 5
+    # every certified model of _text_metrics (six: all but the standard transformer) x 2 eps
+    assert "vanilla-L3" not in set(text["model"]) and len(text) == 2 * 6
     fig3, fig4 = figs.ablation_frames(m["tightness"]["tightness"])
     assert len(fig3) == 6 and len(fig4) == 4
     figures = [

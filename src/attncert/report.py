@@ -389,13 +389,12 @@ def _text_rows(m: Mapping, item: Mapping) -> list[dict]:
                 rows.append(_row(f"attention_vs_depth0/{name}/{key}",
                                  f"{name} minus depth 0: {label}", versus[name][key],
                                  "value", brief=True))
-        gates = r.get("gates") or []
-        if gates:
-            rows.append(_row(f"{base}/b_att", f"{name} attention gate b (mean over layers)",
-                             sum(g[0] for g in gates) / len(gates), "value"))
-        if r.get("alpha1"):
-            rows.append(_row(f"{base}/alpha1", f"{name} alpha1 (mean over layers)",
-                             sum(r["alpha1"]) / len(r["alpha1"]), "value"))
+        if r.get("b_att_mean") is not None:
+            rows.append(_row(f"{base}/b_att_mean", f"{name} attention gate b (mean over layers)",
+                             r["b_att_mean"], "value"))
+        if r.get("alpha1_mean") is not None:
+            rows.append(_row(f"{base}/alpha1_mean", f"{name} alpha1 (mean over layers)",
+                             r["alpha1_mean"], "value"))
         att = r.get("attention") or {}
         if att.get("ratio") is not None:
             rows.append(_row(f"{base}/attention/ratio",

@@ -235,7 +235,8 @@ def _attention_layers(model: nn.Module) -> list[nn.Module]:
 @torch.no_grad()
 def residual_diagnostics(model: nn.Module) -> dict[str, list[float]]:
     """Per OLSA layer: the residual gates b_att, b_ff (0.5 for OLSA's averaged residual) and
-    alpha1 of its attention (OLSA only); empty lists for the other families."""
+    alpha1 of its attention (OLSA only), with their means over layers (``b_att_mean``,
+    ``alpha1_mean``: the report's numbers); empty lists and None for the other families."""
     from .olsa import OLSAAttention, OLSALayer
 
     gates, alpha1 = [], []
@@ -245,7 +246,9 @@ def residual_diagnostics(model: nn.Module) -> dict[str, list[float]]:
             gates.append([float(b_att), float(b_ff)])
             if isinstance(m.attn, OLSAAttention):
                 alpha1.append(float(m.attn.alpha1))
-    return {"gates": gates, "alpha1": alpha1}
+    return {"gates": gates, "alpha1": alpha1,
+            "b_att_mean": sum(g[0] for g in gates) / len(gates) if gates else None,
+            "alpha1_mean": sum(alpha1) / len(alpha1) if alpha1 else None}
 
 
 @torch.no_grad()
