@@ -45,8 +45,9 @@ pipeline: env
 	$(if $(SCALE),$(PY) -m attncert.profile apply $(SCALE) $(if $(KEEP_EDITS),--keep-edits))
 	$(if $(GPUS),scripts/repro-gpus $(GPUS),$(DVC) repro)
 
+# two workers; a test file stays on one worker (the dvc tests share their smoke checkout)
 test: env
-	$(PY) -m pytest
+	$(PY) -m pytest -n 2 --dist loadfile
 
 lint: env
 	$(PY) -m ruff check src tests notebooks
