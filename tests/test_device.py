@@ -99,7 +99,8 @@ def test_tightness_measurements_on_the_device():
         t3 = tightness.table3(ws, xs, eps_list=(0.05,), **kw)
         f1 = tightness.figure1_single_head(ws, xs, eps_list=(0.05,), **kw)
         f3 = tightness.figure3_weight_perturbation(ws, xs, sizes=(0.1,), samples=1, **kw)
-    assert len(f1) and len(f3) and sim.draws_on_device > 0
+        f4 = tightness.figure4_input_norm(ws, xs, scales=(0.5, 2.0), eps=0.05, **kw)
+    assert len(f1) and len(f3) and len(f4) and sim.draws_on_device > 0
     # the same draws; the dense spectral norms may take another LAPACK path (last bits)
     pd.testing.assert_frame_equal(t3, ref3, rtol=1e-12)
 

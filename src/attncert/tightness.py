@@ -115,7 +115,7 @@ def random_attention_layer(
 
 
 def _stack_eps(x: Tensor, eps_list) -> tuple[Tensor, Tensor]:
-    eps = torch.tensor(list(eps_list), dtype=x.dtype).repeat_interleave(x.shape[0])
+    eps = torch.tensor(list(eps_list), dtype=x.dtype, device=x.device).repeat_interleave(x.shape[0])
     return x.repeat(len(eps_list), 1, 1), eps
 
 
@@ -328,7 +328,7 @@ def figure4_input_norm(
     value (mean), ratio_to_pgd, ratio_max.
     """
     xs = torch.cat([s * x for s in scales])
-    e = torch.full((xs.shape[0],), float(eps), dtype=x.dtype)
+    e = torch.full((xs.shape[0],), float(eps), dtype=x.dtype, device=x.device)
     values = {
         "PGD": pgd_sensitivity(
             xs, w, e, residual, steps=pgd_steps, restarts=pgd_restarts, generator=_gen(seed, x)
@@ -336,7 +336,9 @@ def figure4_input_norm(
         "LoFAST(M)": lofast_from_terms(
             lofast_terms(xs, w, residual, "M", generator=_gen(seed, x)), e
         ),
-        "LoFAST(xi)": lofast_from_terms(lofast_terms(xs, w, residual, "xi"), e),
+        "LoFAST(xi)": lofast_from_terms(
+            lofast_terms(xs, w, residual, "xi", generator=_gen(seed, x)), e
+        ),
         "naive": naive_bound(xs, w, e, residual),
     }
     norms = torch.linalg.matrix_norm(xs, 2).view(len(scales), -1).mean(1)
