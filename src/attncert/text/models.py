@@ -195,6 +195,23 @@ class FrozenEncoderOLSA(_OLSAStack):
         return normalize_tokens(states, self.token_norm)
 
 
+def masked_mean_logits(model: nn.Module, x: Tensor, mask: Tensor | None) -> Tensor:
+    """The shared trunk of the block-stack text models: ids (or embeddings) + position
+    embeddings -> ``model.blocks`` (padding keys masked) -> ``model.norm`` -> mean over the
+    real tokens -> ``model.head``. Positions past the longest sentence are dropped first."""
+    if mask is not None:
+        keep = int(mask.sum(1).max())  # positions past the longest sentence are padding
+        x, mask = x[:, :keep], mask[:, :keep]
+    t = (x if x.is_floating_point() else model.embed(x)) + model.pos[:, :x.shape[1]]
+    for block in model.blocks:
+        t = block(t, mask)
+    t = model.norm(t)
+    if mask is None:
+        return model.head(t.mean(dim=1))
+    m = mask.to(t.dtype)[..., None]
+    return model.head((t * m).sum(1) / m.sum(1).clamp_min(1.0))
+
+
 # ---------------------------------------------------------------------------- LoFAST model
 @dataclass(frozen=True)
 class TextTransformerConfig:
@@ -269,17 +286,7 @@ class LipschitzTextTransformer(nn.Module):
         if x.shape[1] > self.config.max_len:
             raise ValueError(f"input has {x.shape[1]} positions; this model reads at most "
                              f"max_len = {self.config.max_len}")
-        if mask is not None:
-            keep = int(mask.sum(1).max())  # positions past the longest sentence are padding
-            x, mask = x[:, :keep], mask[:, :keep]
-        t = (x if x.is_floating_point() else self.embed(x)) + self.pos[:, :x.shape[1]]
-        for block in self.blocks:
-            t = block(t, mask)
-        t = self.norm(t)
-        if mask is None:
-            return self.head(t.mean(dim=1))
-        m = mask.to(t.dtype)[..., None]
-        return self.head((t * m).sum(1) / m.sum(1).clamp_min(1.0))
+        return masked_mean_logits(self, x, mask)
 
     def at_length(self, n: int) -> _FixedLength:
         """The certification interface for unpadded sentences of ``n`` tokens."""

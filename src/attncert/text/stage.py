@@ -32,6 +32,7 @@ from attncert.precision import resolve_precision
 from attncert.train import resolve_device
 
 from .attacks import audit_embeddings
+from .models import masked_mean_logits
 from .olsa import normalize_tokens
 from .train_text import TextTrainConfig, certify_rows, evaluate_text, train_text
 
@@ -65,17 +66,7 @@ class StandardTextTransformer(nn.Module):
         return normalize_tokens(self.word(ids), self.token_norm)
 
     def forward(self, x: Tensor, mask: Tensor | None = None) -> Tensor:
-        if mask is not None:
-            keep = int(mask.sum(1).max())  # positions past the longest sentence are padding
-            x, mask = x[:, :keep], mask[:, :keep]
-        t = (x if x.is_floating_point() else self.embed(x)) + self.pos[:, :x.shape[1]]
-        for block in self.blocks:
-            t = block(t, mask)
-        t = self.norm(t)
-        if mask is None:
-            return self.head(t.mean(dim=1))
-        m = mask.to(t.dtype)[..., None]
-        return self.head((t * m).sum(1) / m.sum(1).clamp_min(1.0))
+        return masked_mean_logits(self, x, mask)
 
 
 def train_model(model: nn.Module, spec: Mapping[str, Any], train: Mapping[str, Tensor],
