@@ -3,6 +3,8 @@ float64; training data indexed and augmented on the device."""
 
 import pytest
 import torch
+from test_train import MODEL
+from test_train import toy_data as _toy
 
 from attncert import certify
 from attncert.attacks import attack_copy, confirm_l2, pgd_l2, verified_pgd_l2
@@ -15,18 +17,6 @@ from attncert.precision import (
     training_matmuls,
 )
 from attncert.train import TrainConfig, augment_batch, epoch_generator, train
-
-MODEL = dict(image_size=8, channels=1, patch=4, dim=8, depth=1, heads=2, mlp_hidden=8,
-             num_classes=3, mean=(0.5,), std=(0.3,))
-
-
-def _toy(n, seed):
-    g = torch.Generator().manual_seed(seed)
-    y = torch.randint(0, 3, (n,), generator=g)
-    x = torch.randint(0, 60, (n, 1, 8, 8), generator=g, dtype=torch.uint8)
-    for c in range(3):
-        x[y == c] += 90 * c
-    return {"x": x, "y": y}
 
 
 def _vit(**kw):
