@@ -1,7 +1,9 @@
 """Headline numbers of the reproduced papers, drawn beside ours in the reports.
 
-Transcribed from the papers (the list is in the guide's MATH.md section 8). They are claims to
-compare against, never inputs of a computation.
+Transcribed from summaries of the papers' tables (the list is in the guide's MATH.md section 8),
+not checked against the papers' full text: only OLSA's radii are checked, against its abstract
+(README "Fidelity" gives each number's source). They are claims to compare against, never inputs
+of a computation.
 """
 
 from __future__ import annotations
@@ -11,7 +13,8 @@ from __future__ import annotations
 CERTVIT_MNIST = {"clean": 97.8, "pgd": 64.2, "certified": 54.5, "eps": 1.58, "lipschitz": 1.2}
 
 #: SpecFormer Table 1: ViT-S on CIFAR-10, standard training, accuracies in % under l_inf
-#: attacks at 2/255 (labels as :attr:`attncert.specformer.AttackSpec.label` writes them).
+#: attacks at 2/255 (labels as :attr:`attncert.specformer.AttackSpec.label` writes them). The
+#: paper has two arXiv versions (v1, and v2 = ECCV 2024); these numbers are checked against neither.
 SPECFORMER_TABLE1 = {
     "vanilla": {"clean": 87.09, "FGSM 2/255": 45.56, "PGD-2 2/255": 22.35},
     "specformer": {"clean": 88.52, "FGSM 2/255": 50.58, "PGD-2 2/255": 29.53},
@@ -32,8 +35,10 @@ LOFAST_TABLE1 = {
 #: CertViT Table 1, ViT on CIFAR-10 (eps 36/255, measured on CertViT's normalised input).
 CERTVIT_CIFAR10 = {"clean": 75.1, "pgd": 42.7, "certified": 33.1, "eps": 0.1412, "lipschitz": 9.1}
 
-#: OLSA (MATH.md section 8): average certified radius (l2, embedding space) of the 3-layer OLSA
-#: model on Yelp and SST, against Shi et al.'s; OLSA over a frozen BERT on QQP.
+#: OLSA's abstract: the l2 certified radius (word-embedding space) of the 3-layer OLSA model on
+#: Yelp and SST, against the best earlier certification of that space (Shi et al.'s, per a
+#: summary); OLSA as a classifier over a pre-trained BERT on QQP (BERT embedding space). The
+#: abstract says "radius"; that it is the average over the test split is a summary's reading.
 OLSA_AVG_RADIUS = {"sst": 0.979, "yelp": 1.733}
 #: The softmax Lipschitz constant behind OLSA's radii (its Theorem 4.1): 1/4, unsound (the
 #: constant is 1/2, MATH.md section 4); our radii use 1/2.
