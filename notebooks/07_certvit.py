@@ -24,7 +24,10 @@
 # * `spectral` (certifiable): the same splitting with a spectral-norm ball per map as the
 #   prox (SVD clipping, per-map budgets), norm gains <= `budget_gain`, mean pooling over all
 #   tokens (constant 1/sqrt(n)), unit head rows, then a fine-tune that projects every map
-#   back into its ball after each optimiser step and trains with a Lipschitz-margin loss.
+#   back into its ball after each optimiser step and trains with the certificate's margin.
+#
+# Beside them, the trivial baseline: a linear classifier on pixels (unit rows), trained with
+# the same loss and schedule, whose pairwise radius is exact.
 #
 # The certificate is the global Lipschitz bound with every component counted (MATH.md
 # sections 4-5): pixel-space l2 radius per test point by the pairwise margin test, audited by
@@ -97,9 +100,11 @@ from IPython.display import Markdown, display
 
 from attncert.certvit import (
     DRConfig,
+    PixelLinear,
     adapt,
     calibrate_radii,
     certify,
+    certify_linear,
     global_bound,
     lipschitz_table,
     load_model,
@@ -246,8 +251,9 @@ diagnostics[["mode", "site", "shape", "sigma_before", "sigma_after", "sparsity",
 #
 # `spectral`: every parameter trains, and after each optimiser step every map is projected
 # back into its spectral ball and every norm gain into [-`budget_gain`, `budget_gain`], so
-# the bound never exceeds the sets' bound. The loss is the Lipschitz-margin loss (LMT): CE at
-# `logit_scale` with sqrt(2) L `margin_eps` added to the rival logits, L the sets' bound.
+# the bound never exceeds the sets' bound. The loss is the certificate's own margin
+# (`attncert.train`'s "radius"): each rival's gap per unit of head-row distance pushed past
+# L `margin_eps` at temperature `logit_scale`, L the sets' bound.
 
 # %%
 final = {}
@@ -260,7 +266,7 @@ for m in modes:
     else:
         offset = stage.margin_offset(final[m], budgets, margin_eps)
         cfg = TrainConfig(epochs=max(spectral_epochs, 1), lr=spectral_lr,
-                          warmup_steps=warmup_steps, margin="lmt", lmt_offset=offset,
+                          warmup_steps=warmup_steps, margin="radius", lmt_offset=offset,
                           logit_scale=logit_scale, **phase)
         epochs, note = spectral_epochs, f"projected, margin offset {offset:.3g}"
     folder = work / "ckpt" / ("finetune" if m == "paper" else f"{m}_finetune")
@@ -317,6 +323,19 @@ table.style.format({k: "{:.4g}" for k in labelled})
 # %%
 n = min(n_test, len(test["y"]))
 x, y = as_float(test["x"][:n]).to(dev), test["y"][:n].to(dev)
+# the trivial baseline: a linear classifier on pixels, the spectral fine-tune's loss and schedule
+t0 = time.perf_counter()
+linear = PixelLinear(x[0].numel(), final[headline].config.num_classes, seed).to(dev)
+linear_cfg = TrainConfig(epochs=max(spectral_epochs, 1), lr=spectral_lr,
+                         warmup_steps=warmup_steps, margin="radius", lmt_offset=margin_eps,
+                         logit_scale=logit_scale, **phase)
+status = stage.phase_checkpoint(work / "ckpt" / "linear", linear, linear_cfg, dataset,
+                                data["source"], "linear baseline")
+train(linear, data["train"], test, linear_cfg, work / "ckpt" / "linear", dev,
+      precision=precision)
+linear_train_seconds = time.perf_counter() - t0
+baseline = certify_linear(linear, x, y, cert_eps, attack_steps, attack_restarts,
+                          eval_batch_size, seed)
 reports, seconds, samples = {}, {}, []
 for m in modes:
     t0 = time.perf_counter()
@@ -329,11 +348,11 @@ for m in modes:
                                  "radius": reports[m]["radius"].numpy()}))
 with atomic_path(work / "samples.csv") as tmp:
     pd.concat(samples, ignore_index=True).to_csv(tmp, index=False)
-for m in modes:
-    if reports[m]["broken"]:
-        raise RuntimeError(f"{m}: {reports[m]['broken']} certified point(s) broken by PGD: a "
+for m, r in [*reports.items(), ("linear baseline", baseline)]:
+    if r["broken"]:
+        raise RuntimeError(f"{m}: {r['broken']} certified point(s) broken by PGD: a "
                            "soundness bug")
-    over = [e for e in cert_eps if reports[m]["certified_acc"][e] > reports[m]["pgd_acc"][e]]
+    over = [e for e in cert_eps if r["certified_acc"][e] > r["pgd_acc"][e]]
     if over:
         raise RuntimeError(f"{m}: certified accuracy above PGD accuracy at eps {over}: a "
                            "soundness bug")
@@ -342,11 +361,20 @@ display(Markdown(
     f"{len(modes)} mode(s) ({attack_steps} PGD steps, {attack_restarts} restart(s)); median "
     "certified radius " + ", ".join(f"{m} {float(reports[m]['radius'].median()):.3g}"
                                     for m in modes) + "."))
-show(figs.plot_certified_modes({m: r["certified_acc"] for m, r in reports.items()},
-                               {m: r["pgd_acc"] for m, r in reports.items()}))
+with_baseline = {**reports, "linear baseline (pixels)": baseline}
+show(figs.plot_certified_modes({m: r["certified_acc"] for m, r in with_baseline.items()},
+                               {m: r["pgd_acc"] for m, r in with_baseline.items()}))
+display(Markdown(
+    f"**Trivial baseline** (a linear classifier on pixels, exact radius; {status}): clean "
+    f"{100 * baseline['clean_acc']:.1f}%, certified "
+    + ", ".join(f"{100 * baseline['certified_acc'][e]:.1f}% at {e}" for e in cert_eps)
+    + f". The {headline} ViT is above it at eps "
+    + (", ".join(str(e) for e in cert_eps
+                 if reports[headline]["certified_acc"][e] > baseline["certified_acc"][e])
+       or "none") + "."))
 pd.concat({m: pd.DataFrame({"certified (%)": {e: 100 * a for e, a in r["certified_acc"].items()},
                             "PGD (%)": {e: 100 * a for e, a in r["pgd_acc"].items()}})
-           for m, r in reports.items()}, axis=1).rename_axis("eps")
+           for m, r in with_baseline.items()}, axis=1).rename_axis("eps")
 
 # %% [markdown]
 # ### Beside CertViT's Table 1
@@ -423,10 +451,15 @@ else:
 
 # %%
 per_mode = {m: stage.stage_metrics(logs[m], bounds[m], reports[m], seconds[m]) for m in modes}
+baseline_metrics = {"clean_acc": baseline["clean_acc"],
+                    "certified_acc": {str(e): a for e, a in baseline["certified_acc"].items()},
+                    "pgd_acc": {str(e): a for e, a in baseline["pgd_acc"].items()},
+                    "broken": int(baseline["broken"]), "train_seconds": linear_train_seconds}
 out = {"source": source, "dataset": dataset, "scale": scale, "headline_mode": headline,
-       **per_mode[headline], "modes": per_mode, "imagenet_smoke": imagenet}
+       **per_mode[headline], "modes": per_mode, "linear_baseline": baseline_metrics,
+       "imagenet_smoke": imagenet}
 out["total_seconds"] = sum(v["total_seconds"] for v in per_mode.values()) - (
-    (len(modes) - 1) * pre_seconds)
+    (len(modes) - 1) * pre_seconds) + linear_train_seconds
 write_json(metrics, out)
 pd.Series({k: f"{v:.4g}" if isinstance(v, float) else v for k, v in out.items()
            if not isinstance(v, dict)})

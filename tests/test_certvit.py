@@ -470,3 +470,35 @@ def test_spectral_constraining_and_projected_fine_tune(tmp_path):
     train(out, (x, y), (x, y), TrainConfig(epochs=1, lr=0.5, batch_size=8), tmp_path / "free",
           "cpu", progress=False)
     assert global_bound(out).features > budget_bound(out, b)
+
+
+def test_linear_baseline_radius_is_exact_and_audited(tmp_path):
+    """PixelLinear's pairwise radius is the distance to its decision boundary: a step just
+    past it along the closest rival's direction changes the prediction, PGD inside it never
+    does (0 broken), and a training run with the radius loss keeps unit rows."""
+    from attncert.certvit import PixelLinear, certify_linear
+    from attncert.train import TrainConfig, train
+
+    g = torch.Generator().manual_seed(0)
+    x = torch.rand(64, 1, 6, 6, generator=g)
+    y = (x.flatten(1)[:, :18].sum(1) > x.flatten(1)[:, 18:].sum(1)).long()
+    model = PixelLinear(36, 2, seed=0)
+    cfg = TrainConfig(epochs=3, batch_size=16, lr=5e-2, margin="radius", lmt_offset=0.2,
+                      logit_scale=5.0)
+    train(model, {"x": x, "y": y}, {"x": x, "y": y}, cfg, tmp_path, "cpu", progress=False)
+    rows = model.head_weight().detach()
+    torch.testing.assert_close(rows.norm(dim=1), torch.ones(2))
+    report = certify_linear(model, x, y, [0.01, 0.05, 0.2], attack_steps=20, seed=0)
+    assert report["broken"] == 0 and report["lipschitz"] == 1.0
+    assert report["clean_acc"] > 0.7
+    with torch.no_grad():
+        pred = model(x).argmax(1)
+        for i in range(8):
+            p, q = int(pred[i]), 1 - int(pred[i])
+            direction = (rows[q] - rows[p]) / (rows[q] - rows[p]).norm()
+            r = float(report["radius"][i])
+            inside = model(x[i:i + 1] + 0.999 * r * direction.view(1, 1, 6, 6))
+            past = model(x[i:i + 1] + 1.001 * r * direction.view(1, 1, 6, 6))
+            assert int(inside.argmax()) == p and int(past.argmax()) == q
+    with pytest.raises(ValueError, match="PixelLinear"):
+        certify_linear(nn.Linear(36, 2), x, y, [0.1])

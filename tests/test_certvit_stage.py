@@ -231,8 +231,9 @@ def test_each_mode_constrains_and_fine_tunes(tmp_path, mode):
     assert constrained is not model
     before = global_bound(constrained).features
     offset = stage.margin_offset(constrained, budgets, 0.5)
-    assert offset == pytest.approx(math.sqrt(2) * 0.5 * budget_bound(constrained, budgets))
-    tc = TrainConfig(epochs=1, batch_size=8, lr=0.05, margin="lmt", lmt_offset=offset)
+    assert offset == pytest.approx(0.5 * budget_bound(constrained, budgets))
+    margin = "radius" if mode == "spectral" else "lmt"
+    tc = TrainConfig(epochs=1, batch_size=8, lr=0.05, margin=margin, lmt_offset=offset)
     with stage.finetune_context(mode, constrained, "bound_free", result.masks, budgets):
         train(constrained, data["train"], data["test"], tc, tmp_path, "cpu", progress=False)
     after = global_bound(constrained).features

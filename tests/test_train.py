@@ -15,6 +15,7 @@ from attncert.train import (
     lipschitz_diagnostics,
     logit_margin,
     resolve_device,
+    step_loss,
     train,
     training_loss,
 )
@@ -108,6 +109,32 @@ def test_losses():
     want = float(ce(logits, y)) - 2.0 * (1.5 / math.sqrt(2) + 0.0) / 2
     assert training_loss(logits, y, olsa) == pytest.approx(want)
 
+
+
+def test_radius_loss_is_the_pairwise_certificate_margin():
+    """"radius": log(1 + sum_j exp(s (offset - gap_j / ||w_y - w_j||))), written out by hand;
+    it needs the head's rows, and a model without head_weight() is refused."""
+    logits = torch.tensor([[2.0, 0.5, -1.0], [0.0, 1.0, 3.0]])
+    y = torch.tensor([0, 1])
+    w = torch.tensor([[1.0, 0.0], [0.0, 1.0], [-1.0, 0.0]])
+    cfg = TrainConfig(margin="radius", lmt_offset=0.3, logit_scale=2.0)
+    want = 0.0
+    for i in range(2):
+        terms = [0.0]
+        for j in range(3):
+            if j != int(y[i]):
+                gap = float(logits[i, y[i]] - logits[i, j])
+                terms.append(2.0 * (0.3 - gap / float((w[y[i]] - w[j]).norm())))
+        want += math.log(sum(math.exp(t) for t in terms)) / 2
+    assert training_loss(logits, y, cfg, w) == pytest.approx(want, rel=1e-6)
+    # a gap far past the offset costs (almost) nothing; a wrong prediction costs at least log 2
+    far = TrainConfig(margin="radius", lmt_offset=0.0, logit_scale=50.0)
+    assert float(training_loss(torch.tensor([[9.0, 0.0, 0.0]]), torch.tensor([0]), far, w)) < 1e-6
+    assert float(training_loss(torch.tensor([[0.0, 1.0, 0.0]]), torch.tensor([0]), far, w)) > 1
+    with pytest.raises(ValueError, match="head_weight"):
+        training_loss(logits, y, cfg)
+    with pytest.raises(ValueError, match="head_weight"):
+        step_loss(torch.nn.Linear(4, 3), torch.randn(2, 4), y, cfg)
 
 def test_config_validation_and_device():
     for bad in (dict(epochs=0), dict(margin="hinge"), dict(lr=0.0), dict(augment="mixup"),

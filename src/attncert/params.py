@@ -397,8 +397,8 @@ class CertvitParams:
     budget_gain: float = param(positive, doc="spectral: max|gamma| of every norm")
     spectral_epochs: int = param(nonneg, doc="spectral: projected fine-tune after constraining")
     spectral_lr: float = param(positive)
-    margin_eps: float = param(nonneg, doc="spectral: the Lipschitz-margin loss's eps (offset "
-                                          "sqrt(2) L eps, L the sets' bound)")
+    margin_eps: float = param(nonneg, doc="spectral: the radius loss's eps (offset L eps, "
+                                          "L the sets' bound)")
     logit_scale: float = param(positive, doc="spectral: CE temperature (loss only)")
     n_test: int = param(positive)
     eval_batch_size: int = param(positive)

@@ -6,7 +6,13 @@ Margin terms (on logits f, true class y, s = logit_scale):
   "lmt":  CE(s (f + lmt_offset (1 - onehot(y))), y)  (LMT, Tsuzuku et al. 2018: the offset stands
           for sqrt(2) c L, a fixed value here since dot-product attention has no global L);
   "olsa": CE(s f, y) - olsa_gamma * mean(relu(M / sqrt(2))), M = f_y - max_{j != y} f_j
-          (OLSA's certificate regulariser, MATH.md section 7).
+          (OLSA's certificate regulariser, MATH.md section 7);
+  "radius": log(1 + sum_{j != y} exp(s (lmt_offset - (f_y - f_j) / ||w_y - w_j||))), w the
+          rows of ``model.head_weight()``: the pairwise certificate's own margin (each rival's
+          gap per unit of its head-row distance), so with features L-Lipschitz and
+          lmt_offset = L eps a term near 0 means a pairwise radius above eps. Unlike "lmt"'s one
+          offset for every rival it needs no assumption on the rows' distances, and rows drawn
+          together shrink the gaps and the distances alike (no gain in the loss).
 Optional terms, both off by default:
   msvp_lambda = (lam_q, lam_k, lam_v), any > 0: + SpecFormer's MSVP (eq. 12-14, MATH.md
           section 7; :class:`attncert.msvp.MSVP`, its power-iteration vectors saved in the
@@ -47,7 +53,7 @@ from attncert.msvp import MSVP
 from attncert.params import dataclass_from_mapping
 from attncert.precision import autocast, resolve_precision, training_matmuls
 
-MARGINS = ("none", "lmt", "olsa")
+MARGINS = ("none", "lmt", "olsa", "radius")
 AUGMENTS = ("none", "crop", "crop_flip")
 ADVERSARIAL = ("none", "pgd_linf")
 CHECKPOINT = "last.pt"
@@ -215,9 +221,26 @@ def logit_margin(logits: Tensor, y: Tensor) -> Tensor:
     return true - other.max(dim=1).values
 
 
-def training_loss(logits: Tensor, y: Tensor, cfg: TrainConfig) -> Tensor:
-    """CE plus the configured margin term (module docstring)."""
+def radius_loss(logits: Tensor, y: Tensor, head_weight: Tensor, offset: float,
+                scale: float) -> Tensor:
+    """The "radius" margin term (module docstring), averaged over the batch: rival j's gap
+    (f_y - f_j) / ||w_y - w_j|| below ``offset`` costs softplus-like, ``scale`` per unit."""
+    dist = torch.cdist(head_weight, head_weight).to(logits.dtype)[y]  # (B, C), 0 at y
+    gap = logits.gather(1, y[:, None]) - logits
+    z = scale * (offset - gap / dist.clamp_min(1e-6))
+    z = z.masked_fill(F.one_hot(y, logits.shape[1]).bool(), -math.inf)
+    return torch.logsumexp(torch.cat([z, torch.zeros_like(z[:, :1])], 1), 1).mean()
+
+
+def training_loss(logits: Tensor, y: Tensor, cfg: TrainConfig,
+                  head_weight: Tensor | None = None) -> Tensor:
+    """CE plus the configured margin term (module docstring); "radius" needs the head's rows
+    ``head_weight`` (C, d)."""
     s = cfg.logit_scale
+    if cfg.margin == "radius":
+        if head_weight is None:
+            raise ValueError("margin 'radius' needs the head's rows (head_weight)")
+        return radius_loss(logits, y, head_weight, cfg.lmt_offset, s)
     if cfg.margin == "lmt":
         not_true = 1.0 - F.one_hot(y, logits.shape[1]).to(logits.dtype)
         return F.cross_entropy(s * (logits + cfg.lmt_offset * not_true), y)
@@ -235,7 +258,13 @@ def step_loss(model: nn.Module, xb: Tensor, yb: Tensor, cfg: TrainConfig,
     if cfg.adversarial == "pgd_linf":
         xb, _ = pgd_linf(model, xb, yb, cfg.adv_eps, cfg.adv_steps, generator=generator)
     logits = model(xb)
-    loss = training_loss(logits, yb, cfg)
+    head = None
+    if cfg.margin == "radius":
+        if not callable(getattr(model, "head_weight", None)):
+            raise ValueError("margin 'radius' needs a model with head_weight() (its head's "
+                             f"rows); {type(model).__name__} has none")
+        head = model.head_weight()
+    loss = training_loss(logits, yb, cfg, head)
     if msvp is not None:
         loss = loss + msvp()
     return logits, loss

@@ -29,10 +29,12 @@ from .adapt import (
     replace_norm,
     save_adapted,
 )
+from .baseline import PixelLinear, certify_linear
 from .certificate import (
     GlobalBound,
     certified_radius,
     certify,
+    certify_pairwise,
     empirical_lipschitz,
     global_bound,
     lipschitz_table,
@@ -62,11 +64,14 @@ __all__ = [
     "DRResult",
     "GlobalBound",
     "MaskHandle",
+    "PixelLinear",
     "ProjectNorm",
     "adapt",
     "calibrate_radii",
     "certified_radius",
     "certify",
+    "certify_linear",
+    "certify_pairwise",
     "constrain",
     "douglas_rachford",
     "empirical_lipschitz",

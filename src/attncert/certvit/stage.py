@@ -27,7 +27,6 @@ import contextlib
 import copy
 import dataclasses
 import hashlib
-import math
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -313,11 +312,11 @@ def finetune_context(mode: str, model: ViT, scope: str, masks: Mapping[str, Tens
 
 
 def margin_offset(model: ViT, budgets: Budgets, eps: float) -> float:
-    """The Lipschitz-margin loss's offset sqrt(2) L eps (LMT, Tsuzuku et al. 2018; CE with it
-    added to the rival logits), L the features' bound every model in the sets satisfies
-    (:func:`attncert.certvit.spectral.budget_bound`): with unit head rows (||w_y - w_j|| <=
-    2, sqrt(2) for orthogonal rows) a margin above it certifies about eps."""
-    return math.sqrt(2.0) * budget_bound(model, budgets) * eps
+    """The offset L eps of the fine-tune's "radius" loss (:mod:`attncert.train`: each rival's
+    gap per unit of head-row distance, the pairwise certificate's own margin), L the features'
+    bound every model in the sets satisfies (:func:`attncert.certvit.spectral.budget_bound`):
+    a gap above it certifies eps."""
+    return budget_bound(model, budgets) * eps
 
 
 def mode_steps(logs: Mapping[str, StepLog]):
