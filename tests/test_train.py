@@ -71,8 +71,12 @@ def test_resume_after_interruption_gives_identical_weights(tmp_path):
     assert {"train_loss", "train_acc", "test_acc", "seconds", "sigma/blocks.0.attn.q",
             "sigma/embed.proj", "sigma/head"} <= set(saved[0])
     assert max(saved[-1][f"sigma/blocks.0.attn.{p}"] for p in "qkvo") <= 1 + 1e-6
-    # a finished run is a no-op; another config refuses the checkpoint
+    # a finished run is a no-op; one stopped between its last checkpoint and its metrics
+    # file writes the file on resume; another config refuses the checkpoint
     assert train(resumed, data, ev, CFG, tmp_path / "run", device="cpu", progress=False) == rows2
+    (tmp_path / "run" / "metrics.json").unlink()
+    assert train(resumed, data, ev, CFG, tmp_path / "run", device="cpu", progress=False) == rows2
+    assert json.loads((tmp_path / "run" / "metrics.json").read_text()) == saved
     with pytest.raises(ValueError, match="another training config"):
         train(fresh_model(), data, ev, TrainConfig(epochs=3, batch_size=8), tmp_path / "run",
               device="cpu", progress=False)

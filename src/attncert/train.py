@@ -421,4 +421,6 @@ def train(model: nn.Module, train_data: Any, eval_data: Any, config: TrainConfig
                        f"({train_seconds:.1f} s)")
         if callback is not None:
             callback(epoch, row)
+    if metrics:  # a run stopped between the checkpoint and the metrics file resumes to both
+        write_json(metrics_path, metrics)
     return metrics
