@@ -502,3 +502,17 @@ def test_linear_baseline_radius_is_exact_and_audited(tmp_path):
             assert int(inside.argmax()) == p and int(past.argmax()) == q
     with pytest.raises(ValueError, match="PixelLinear"):
         certify_linear(nn.Linear(36, 2), x, y, [0.1])
+    with pytest.raises(ValueError, match="classes"):
+        PixelLinear(36, 1)
+
+
+def test_linear_baseline_checkpoints_like_a_phase(tmp_path):
+    """The stage keys the baseline's checkpoint folder on its config, as every phase's."""
+    from attncert.certvit import PixelLinear, stage
+    from attncert.train import TrainConfig
+
+    model = PixelLinear(36, 2, seed=0)
+    cfg = TrainConfig(epochs=1, margin="radius", lmt_offset=0.2)
+    assert stage.phase_checkpoint(tmp_path / "lin", model, cfg, "toy", "src", "linear") == "fresh"
+    assert model.config.to_dict() == {"kind": "pixel_linear", "in_features": 36,
+                                      "num_classes": 2}

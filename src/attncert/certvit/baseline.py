@@ -17,6 +17,8 @@ pixel where it is.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+from typing import Any
 
 import torch
 from torch import Tensor, nn
@@ -25,7 +27,24 @@ from torch.nn import functional as F
 from attncert import rng
 from attncert.certvit.certificate import certify_pairwise
 
-__all__ = ["PixelLinear", "certify_linear"]
+__all__ = ["PixelLinear", "PixelLinearConfig", "certify_linear"]
+
+
+@dataclass(frozen=True)
+class PixelLinearConfig:
+    """What a :class:`PixelLinear` is (its checkpoints are keyed on it, as a ViT's on its
+    ``ViTConfig``)."""
+
+    in_features: int
+    num_classes: int
+
+    def __post_init__(self) -> None:
+        if self.in_features <= 0 or self.num_classes < 2:
+            raise ValueError(f"PixelLinear needs in_features > 0 and >= 2 classes, got "
+                             f"{self.in_features}, {self.num_classes}")
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"kind": "pixel_linear", **asdict(self)}
 
 
 class PixelLinear(nn.Module):
@@ -35,9 +54,7 @@ class PixelLinear(nn.Module):
 
     def __init__(self, in_features: int, num_classes: int, seed: int = 0):
         super().__init__()
-        if in_features <= 0 or num_classes < 2:
-            raise ValueError(f"PixelLinear needs in_features > 0 and >= 2 classes, got "
-                             f"{in_features}, {num_classes}")
+        self.config = PixelLinearConfig(in_features, num_classes)
         self.head = nn.Linear(in_features, num_classes)
         with torch.no_grad():
             g = rng.generator(seed, "cpu")
