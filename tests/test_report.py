@@ -593,6 +593,14 @@ def test_certvit_rows_headline_pairwise_bound_and_the_paper_mode_beside():
     assert rows["modes/paper/certified_acc/1.58"]["brief"]
     assert rows["modes/paper/lipschitz_pairwise/final"]["ours"] == 1e6
     assert not any(k.startswith("modes/spectral") for k in rows)
+    assert not any(k.startswith("linear_baseline") for k in rows)
+    m["linear_baseline"] = {"clean_acc": 0.9, "certified_acc": {"0.5": 0.76, "1.58": 0.13},
+                            "broken": 0}
+    rows = {r["key"]: r for r in report._certvit_rows(m, {})}
+    assert rows["linear_baseline/certified_acc/1.58"]["ours"] == 0.13
+    assert rows["linear_baseline/certified_acc/1.58"]["brief"]
+    assert not rows["linear_baseline/certified_acc/0.5"]["brief"]
+    assert rows["linear_baseline/clean_acc"]["brief"]
     del m["lipschitz_pairwise"]  # metrics written before the pairwise constant existed
     rows = {r["key"]: r for r in report._certvit_rows(m, {})}
     assert rows["lipschitz/final"]["ours"] == 5.0

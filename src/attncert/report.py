@@ -338,6 +338,16 @@ def _certvit_rows(m: Mapping, item: Mapping) -> list[dict]:
             rows.append(_row(f"modes/{mode}/lipschitz_pairwise/final",
                              f"{mode} mode: Lipschitz bound of the final model", bound, "value",
                              brief=True))
+    base = m.get("linear_baseline")
+    if base:  # the trivial baseline beside the ViTs: a linear classifier on pixels
+        rows.append(_row("linear_baseline/clean_acc", "linear baseline (pixels): clean accuracy",
+                         base.get("clean_acc"), "fraction", brief=True))
+        for eps, acc in base.get("certified_acc", {}).items():
+            rows.append(_row(f"linear_baseline/certified_acc/{eps}",
+                             f"linear baseline (pixels): certified accuracy at eps {eps}", acc,
+                             "fraction", brief=_at_certvit_eps(m.get("dataset"), eps) is not None))
+        rows.append(_row("linear_baseline/broken", "linear baseline (pixels): broken "
+                         "certificates", base.get("broken"), "count"))
     units = {"broken": "count", "n_test": "count", "median_radius": "value",
              "total_seconds": "seconds"}
     for key, unit in units.items():
