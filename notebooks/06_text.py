@@ -83,7 +83,7 @@ import torch
 from IPython.display import Markdown, display
 
 from attncert import paper
-from attncert.data import load_processed, subset_indices
+from attncert.data import load_processed
 from attncert.figures import show
 from attncert.figures import text as figs
 from attncert.io import atomic_path, write_json
@@ -176,13 +176,11 @@ jobs |= {f"lofast-L{L}-H{H}-vo{vo:g}": (
 jobs["frozen-olsa"] = ("olsa", FrozenEncoderOLSA,
                        dict(source=frozen_source, heads=heads, max_len=max_len, **olsa_layer),
                        dict(epochs=frozen_epochs, lr=lr, gamma=0.0))
-frozen_splits = splits
-if frozen_source != tokenizer:
-    frozen_tok = load_tokenizer(frozen_source)
-    frozen_splits = {name: encode_split(s, frozen_tok, max_len) for name, s in raw.items()}
-frozen_keep = subset_indices(len(raw["train"]["y"]), frozen_max_train, seed)
-frozen_splits = frozen_splits | {"train": {k: v[frozen_keep]
-                                           for k, v in frozen_splits["train"].items()}}
+# the frozen head's own seeded subset of the whole training split (its cost is the encoder's
+# forward pass once per sentence, not training steps); dev and test are the same sentences
+frozen_raw, _ = select_splits(sst2, frozen_max_train, max_eval, seed)
+frozen_tok = tok if frozen_source == tokenizer else load_tokenizer(frozen_source)
+frozen_splits = {name: encode_split(s, frozen_tok, max_len) for name, s in frozen_raw.items()}
 pd.DataFrame([{"model": name, "family": fam, "class": cls.__name__, **train_kw}
               for name, (fam, cls, _, train_kw) in jobs.items()])
 
@@ -296,7 +294,7 @@ with atomic_path(out / "curves.csv") as tmp:
     curves.to_csv(tmp, index=False)
 write_json(metrics, {
     "scale": scale, "train_sentences": len(raw["train"]["y"]),
-    "frozen_train_sentences": len(frozen_keep), "reported_split": reported,
+    "frozen_train_sentences": len(frozen_splits["train"]["y"]), "reported_split": reported,
     "n_certified": n_cert, "n_attacked": min(n_attack, n_cert), "eps": eps,
     "depth0": depth0, "models": results,
     "attention_vs_depth0": {

@@ -524,7 +524,7 @@ def _text_work(p) -> list[Work]:
     # OLSA over a frozen encoder: the encoder's forward on every step and evaluation sentence
     hidden, layers, heads, inter = ENCODERS[t.frozen_source]
     enc = _encoder_forward(hidden, layers, heads, inter, t.max_len)
-    n_fr = _n(t.frozen_max_train, n_tr)
+    n_fr = _n(t.frozen_max_train, SST2["train"])  # drawn from the whole split
     steps = t.frozen_epochs * _steps(n_fr, t.batch_size)
     ev = t.frozen_epochs * _steps(n_ev, t.cert_batch_size)
     out.append(Work("text", f"frozen-olsa ({t.frozen_source} encoder forward)", "bf16",

@@ -480,8 +480,9 @@ class TextParams:
                                                     "head is free, unlike OLSA's)")
     frozen_source: str = param(doc="the frozen encoder: 'minilm-package', a hub id or a folder")
     frozen_epochs: int = param(positive)
-    frozen_max_train: int = param(nonneg, doc="seeded subset of the training sentences for "
-                                              "the frozen-encoder head (0 = all of them)")
+    frozen_max_train: int = param(nonneg, doc="seeded subset of the whole training split "
+                                              "for the frozen-encoder head, independent of "
+                                              "max_train (0 = all of it)")
     attention_alpha1: list[float] = param(positive, unique, doc="the attention sweep: the "
                                           "deepest OLSA, averaged residual, alpha1 fixed at "
                                           "each value (empty: no sweep)")
