@@ -7,11 +7,11 @@ from pathlib import Path
 
 import nbformat
 import pytest
+from checkout import commit_all, copy_worktree
 from ruamel.yaml import YAML
 
 from attncert import profile
 
-ROOT = Path(__file__).resolve().parents[1]
 pytestmark = pytest.mark.slow
 
 
@@ -23,16 +23,7 @@ def _sh(cmd, cwd, env):
 
 def _smoke_checkout(repo: Path) -> Path:
     """A fresh git checkout of the project (tracked and new files) at the smoke scale."""
-    files = subprocess.run(["git", "ls-files", "--cached", "--others", "--exclude-standard", "-z"],
-                           cwd=ROOT, capture_output=True, text=True, check=True).stdout
-    for rel in filter(None, files.split("\0")):
-        if (ROOT / rel).is_file():
-            (repo / rel).parent.mkdir(parents=True, exist_ok=True)
-            shutil.copy2(ROOT / rel, repo / rel)
-    git = ["git", "-c", "user.name=t", "-c", "user.email=t@t"]
-    subprocess.run(["git", "init", "-q"], cwd=repo, check=True)
-    subprocess.run(["git", "add", "-A"], cwd=repo, check=True)
-    subprocess.run([*git, "commit", "-qm", "snapshot"], cwd=repo, check=True)
+    commit_all(copy_worktree(repo), "snapshot")
     profile.apply("smoke", repo)
     return repo
 

@@ -20,13 +20,13 @@ from __future__ import annotations
 import json
 import os
 import pickle
-import shutil
 import subprocess
 import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
+from checkout import commit_all, copy_worktree
 from ruamel.yaml import YAML
 
 from attncert.params import validate
@@ -204,13 +204,7 @@ def dry(tmp_path_factory, mirror):
     shim.mkdir()
     (shim / "sitecustomize.py").write_text(SITECUSTOMIZE)
 
-    repo = tmp / "repo"
-    files = subprocess.run(["git", "ls-files", "--cached", "--others", "--exclude-standard", "-z"],
-                           cwd=ROOT, capture_output=True, text=True, check=True).stdout
-    for rel in filter(None, files.split("\0")):
-        if (ROOT / rel).is_file():
-            (repo / rel).parent.mkdir(parents=True, exist_ok=True)
-            shutil.copy2(ROOT / rel, repo / rel)
+    repo = copy_worktree(tmp / "repo")
     yaml = YAML(typ="safe", pure=True)
     params = _merge(yaml.load((repo / "params.yaml").read_text()), COUNTS)
     params = _merge(params, OFFLINE)
@@ -220,10 +214,7 @@ def dry(tmp_path_factory, mirror):
     validate(params, "dry-run params")
     with open(repo / "params.yaml", "w") as f:
         yaml.dump(params, f)
-    git = ["git", "-c", "user.name=t", "-c", "user.email=t@t"]
-    subprocess.run(["git", "init", "-q"], cwd=repo, check=True)
-    subprocess.run(["git", "add", "-A"], cwd=repo, check=True)
-    subprocess.run([*git, "commit", "-qm", "dry run"], cwd=repo, check=True)
+    commit_all(repo, "dry run")
 
     env = dict(os.environ)
     env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"
