@@ -11,6 +11,7 @@ from checkout import commit_all, copy_worktree
 from ruamel.yaml import YAML
 
 from attncert import profile
+from attncert.runs import run_name
 
 pytestmark = pytest.mark.slow
 
@@ -55,7 +56,7 @@ def test_smoke_pipeline_runs_offline_and_is_incremental(smoke_repo, env):
     assert metrics["mnist"]["n_train"] == 2000
 
     # the ViT grid point was trained, certified with every variant and audited
-    run = "mnist-L1-H2-vo0.5"
+    run = run_name("mnist", 1, 2, 0.5)
     assert "Running stage 'train_vit@mnist-1-2-0.5'" in out
     assert (smoke_repo / f"runs/vit/{run}/model.pt").is_file()
     cert = json.loads((smoke_repo / f"results/vit/{run}/metrics.json").read_text())

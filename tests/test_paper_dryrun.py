@@ -31,6 +31,7 @@ from ruamel.yaml import YAML
 
 from attncert.params import validate
 from attncert.profile import flatten
+from attncert.runs import run_name
 
 ROOT = Path(__file__).resolve().parents[1]
 pytestmark = pytest.mark.slow
@@ -244,7 +245,7 @@ def test_data(dry):
 def test_train_and_certify_grid_point(dry):
     _repro(dry, "train_vit")
     _repro(dry, "certify_vit")
-    run = "cifar10-L{depth}-H{heads}-vo{gamma_vo}".format(**GRID_POINT)
+    run = run_name(**GRID_POINT)
     cert = _metrics(dry, f"results/vit/{run}/metrics.json")
     assert cert["broken"] == 0 and cert["n"] == COUNTS["certify_vit"]["n_test"]
 

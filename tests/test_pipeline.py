@@ -2,58 +2,44 @@
 (every grid point of a matrix stage)."""
 
 import ast
-import itertools
-import re
 import shlex
 from pathlib import Path
 
 import pytest
 
-from attncert import runs
+from attncert import report, runs
 from attncert.nbrun import declared_parameters, parse_items, read_notebook
-from attncert.params import load_params, read_yaml
+from attncert.params import load_params
 
 ROOT = Path(__file__).resolve().parents[1]
-DVC = read_yaml(ROOT / "dvc.yaml")
-PARAMS = load_params(ROOT / "params.yaml")
-STAGES = DVC["stages"]
-
-
-def _lookup(ref: str, item: dict):
-    section, key = ref.split(".")
-    if section == "item":
-        return item[key]
-    return getattr(PARAMS[section], key)
+PARAMS = load_params(ROOT / report.PARAMS_FILE)
+STAGES = report.read_stages(ROOT / report.DVC_FILE)
 
 
 def _resolve(text: str, item: dict | None = None) -> str:
-    """Substitute ${section.key} and ${item.key} templates, as DVC does."""
-    return re.sub(r"\$\{([^}]+)\}", lambda m: str(_lookup(m.group(1), item or {})), text)
+    return report.resolve(text, PARAMS, item)
 
 
-def _expanded():
-    """(stage name, spec, item) for every stage and every matrix item (as DVC expands them)."""
-    out = []
-    for name, spec in STAGES.items():
-        if "matrix" not in spec:
-            out.append((name, spec, {}))
-            continue
-        keys = list(spec["matrix"])
-        values = [_lookup(spec["matrix"][k].strip("${}"), {}) for k in keys]
-        out += [(f"{name}@{'-'.join(map(str, combo))}", spec, dict(zip(keys, combo, strict=True)))
-                for combo in itertools.product(*values)]
-    return out
+def _dvc_name(run: report.StageRun) -> str:
+    """The stage's name as DVC expands it (``train_vit@mnist-1-2-0.5``)."""
+    return f"{run.stage}@{'-'.join(map(str, run.item.values()))}" if run.item else run.stage
 
 
-EXPANDED = _expanded()
+# (stage name, spec, item) for every stage and every matrix item, as DVC expands them
+EXPANDED = [(_dvc_name(r), STAGES[r.stage], dict(r.item))
+            for r in report.stage_runs(STAGES, PARAMS)]
 IDS = [e[0] for e in EXPANDED]
 
 
-def _names(entries, item) -> list[str]:
+def _names_raw(entries) -> list[str]:
     out = []
     for e in entries or []:
         out.extend(e.keys() if isinstance(e, dict) else [e])
-    return [_resolve(x, item) for x in out]
+    return out
+
+
+def _names(entries, item) -> list[str]:
+    return [_resolve(x, item) for x in _names_raw(entries)]
 
 
 def _runner_args(cmd: str):
@@ -99,14 +85,32 @@ def test_declared_paths_exist(stage, spec, item):
         assert made or (ROOT / dep).exists(), f"{stage}: dependency {dep} missing"
 
 
-def test_grid_paths_follow_run_name():
+#: grid points beyond params.yaml's grid: a float written "1.0", a two-digit depth
+OTHER_POINTS = [{"dataset": "svhn", "depth": 12, "heads": 1, "gamma_vo": 1.0},
+                {"dataset": "cifar100", "depth": 3, "heads": 16, "gamma_vo": 0.125}]
+
+
+def _item_paths(spec, item) -> list[str]:
+    """A matrix stage's paths that name the grid point: every out, metric and plot, and the
+    cmd's arguments and deps that use every item key."""
+    whole = [p for p in shlex.split(spec["cmd"]) + _names_raw(spec["deps"])
+             if all(f"${{item.{k}}}" in p for k in item)]
+    return whole + [p for f in ("outs", "metrics", "plots") for p in _names_raw(spec.get(f))]
+
+
+GRID_CASES = ([e for e in EXPANDED if e[2]]
+              + [(f"{n}@other{i}", s, p) for n, s in STAGES.items() if "matrix" in s
+                 for i, p in enumerate(OTHER_POINTS)])
+
+
+@pytest.mark.parametrize(("stage", "spec", "item"), GRID_CASES, ids=[c[0] for c in GRID_CASES])
+def test_grid_paths_follow_run_name(stage, spec, item):
     """dvc.yaml's ${item.*} path template is the one attncert.runs.run_name builds."""
-    for _, spec, item in EXPANDED:
-        if item:
-            name = runs.run_name(**item)
-            outs = _names(spec["outs"], item)
-            assert any(f"/{name}/" in p or p.endswith(f"/{name}.ipynb") for p in outs)
-            assert all(name in p for p in outs)
+    name = runs.run_name(**item)
+    paths = [_resolve(p, item) for p in _item_paths(spec, item)]
+    assert paths, f"{stage}: no path names the grid point"
+    bad = [p for p in paths if f"/{name}/" not in p and not p.endswith(f"/{name}.ipynb")]
+    assert not bad, f"{stage}: {bad} do not name the grid point {name} as runs.run_name does"
 
 
 def test_notebooks_are_numbered_in_pipeline_order():
