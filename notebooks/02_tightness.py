@@ -31,14 +31,14 @@ heads = 8
 samples = 16
 gamma_qk = 0.5
 gamma_vo = 0.5
-eps = [0.01, 0.03, 0.05, 0.07, 0.09, 0.1]
+cert_eps = [0.01, 0.03, 0.05, 0.07, 0.09, 0.1]
 softmax_lipschitz = 1.0
 fig3_eps = 0.1
 fig3_sizes = [0.1, 0.5, 1.0]
 fig3_samples = 10
 fig4_scales = [0.25, 0.5, 1.0, 2.0]
-pgd_steps = 300
-pgd_restarts = 8
+attack_steps = 300
+attack_restarts = 8
 metrics = "reports/metrics/tightness.json"
 
 # %%
@@ -65,7 +65,8 @@ display(Markdown(f"**Layer:** {layer_source}  \n**Scale:** {scale}, {x.shape[0]}
 # differ, so compare the ratio LoFAST / PGD, not the values.
 
 # %%
-t3 = tightness.table3(w, x, eps, pgd_steps, pgd_restarts, True, softmax_lipschitz, seed)
+t3 = tightness.table3(w, x, cert_eps, attack_steps, attack_restarts, True, softmax_lipschitz,
+                      seed)
 show(figs.plot_table3(t3))
 t3.pivot_table(index="eps", columns="method", values="value")
 
@@ -79,7 +80,7 @@ pd.concat({"ours": t3.pivot_table(index="eps", columns="method", values="ratio_t
 # ## Figure 1: single-head pieces and multi-head bounds
 
 # %%
-f1_single = tightness.figure1_single_head(w, x, eps, 0, pgd_steps, pgd_restarts,
+f1_single = tightness.figure1_single_head(w, x, cert_eps, 0, attack_steps, attack_restarts,
                                           softmax_lipschitz, seed)
 f1_multi = t3[t3.method != "SpecFormer"]
 show(figs.plot_figure1(f1_single, f1_multi))
@@ -90,7 +91,7 @@ f1_single.pivot_table(index="eps", columns=["quantity", "method"], values="ratio
 
 # %%
 f3 = tightness.figure3_weight_perturbation(w, x, fig3_sizes, fig3_eps, fig3_samples, seed,
-                                           pgd_steps, pgd_restarts)
+                                           attack_steps, attack_restarts)
 show(figs.plot_figure3(f3))
 f3.groupby(["target", "size"])["ratio"].describe()[["mean", "min", "max"]]
 
@@ -98,8 +99,8 @@ f3.groupby(["target", "size"])["ratio"].describe()[["mean", "min", "max"]]
 # ## Figure 4: tightness against the input norm
 
 # %%
-f4 = tightness.figure4_input_norm(w, x, fig4_scales, fig3_eps, pgd_steps, pgd_restarts, True,
-                                  seed)
+f4 = tightness.figure4_input_norm(w, x, fig4_scales, fig3_eps, attack_steps, attack_restarts,
+                                  True, seed)
 show(figs.plot_figure4(f4))
 f4.pivot_table(index=["scale", "input_norm"], columns="method", values="ratio_to_pgd")
 

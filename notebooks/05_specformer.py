@@ -80,7 +80,7 @@ eval_batch_size = 500
 std_eps_255 = 2.0
 adv_eval_eps_255 = 8.0
 attack_steps = 20
-l2_eps = [0.25, 0.5, 1.0]
+attack_eps = [0.25, 0.5, 1.0]
 timing_steps = 5
 timing_rounds = 7
 timing_warmup = 2
@@ -123,7 +123,7 @@ dev = resolve_device(device)
 out = Path(results_dir)
 data = {name: sf.subset_train(load_processed(name, processed_dir), max_train, seed)
         for name in datasets}
-specs = sf.attack_specs(std_eps_255, adv_eval_eps_255, attack_steps, l2_eps)
+specs = sf.attack_specs(std_eps_255, adv_eval_eps_255, attack_steps, attack_eps)
 standard, adversarial = sf.train_configs(
     epochs=epochs, adv_epochs=adv_epochs, batch_size=batch_size, lr=lr,
     weight_decay=weight_decay, warmup_steps=warmup_steps, augment=augment,

@@ -68,9 +68,9 @@ attention_alpha1 = [4.0]
 n_test = 20
 n_attack = 10
 cert_batch_size = 20
-eps = [0.1, 0.5]
-pgd_steps = 2
-pgd_restarts = 1
+cert_eps = [0.1, 0.5]
+attack_steps = 2
+attack_restarts = 1
 results_dir = "results/text"
 metrics = "reports/metrics/text.json"
 
@@ -116,8 +116,9 @@ splits = {name: encode_split(s, tok, max_len) for name, s in raw.items()}
 n_cert = len(raw["test"]["y"]) if n_test == 0 else min(n_test, len(raw["test"]["y"]))
 common = dict(batch_size=batch_size, warmup_steps=warmup_steps, logit_scale=logit_scale,
               gamma_ramp=gamma_ramp, seed=seed)
-evaluation = dict(n_test=n_test, n_attack=n_attack, eps=eps, pgd_steps=pgd_steps,
-                  pgd_restarts=pgd_restarts, device=dev_, batch_size=cert_batch_size, seed=seed)
+evaluation = dict(n_test=n_test, n_attack=n_attack, cert_eps=cert_eps, attack_steps=attack_steps,
+                  attack_restarts=attack_restarts, device=dev_, batch_size=cert_batch_size,
+                  seed=seed)
 display(Markdown(
     f"**Scale** {scale}, device {dev_}.  \n**Data** SST-2 ({sst2['source']}): "
     f"{len(raw['train']['y'])} training / {len(raw['dev']['y'])} dev / "
@@ -126,7 +127,7 @@ display(Markdown(
        "reported evaluation set**)")
     + f", WordPiece from `{tokenizer}` ({tok.vocab_size} tokens), max_len {max_len}.  \n"
     f"**Certified**: the first {n_cert} {reported} sentences; **attacked** (l2 PGD "
-    f"{pgd_steps} steps x {pgd_restarts} restarts, the soundness audit): the first "
+    f"{attack_steps} steps x {attack_restarts} restarts, the soundness audit): the first "
     f"{min(n_attack, n_cert)}."))
 
 # %% [markdown]
@@ -295,7 +296,7 @@ with atomic_path(out / "curves.csv") as tmp:
 write_json(metrics, {
     "scale": scale, "train_sentences": len(raw["train"]["y"]),
     "frozen_train_sentences": len(frozen_splits["train"]["y"]), "reported_split": reported,
-    "n_certified": n_cert, "n_attacked": min(n_attack, n_cert), "eps": eps,
+    "n_certified": n_cert, "n_attacked": min(n_attack, n_cert), "eps": cert_eps,
     "depth0": depth0, "models": results,
     "attention_vs_depth0": {
         name: {"d_test_acc": r["d_test_acc"], "d_avg_radius": r["d_avg_radius"],

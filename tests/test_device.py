@@ -92,7 +92,7 @@ def test_pgd_waits_for_the_device_once_per_restart_not_per_step():
 
 def test_tightness_measurements_on_the_device():
     w, x = tightness.random_attention_layer(n=3, d=4, h=2, seed=0, samples=1)
-    kw = dict(pgd_steps=2, pgd_restarts=1, seed=1)
+    kw = dict(attack_steps=2, attack_restarts=1, seed=1)
     ref3 = tightness.table3(w, x, eps_list=(0.05,), **kw)
     with simulated_device() as sim:
         ws, xs = w.to(sim.device), x.to(sim.device)

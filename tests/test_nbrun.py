@@ -78,8 +78,8 @@ def test_passes_real_types(project, venv_env):
         ("  max_train: 0 ", "  max_train: -3 ", "data.max_train"),
         ("svhn, sst2,", "svhn, sst3,", "data.datasets"),
         ("  device: auto ", "  device: tpu ", "base.device"),
-        ("eps: [0.01, 0.03,", "eps: [-0.01, 0.03,", "tightness.eps"),
-        ("  pgd_steps: 300", "  pgd_steps: 3e2", "tightness.pgd_steps"),
+        ("cert_eps: [0.01, 0.03,", "cert_eps: [-0.01, 0.03,", "tightness.cert_eps"),
+        ("  attack_steps: 300", "  attack_steps: 3e2", "tightness.attack_steps"),
     ],
 )
 def test_bad_params_fail_before_execution(project, venv_env, old, new, key):

@@ -194,7 +194,7 @@ def test_paper_scale_cifar_grid_code_path(dataset, num_classes, mirror, tmp_path
     data = cifar_shaped(dataset, num_classes, mirror, tmp_path, p.max_train)
 
     # the notebook's calls, in its order (notebooks/05_specformer.py)
-    specs = sf.attack_specs(p.std_eps_255, p.adv_eval_eps_255, p.attack_steps, p.l2_eps)
+    specs = sf.attack_specs(p.std_eps_255, p.adv_eval_eps_255, p.attack_steps, p.attack_eps)
     standard, adversarial = sf.train_configs(
         epochs=p.epochs, adv_epochs=p.adv_epochs, batch_size=p.batch_size, lr=p.lr,
         weight_decay=p.weight_decay, warmup_steps=p.warmup_steps, augment=p.augment,
@@ -224,7 +224,7 @@ def test_paper_scale_cifar_grid_code_path(dataset, num_classes, mirror, tmp_path
     assert len(plan) == 2 * 5 and len(x) == 20
     assert [s.label for s in specs] == [
         "clean", "FGSM 2/255", "PGD-2 2/255", "CW-2 8/255", "PGD-2 8/255",
-        *[f"L2-PGD-2 {e:g}" for e in paper.l2_eps]]
+        *[f"L2-PGD-2 {e:g}" for e in paper.attack_eps]]
     df = pd.DataFrame(rows)
     assert len(df) == len(plan) * len(specs)
     assert not df.duplicated(["training", "method", "attack"]).any()
@@ -270,7 +270,7 @@ def test_paper_scale_pretrained_code_path(dataset, num_classes, mirror, tmp_path
     data = cifar_shaped(dataset, num_classes, mirror, tmp_path)
     src = p.sources[0]
 
-    specs = sf.attack_specs(p.std_eps_255, p.adv_eval_eps_255, p.attack_steps, p.l2_eps)
+    specs = sf.attack_specs(p.std_eps_255, p.adv_eval_eps_255, p.attack_steps, p.attack_eps)
     standard, adversarial = sf.train_configs(
         epochs=p.finetune_epochs, adv_epochs=p.finetune_adv_epochs,
         batch_size=p.finetune_batch_size, lr=p.finetune_lr,

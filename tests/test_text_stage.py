@@ -66,9 +66,9 @@ def test_evaluate_model_reads_out_everything_and_audits(family, tmp_path):
     # same spec and config: resumed (nothing to train); another spec: started over
     assert train_model(model, {"class": family}, train, test, cfg, tmp_path / "ck", "cpu")
     variants = ["lofast_M", "global"]
-    row, curves = evaluate_model("m", model, family, test, test, n_test=0, eps=[0.01, 0.1],
-                                 pgd_steps=3, pgd_restarts=1, device="cpu", batch_size=4,
-                                 variants=variants, n_attack=5)
+    row, curves = evaluate_model("m", model, family, test, test, n_test=0,
+                                 cert_eps=[0.01, 0.1], attack_steps=3, attack_restarts=1,
+                                 device="cpu", batch_size=4, variants=variants, n_attack=5)
     assert 0 <= row["test_acc"] <= 1 and row["broken"] == 0
     assert row["n_certified"] == 12 and row["n_attacked"] == 5  # n_test 0: the whole split
     assert set(row["certified_acc"]) == set(row["pgd_acc"]) == {"0.01", "0.1"}
@@ -187,7 +187,7 @@ def test_frozen_states_are_the_encoder_outputs_computed_once():
         assert torch.allclose(model(cached["ids"], cached["mask"]),
                               model(data["ids"], data["mask"]), atol=1e-5)
         assert torch.equal(model.embed(cached["ids"], cached["mask"]), cached["ids"])
-    row, _ = evaluate_model("frozen", model, "olsa", cached, cached, n_test=0, eps=[0.05],
-                            pgd_steps=2, pgd_restarts=1, device="cpu", batch_size=4,
-                            n_attack=4)
+    row, _ = evaluate_model("frozen", model, "olsa", cached, cached, n_test=0,
+                            cert_eps=[0.05], attack_steps=2, attack_restarts=1,
+                            device="cpu", batch_size=4, n_attack=4)
     assert row["broken"] == 0 and row["n_certified"] == 7 and len(row["gates"]) == 1

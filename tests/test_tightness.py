@@ -25,7 +25,7 @@ from attncert.tightness import (  # noqa: E402
 )
 
 EPS = (0.01, 0.1)
-PGD = dict(pgd_steps=40, pgd_restarts=2)
+PGD = dict(attack_steps=40, attack_restarts=2)
 
 
 @pytest.fixture(autouse=True, scope="module")
@@ -141,11 +141,12 @@ def test_summary_metrics_keep_the_series_of_figures_3_and_4(layer):
     from attncert.figures.summary import ablation_frames, plot_ablations
 
     w, x = layer
-    t3 = table3(w, x[:2], eps_list=EPS, pgd_steps=5, pgd_restarts=1)
-    f1 = figure1_single_head(w, x[:2], eps_list=EPS, pgd_steps=5, pgd_restarts=1)
+    t3 = table3(w, x[:2], eps_list=EPS, attack_steps=5, attack_restarts=1)
+    f1 = figure1_single_head(w, x[:2], eps_list=EPS, attack_steps=5, attack_restarts=1)
     f3 = figure3_weight_perturbation(w, x[:2], sizes=(0.1, 1.0), eps=0.05, samples=2,
-                                     pgd_steps=5, pgd_restarts=1)
-    f4 = figure4_input_norm(w, x[:2], scales=(0.5, 2.0), eps=0.05, pgd_steps=5, pgd_restarts=1)
+                                     attack_steps=5, attack_restarts=1)
+    f4 = figure4_input_norm(w, x[:2], scales=(0.5, 2.0), eps=0.05, attack_steps=5,
+                            attack_restarts=1)
     m = summary_metrics(t3, f1, f3, f4, "tiny")
     assert m["fig3_eps"] == 0.05 and set(m["fig3_ratio"]) == set(f3.target)
     assert m["fig3_ratio"]["W^V"]["1"] == pytest.approx(

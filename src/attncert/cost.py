@@ -362,15 +362,15 @@ def _tightness_work(p) -> list[Work]:
     # (calls, inputs per call): Table 3, Figure 1 (two pieces), Figure 3 (W^Q, W^K, W^V, W^O
     # per size and draw, then X per size), Figure 4 (one call per scale)
     s = t.samples
-    calls = [(1, s * len(t.eps)), (2, s * len(t.eps)),
+    calls = [(1, s * len(t.cert_eps)), (2, s * len(t.cert_eps)),
              (4 * len(t.fig3_sizes) * t.fig3_samples, s),
              (len(t.fig3_sizes), s * t.fig3_samples), (len(t.fig4_scales), s)]
-    flops = sum(m * (setup.flops(b) + t.pgd_steps * step.flops(t.pgd_restarts * b)
+    flops = sum(m * (setup.flops(b) + t.attack_steps * step.flops(t.attack_restarts * b)
                      + lc.flops(b)) for m, b in calls)
-    kernels = sum(m * (setup.kernels + t.pgd_steps * step.kernels + lc.kernels)
+    kernels = sum(m * (setup.kernels + t.attack_steps * step.kernels + lc.kernels)
                   for m, _ in calls)
     return [Work("tightness", f"one layer ({t.n_tokens} tokens, {t.dim}-d, {t.heads} heads): "
-                 f"PGD-{t.pgd_steps} x {t.pgd_restarts} and LoFAST", "fp64", flops, kernels)]
+                 f"PGD-{t.attack_steps} x {t.attack_restarts} and LoFAST", "fp64", flops, kernels)]
 
 
 def _specformer_work(p, n_train_max: int, n_test_max: int) -> list[Work]:
@@ -405,7 +405,7 @@ def _specformer_work(p, n_train_max: int, n_test_max: int) -> list[Work]:
                 out += training_work("specformer", f"{run} {training} {m}", c, n_tr, n_te,
                                      epochs, recipe[2], s.eval_batch_size, adv)
                 # FGSM (1), PGD-2, CW-n, PGD-n and L2 PGD-n per radius
-                steps = 1 + 2 + 2 * s.attack_steps + s.attack_steps * len(s.l2_eps)
+                steps = 1 + 2 + 2 * s.attack_steps + s.attack_steps * len(s.attack_eps)
                 out.append(audit_work("specformer", f"{run} {training} {m}: attacks",
                                       c["attack"], n_eval, 1, steps, 1, s.eval_batch_size))
     # the certified pair: two Lipschitz ViTs (with and without MSVP), certified by two bounds
@@ -499,8 +499,8 @@ def _text_work(p) -> list[Work]:
         c = counts(cls(**kw))
         out += training_work("text", name, c, n_tr, n_ev, epochs, t.batch_size,
                              t.cert_batch_size)
-        out.append(audit_work("text", f"{name}: PGD audit", c["attack"], n_cert, len(t.eps),
-                              t.pgd_steps, t.pgd_restarts, t.cert_batch_size))
+        out.append(audit_work("text", f"{name}: PGD audit", c["attack"], n_cert, len(t.cert_eps),
+                              t.attack_steps, t.attack_restarts, t.cert_batch_size))
     for L in t.lofast_layers:
         for H in t.lofast_heads:
             for vo in t.lofast_gamma_vo:
@@ -519,7 +519,7 @@ def _text_work(p) -> list[Work]:
                                 len(t.lofast_variants) * L * b * lc.flops(t.cert_batch_size),
                                 len(t.lofast_variants) * L * b * lc.kernels))
                 out.append(audit_work("text", f"{name}: PGD audit", c["attack"], n_cert,
-                                      len(t.eps), t.pgd_steps, t.pgd_restarts,
+                                      len(t.cert_eps), t.attack_steps, t.attack_restarts,
                                       t.cert_batch_size))
     # OLSA over a frozen encoder: the encoder's forward on every step and evaluation sentence
     hidden, layers, heads, inter = ENCODERS[t.frozen_source]
@@ -530,7 +530,7 @@ def _text_work(p) -> list[Work]:
     out.append(Work("text", f"frozen-olsa ({t.frozen_source} encoder forward)", "bf16",
                     steps * enc.flops(t.batch_size), steps * enc.kernels))
     out.append(Work("text", "frozen-olsa: evaluation and audit forwards", "fp32",
-                    (ev + len(t.eps) * t.pgd_steps * t.pgd_restarts
+                    (ev + len(t.cert_eps) * t.attack_steps * t.attack_restarts
                      * _steps(n_cert, t.cert_batch_size)) * 3 * enc.flops(t.cert_batch_size),
                     ev * enc.kernels))
     return out

@@ -4,6 +4,11 @@ params.yaml is the single source of truth: every key is required, there are no h
 defaults here. Each top-level section maps to a frozen dataclass whose fields carry their
 type and an optional check. ``load_params`` validates the whole file and raises
 ``ParamsError`` with a one-line message naming the offending key.
+
+One spelling per concept across sections: ``cert_eps`` lists the radii at which a bound or
+certificate is evaluated, ``attack_eps`` radii that are only attacked, ``attack_steps`` and
+``attack_restarts`` the PGD of an attack or soundness audit; ``adv_*`` is PGD adversarial
+training.
 """
 
 from __future__ import annotations
@@ -139,14 +144,14 @@ class TightnessParams:
     samples: int = param(positive)
     gamma_qk: float = param(positive)
     gamma_vo: float = param(positive)
-    eps: list[float] = param(positive)
+    cert_eps: list[float] = param(positive, doc="radii at which every bound and PGD are evaluated")
     softmax_lipschitz: float = param(one_of_numbers(0.5, 1.0))
     fig3_eps: float = param(positive)
     fig3_sizes: list[float] = param(nonneg)
     fig3_samples: int = param(positive)
     fig4_scales: list[float] = param(positive)
-    pgd_steps: int = param(positive)
-    pgd_restarts: int = param(positive)
+    attack_steps: int = param(positive, doc="PGD steps of the lower bound")
+    attack_restarts: int = param(positive)
     metrics: str = param()
 
     def __post_init__(self) -> None:
@@ -287,7 +292,8 @@ class SpecformerParams:
     std_eps_255: float = param(positive, doc="FGSM and PGD-2 radius (l_inf, x 1/255)")
     adv_eval_eps_255: float = param(positive, doc="CW and PGD radius (l_inf, x 1/255)")
     attack_steps: int = param(positive, doc="CW-n, PGD-n and L2 PGD steps")
-    l2_eps: list[float] = param(positive, unique)
+    attack_eps: list[float] = param(positive, unique, doc="L2 PGD radii (pixels; attacked, "
+                                                           "not certified)")
     timing_steps: int = param(positive)
     timing_rounds: int = param(positive)
     timing_warmup: int = param(nonneg)
@@ -489,9 +495,9 @@ class TextParams:
     n_test: int = param(nonneg, doc="first n test sentences certified (0 = the whole split)")
     n_attack: int = param(positive, doc="first n certified sentences attacked (PGD audit)")
     cert_batch_size: int = param(positive)
-    eps: list[float] = param(positive, unique)
-    pgd_steps: int = param(positive)
-    pgd_restarts: int = param(positive)
+    cert_eps: list[float] = param(positive, unique)
+    attack_steps: int = param(positive)
+    attack_restarts: int = param(positive)
     results_dir: str = param()
     metrics: str = param()
 

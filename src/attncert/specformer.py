@@ -249,16 +249,16 @@ class AttackSpec:
 
 
 def attack_specs(std_eps_255: float, adv_eval_eps_255: float, attack_steps: int,
-                 l2_eps: Sequence[float]) -> list[AttackSpec]:
+                 attack_eps: Sequence[float]) -> list[AttackSpec]:
     """Every model's attacks: clean; FGSM and PGD-2 at l_inf ``std_eps_255`` / 255 (SpecFormer
     Table 1); CW-n and PGD-n (n = ``attack_steps``) at l_inf ``adv_eval_eps_255`` / 255 (its
-    Table 2); L2 PGD-n at each radius of ``l2_eps`` (pixels)."""
+    Table 2); L2 PGD-n at each radius of ``attack_eps`` (pixels)."""
     std_eps, adv_eval_eps = std_eps_255 / 255, adv_eval_eps_255 / 255
     return [AttackSpec("clean"), AttackSpec("fgsm", std_eps, 1),
             AttackSpec("pgd_linf", std_eps, 2),
             AttackSpec("cw_linf", adv_eval_eps, attack_steps),
             AttackSpec("pgd_linf", adv_eval_eps, attack_steps),
-            *[AttackSpec("pgd_l2", e, attack_steps) for e in l2_eps]]
+            *[AttackSpec("pgd_l2", e, attack_steps) for e in attack_eps]]
 
 
 def eval_split(data: Mapping[str, Any], n_eval: int) -> tuple[Tensor, Tensor]:

@@ -128,8 +128,8 @@ def table3(
     w: AttentionWeights,
     x: Tensor,
     eps_list=(0.01, 0.03, 0.05, 0.07, 0.09, 0.10),
-    pgd_steps: int = 100,
-    pgd_restarts: int = 4,
+    attack_steps: int = 100,
+    attack_restarts: int = 4,
     residual: bool = True,
     softmax_lipschitz: float = 1.0,
     seed: int = 0,
@@ -149,7 +149,8 @@ def table3(
 
     values = {
         "PGD": pgd_sensitivity(
-            xs, w, eps, residual, steps=pgd_steps, restarts=pgd_restarts, generator=_gen(seed, x)
+            xs, w, eps, residual, steps=attack_steps, restarts=attack_restarts,
+            generator=_gen(seed, x),
         ),
         "LoFAST(M)": lofast_from_terms(tile(t_m), eps, softmax_lipschitz),
         "LoFAST(xi)": lofast_from_terms(tile(t_xi), eps, softmax_lipschitz),
@@ -185,8 +186,8 @@ def figure1_single_head(
     x: Tensor,
     eps_list=(0.01, 0.03, 0.05, 0.07, 0.09, 0.10),
     head: int = 0,
-    pgd_steps: int = 100,
-    pgd_restarts: int = 4,
+    attack_steps: int = 100,
+    attack_restarts: int = 4,
     softmax_lipschitz: float = 1.0,
     seed: int = 0,
 ) -> pd.DataFrame:
@@ -196,7 +197,7 @@ def figure1_single_head(
     PGD. Columns: eps, quantity ("Delta21" / "Delta22"), method, value, ratio_to_pgd, ratio_max.
     """
     xs, eps = _stack_eps(x, eps_list)
-    kw = dict(head=head, steps=pgd_steps, restarts=pgd_restarts, generator=_gen(seed, x))
+    kw = dict(head=head, steps=attack_steps, restarts=attack_restarts, generator=_gen(seed, x))
     frames = []
     d21 = {
         "PGD": pgd_sensitivity(xs, w, eps, True, target="delta21", **kw),
@@ -219,14 +220,14 @@ def figure1_multi_head(
     w: AttentionWeights,
     x: Tensor,
     eps_list=(0.01, 0.03, 0.05, 0.07, 0.09, 0.10),
-    pgd_steps: int = 100,
-    pgd_restarts: int = 4,
+    attack_steps: int = 100,
+    attack_restarts: int = 4,
     residual: bool = True,
     softmax_lipschitz: float = 1.0,
     seed: int = 0,
 ) -> pd.DataFrame:
     """LoFAST Figure 1 (multi-head): LoFAST(M), LoFAST(xi) and naive vs PGD over eps."""
-    df = table3(w, x, eps_list, pgd_steps, pgd_restarts, residual, softmax_lipschitz, seed)
+    df = table3(w, x, eps_list, attack_steps, attack_restarts, residual, softmax_lipschitz, seed)
     return df[df.method != "SpecFormer"].reset_index(drop=True)
 
 
@@ -246,8 +247,8 @@ def figure3_weight_perturbation(
     eps: float = 0.1,
     samples: int = 10,
     seed: int = 0,
-    pgd_steps: int = 100,
-    pgd_restarts: int = 4,
+    attack_steps: int = 100,
+    attack_restarts: int = 4,
     residual: bool = True,
 ) -> pd.DataFrame:
     """LoFAST Figure 3: tightness under random perturbations of W^Q, W^K, W^V, W^O and X.
@@ -271,8 +272,8 @@ def figure3_weight_perturbation(
                     wp,
                     eps,
                     residual,
-                    steps=pgd_steps,
-                    restarts=pgd_restarts,
+                    steps=attack_steps,
+                    restarts=attack_restarts,
                     generator=_gen(seed + k, x),
                 )
                 rows.append(
@@ -294,7 +295,8 @@ def figure3_weight_perturbation(
         xp = (x.unsqueeze(0) + noise).reshape(-1, *x.shape[1:])
         bound = lofast_from_terms(lofast_terms(xp, w, residual, "M", generator=_gen(seed, x)), eps)
         pgd = pgd_sensitivity(
-            xp, w, eps, residual, steps=pgd_steps, restarts=pgd_restarts, generator=_gen(seed, x)
+            xp, w, eps, residual, steps=attack_steps, restarts=attack_restarts,
+            generator=_gen(seed, x),
         )
         bound, pgd = bound.view(samples, -1).mean(1), pgd.view(samples, -1).mean(1)
         for k in range(samples):
@@ -317,8 +319,8 @@ def figure4_input_norm(
     x: Tensor,
     scales=(0.25, 0.5, 1.0, 2.0, 4.0),
     eps: float = 0.1,
-    pgd_steps: int = 100,
-    pgd_restarts: int = 4,
+    attack_steps: int = 100,
+    attack_restarts: int = 4,
     residual: bool = True,
     seed: int = 0,
 ) -> pd.DataFrame:
@@ -331,7 +333,8 @@ def figure4_input_norm(
     e = torch.full((xs.shape[0],), float(eps), dtype=x.dtype, device=x.device)
     values = {
         "PGD": pgd_sensitivity(
-            xs, w, e, residual, steps=pgd_steps, restarts=pgd_restarts, generator=_gen(seed, x)
+            xs, w, e, residual, steps=attack_steps, restarts=attack_restarts,
+            generator=_gen(seed, x),
         ),
         "LoFAST(M)": lofast_from_terms(
             lofast_terms(xs, w, residual, "M", generator=_gen(seed, x)), e

@@ -157,8 +157,8 @@ def average_radius(radius: Tensor, correct: Tensor) -> dict[str, float]:
 
 
 def evaluate_model(name: str, model: nn.Module, family: str, dev: Mapping[str, Tensor],
-                   test: Mapping[str, Tensor], n_test: int, eps: Sequence[float],
-                   pgd_steps: int, pgd_restarts: int, device, batch_size: int = 100,
+                   test: Mapping[str, Tensor], n_test: int, cert_eps: Sequence[float],
+                   attack_steps: int, attack_restarts: int, device, batch_size: int = 100,
                    variants: Sequence[str] = ("lofast_M",), seed: int = 0,
                    n_attack: int | None = None) -> tuple[dict[str, Any], list[dict[str, Any]]]:
     """Every read-out of one trained model: (metrics, one curve row per variant and eps).
@@ -182,15 +182,15 @@ def evaluate_model(name: str, model: nn.Module, family: str, dev: Mapping[str, T
     n_att = n_cert if n_attack is None else min(n_attack, n_cert)
     att = {k: v[:n_att] for k, v in sub.items()}
     audit = audit_embeddings(model, att["ids"].to(device), att["mask"].to(device),
-                             att["y"].to(device), best[:n_att], eps, pgd_steps, pgd_restarts,
-                             seed, batch_size)
+                             att["y"].to(device), best[:n_att], cert_eps, attack_steps,
+                             attack_restarts, seed, batch_size)
     broken = sum(r["broken"] for r in audit)
     if broken:
         raise AssertionError(f"{name}: {broken} certificates broken by PGD (eps "
                              f"{[r['eps'] for r in audit if r['broken']]}): unsound bound")
     curves = [{"model": name, "variant": v, "eps": float(e),
                "certified_acc": float(((r >= e) & (r > 0)).double().mean())}
-              for v, r in radii.items() for e in eps]
+              for v, r in radii.items() for e in cert_eps]
     averages = {v: average_radius(r, correct) for v, r in radii.items()}
     metrics = {
         "family": family, "dev_acc": accs["dev"], "test_acc": accs["test"],
@@ -198,7 +198,7 @@ def evaluate_model(name: str, model: nn.Module, family: str, dev: Mapping[str, T
         "avg_radius": {v: a["all"] for v, a in averages.items()},
         "avg_radius_correct": {v: a["correct"] for v, a in averages.items()},
         "certified_acc": {f"{e:g}": float(((best >= e) & (best > 0)).double().mean())
-                          for e in eps},
+                          for e in cert_eps},
         "attacked_certified_acc": {f"{r['eps']:g}": r["certified_acc"] for r in audit},
         "pgd_acc": {f"{r['eps']:g}": r["robust_acc"] for r in audit},
         "broken": broken, "cert_seconds_per_batch": seconds, "cert_batch_size": batch_size,
