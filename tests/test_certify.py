@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from attncert import certify
+from attncert import certify, soundness
 from attncert.models.vit import ViTConfig, build_vit
 
 pytest.importorskip("attncert.bounds")
@@ -109,6 +109,59 @@ def test_audit_finds_no_broken_certificate_and_certified_below_pgd():
     fake = {"inflated": torch.full((8,), 50 * eps_grid[0] + 1.0, dtype=torch.float64)}
     rows, _ = certify.audit(model, x, y, fake, [50 * eps_grid[0] + 1.0], steps=50, restarts=1)
     assert rows[0]["broken_inflated"] > 0
+    with pytest.raises(soundness.UnsoundCertificateError, match="toy / inflated at eps"):
+        soundness.require_sound({"toy": rows})
+
+
+def _rows(**broken):
+    return [{"eps": 0.1, "attacked": 8, "robust_acc": 0.5, **broken},
+            {"eps": 0.25, "attacked": 8, "robust_acc": 0.25, **broken}]
+
+
+def test_require_sound_passes_a_clean_audit():
+    assert soundness.require_sound(
+        {"run": _rows(broken_lofast_M=0, broken_naive=0), "text": _rows(broken=0)},
+        {"lofast_M": ({0.1: 0.5, 0.25: 0.0}, {0.1: 0.5, 0.25: 0.25})}) is None
+    assert soundness.require_sound({"L": [dict(r, depth=3) for r in _rows(broken_crown=0)]},
+                                   by=("depth",)) is None
+
+
+def test_require_sound_names_every_broken_model_variant_and_eps():
+    audits = {"mnist-L3": [{"eps": 0.1, "broken_lofast_M": 2, "broken_naive": 0},
+                           {"eps": 0.25, "broken_lofast_M": 0, "broken_naive": 1}],
+              "olsa": [{"eps": 0.5, "broken": 3}]}
+    with pytest.raises(soundness.UnsoundCertificateError) as err:
+        soundness.require_sound(audits, see="results/x/samples.csv")
+    msg = str(err.value)
+    assert isinstance(err.value, RuntimeError)
+    assert "6 certified point(s) broken by PGD" in msg
+    assert "mnist-L3 / lofast_M at eps 0.1: 2" in msg and "mnist-L3 / naive at eps 0.25: 1" in msg
+    assert "olsa at eps 0.5: 3" in msg and msg.endswith("(see results/x/samples.csv)")
+    assert "naive at eps 0.1" not in msg and "lofast_M at eps 0.25" not in msg
+    crown = [{"eps": 0.02, "depth": d, "broken_lofast": 0, "broken_crown": d - 3} for d in (3, 4)]
+    with pytest.raises(soundness.UnsoundCertificateError, match=r"\(cifar10 / depth 4 / crown at "
+                       r"eps 0.02: 1\)"):
+        soundness.require_sound({"cifar10": crown}, by=("depth",))
+
+
+def test_require_sound_fails_a_certified_accuracy_above_the_attack():
+    acc = {"lofast_M_pairwise": ({"0.1": 0.5, "0.2": 0.375}, {"0.1": 0.5, "0.2": 0.25}),
+           "naive_logit": ({"0.1": 0.25, "0.2": 0.0}, {"0.1": 0.5, "0.2": 0.25})}
+    with pytest.raises(soundness.UnsoundCertificateError) as err:
+        soundness.require_sound({"run": _rows(broken_lofast_M=0)}, acc)
+    msg = str(err.value)
+    assert ("certified accuracy above PGD accuracy (lofast_M_pairwise at eps 0.2: 0.375 > 0.25)"
+            in msg)
+    assert "broken by PGD" not in msg and "naive_logit" not in msg
+
+
+def test_require_sound_rejects_an_audit_that_counts_nothing():
+    with pytest.raises(ValueError, match="lacks a broken count"):
+        soundness.require_sound({"run": [{"eps": 0.1, "robust_acc": 1.0}]})
+    with pytest.raises(ValueError, match="lacks depth"):
+        soundness.require_sound({"run": _rows(broken=0)}, by=("depth",))
+    with pytest.raises(ValueError, match=r"no accuracy under attack at eps \[0.3\]"):
+        soundness.require_sound({}, {"m": ({0.3: 0.1}, {0.1: 0.5})})
 
 
 def test_certify_table_matches_certify_batch():

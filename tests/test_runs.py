@@ -42,6 +42,60 @@ def test_vit_config_takes_the_dataset_and_the_grid_point(normalize, mean, std):
     assert cfg.mean == mean and cfg.std == std
 
 
+_SHAPES = [pytest.param(1, 28, id="mnist"), pytest.param(3, 32, id="cifar10")]
+
+
+@pytest.mark.parametrize(("channels", "size"), _SHAPES)
+@pytest.mark.parametrize("normalize", ["mean", "std", "none"])
+def test_dataset_vit_config_sizes_the_vit_by_the_data(channels, size, normalize):
+    data = _data(channels, size, classes=7)
+    cfg = runs.dataset_vit_config(data, normalize, patch=4, dim=16, depth=2, heads=2,
+                                  mlp_hidden=32, kind="standard", pool="cls")
+    assert (cfg.image_size, cfg.channels, cfg.num_classes) == (size, channels, 7)
+    assert (cfg.patch, cfg.dim, cfg.depth, cfg.heads, cfg.mlp_hidden) == (4, 16, 2, 2, 32)
+    assert (cfg.kind, cfg.pool) == ("standard", "cls")
+    assert cfg.mean == ((0.5,) * channels if normalize != "none" else (0.0,) * channels)
+    assert cfg.std == ((0.25,) * channels if normalize == "std" else (1.0,) * channels)
+
+
+def test_dataset_vit_config_rejects_an_unknown_normalize():
+    with pytest.raises(ValueError, match="normalize must be one of mean, std, none, got 'z'"):
+        runs.dataset_vit_config(_data(), "z", patch=4)
+
+
+@pytest.mark.parametrize(("channels", "size"), _SHAPES)
+def test_every_dataset_builder_gives_the_config_it_built_before(channels, size):
+    """The grid, CROWN, SpecFormer and CertViT builders against the ViTConfig each of them
+    wrote out by hand before they shared :func:`runs.dataset_vit_config`."""
+    from attncert import specformer as sf
+    from attncert.certvit import stage
+    from attncert.crown import study
+    from attncert.models import ViTConfig
+
+    data = _data(channels, size) | {"mean": [0.1 + c / 10 for c in range(channels)],
+                                    "std": [0.3 - c / 50 for c in range(channels)]}
+    mean, std = tuple(data["mean"]), tuple(data["std"])
+    shape = {"image_size": size, "channels": channels, "num_classes": 10}
+    s = _settings() | {"patch": 4}
+    grid = {k: s[k] for k in runs.VIT_KEYS}
+    crown = {"patch": 4, "dim": 16, "heads": 2, "mlp_hidden": 32, "pool": "mean",
+             "radius_attn": 1.5, "gamma_qk": 0.25, "gamma_vo": 0.5}
+    arch = {"patch": 4, "dim": 16, "depth": 2, "heads": 2, "mlp_hidden": 32}
+    for norm, m, sd in (("mean", mean, None), ("std", mean, std), ("none", None, None)):
+        assert runs.vit_config(data, s | {"normalize": norm}, 3, 4, 0.5) == ViTConfig(
+            **shape, depth=3, heads=4, gamma_vo=0.5, mean=m, std=sd, **grid)
+        assert study.vit_config(data, crown | {"normalize": norm}, 4) == ViTConfig(
+            **shape, depth=4, kind="lipschitz", block="stream", mean=m, std=sd, **crown)
+    assert sf.data_config(data, **arch) == ViTConfig(**shape, mean=mean, std=std, **arch)
+    assert sf.data_config(data, "mean", **arch) == ViTConfig(**shape, mean=mean, **arch)
+    assert sf.base_model_config(data, block="prenorm", **arch) == ViTConfig(
+        **shape, kind="standard", block="prenorm", pool="cls", attn_bias=True, mean=mean,
+        std=std, **arch)
+    assert stage.pretrain_config(data, **arch) == ViTConfig(
+        **shape, kind="standard", block="prenorm", pool="cls", attn_bias=True, mean=mean,
+        std=std, **arch)
+
+
 def test_train_config_uses_every_training_key_and_the_seed():
     tc = runs.train_config(_settings(), seed=7)
     assert tc.seed == 7 and tc.epochs == _settings()["epochs"]

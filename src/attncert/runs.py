@@ -17,6 +17,7 @@ from typing import Any
 
 from attncert.io import write_json
 from attncert.models import ViTConfig
+from attncert.params import NORMALIZE
 from attncert.train import TrainConfig
 
 #: train_vit keys that are ViTConfig fields (the others are TrainConfig fields or ``normalize``).
@@ -30,23 +31,33 @@ def run_name(dataset: str, depth: int, heads: int, gamma_vo: float) -> str:
     return f"{dataset}-L{depth}-H{heads}-vo{gamma_vo}"
 
 
+def dataset_vit_config(data: Mapping[str, Any], normalize: str, **fields: Any) -> ViTConfig:
+    """A ViTConfig sized by a processed dataset (``attncert.data.load_processed``): image size
+    and channels from its training images, the number of classes, and its pixel statistics.
+
+    ``normalize`` (one of :data:`attncert.params.NORMALIZE`) puts the statistics inside the
+    model: "mean" subtracts the mean only (1-Lipschitz), "std" also divides by the std (the
+    certificate counts 1 / min std), "none" feeds pixels as they are. ``fields``: every other
+    ViTConfig field.
+    """
+    if normalize not in NORMALIZE:
+        raise ValueError(f"normalize must be one of {', '.join(NORMALIZE)}, got {normalize!r}")
+    x = data["train"]["x"]
+    mean = tuple(data["mean"]) if normalize in ("mean", "std") else None
+    std = tuple(data["std"]) if normalize == "std" else None
+    return ViTConfig(image_size=int(x.shape[2]), channels=int(x.shape[1]),
+                     num_classes=len(data["classes"]), mean=mean, std=std, **fields)
+
+
 def vit_config(data: Mapping[str, Any], settings: Mapping[str, Any], depth: int, heads: int,
                gamma_vo: float) -> ViTConfig:
-    """The ViT of a grid point for a processed dataset (``attncert.data.load_processed``).
+    """The ViT of a grid point for a processed dataset (:func:`dataset_vit_config`).
 
-    ``settings``: the train_vit section. ``normalize`` puts the dataset's statistics inside the
-    model: "mean" subtracts the mean only (1-Lipschitz), "std" also divides by the std (the
-    certificate counts 1 / min std), "none" feeds pixels as they are.
+    ``settings``: the train_vit section (its ``normalize`` and :data:`VIT_KEYS`).
     """
-    x = data["train"]["x"]
-    channels, size = int(x.shape[1]), int(x.shape[2])
-    norm = settings["normalize"]
-    mean = tuple(data["mean"]) if norm in ("mean", "std") else None
-    std = tuple(data["std"]) if norm == "std" else None
     kw = {k: settings[k] for k in VIT_KEYS}
-    return ViTConfig(image_size=size, channels=channels, depth=depth, heads=heads,
-                     gamma_vo=gamma_vo, num_classes=len(data["classes"]), mean=mean, std=std,
-                     **kw)
+    return dataset_vit_config(data, settings["normalize"], depth=depth, heads=heads,
+                              gamma_vo=gamma_vo, **kw)
 
 
 def train_config(settings: Mapping[str, Any], seed: int) -> TrainConfig:

@@ -65,15 +65,10 @@ _NAMES = {"clean": "clean", "fgsm": "FGSM", "pgd_linf": "PGD", "cw_linf": "CW",
 
 
 def data_config(data: Mapping[str, Any], normalize: str = "std", **kw: Any) -> ViTConfig:
-    """A ViTConfig for a processed dataset (``attncert.data.load_processed``): image size,
-    channels and classes from the data; ``normalize`` "std" puts (x - mean) / std inside the
-    model, "mean" only x - mean (1-Lipschitz, for certified models); ``kw``: the rest."""
-    if normalize not in ("std", "mean"):
-        raise ValueError(f"normalize must be std or mean, got {normalize!r}")
-    x = data["train"]["x"]
-    std = tuple(data["std"]) if normalize == "std" else None
-    return ViTConfig(image_size=int(x.shape[2]), channels=int(x.shape[1]),
-                     num_classes=len(data["classes"]), mean=tuple(data["mean"]), std=std, **kw)
+    """A ViTConfig for a processed dataset (:func:`attncert.runs.dataset_vit_config`, its
+    ``normalize`` convention): "std" puts (x - mean) / std inside the model, "mean" only
+    x - mean (1-Lipschitz, for certified models); ``kw``: the rest."""
+    return runs.dataset_vit_config(data, normalize, **kw)
 
 
 def subset_train(data: Mapping[str, Any], max_train: int, seed: int) -> dict[str, Any]:

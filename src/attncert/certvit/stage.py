@@ -120,12 +120,9 @@ def pretrain_config(data: Mapping[str, Any], patch: int, dim: int, depth: int, h
     inside the model (as a Hugging Face ViT and its image processor), so it is adapted
     exactly like a downloaded checkpoint and eps is in pixel space.
     """
-    x = data["train"]["x"]
-    return ViTConfig(image_size=int(x.shape[2]), channels=int(x.shape[1]), patch=patch,
-                     dim=dim, depth=depth, heads=heads, mlp_hidden=mlp_hidden,
-                     num_classes=len(data["classes"]), kind="standard", block="prenorm",
-                     pool="cls", mean=tuple(data["mean"]), std=tuple(data["std"]),
-                     attn_bias=True)
+    return runs.dataset_vit_config(data, "std", patch=patch, dim=dim, depth=depth, heads=heads,
+                                   mlp_hidden=mlp_hidden, kind="standard", block="prenorm",
+                                   pool="cls", attn_bias=True)
 
 
 def fit_to_dataset(model: ViT, data: Mapping[str, Any], seed: int = 0) -> tuple[ViT, list[str]]:

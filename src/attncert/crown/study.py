@@ -27,14 +27,10 @@ from attncert.train import TrainConfig, evaluate, resolve_device, train
 
 def vit_config(data: Mapping[str, Any], p: Mapping[str, Any], depth: int) -> ViTConfig:
     """The study's Lipschitz ViT of one depth for a processed dataset (stream blocks)."""
-    x = data["train"]["x"]
-    mean = tuple(data["mean"]) if p["normalize"] in ("mean", "std") else None
-    std = tuple(data["std"]) if p["normalize"] == "std" else None
-    return ViTConfig(image_size=int(x.shape[2]), channels=int(x.shape[1]), patch=p["patch"],
-                     dim=p["dim"], depth=depth, heads=p["heads"], mlp_hidden=p["mlp_hidden"],
-                     num_classes=len(data["classes"]), kind="lipschitz", block="stream",
-                     pool=p["pool"], radius_attn=p["radius_attn"], gamma_qk=p["gamma_qk"],
-                     gamma_vo=p["gamma_vo"], mean=mean, std=std)
+    return runs.dataset_vit_config(
+        data, p["normalize"], patch=p["patch"], dim=p["dim"], depth=depth, heads=p["heads"],
+        mlp_hidden=p["mlp_hidden"], kind="lipschitz", block="stream", pool=p["pool"],
+        radius_attn=p["radius_attn"], gamma_qk=p["gamma_qk"], gamma_vo=p["gamma_vo"])
 
 
 def train_model(data: Mapping[str, Any], p: Mapping[str, Any], depth: int, seed: int,
