@@ -13,7 +13,7 @@ Lipschitz bound that counts every component (MATH.md sections 4, 5, 7).
         train(adapted, ...)
     report = certify(adapted, x, y, eps_grid, attack_steps=100)
 
-Kept apart from attncert.models so the pipeline's ViT stays one readable file.
+Kept apart from attncert.models so the pipeline's ViT stays small and readable.
 """
 
 from .adapt import (

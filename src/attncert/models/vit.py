@@ -21,14 +21,16 @@ residual_scale + spectral_init (:mod:`attncert.layers.attention_variants`).
 For certification, :meth:`ViT.components` lists the network as ordered pieces with their
 constants and :meth:`ViT.attention_inputs` returns each attention layer's clean input X_k
 from one forward pass; :func:`propagate` chains them (MATH.md section 6, eq. 9).
+
+The configuration lives in :mod:`attncert.models.config`, the blocks and components in
+:mod:`attncert.models.blocks`; this module holds the model, the propagation of a perturbation
+bound through its components, and saving and loading.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import math
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -37,264 +39,18 @@ from torch import Tensor, nn
 
 from attncert.io import torch_save
 from attncert.layers import (
-    CenterNorm,
-    L2MultiHeadAttention,
     LayerProject,
-    LNFormerAttention,
     MultiHeadAttention,
     Normalize,
     PatchEmbed,
-    ResidualScale,
-    ScaledCosineAttention,
-    SLLResidual,
     project_local_lipschitz,
-    spectral_init_,
     spectral_norm_exact,
 )
-from attncert.params import dataclass_from_mapping
+from attncert.models.blocks import MLP, Block, Component, _norm, _norm_component
+from attncert.models.config import ATTENTIONS, BLOCKS, KINDS, NORMS, POOLS, ViTConfig
 
-KINDS = ("lipschitz", "standard")
-BLOCKS = ("stream", "prenorm")
-POOLS = ("cls", "mean")
-ATTENTIONS = ("dot", "l2", "lnformer", "cosine")
-NORMS = ("layernorm", "center")
-
-
-@dataclass(frozen=True)
-class ViTConfig:
-    """Architecture of a ViT. ``radius_stream = None`` means sqrt(dim) (LoFAST's LayerNorm
-    replacement); ``mean``/``std`` are the dataset's per-channel pixel statistics (None: 0 / 1).
-    Radii and gammas only matter for ``kind = "lipschitz"``; ``attn_bias`` only for "standard".
-    ``head_norm = True``: the head applies its rows scaled to unit l2 norm (w_j / ||w_j||; the
-    bias stays free), so logit margins are feature-space margins and a fixed logit_scale / LMT
-    offset keep their meaning (the head cannot grow instead of the margins; certificates use
-    those rows).
-    ``attention``, ``norm``, ``residual_scale``, ``spectral_init``: the baselines of the module
-    docstring (standard ViT only).
-    """
-
-    image_size: int = 28
-    channels: int = 1
-    patch: int = 4
-    dim: int = 128
-    depth: int = 3
-    heads: int = 4
-    mlp_hidden: int = 256
-    num_classes: int = 10
-    kind: str = "lipschitz"
-    block: str = "stream"
-    pool: str = "cls"
-    radius_attn: float = 1.0
-    radius_stream: float | None = None
-    gamma_qk: float = 1.0
-    gamma_vo: float = 1.0
-    mean: tuple[float, ...] | None = None
-    std: tuple[float, ...] | None = None
-    attn_bias: bool = False
-    head_norm: bool = False
-    attention: str = "dot"
-    norm: str = "layernorm"
-    residual_scale: float = 0.0
-    spectral_init: bool = False
-
-    def __post_init__(self) -> None:
-        for name in ("image_size", "channels", "patch", "dim", "depth", "heads", "mlp_hidden",
-                     "num_classes"):
-            v = getattr(self, name)
-            if isinstance(v, bool) or not isinstance(v, int) or v <= 0:
-                raise ValueError(f"ViTConfig.{name} must be a positive int, got {v!r}")
-        for name, choices in (("kind", KINDS), ("block", BLOCKS), ("pool", POOLS),
-                              ("attention", ATTENTIONS), ("norm", NORMS)):
-            if getattr(self, name) not in choices:
-                raise ValueError(f"ViTConfig.{name} = {getattr(self, name)!r}: choose from "
-                                 f"{', '.join(choices)}")
-        if self.dim % self.heads:
-            raise ValueError(f"ViTConfig.dim = {self.dim} is not divisible by heads = {self.heads}")
-        if self.image_size % self.patch:
-            raise ValueError(f"ViTConfig.image_size = {self.image_size} is not divisible by "
-                             f"patch = {self.patch}")
-        for name in ("radius_attn", "radius_stream", "gamma_qk", "gamma_vo"):
-            v = getattr(self, name)
-            if v is None and name == "radius_stream":
-                continue
-            if isinstance(v, bool) or not isinstance(v, int | float) or not v > 0:
-                raise ValueError(f"ViTConfig.{name} must be a number > 0, got {v!r}")
-        for name, default in (("mean", 0.0), ("std", 1.0)):
-            v = getattr(self, name)
-            v = (default,) * self.channels if v is None else tuple(float(s) for s in v)
-            if len(v) != self.channels:
-                raise ValueError(f"ViTConfig.{name} has {len(v)} entries for {self.channels} "
-                                 "channels")
-            object.__setattr__(self, name, v)
-        if min(self.std) <= 0:
-            raise ValueError(f"ViTConfig.std must be > 0, got {self.std}")
-        if not isinstance(self.head_norm, bool):
-            raise ValueError(f"ViTConfig.head_norm must be a bool, got {self.head_norm!r}")
-        if self.attn_bias and self.kind == "lipschitz":
-            raise ValueError("ViTConfig.attn_bias: the Lipschitz attention is bias-free")
-        v = self.residual_scale
-        if isinstance(v, bool) or not isinstance(v, int | float) or v < 0:
-            raise ValueError(f"ViTConfig.residual_scale must be a number >= 0, got {v!r}")
-        if not isinstance(self.spectral_init, bool):
-            raise ValueError(f"ViTConfig.spectral_init must be a bool, got {self.spectral_init!r}")
-        if self.kind == "lipschitz" and self.baseline:
-            raise ValueError("ViTConfig.attention/norm/residual_scale/spectral_init: the "
-                             "baselines are standard ViTs (kind = 'standard')")
-
-    @property
-    def n_patches(self) -> int:
-        return (self.image_size // self.patch) ** 2
-
-    @property
-    def n_tokens(self) -> int:
-        return self.n_patches + (self.pool == "cls")
-
-    @property
-    def baseline(self) -> bool:
-        """True when any baseline option differs from the plain standard ViT."""
-        return (self.attention != "dot" or self.norm != "layernorm" or self.residual_scale > 0
-                or self.spectral_init)
-
-    @property
-    def stream_radius(self) -> float:
-        return math.sqrt(self.dim) if self.radius_stream is None else float(self.radius_stream)
-
-    @classmethod
-    def from_dict(cls, d: Mapping[str, Any]) -> ViTConfig:
-        """From a params mapping; unknown keys are an error."""
-        return dataclass_from_mapping(cls, d)
-
-    def to_dict(self) -> dict[str, Any]:
-        d = dataclasses.asdict(self)
-        d["mean"], d["std"] = list(self.mean), list(self.std)
-        return d
-
-
-@dataclass(frozen=True, eq=False)
-class Component:
-    """One piece of the network, in forward order, for perturbation propagation.
-
-    How a perturbation bound eps (in ||.||_F of the whole tensor) passes through it:
-      kind "attention", residual "identity": eps -> delta_{H=I}(X, eps), X = the clean input
-          of the attention module ``name`` (the projected stream: H = I is exact);
-      kind "attention", residual "skip": eps -> eps + delta_{H=0}(X, pre_lipschitz * eps)
-          (pre-norm block: the branch's norm, Lipschitz ``pre_lipschitz``, is inside);
-      kind "head": logits = features @ weight.T + bias; use ``weight`` rows for the pairwise test;
-      anything else: eps -> lipschitz * eps.
-    ``lipschitz`` is a global constant; math.inf where none exists (dot-product attention,
-    LayerNorm and anything containing it).
-    """
-
-    name: str
-    kind: str  # normalize|patch_embed|tokens|project|layernorm|centernorm|attention|
-    #            attention_variant (a baseline's residual attention, no bound)|sll|mlp|pool|head
-    lipschitz: float
-    module: nn.Module | None = None
-    residual: str = "none"  # attention only: "identity" | "skip"
-    pre_lipschitz: float = 1.0
-    weight: Tensor | None = None
-    bias: Tensor | None = None
-
-
-class MLP(nn.Module):
-    """Standard GELU MLP (the branch; the block adds the residual)."""
-
-    def __init__(self, dim: int, hidden: int):
-        super().__init__()
-        self.fc1, self.act, self.fc2 = nn.Linear(dim, hidden), nn.GELU(), nn.Linear(hidden, dim)
-
-    def forward(self, x: Tensor) -> Tensor:
-        return self.fc2(self.act(self.fc1(x)))
-
-
-class Block(nn.Module):
-    """One transformer block, "stream" or "prenorm" form (see the module docstring)."""
-
-    def __init__(self, cfg: ViTConfig):
-        super().__init__()
-        self.form, self.lipschitz = cfg.block, cfg.kind == "lipschitz"
-        if self.lipschitz:
-            self.norm_attn = LayerProject(cfg.radius_attn)
-            self.norm_mlp = LayerProject(cfg.stream_radius)
-            self.mlp = SLLResidual(cfg.dim, cfg.mlp_hidden)
-        else:
-            self.norm_attn, self.norm_mlp = _norm(cfg), _norm(cfg)
-            self.mlp = MLP(cfg.dim, cfg.mlp_hidden)
-        self.attn = _attention(cfg)
-        # the plain dot-product residual F(X) = H X + sum_l P_l X A_l that the bounds know
-        self.dot_residual = cfg.attention == "dot" and cfg.residual_scale == 0
-        self.scale_attn = self.scale_mlp = None
-        if cfg.residual_scale > 0:  # LipsFormer: x + alpha * f(x) on both branches
-            self.scale_attn = ResidualScale(cfg.dim, cfg.residual_scale)
-            self.scale_mlp = ResidualScale(cfg.dim, cfg.residual_scale)
-        if cfg.spectral_init:
-            for m in self.modules():
-                if isinstance(m, nn.Linear):
-                    spectral_init_(m.weight)
-
-    @staticmethod
-    def _scaled(scale: ResidualScale | None, y: Tensor) -> Tensor:
-        return y if scale is None else scale(y)
-
-    def forward(self, x: Tensor, mask: Tensor | None = None) -> Tensor:
-        """``mask`` (B, n) bool: padding keys excluded (dot-product attention only)."""
-        kw = {} if mask is None else {"mask": mask}
-        if self.form == "stream":
-            x = self.norm_attn(x)
-            # F(X) = X + sum_l P_l X A_l on the attention's own input
-            x = x + self._scaled(self.scale_attn, self.attn(x, **kw))
-        else:
-            x = x + self._scaled(self.scale_attn, self.attn(self.norm_attn(x), **kw))
-        if self.lipschitz:
-            return self.mlp(self.norm_mlp(x))  # SLL carries its own residual
-        return x + self._scaled(self.scale_mlp, self.mlp(self.norm_mlp(x)))
-
-    def components(self, prefix: str) -> list[Component]:
-        norm_kind, norm_l = _norm_component(self.norm_attn)
-        out = []
-        if not self.dot_residual:  # a baseline's attention: no local bound, no constant claimed
-            if self.form == "stream":
-                out.append(Component(f"{prefix}.norm_attn", norm_kind, norm_l, self.norm_attn))
-            out.append(Component(f"{prefix}.attn", "attention_variant", math.inf, self.attn))
-        elif self.form == "stream":
-            out.append(Component(f"{prefix}.norm_attn", norm_kind, norm_l, self.norm_attn))
-            out.append(Component(f"{prefix}.attn", "attention", math.inf, self.attn,
-                                 residual="identity"))
-        else:
-            out.append(Component(f"{prefix}.attn", "attention", math.inf, self.attn,
-                                 residual="skip", pre_lipschitz=norm_l))
-        if self.lipschitz:
-            out.append(Component(f"{prefix}.norm_mlp", "project", 1.0, self.norm_mlp))
-            out.append(Component(f"{prefix}.mlp", "sll", SLLResidual.lipschitz, self.mlp))
-        else:
-            out.append(Component(f"{prefix}.mlp", "mlp", math.inf, self.mlp))  # contains its norm
-        return out
-
-
-def _norm(cfg: ViTConfig) -> nn.Module:
-    """The standard ViT's norm: LayerNorm, or LipsFormer's CenterNorm."""
-    return CenterNorm(cfg.dim) if cfg.norm == "center" else nn.LayerNorm(cfg.dim)
-
-
-def _norm_component(norm: nn.Module) -> tuple[str, float]:
-    """(component kind, Lipschitz constant) of a norm: LayerNorm has none (math.inf)."""
-    if isinstance(norm, LayerProject):
-        return "project", LayerProject.lipschitz
-    if isinstance(norm, CenterNorm):
-        return "centernorm", norm.compute_lipschitz()
-    return "layernorm", math.inf
-
-
-def _attention(cfg: ViTConfig) -> nn.Module:
-    """The block's attention: dot-product (constrained for the Lipschitz ViT) or a baseline."""
-    if cfg.attention == "l2":
-        return L2MultiHeadAttention(cfg.dim, cfg.heads, bias=cfg.attn_bias)
-    if cfg.attention == "lnformer":
-        return LNFormerAttention(cfg.dim, cfg.heads, bias=cfg.attn_bias)
-    if cfg.attention == "cosine":
-        return ScaledCosineAttention(cfg.dim, cfg.heads, bias=cfg.attn_bias)
-    return MultiHeadAttention(cfg.dim, cfg.heads, cfg.kind == "lipschitz", cfg.gamma_qk,
-                              cfg.gamma_vo, bias=cfg.attn_bias)
+__all__ = ["ATTENTIONS", "BLOCKS", "KINDS", "MLP", "NORMS", "POOLS", "Block", "Component", "ViT",
+           "ViTConfig", "build_vit", "lipschitz_product", "load_vit", "propagate", "save_vit"]
 
 
 class ViT(nn.Module):

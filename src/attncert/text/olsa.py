@@ -44,6 +44,10 @@ range where the paper form leans on ||P||_2 <= 1. tests/test_text.py checks it a
 paper form, random pairs and PGD.
 alpha2 = sqrt(kappa) + R sqrt(n) / (sqrt(2) alpha1) (unit norms) makes the layer 1-Lipschitz
 for every sentence length n; it is computed per sample from the padding mask.
+
+The linear maps and GroupSort live in :mod:`attncert.text.orthogonal`, the bounds and the
+certificate regulariser in :mod:`attncert.text.olsa_bounds`; this module holds the attentions,
+the layer and the pooling, and re-exports both.
 """
 
 from __future__ import annotations
@@ -52,168 +56,37 @@ import math
 
 import torch
 from torch import Tensor, nn
-from torch.nn import functional as F
 
 from attncert.bounds import kim_l2_attention_lipschitz
 from attncert.layers import LayerProject, spectral_norm_exact
-from attncert.train import logit_margin
+from attncert.text.olsa_bounds import (
+    certificate_regulariser,
+    certified_radius,
+    gamma_ramp,
+    olsa_alpha2,
+    olsa_attention_lipschitz,
+)
+from attncert.text.orthogonal import (
+    GroupSort,
+    OrthogonalLinear,
+    SpectralNormLinear,
+    newton_orthogonalize,
+    reproject_orthogonal_,
+)
+
+__all__ = [
+    "ATTENTIONS", "RESIDUALS", "GroupSort", "L2Attention", "OLSAAttention", "OLSALayer",
+    "OrthogonalLinear", "SpectralNormLinear", "certificate_regulariser", "certified_radius",
+    "gamma_ramp", "mixed_residual_lipschitz", "newton_orthogonalize", "normalize_tokens",
+    "olsa_alpha2", "olsa_attention_lipschitz", "reproject_orthogonal_", "sqrt_mean_pool",
+]
+
 
 ATTENTIONS = ("olsa", "l2")
 #: averaged: OLSA's 0.5 x + 0.5 f(x); gated: (1 - b) x + b f(x), b = sigmoid(theta) trained
 RESIDUALS = ("averaged", "gated")
 
 
-# ---------------------------------------------------------------------------- orthogonality
-def newton_orthogonalize(v: Tensor, iters: int) -> Tensor:
-    """(..., d, d) -> the orthogonal polar factor W = (V V^T)^{-1/2} V by Newton-Schulz.
-
-    X_0 = V / sqrt(s), s the largest absolute row sum of V V^T (>= ||V||_2^2), so every
-    singular value of X_0 is in (0, 1]; X_{k+1} = X_k (3I - X_k^T X_k) / 2 maps each singular
-    value by f(x) = (3x - x^3) / 2, which keeps (0, 1] inside (0, 1] and converges to 1
-    (quadratically near 1) with unchanged singular vectors: the polar factor that the coupled
-    iteration of MATH.md section 7 (Y_0 = V V^T, Z_0 = I) reaches as Z -> (V V^T)^{-1/2}.
-    This uncoupled form corrects its own rounding (the coupled one stalls near 4e-4 in
-    float32 on an ill-conditioned V), and an unconverged result still has ||W||_2 <= 1 (up to
-    rounding). Differentiable. Certificates use the exact spectral norm of the result.
-    """
-    a = v @ v.transpose(-1, -2)
-    x = v / a.abs().sum(-1).amax(-1)[..., None, None].sqrt()
-    for _ in range(iters):
-        x = 1.5 * x - 0.5 * x @ (x.transpose(-1, -2) @ x)
-    return x
-
-
-class OrthogonalLinear(nn.Module):
-    """y = W x (+ b), W = newton_orthogonalize(V, iters) (dim x dim), V the free parameter.
-
-    Training keeps V near-orthogonal with :meth:`reproject_` after every optimiser step (a
-    polar retraction), so one differentiable Newton-Schulz step in the forward pass suffices
-    (measured: ||W W^T - I||_max ~ 4e-7 in float32 for dim 256).
-    """
-
-    def __init__(self, dim: int, bias: bool = False, iters: int = 1):
-        super().__init__()
-        self.iters = iters
-        self.v = nn.Parameter(torch.empty(dim, dim))
-        nn.init.orthogonal_(self.v)
-        self.bias = nn.Parameter(torch.zeros(dim)) if bias else None
-
-    def weight_effective(self) -> Tensor:
-        """(dim, dim): the (nearly) orthogonal matrix applied."""
-        return newton_orthogonalize(self.v, self.iters)
-
-    def forward(self, x: Tensor) -> Tensor:
-        return F.linear(x, self.weight_effective(), self.bias)
-
-    @torch.no_grad()
-    def reproject_(self, iters: int = 5) -> None:
-        """V <- its polar factor (W unchanged): keeps V near-orthogonal between optimiser steps,
-        so the few forward iterations converge (a step moves the singular values little)."""
-        self.v.copy_(newton_orthogonalize(self.v, iters))
-
-
-def reproject_orthogonal_(model: nn.Module) -> None:
-    """:meth:`OrthogonalLinear.reproject_` on every orthogonal map of ``model`` (after a step)."""
-    for m in model.modules():
-        if isinstance(m, OrthogonalLinear):
-            m.reproject_()
-
-
-class SpectralNormLinear(nn.Module):
-    """y = W x / ||W||_2 (no bias): a 1-Lipschitz linear head, normalised by its exact
-    (differentiable) spectral norm, so the certificate regulariser cannot grow the radius
-    M / (sqrt(2) Lip) by shrinking the head while the CE loss stays bounded."""
-
-    def __init__(self, in_features: int, out_features: int):
-        super().__init__()
-        self.weight = nn.Parameter(torch.empty(out_features, in_features))
-        nn.init.orthogonal_(self.weight)
-
-    def weight_effective(self) -> Tensor:
-        """(out, in): W / ||W||_2."""
-        return self.weight / torch.linalg.matrix_norm(self.weight, 2)
-
-    def forward(self, x: Tensor) -> Tensor:
-        return F.linear(x, self.weight_effective())
-
-
-class GroupSort(nn.Module):
-    """Sort every consecutive group of ``group_size`` features in decreasing order.
-
-    A permutation of its input in every group, hence norm preserving; 1-Lipschitz in l2
-    (sorting is 1-Lipschitz; Anil et al. 2019). group_size 2 is MaxMin.
-    """
-
-    def __init__(self, group_size: int = 2):
-        super().__init__()
-        self.group_size = group_size
-
-    def forward(self, x: Tensor) -> Tensor:
-        if x.shape[-1] % self.group_size:
-            raise ValueError(f"{x.shape[-1]} features do not split into groups of "
-                             f"{self.group_size}")
-        g = x.unflatten(-1, (-1, self.group_size))
-        return g.sort(dim=-1, descending=True).values.flatten(-2)
-
-    def extra_repr(self) -> str:
-        return f"group_size={self.group_size}"
-
-
-# ---------------------------------------------------------------------------- pure bounds
-def _kappa(n: Tensor, d: Tensor) -> Tensor:
-    """Max column sum of a row-stochastic n x n matrix whose row scores spread by <= d."""
-    return n / (1.0 + (n - 1.0) * torch.exp(-d))
-
-
-def olsa_alpha2(alpha1: Tensor | float, radius: float, n: Tensor | int) -> Tensor:
-    """alpha2 = sqrt(kappa) + R sqrt(n) / (sqrt(2) alpha1) (0 second term at n = 1): with unit
-    weight norms this makes :func:`olsa_attention_lipschitz` exactly 1 (module docstring)."""
-    return olsa_attention_lipschitz(alpha1, 1.0, radius, n)
-
-
-def olsa_attention_lipschitz(alpha1: Tensor | float, alpha2: Tensor | float, radius: float,
-                             n: Tensor | int, s_q: float = 1.0, s_k: float = 1.0,
-                             s_v: float = 1.0) -> Tensor:
-    """Lipschitz bound (in ||.||_F) of OLSA attention on n tokens of norm <= R (float64).
-
-    (s_v / alpha2) [ sqrt(kappa) + R sqrt(n) (s_q + s_k) / (2 sqrt 2 alpha1) ],
-    kappa = n / (1 + (n - 1) exp(-s_k R / alpha1)); the second term is 0 for n = 1. s_q, s_k,
-    s_v bound the spectral norms of W^Q, W^K, W^V (1 when orthogonal). Derivation: module
-    docstring. Batched over n (and alpha1, alpha2) by broadcasting.
-    """
-    a1 = torch.as_tensor(alpha1, dtype=torch.float64)
-    n = torch.as_tensor(n, dtype=torch.float64)
-    kappa = _kappa(n, s_k * radius / a1)
-    score = torch.where(n > 1, radius * n.sqrt() * (s_q + s_k) / (2.0 * math.sqrt(2.0) * a1),
-                        torch.zeros_like(n))
-    return s_v * (kappa.sqrt() + score) / torch.as_tensor(alpha2, dtype=torch.float64)
-
-
-def certified_radius(logits: Tensor, y: Tensor, lipschitz: Tensor | float) -> Tensor:
-    """(B,): r = relu(M) / (sqrt(2) Lip), M = f_y - max_{j != y} f_j (MATH.md section 6).
-
-    0 for a misclassified point, so the mean is OLSA's average certified radius.
-    """
-    return F.relu(logit_margin(logits.double(), y)) / (math.sqrt(2.0) * torch.as_tensor(
-        lipschitz, dtype=torch.float64, device=logits.device))
-
-
-def certificate_regulariser(logits: Tensor, y: Tensor, lipschitz: Tensor | float,
-                            gamma: float) -> Tensor:
-    """-gamma mean(relu(M / (sqrt(2) Lip))): OLSA's -gamma relu(M / sqrt 2) (MATH.md section 7)
-    for a network with Lipschitz constant Lip (differentiable in Lip), i.e. the certified radius."""
-    margin = logit_margin(logits, y)
-    return -gamma * (F.relu(margin) / (math.sqrt(2.0) * lipschitz)).mean()
-
-
-def gamma_ramp(step: int, total_steps: int, gamma: float, ramp: float = 1.0) -> float:
-    """Linear ramp of the regulariser weight: 0 at step 0, ``gamma`` after ``ramp`` x total."""
-    if ramp <= 0:
-        return gamma
-    return gamma * min(1.0, step / max(1.0, ramp * total_steps))
-
-
-# ---------------------------------------------------------------------------- attention
 def _lengths(mask: Tensor) -> Tensor:
     """(B,) number of real tokens."""
     return mask.sum(-1)

@@ -1,0 +1,117 @@
+"""Measured training step times (forward, backward, AdamW) of every model kind at its params-file
+shape (``python -m attncert.cost bench``)."""
+
+from __future__ import annotations
+
+import functools
+import time
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from torch import nn
+
+from attncert.cost.counting import (
+    VOCAB,
+    _images,
+    stand_in,
+)
+
+# -- training step times (make bench) ----------------------------------------------------------
+
+
+def bench_models(params) -> dict[str, tuple[nn.Module, Callable[[int], tuple], str]]:
+    """Every trained model kind at its params-file shape: name -> (model, batch(b), shape)."""
+    from attncert import runs
+    from attncert import specformer as sf
+    from attncert.models import build_vit
+    from attncert.text.models import (
+        LipschitzTextTransformer,
+        OLSAClassifier,
+        TextTransformerConfig,
+    )
+    from attncert.text.stage import StandardTextTransformer
+
+    g, s, sfp, t = params["vit_grid"], params["train_vit"], params["specformer"], params["text"]
+    ds, depth, heads = g.dataset[0], max(g.depth), max(g.heads)
+    lip = runs.vit_config(stand_in(ds), s.__dict__, depth, heads, g.gamma_vo[0])
+    base = sf.base_model_config(stand_in(sfp.datasets[0]), sfp.patch, sfp.dim, sfp.depth,
+                                sfp.heads, sfp.mlp_hidden, sfp.block)
+
+    def images(cfg):
+        return functools.partial(_images, cfg)
+
+    def tokens(b):
+        return (torch.randint(1, VOCAB, (b, t.max_len)),
+                torch.ones(b, t.max_len, dtype=torch.bool), torch.zeros(b, dtype=torch.long))
+
+    torch.manual_seed(0)
+    deep = max(t.olsa_depths)
+    lcfg = TextTransformerConfig(vocab_size=VOCAB, max_len=t.max_len, dim=t.lofast_dim,
+                                 depth=max(t.lofast_layers), heads=max(t.lofast_heads),
+                                 mlp_hidden=t.lofast_mlp_hidden, radius_attn=t.lofast_radius_attn,
+                                 gamma_qk=t.lofast_gamma_qk, gamma_vo=t.lofast_gamma_vo[0])
+    return {
+        "lipschitz ViT (train_vit)": (build_vit(lip), images(lip),
+                                      f"{ds} {lip.image_size}px patch {lip.patch}, "
+                                      f"{lip.dim}-d, depth {depth}, {heads} heads"),
+        "standard ViT (specformer vanilla)": (build_vit(base), images(base),
+                                              f"{base.dim}-d, depth {base.depth}, patch "
+                                              f"{base.patch}"),
+        "SpecFormer (MSVP)": (build_vit(base), images(base), "as vanilla + MSVP"),
+        "OLSA text": (OLSAClassifier(vocab_size=VOCAB, max_len=t.max_len, dim=t.hidden,
+                                     depth=deep, heads=t.heads), tokens,
+                      f"{t.max_len} tokens, {t.hidden}-d, depth {deep}"),
+        "LoFAST text": (LipschitzTextTransformer(lcfg), tokens,
+                        f"{t.max_len} tokens, {lcfg.dim}-d, depth {lcfg.depth}"),
+        "standard text": (StandardTextTransformer(VOCAB, t.max_len, t.hidden, deep, t.heads,
+                                                  2 * t.hidden), tokens,
+                          f"{t.max_len} tokens, {t.hidden}-d, depth {deep}"),
+    }
+
+
+def bench_training(params, batch: int, steps: int = 5, device: str = "auto",
+                   precision: str = "auto") -> list[dict[str, Any]]:
+    """Seconds per training step (median of ``steps`` after one warm-up) per model kind."""
+    from attncert.msvp import MSVP
+    from attncert.precision import autocast, resolve_precision, training_matmuls
+    from attncert.train import resolve_device
+
+    dev = resolve_device(device)
+    prec = resolve_precision(precision, dev)
+    rows = []
+    for name, (model, make_batch, shape) in bench_models(params).items():
+        model.to(dev).train()
+        args = [a.to(dev) for a in make_batch(batch)]
+        msvp = (MSVP(model, *params["specformer"].msvp_lambda) if "MSVP" in name else None)
+        opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-4)
+
+        def step(model=model, args=args, msvp=msvp, opt=opt):
+            with autocast(prec, dev):
+                loss = nn.functional.cross_entropy(model(*args[:-1]), args[-1])
+                if msvp is not None:
+                    loss = loss + msvp()
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            opt.step()
+
+        times = []
+        with training_matmuls(prec, dev):
+            for i in range(steps + 1):
+                _sync(dev)
+                t0 = time.perf_counter()
+                step()
+                _sync(dev)
+                if i:
+                    times.append(time.perf_counter() - t0)
+        times.sort()
+        rows.append({"model": name, "shape": shape, "batch": batch, "device": str(dev),
+                     "precision": prec, "ms_per_step": 1e3 * times[len(times) // 2],
+                     "parameters": sum(p.numel() for p in model.parameters())})
+        model.cpu()
+    return rows
+
+
+def _sync(dev: torch.device) -> None:
+    if dev.type == "cuda":
+        torch.cuda.synchronize(dev)

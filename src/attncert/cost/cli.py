@@ -1,0 +1,67 @@
+"""Cost of the study at the scale of a params file: GPU-hours per stage, and training step times.
+
+The command line (``python -m attncert.cost table | readme | bench``) and the README block it
+rewrites between the cost markers.
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+from pathlib import Path
+
+import torch
+
+from attncert.cost.bench import bench_training
+from attncert.cost.counting import (
+    GPUS,
+    UTILISATION,
+)
+from attncert.cost.table import cost_table
+
+# -- command line -----------------------------------------------------------------------------
+
+MARKERS = ("<!-- cost:start -->", "<!-- cost:end -->")
+
+
+def write_readme(table: str, readme: str | Path = "README.md") -> None:
+    path = Path(readme)
+    text = path.read_text()
+    start, end = MARKERS
+    if start not in text or end not in text:
+        raise ValueError(f"{path}: the markers {start} / {end} are missing")
+    pattern = re.compile(re.escape(start) + r".*?" + re.escape(end), re.S)
+    path.write_text(pattern.sub(lambda _: f"{start}\n{table}\n{end}", text, count=1))
+
+
+def main(argv: list[str] | None = None) -> int:
+    from attncert.params import load_params
+
+    ap = argparse.ArgumentParser(prog="python -m attncert.cost",
+                                 description=__doc__.splitlines()[0])
+    ap.add_argument("command", choices=["table", "readme", "bench"])
+    ap.add_argument("--params", default="params.yaml")
+    ap.add_argument("--gpu", default="h100", choices=sorted(GPUS))
+    ap.add_argument("--utilisation", type=float, default=UTILISATION)
+    ap.add_argument("--batch", type=int, default=32, help="bench: batch size")
+    ap.add_argument("--steps", type=int, default=5, help="bench: timed steps per model")
+    ap.add_argument("--device", default="auto", help="bench: auto | cpu | cuda ...")
+    args = ap.parse_args(argv)
+    if not 0 < args.utilisation <= 1:
+        ap.error("--utilisation must be in (0, 1]")
+    params = load_params(args.params)
+    if args.command == "bench":
+        rows = bench_training(params, args.batch, args.steps, args.device)
+        print(f"training step (forward, backward, AdamW), batch {args.batch}, "
+              f"device {rows[0]['device']}, precision {rows[0]['precision']}, "
+              f"threads {torch.get_num_threads()}")
+        print(f"{'model':>34} {'ms/step':>9} {'params':>11}  shape")
+        for r in rows:
+            print(f"{r['model']:>34} {r['ms_per_step']:9.1f} {r['parameters']:11,}  {r['shape']}")
+        return 0
+    torch.set_num_threads(max(1, min(torch.get_num_threads(), 2)))
+    table = cost_table(params, GPUS[args.gpu], args.utilisation)
+    if args.command == "readme":
+        write_readme(table)
+    print(table)
+    return 0

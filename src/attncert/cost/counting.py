@@ -1,0 +1,239 @@
+"""Counting one call's matrix-product FLOPs and GPU kernels, and the public shapes the counts
+are taken at: datasets, Hugging Face ViTs, BERT encoders, GPUs' peaks, and the project's models
+built at a params file's shapes (FLOPs fitted as a + b * batch from batch 1 and 2)."""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils.flop_counter import FlopCounterMode
+
+from attncert import rng
+
+#: public dataset facts: (channels, image size, classes, training images, test images)
+DATASETS = {
+    "mnist": (1, 28, 10, 60000, 10000),
+    "fashion_mnist": (1, 28, 10, 60000, 10000),
+    "cifar10": (3, 32, 10, 50000, 10000),
+    "cifar100": (3, 32, 100, 50000, 10000),
+    "svhn": (3, 32, 10, 73257, 26032),
+}
+SST2 = {"train": 67349, "dev": 872, "test": 1821}
+#: Hugging Face ViTs the certvit stage may load: the project's standard-ViT shape of each
+HF_VITS = {
+    "google/vit-base-patch16-224": dict(image_size=224, patch=16, dim=768, depth=12, heads=12,
+                                        mlp_hidden=3072),
+    "WinKawaks/vit-small-patch16-224": dict(image_size=224, patch=16, dim=384, depth=12,
+                                            heads=6, mlp_hidden=1536),
+    "facebook/deit-tiny-patch16-224": dict(image_size=224, patch=16, dim=192, depth=12,
+                                           heads=3, mlp_hidden=768),
+}
+#: BERT-family encoders the text stage may freeze: (hidden, layers, heads, intermediate)
+ENCODERS = {"bert-base-uncased": (768, 12, 12, 3072), "minilm-package": (384, 6, 12, 1536)}
+VOCAB = 30522  # the uncased WordPiece vocabulary of both tokenizers
+
+
+@dataclass(frozen=True)
+class GPU:
+    """Dense peak FLOP/s per precision (vendor data sheet, without sparsity)."""
+
+    name: str
+    bf16: float
+    tf32: float
+    fp32: float
+    fp64: float
+
+
+GPUS = {
+    "h100": GPU("NVIDIA H100 SXM", bf16=989e12, tf32=495e12, fp32=67e12, fp64=67e12),
+    "a100": GPU("NVIDIA A100 SXM", bf16=312e12, tf32=156e12, fp32=19.5e12, fp64=19.5e12),
+}
+#: seconds per GPU kernel (launch and dispatch of eager PyTorch): the floor of a small step
+KERNEL_SECONDS = 8e-6
+UTILISATION = 0.3
+
+
+# -- counting ----------------------------------------------------------------------------------
+
+
+class _KernelCounter(TorchDispatchMode):
+    """Counts the aten calls that launch work (views and metadata-only calls excluded)."""
+
+    SKIP = {"detach", "view", "_unsafe_view", "t", "expand", "permute", "transpose",
+            "unsqueeze", "squeeze", "slice", "select", "alias", "lift_fresh", "reshape",
+            "as_strided", "unbind", "split", "split_with_sizes", "chunk", "narrow", "empty",
+            "empty_like", "empty_strided", "_to_copy_noop", "size", "stride"}
+
+    def __init__(self):
+        super().__init__()
+        self.kernels = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        name = func.overloadpacket.__name__
+        if name not in self.SKIP and not getattr(func, "is_view", False):
+            self.kernels += 1
+        return func(*args, **(kwargs or {}))
+
+
+@dataclass(frozen=True)
+class Counts:
+    """FLOPs of one call = per_call + per_sample * batch; kernels of one call."""
+
+    per_call: float
+    per_sample: float
+    kernels: float
+
+    def flops(self, batch: int) -> float:
+        return self.per_call + self.per_sample * batch
+
+
+def count(fn: Callable[[], Any]) -> tuple[float, int]:
+    """(matmul FLOPs, kernels) of one call of ``fn`` (on the CPU)."""
+    with FlopCounterMode(display=False) as flops, _KernelCounter() as kernels:
+        fn()
+    return float(flops.get_total_flops()), kernels.kernels
+
+
+def fit(make: Callable[[int], Callable[[], Any]], per_call_cost: bool = True) -> Counts:
+    """:class:`Counts` from calls at batch 1 and 2 (``make(b)`` returns the call); with
+    ``per_call_cost=False`` one call at batch 1, every FLOP taken as per sample."""
+    f1, k1 = count(make(1))
+    if not per_call_cost:
+        return Counts(0.0, f1, k1)
+    f2, _ = count(make(2))
+    return Counts(max(2 * f1 - f2, 0.0), max(f2 - f1, 0.0), k1)
+
+
+# -- the models at the params' shapes ------------------------------------------------------
+
+
+def stand_in(dataset: str) -> dict[str, Any]:
+    """The processed-data fields a model config reads (shape, classes, statistics)."""
+    c, s, k, _, _ = DATASETS[dataset]
+    return {"train": {"x": torch.zeros(1, c, s, s, dtype=torch.uint8)}, "classes": list(range(k)),
+            "mean": [0.5] * c, "std": [0.25] * c}
+
+
+def _images(cfg, b: int, dtype=torch.float32) -> tuple[Tensor, Tensor]:
+    x = torch.rand(b, cfg.channels, cfg.image_size, cfg.image_size, dtype=dtype)
+    return x, torch.zeros(b, dtype=torch.long)
+
+
+def train_step(model: nn.Module, batch: Callable[[int], tuple], loss_fn=None, msvp=None
+               ) -> Callable[[int], Callable[[], None]]:
+    """make(b): one training step (forward, loss, backward, AdamW) at batch b."""
+    opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-4)
+    loss_fn = loss_fn or (lambda out, y: nn.functional.cross_entropy(out, y))
+
+    def make(b):
+        args = batch(b)
+
+        def step():
+            model.train()
+            loss = loss_fn(model(*args[:-1]), args[-1])
+            if msvp is not None:
+                loss = loss + msvp()
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            opt.step()
+        return step
+    return make
+
+
+def forward(model: nn.Module, batch: Callable[[int], tuple]) -> Callable[[int], Callable]:
+    def make(b):
+        args = batch(b)
+        return lambda: model.eval()(*args[:-1])
+    return make
+
+
+def attack_step(model: nn.Module, batch: Callable[[int], tuple]) -> Callable[[int], Callable]:
+    """make(b): one PGD step (forward and the gradient with respect to the input)."""
+    def make(b):
+        args = batch(b)
+
+        def step():
+            params = [q for q in model.parameters() if q.requires_grad]
+            for q in params:  # the input's gradient only, as an attack takes it
+                q.requires_grad_(False)
+            try:
+                x = args[0].clone().requires_grad_(True)
+                model.eval()(x, *args[1:-1]).sum().backward()
+            finally:
+                for q in params:
+                    q.requires_grad_(True)
+        return step
+    return make
+
+
+def _vit_counts(cfg, train: bool = True, dtype=torch.float32, msvp_lambda=None):
+    from attncert.models import build_vit
+    from attncert.msvp import MSVP
+
+    torch.manual_seed(0)
+    model = build_vit(cfg).to(dtype)
+    batch = functools.partial(_images, cfg, dtype=dtype)
+    out = {"forward": fit(forward(model, batch)), "attack": fit(attack_step(model, batch))}
+    if train:
+        msvp = MSVP(model, *msvp_lambda) if msvp_lambda and any(msvp_lambda) else None
+        out["train"] = fit(train_step(model, batch, msvp=msvp))
+    return out
+
+
+def vit_counts(cfg, msvp: tuple[float, ...] | None = None) -> dict[str, Counts]:
+    """Train step, forward and attack step of a ViT config (cached per shape: a norm bound
+    such as gamma_vo changes no FLOP)."""
+    return _vit_counts_cached(dataclasses.replace(cfg, gamma_vo=1.0), msvp)
+
+
+@functools.cache
+def _vit_counts_cached(cfg, msvp):
+    return _vit_counts(cfg, msvp_lambda=msvp)
+
+
+def vit_forward64(cfg) -> Counts:
+    """A float64 forward pass (the certificates' precision) of a ViT config (cached)."""
+    return _forward64_cached(dataclasses.replace(cfg, gamma_vo=1.0))
+
+
+@functools.cache
+def _forward64_cached(cfg) -> Counts:
+    return _vit_counts(cfg, train=False, dtype=torch.float64)["forward"]
+
+
+@functools.cache
+def layer_certificate_counts(n: int, d: int, h: int, variant: str) -> Counts:
+    """The eps-independent certificate terms of one residual attention layer (float64)."""
+    from attncert import bounds
+    from attncert.bounds.bench import bench_layer
+
+    def make(b):
+        w, x = bench_layer(n, d, h, b, torch.float64)
+        if variant in ("lofast_M", "lofast_xi"):
+            return lambda: bounds.lofast_terms(x, w, True, variant.split("_")[1])
+        return lambda: bounds.naive_terms(x, w, True)
+    return fit(make, per_call_cost=False)  # per sample: batched Lanczos runs per sample
+
+
+@functools.cache
+def layer_pgd_counts(n: int, d: int, h: int) -> tuple[Counts, Counts]:
+    """The tightness study's PGD ascent on one layer (float64), per input: (its set-up, the
+    Jacobian start direction by Lanczos; one step), from runs of 2 and 4 steps (restarts run
+    batched: they multiply FLOPs, not kernels)."""
+    from attncert.bounds import pgd_sensitivity
+    from attncert.bounds.bench import bench_layer
+
+    w, x = bench_layer(n, d, h, 1, torch.float64)
+    runs = {k: count(lambda k=k: pgd_sensitivity(
+        x, w, 0.05, True, steps=k, restarts=1, generator=rng.generator(0)))
+        for k in (2, 4)}
+    step_f, step_k = ((runs[4][i] - runs[2][i]) / 2 for i in (0, 1))
+    setup = Counts(0.0, max(runs[2][0] - 2 * step_f, 0.0), max(runs[2][1] - 2 * step_k, 0))
+    return setup, Counts(0.0, max(step_f, 0.0), max(step_k, 0))

@@ -1,0 +1,296 @@
+"""Each stage's work items at a params file's scale: the ViT grid, tightness, SpecFormer, CROWN,
+text and CertViT."""
+
+from __future__ import annotations
+
+import functools
+import math
+
+import torch
+
+from attncert.cost.counting import (
+    DATASETS,
+    ENCODERS,
+    HF_VITS,
+    SST2,
+    VOCAB,
+    Counts,
+    attack_step,
+    fit,
+    forward,
+    layer_certificate_counts,
+    layer_pgd_counts,
+    stand_in,
+    train_step,
+    vit_counts,
+    vit_forward64,
+)
+from attncert.cost.work import Work, _certify_work, _n, _steps, audit_work, training_work
+
+
+def _grid_work(p, n_train_max: int, n_test_max: int) -> list[Work]:
+    from attncert import runs
+
+    g, s, cv = p["vit_grid"], p["train_vit"].__dict__, p["certify_vit"]
+    out = []
+    for ds in g.dataset:
+        _, _, _, n_tr, n_te = DATASETS[ds]
+        n_tr, n_te = _n(n_train_max, n_tr), _n(n_test_max, n_te)
+        for depth in g.depth:
+            for heads in g.heads:
+                for vo in g.gamma_vo:
+                    name = runs.run_name(ds, depth, heads, vo)
+                    cfg = runs.vit_config(stand_in(ds), s, depth, heads, vo)
+                    c = vit_counts(cfg, tuple(s["msvp_lambda"]))
+                    adv = s["adv_steps"] if s["adversarial"] != "none" else 0
+                    out += training_work("train_vit", name, c, n_tr, n_te, s["epochs"],
+                                         s["batch_size"], s["eval_batch_size"], adv)
+                    out += _certify_work("certify_vit", name, cfg, min(cv.n_test, n_te),
+                                         cv.variants, len(cv.tests), cv.cert_batch_size)
+                    out.append(audit_work("certify_vit", f"{name}: PGD audit", c["attack"],
+                                          min(cv.n_test, n_te), len(cv.cert_eps),
+                                          cv.attack_steps, cv.attack_restarts,
+                                          cv.cert_batch_size))
+    return out
+
+
+def _tightness_work(p) -> list[Work]:
+    t = p["tightness"]
+    setup, step = layer_pgd_counts(t.n_tokens, t.dim, t.heads)
+    lc = layer_certificate_counts(t.n_tokens, t.dim, t.heads, "lofast_M")
+    # (calls, inputs per call): Table 3, Figure 1 (two pieces), Figure 3 (W^Q, W^K, W^V, W^O
+    # per size and draw, then X per size), Figure 4 (one call per scale)
+    s = t.samples
+    calls = [(1, s * len(t.cert_eps)), (2, s * len(t.cert_eps)),
+             (4 * len(t.fig3_sizes) * t.fig3_samples, s),
+             (len(t.fig3_sizes), s * t.fig3_samples), (len(t.fig4_scales), s)]
+    flops = sum(m * (setup.flops(b) + t.attack_steps * step.flops(t.attack_restarts * b)
+                     + lc.flops(b)) for m, b in calls)
+    kernels = sum(m * (setup.kernels + t.attack_steps * step.kernels + lc.kernels)
+                  for m, _ in calls)
+    return [Work("tightness", f"one layer ({t.n_tokens} tokens, {t.dim}-d, {t.heads} heads): "
+                 f"PGD-{t.attack_steps} x {t.attack_restarts} and LoFAST", "fp64", flops, kernels)]
+
+
+def _specformer_work(p, n_train_max: int, n_test_max: int) -> list[Work]:
+    from attncert import specformer as sf
+
+    s = p["specformer"]
+    out = []
+    for ds, src in ((ds, src) for ds in s.datasets for src in s.sources):
+        channels, _, k, n_tr, n_te = DATASETS[ds]
+        n_tr, n_te = _n(s.max_train, _n(n_train_max, n_tr)), _n(n_test_max, n_te)
+        if src == sf.SCRATCH:
+            base = sf.base_model_config(stand_in(ds), s.patch, s.dim, s.depth, s.heads,
+                                        s.mlp_hidden, s.block)
+            recipe = (s.epochs, s.adv_epochs, s.batch_size)
+        elif src in HF_VITS:  # fine-tuned at its own input size (the upsampling is free)
+            from attncert.models import ViTConfig
+
+            base = ViTConfig(channels=channels, num_classes=k, kind="standard",
+                             block="prenorm", pool="cls", attn_bias=True, **HF_VITS[src])
+            recipe = (s.finetune_epochs, s.finetune_adv_epochs, s.finetune_batch_size)
+        else:
+            raise ValueError(f"specformer.sources: the shape of {src!r} is unknown here; add it "
+                             "to attncert.cost.HF_VITS")
+        run = sf.run_label(ds, src)
+        n_eval = min(s.n_eval, n_te)
+        for training, methods, epochs in (("standard", s.methods, recipe[0]),
+                                          ("adversarial", s.adv_methods, recipe[1])):
+            for m in methods:
+                cfg = sf.method_model_config(m, base, s.lipsformer_alpha)
+                c = vit_counts(cfg, tuple(s.msvp_lambda) if m == "specformer" else None)
+                adv = s.adv_steps if training == "adversarial" else 0
+                out += training_work("specformer", f"{run} {training} {m}", c, n_tr, n_te,
+                                     epochs, recipe[2], s.eval_batch_size, adv)
+                # FGSM (1), PGD-2, CW-n, PGD-n and L2 PGD-n per radius
+                steps = 1 + 2 + 2 * s.attack_steps + s.attack_steps * len(s.attack_eps)
+                out.append(audit_work("specformer", f"{run} {training} {m}: attacks",
+                                      c["attack"], n_eval, 1, steps, 1, s.eval_batch_size))
+    # the certified pair: two Lipschitz ViTs (with and without MSVP), certified by two bounds
+    ds = s.datasets[0]
+    _, _, _, n_tr, n_te = DATASETS[ds]
+    n_tr, n_te = _n(s.max_train, _n(n_train_max, n_tr)), _n(n_test_max, n_te)
+    cfg = sf.data_config(stand_in(ds), normalize="mean", patch=s.cert_patch, dim=s.cert_dim,
+                         depth=s.cert_depth, heads=s.cert_heads, mlp_hidden=2 * s.cert_dim,
+                         kind="lipschitz", block="stream", pool="mean",
+                         radius_attn=s.cert_radius_attn, gamma_qk=s.cert_gamma_qk,
+                         gamma_vo=s.cert_gamma_vo)
+    for label, lam in (("without MSVP", None), ("with MSVP", tuple(s.cert_msvp_lambda))):
+        c = vit_counts(cfg, lam)
+        out += training_work("specformer", f"certified pair, {label}", c, n_tr, n_te,
+                             s.cert_epochs, s.batch_size, s.eval_batch_size)
+        out += _certify_work("specformer", f"certified pair, {label}", cfg,
+                             min(s.cert_n_test, n_te), ["lofast_M", "specformer"], 1, 100)
+    return out
+
+
+def _crown_work(p, n_train_max: int, n_test_max: int) -> tuple[list[Work], float]:
+    from attncert.crown import study
+
+    c_p = p["crown"]
+    pd_ = c_p.__dict__
+    _, _, _, n_tr, n_te = DATASETS[c_p.dataset]
+    n_tr, n_te = _n(c_p.max_train, _n(n_train_max, n_tr)), _n(n_test_max, n_te)
+    n = min(c_p.n_test, n_te)
+    out = []
+    for depth in c_p.depths:
+        cfg = study.vit_config(stand_in(c_p.dataset), pd_, depth)
+        c = vit_counts(cfg)
+        out += training_work("crown", f"L{depth}", c, n_tr, n_te, c_p.epochs, c_p.batch_size,
+                             500)
+        out += _certify_work("crown", f"L{depth} LoFAST", cfg, n, [c_p.lofast_variant], 1, 100)
+        out.append(audit_work("crown", f"L{depth}: PGD audit", c["attack"], n,
+                              len(c_p.cert_eps), c_p.attack_steps, c_p.attack_restarts, 100))
+    bounds = len(c_p.depths) * n * len(c_p.cert_eps) * len(c_p.methods)
+    return out, bounds * c_p.time_limit
+
+
+_TEXT_COUNTS: dict[tuple, dict[str, Counts]] = {}
+
+
+def _text_work(p) -> list[Work]:
+    from attncert.text.models import (
+        LipschitzTextTransformer,
+        OLSAClassifier,
+        TextTransformerConfig,
+    )
+    from attncert.text.stage import StandardTextTransformer
+
+    t = p["text"]
+    n_tr = _n(t.max_train, SST2["train"])
+    n_ev = _n(t.max_eval, SST2["dev"]) + _n(t.max_eval, SST2["test"])
+    n_cert = min(t.n_test, _n(t.max_eval, SST2["test"]))
+
+    def batch(b):
+        return (torch.randint(1, VOCAB, (b, t.max_len)),
+                torch.ones(b, t.max_len, dtype=torch.bool), torch.zeros(b, dtype=torch.long))
+
+    def emb_batch(model):
+        def make(b):
+            ids, mask, y = batch(b)
+            with torch.no_grad():
+                return model.embed(ids, mask), mask, y
+        return make
+
+    def counts(model):
+        key = (repr(model), t.max_len)
+        if key not in _TEXT_COUNTS:
+            _TEXT_COUNTS[key] = {"train": fit(train_step(model, batch)),
+                                 "forward": fit(forward(model, batch)),
+                                 "attack": fit(attack_step(model, emb_batch(model)))}
+        return _TEXT_COUNTS[key]
+
+    deep = max(t.olsa_depths)
+    olsa = dict(vocab_size=VOCAB, max_len=t.max_len, dim=t.hidden, heads=t.heads)
+    jobs = {f"olsa-L{d}-g{t.gamma:g}": (OLSAClassifier, dict(olsa, depth=d), t.epochs)
+            for d in t.olsa_depths}
+    jobs |= {f"olsa-L{deep}-g{g:g}": (OLSAClassifier, dict(olsa, depth=deep), t.epochs)
+             for g in t.gamma_ablation}
+    jobs[f"kim-l2-L{deep}"] = (OLSAClassifier, dict(olsa, depth=deep, attention="l2"), t.epochs)
+    jobs[f"vanilla-L{deep}"] = (StandardTextTransformer,
+                                dict(vocab_size=VOCAB, max_len=t.max_len, dim=t.hidden,
+                                     depth=deep, heads=t.heads, mlp_hidden=2 * t.hidden),
+                                t.epochs)
+    out = []
+    for name, (cls, kw, epochs) in jobs.items():
+        torch.manual_seed(0)
+        c = counts(cls(**kw))
+        out += training_work("text", name, c, n_tr, n_ev, epochs, t.batch_size,
+                             t.cert_batch_size)
+        out.append(audit_work("text", f"{name}: PGD audit", c["attack"], n_cert, len(t.cert_eps),
+                              t.attack_steps, t.attack_restarts, t.cert_batch_size))
+    for L in t.lofast_layers:
+        for H in t.lofast_heads:
+            for vo in t.lofast_gamma_vo:
+                name = f"lofast-L{L}-H{H}-vo{vo:g}"
+                cfg = TextTransformerConfig(vocab_size=VOCAB, max_len=t.max_len, dim=t.lofast_dim,
+                                            depth=L, heads=H, mlp_hidden=t.lofast_mlp_hidden,
+                                            radius_attn=t.lofast_radius_attn,
+                                            gamma_qk=t.lofast_gamma_qk, gamma_vo=vo)
+                torch.manual_seed(0)
+                c = counts(LipschitzTextTransformer(cfg))
+                out += training_work("text", name, c, n_tr, n_ev, t.lofast_epochs,
+                                     t.batch_size, t.cert_batch_size)
+                lc = layer_certificate_counts(t.max_len, t.lofast_dim, H, "lofast_M")
+                b = _steps(n_cert, t.cert_batch_size)
+                out.append(Work("text", f"{name}: certificates", "fp64",
+                                len(t.lofast_variants) * L * b * lc.flops(t.cert_batch_size),
+                                len(t.lofast_variants) * L * b * lc.kernels))
+                out.append(audit_work("text", f"{name}: PGD audit", c["attack"], n_cert,
+                                      len(t.cert_eps), t.attack_steps, t.attack_restarts,
+                                      t.cert_batch_size))
+    # OLSA over a frozen encoder: the encoder's forward on every step and evaluation sentence
+    hidden, layers, heads, inter = ENCODERS[t.frozen_source]
+    enc = _encoder_forward(hidden, layers, heads, inter, t.max_len)
+    n_fr = _n(t.frozen_max_train, SST2["train"])  # drawn from the whole split
+    steps = t.frozen_epochs * _steps(n_fr, t.batch_size)
+    ev = t.frozen_epochs * _steps(n_ev, t.cert_batch_size)
+    out.append(Work("text", f"frozen-olsa ({t.frozen_source} encoder forward)", "bf16",
+                    steps * enc.flops(t.batch_size), steps * enc.kernels))
+    out.append(Work("text", "frozen-olsa: evaluation and audit forwards", "fp32",
+                    (ev + len(t.cert_eps) * t.attack_steps * t.attack_restarts
+                     * _steps(n_cert, t.cert_batch_size)) * 3 * enc.flops(t.cert_batch_size),
+                    ev * enc.kernels))
+    return out
+
+
+@functools.cache
+def _encoder_forward(hidden: int, layers: int, heads: int, inter: int, max_len: int) -> Counts:
+    from transformers import BertConfig, BertModel
+
+    torch.manual_seed(0)
+    model = BertModel(BertConfig(hidden_size=hidden, num_hidden_layers=layers,
+                                 num_attention_heads=heads, intermediate_size=inter)).eval()
+
+    def make(b):
+        ids = torch.randint(1, VOCAB, (b, max_len))
+        return lambda: model(input_ids=ids, attention_mask=torch.ones_like(ids))
+    with torch.no_grad():
+        return fit(make)
+
+
+def _certvit_work(p, n_train_max: int, n_test_max: int) -> list[Work]:
+    from attncert.certvit import stage
+
+    cv = p["certvit"]
+    _, size, _, n_tr, n_te = DATASETS[cv.dataset]
+    n_tr, n_te = _n(n_train_max, n_tr), _n(n_test_max, n_te)
+    if cv.source == stage.PIPELINE:
+        arch = dict(patch=cv.patch, dim=cv.dim, depth=cv.depth, heads=cv.heads,
+                    mlp_hidden=cv.mlp_hidden)
+        cfg = stage.pretrain_config(stand_in(cv.dataset), **arch)
+    elif cv.source in HF_VITS:
+        from attncert.models import ViTConfig
+
+        _, _, k, _, _ = DATASETS[cv.dataset]
+        c = DATASETS[cv.dataset][0]
+        cfg = ViTConfig(channels=c, num_classes=k, kind="standard", block="prenorm",
+                        pool="cls", attn_bias=True, **HF_VITS[cv.source])
+    else:
+        raise ValueError(f"certvit.source {cv.source!r}: its shape is unknown here; add it to "
+                         "attncert.cost.HF_VITS")
+    c = vit_counts(cfg)
+    out = []
+    for phase, epochs in (("pre-train / fine-tune", cv.pretrain_epochs),
+                          ("adaptation fine-tune", cv.adapt_epochs),
+                          ("final fine-tune", cv.finetune_epochs)):
+        out += training_work("certvit", phase, c, n_tr, n_te, epochs, cv.batch_size,
+                             cv.eval_batch_size)
+    # Douglas-Rachford: per linear map, dr_iterations x dr_projection_steps passes over its
+    # recorded pairs (a matrix product each), plus recording the pairs (forwards)
+    maps = cfg.depth * 6 + 2
+    per_pass = 2 * 2 * cv.dr_max_pairs * cfg.dim * max(cfg.mlp_hidden, cfg.dim)
+    passes = cv.dr_iterations * cv.dr_projection_steps * math.ceil(cv.dr_max_pairs
+                                                                   / cv.dr_batch_size)
+    out.append(Work("certvit", "Douglas-Rachford (from its matrix sizes)", "fp32",
+                    maps * passes * per_pass,
+                    maps * passes * 20))
+    n = min(cv.n_test, n_te)
+    f64 = vit_forward64(cfg)
+    out.append(Work("certvit", "global certificate (float64 forwards)", "fp64",
+                    _steps(n, cv.eval_batch_size) * f64.flops(cv.eval_batch_size),
+                    _steps(n, cv.eval_batch_size) * f64.kernels))
+    out.append(audit_work("certvit", "PGD audit", c["attack"], n, len(cv.cert_eps),
+                          cv.attack_steps, cv.attack_restarts, cv.eval_batch_size))
+    return out

@@ -1,0 +1,77 @@
+"""Work items: a training run, an evaluation, a certificate pass or a PGD audit, with its FLOPs,
+kernels and precision, and its seconds on a GPU at a sustained utilisation."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from attncert.cost.counting import (
+    GPU,
+    KERNEL_SECONDS,
+    Counts,
+    layer_certificate_counts,
+    vit_forward64,
+)
+
+# -- work items ---------------------------------------------------------------------------------
+
+
+@dataclass
+class Work:
+    stage: str
+    what: str
+    kind: str  # bf16 | tf32 | fp32 | fp64 (the precision it runs at)
+    flops: float
+    kernels: float
+
+    def seconds(self, gpu: GPU, utilisation: float) -> float:
+        return max(self.flops / (getattr(gpu, self.kind) * utilisation),
+                   self.kernels * KERNEL_SECONDS)
+
+
+def _steps(n: int, batch: int) -> int:
+    return math.ceil(n / batch)
+
+
+def training_work(stage: str, what: str, c: Mapping[str, Counts], n_train: int, n_eval: int,
+                  epochs: int, batch: int, eval_batch: int, attack_steps: int = 0) -> list[Work]:
+    """``epochs`` of training (+ PGD adversarial examples of ``attack_steps`` per step) and a
+    forward pass over ``n_eval`` evaluation images after every epoch."""
+    steps = epochs * _steps(n_train, batch)
+    flops = steps * (c["train"].flops(batch) + attack_steps * c["attack"].flops(batch))
+    kernels = steps * (c["train"].kernels + attack_steps * c["attack"].kernels)
+    ev = epochs * _steps(n_eval, eval_batch)
+    return [Work(stage, what, "bf16", flops, kernels),
+            Work(stage, f"{what}: evaluation", "fp32",
+                 ev * c["forward"].flops(eval_batch), ev * c["forward"].kernels)]
+
+
+def audit_work(stage: str, what: str, c: Counts, n: int, eps: int, steps: int, restarts: int,
+               batch: int) -> Work:
+    """L2 PGD on every point at every eps (no early stop: an upper bound), float32 + TF32."""
+    calls = eps * steps * restarts * _steps(n, batch)
+    return Work(stage, what, "tf32", calls * c.flops(batch), calls * c.kernels)
+
+
+def _n(max_n: int, full: int) -> int:
+    return min(max_n, full) if max_n else full
+
+
+def _certify_work(stage: str, name: str, cfg, n: int, variants, tests: int, batch: int
+                  ) -> list[Work]:
+    """Certificates in float64: per batch one forward and each variant's per-layer terms."""
+    f64 = vit_forward64(cfg)
+    tokens = (cfg.image_size // cfg.patch) ** 2 + (cfg.pool == "cls")
+    batches = _steps(n, batch)
+    flops = kernels = 0.0
+    for v in variants:
+        flops += batches * f64.flops(batch)
+        kernels += batches * f64.kernels
+        if v in ("lofast_M", "lofast_xi", "naive"):
+            lc = layer_certificate_counts(tokens, cfg.dim, cfg.heads, v)
+            flops += cfg.depth * batches * lc.flops(batch)
+            kernels += cfg.depth * batches * lc.kernels
+    return [Work(stage, f"{name}: certificates ({len(variants)} variants, {tests} tests)",
+                 "fp64", flops, kernels)]

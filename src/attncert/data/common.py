@@ -1,0 +1,91 @@
+"""What every data source shares: the mirror (``$ATTNCERT_DATA_MIRROR`` or ``data.mirror``),
+the source marker of a fetched folder, the error naming both routes, seeded subsets and
+per-channel statistics."""
+
+from __future__ import annotations
+
+import gzip
+import os
+import shutil
+from pathlib import Path
+
+import torch
+
+from attncert import rng
+
+MIRROR_ENV = "ATTNCERT_DATA_MIRROR"
+SOURCE_MARKER = ".attncert-source"
+TEXT_FOLDER = {"sst2": "SST2", "yelp_polarity": "YelpPolarity", "qqp": "QQP"}
+
+
+class DataUnavailable(RuntimeError):
+    """Neither the local mirror nor the download could provide a dataset."""
+
+
+def resolve_mirror(param: str) -> Path | None:
+    """The mirror to use: $ATTNCERT_DATA_MIRROR, else the param ('' means none)."""
+    value = os.environ.get(MIRROR_ENV, param)
+    return Path(value).expanduser() if value else None
+
+
+def _copy_tree_decompressing(src: Path, dst: Path) -> None:
+    """Copy ``src`` into ``dst``: ``.gz`` files are decompressed, archives extracted."""
+    from torchvision.datasets.utils import extract_archive
+
+    dst.mkdir(parents=True, exist_ok=True)
+    for entry in sorted(src.iterdir()):
+        target = dst / entry.name
+        if entry.is_dir():
+            _copy_tree_decompressing(entry, target)
+        elif entry.name.endswith((".tar.gz", ".tgz", ".tar", ".zip")):
+            extract_archive(str(entry), str(dst))
+        elif entry.suffix == ".gz":
+            with gzip.open(entry, "rb") as fin, open(dst / entry.stem, "wb") as fout:
+                shutil.copyfileobj(fin, fout)
+        else:
+            shutil.copyfile(entry, target)
+
+
+def _mark(folder: Path, source: str) -> str:
+    (folder / SOURCE_MARKER).write_text(source + "\n")
+    return source
+
+
+def _marked_source(folder: Path) -> str | None:
+    marker = folder / SOURCE_MARKER
+    return marker.read_text().strip() if marker.is_file() else None
+
+
+def _unavailable(name: str, mirror_dir: Path | None, download_error: str | None,
+                 layout: str = "torchvision's layout") -> DataUnavailable:
+    where = str(mirror_dir) if mirror_dir else "no mirror configured"
+    dl = download_error if download_error else "downloads disabled (data.download: false)"
+    return DataUnavailable(
+        f"{name}: no usable copy in the local mirror ({where}) and the download failed "
+        f"({dl}). Provide it by either (1) placing the raw files in {layout} under "
+        f"a mirror folder and pointing ${MIRROR_ENV} or data.mirror at it, or (2) running "
+        f"with internet access and data.download: true."
+    )
+
+
+def _first_line(exc: BaseException, limit: int = 300) -> str:
+    """The exception as one line (torchvision's download errors span several)."""
+    text = " ".join(str(exc).split())
+    text = text if len(text) <= limit else text[: limit - 3] + "..."
+    return f"{type(exc).__name__}: {text}"
+
+
+def subset_indices(n: int, k: int, seed: int) -> torch.Tensor:
+    """``k`` distinct indices of ``range(n)`` from a seeded permutation (all if k = 0 or k >= n)."""
+    if k == 0 or k >= n:
+        return torch.arange(n)
+    # host indices into host data: a CPU generator by design
+    return torch.randperm(n, generator=rng.generator(seed, "cpu"))[:k].sort().values
+
+
+def channel_stats(x: torch.Tensor) -> tuple[list[float], list[float]]:
+    """Per-channel mean and std of uint8 images in [0, 1] pixel space."""
+    xf = x.to(torch.float64) / 255.0
+    mean = xf.mean(dim=(0, 2, 3))
+    std = xf.std(dim=(0, 2, 3))
+    return mean.tolist(), std.tolist()

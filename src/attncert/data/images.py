@@ -1,0 +1,119 @@
+"""Image datasets (MNIST, Fashion-MNIST, CIFAR-10/100, SVHN) through torchvision's own classes:
+fetch (mirror, then download), and process into uint8 (N, C, H, W) with seeded subsets."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from attncert.data.common import (
+    _copy_tree_decompressing,
+    _first_line,
+    _mark,
+    _marked_source,
+    _unavailable,
+    channel_stats,
+    subset_indices,
+)
+
+
+@dataclass(frozen=True)
+class ImageDataset:
+    """How torchvision names and lays out one image dataset."""
+
+    name: str
+    folder: str  # <mirror>/<folder>/raw and data/raw/<folder>/raw
+    tv_class: str
+    root_is_parent: bool  # MNIST-style classes append <folder>/raw to root themselves
+    split_kwargs: Callable[[str], dict]
+
+    def tv_root(self, raw_dir: Path) -> Path:
+        return raw_dir if self.root_is_parent else raw_dir / self.folder / "raw"
+
+    def load_split(self, raw_dir: Path, split: str, download: bool = False):
+        import torchvision.datasets as tvd
+
+        cls = getattr(tvd, self.tv_class)
+        return cls(root=str(self.tv_root(raw_dir)), download=download, **self.split_kwargs(split))
+
+
+def _train_flag(split: str) -> dict:
+    return {"train": split == "train"}
+
+
+IMAGE_DATASETS: dict[str, ImageDataset] = {
+    d.name: d
+    for d in (
+        ImageDataset("mnist", "MNIST", "MNIST", True, _train_flag),
+        ImageDataset("fashion_mnist", "FashionMNIST", "FashionMNIST", True, _train_flag),
+        ImageDataset("cifar10", "CIFAR10", "CIFAR10", False, _train_flag),
+        ImageDataset("cifar100", "CIFAR100", "CIFAR100", False, _train_flag),
+        ImageDataset("svhn", "SVHN", "SVHN", False, lambda s: {"split": s}),
+    )
+}
+
+
+def fetch_image(name: str, raw_dir: Path, mirror: Path | None, download: bool) -> str:
+    """Make the raw files of ``name`` loadable from ``raw_dir``; return the source used."""
+    spec = IMAGE_DATASETS[name]
+    local = raw_dir / spec.folder / "raw"
+    cached = _marked_source(local)
+    if cached and _loads(spec, raw_dir):
+        return cached
+    mirror_dir = mirror / spec.folder / "raw" if mirror else None
+    if mirror_dir and mirror_dir.is_dir():
+        _copy_tree_decompressing(mirror_dir, local)
+        if _loads(spec, raw_dir):
+            return _mark(local, f"mirror {mirror_dir}")
+    error = None
+    if download:
+        try:
+            for split in ("train", "test"):
+                spec.load_split(raw_dir, split, download=True)
+            return _mark(local, "download (torchvision)")
+        except Exception as exc:  # network errors come in many types
+            error = _first_line(exc)
+    raise _unavailable(name, mirror_dir, error)
+
+
+def _loads(spec: ImageDataset, raw_dir: Path) -> bool:
+    try:
+        for split in ("train", "test"):
+            spec.load_split(raw_dir, split)
+        return True
+    except RuntimeError:
+        return False
+
+
+def _to_uint8_nchw(ds) -> tuple[torch.Tensor, torch.Tensor]:
+    """Pixels and labels of a torchvision dataset as uint8 (N, C, H, W) and int64 (N,)."""
+    data = ds.data
+    x = torch.as_tensor(data) if not isinstance(data, torch.Tensor) else data
+    if x.ndim == 3:  # MNIST-like (N, H, W)
+        x = x.unsqueeze(1)
+    elif x.shape[-1] in (1, 3):  # CIFAR (N, H, W, C)
+        x = x.permute(0, 3, 1, 2)
+    labels = getattr(ds, "targets", None)
+    if labels is None:
+        labels = ds.labels  # SVHN
+    return x.contiguous().to(torch.uint8), torch.as_tensor(labels, dtype=torch.int64)
+
+
+def process_image(name: str, raw_dir: Path, max_train: int, max_test: int, seed: int,
+                  source: str) -> dict[str, Any]:
+    spec = IMAGE_DATASETS[name]
+    out: dict[str, Any] = {"name": name, "kind": "image", "source": source}
+    for split, k in (("train", max_train), ("test", max_test)):
+        ds = spec.load_split(raw_dir, split)
+        x, y = _to_uint8_nchw(ds)
+        idx = subset_indices(len(y), k, seed)
+        out[split] = {"x": x[idx].clone(), "y": y[idx].clone()}
+        if split == "train":
+            out["classes"] = [str(c) for c in getattr(ds, "classes", range(int(y.max()) + 1))]
+    out["mean"], out["std"] = channel_stats(out["train"]["x"])
+    out["shape"] = list(out["train"]["x"].shape[1:])
+    return out

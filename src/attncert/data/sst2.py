@@ -1,0 +1,88 @@
+"""SST-2: read its TSVs by header (the mirror's or GLUE's), fetch (mirror, then GLUE's zip) and
+process into sentences and labels with seeded subsets."""
+
+from __future__ import annotations
+
+import csv
+import shutil
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from attncert.data.common import (
+    TEXT_FOLDER,
+    _first_line,
+    _mark,
+    _marked_source,
+    _unavailable,
+    subset_indices,
+)
+
+SST2_GLUE_URL = "https://dl.fbaipublicfiles.com/glue/data/SST-2.zip"
+
+
+def read_sst2_tsv(path: Path) -> dict[str, list] | None:
+    """Read one SST-2 TSV by its header (mirror: label/sentence|content; GLUE: sentence/label).
+
+    Returns None for a split without labels (GLUE's public test split).
+    """
+    with open(path, newline="", encoding="utf-8") as f:
+        reader = csv.DictReader(f, delimiter="\t", quoting=csv.QUOTE_NONE)
+        fields = reader.fieldnames or []
+        text_col = next((c for c in ("sentence", "content") if c in fields), None)
+        if text_col is None:
+            raise ValueError(f"{path}: no 'sentence' or 'content' column in header {fields}")
+        if "label" not in fields:
+            return None
+        text, label = [], []
+        for row in reader:
+            text.append(row[text_col])
+            label.append(int(row["label"]))
+    return {"text": text, "label": label}
+
+
+def _sst2_splits(folder: Path) -> dict[str, Path]:
+    paths = {s: folder / f"{s}.tsv" for s in ("train", "dev", "test")}
+    return {s: p for s, p in paths.items() if p.is_file()}
+
+
+def fetch_sst2(raw_dir: Path, mirror: Path | None, download: bool) -> str:
+    local = raw_dir / TEXT_FOLDER["sst2"] / "raw"
+    cached = _marked_source(local)
+    if cached and {"train", "dev"} <= set(_sst2_splits(local)):
+        return cached
+    mirror_dir = mirror / TEXT_FOLDER["sst2"] if mirror else None
+    if mirror_dir and {"train", "dev"} <= set(_sst2_splits(mirror_dir)):
+        local.mkdir(parents=True, exist_ok=True)
+        for path in _sst2_splits(mirror_dir).values():
+            shutil.copyfile(path, local / path.name)
+        return _mark(local, f"mirror {mirror_dir}")
+    error = None
+    if download:
+        try:
+            from torchvision.datasets.utils import download_and_extract_archive
+
+            download_and_extract_archive(SST2_GLUE_URL, download_root=str(local))
+            for path in _sst2_splits(local / "SST-2").values():
+                shutil.move(str(path), local / path.name)
+            return _mark(local, f"download ({SST2_GLUE_URL})")
+        except Exception as exc:
+            error = _first_line(exc)
+    raise _unavailable("sst2", mirror_dir, error)
+
+
+def process_sst2(raw_dir: Path, max_train: int, max_test: int, seed: int,
+                 source: str) -> dict[str, Any]:
+    local = raw_dir / TEXT_FOLDER["sst2"] / "raw"
+    out: dict[str, Any] = {"name": "sst2", "kind": "text", "source": source,
+                           "classes": ["negative", "positive"], "unlabelled_splits": []}
+    for split, path in _sst2_splits(local).items():
+        rows = read_sst2_tsv(path)
+        if rows is None:
+            out["unlabelled_splits"].append(split)
+            continue
+        idx = subset_indices(len(rows["label"]), max_train if split == "train" else max_test, seed)
+        out[split] = {"text": [rows["text"][i] for i in idx],
+                      "y": torch.tensor(rows["label"], dtype=torch.int64)[idx]}
+    return out

@@ -1,0 +1,128 @@
+"""The ViT's architecture: :class:`ViTConfig` and its choice lists (kinds, block forms, pools,
+attentions, norms); see :mod:`attncert.models.vit` for what each choice builds."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from attncert.params import dataclass_from_mapping
+
+KINDS = ("lipschitz", "standard")
+BLOCKS = ("stream", "prenorm")
+POOLS = ("cls", "mean")
+ATTENTIONS = ("dot", "l2", "lnformer", "cosine")
+NORMS = ("layernorm", "center")
+
+
+@dataclass(frozen=True)
+class ViTConfig:
+    """Architecture of a ViT. ``radius_stream = None`` means sqrt(dim) (LoFAST's LayerNorm
+    replacement); ``mean``/``std`` are the dataset's per-channel pixel statistics (None: 0 / 1).
+    Radii and gammas only matter for ``kind = "lipschitz"``; ``attn_bias`` only for "standard".
+    ``head_norm = True``: the head applies its rows scaled to unit l2 norm (w_j / ||w_j||; the
+    bias stays free), so logit margins are feature-space margins and a fixed logit_scale / LMT
+    offset keep their meaning (the head cannot grow instead of the margins; certificates use
+    those rows).
+    ``attention``, ``norm``, ``residual_scale``, ``spectral_init``: the baselines of the module
+    docstring (standard ViT only).
+    """
+
+    image_size: int = 28
+    channels: int = 1
+    patch: int = 4
+    dim: int = 128
+    depth: int = 3
+    heads: int = 4
+    mlp_hidden: int = 256
+    num_classes: int = 10
+    kind: str = "lipschitz"
+    block: str = "stream"
+    pool: str = "cls"
+    radius_attn: float = 1.0
+    radius_stream: float | None = None
+    gamma_qk: float = 1.0
+    gamma_vo: float = 1.0
+    mean: tuple[float, ...] | None = None
+    std: tuple[float, ...] | None = None
+    attn_bias: bool = False
+    head_norm: bool = False
+    attention: str = "dot"
+    norm: str = "layernorm"
+    residual_scale: float = 0.0
+    spectral_init: bool = False
+
+    def __post_init__(self) -> None:
+        for name in ("image_size", "channels", "patch", "dim", "depth", "heads", "mlp_hidden",
+                     "num_classes"):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, int) or v <= 0:
+                raise ValueError(f"ViTConfig.{name} must be a positive int, got {v!r}")
+        for name, choices in (("kind", KINDS), ("block", BLOCKS), ("pool", POOLS),
+                              ("attention", ATTENTIONS), ("norm", NORMS)):
+            if getattr(self, name) not in choices:
+                raise ValueError(f"ViTConfig.{name} = {getattr(self, name)!r}: choose from "
+                                 f"{', '.join(choices)}")
+        if self.dim % self.heads:
+            raise ValueError(f"ViTConfig.dim = {self.dim} is not divisible by heads = {self.heads}")
+        if self.image_size % self.patch:
+            raise ValueError(f"ViTConfig.image_size = {self.image_size} is not divisible by "
+                             f"patch = {self.patch}")
+        for name in ("radius_attn", "radius_stream", "gamma_qk", "gamma_vo"):
+            v = getattr(self, name)
+            if v is None and name == "radius_stream":
+                continue
+            if isinstance(v, bool) or not isinstance(v, int | float) or not v > 0:
+                raise ValueError(f"ViTConfig.{name} must be a number > 0, got {v!r}")
+        for name, default in (("mean", 0.0), ("std", 1.0)):
+            v = getattr(self, name)
+            v = (default,) * self.channels if v is None else tuple(float(s) for s in v)
+            if len(v) != self.channels:
+                raise ValueError(f"ViTConfig.{name} has {len(v)} entries for {self.channels} "
+                                 "channels")
+            object.__setattr__(self, name, v)
+        if min(self.std) <= 0:
+            raise ValueError(f"ViTConfig.std must be > 0, got {self.std}")
+        if not isinstance(self.head_norm, bool):
+            raise ValueError(f"ViTConfig.head_norm must be a bool, got {self.head_norm!r}")
+        if self.attn_bias and self.kind == "lipschitz":
+            raise ValueError("ViTConfig.attn_bias: the Lipschitz attention is bias-free")
+        v = self.residual_scale
+        if isinstance(v, bool) or not isinstance(v, int | float) or v < 0:
+            raise ValueError(f"ViTConfig.residual_scale must be a number >= 0, got {v!r}")
+        if not isinstance(self.spectral_init, bool):
+            raise ValueError(f"ViTConfig.spectral_init must be a bool, got {self.spectral_init!r}")
+        if self.kind == "lipschitz" and self.baseline:
+            raise ValueError("ViTConfig.attention/norm/residual_scale/spectral_init: the "
+                             "baselines are standard ViTs (kind = 'standard')")
+
+    @property
+    def n_patches(self) -> int:
+        return (self.image_size // self.patch) ** 2
+
+    @property
+    def n_tokens(self) -> int:
+        return self.n_patches + (self.pool == "cls")
+
+    @property
+    def baseline(self) -> bool:
+        """True when any baseline option differs from the plain standard ViT."""
+        return (self.attention != "dot" or self.norm != "layernorm" or self.residual_scale > 0
+                or self.spectral_init)
+
+    @property
+    def stream_radius(self) -> float:
+        return math.sqrt(self.dim) if self.radius_stream is None else float(self.radius_stream)
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> ViTConfig:
+        """From a params mapping; unknown keys are an error."""
+        return dataclass_from_mapping(cls, d)
+
+    def to_dict(self) -> dict[str, Any]:
+        d = dataclasses.asdict(self)
+        d["mean"], d["std"] = list(self.mean), list(self.std)
+        return d

@@ -1,0 +1,66 @@
+"""OLSA's pure bounds: the attention's Lipschitz constant and the alpha2 that makes it 1-Lipschitz
+(derived in :mod:`attncert.text.olsa`), the certified radius from logits, the certificate
+regulariser and its weight ramp."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import Tensor
+from torch.nn import functional as F
+
+from attncert.train import logit_margin
+
+
+def _kappa(n: Tensor, d: Tensor) -> Tensor:
+    """Max column sum of a row-stochastic n x n matrix whose row scores spread by <= d."""
+    return n / (1.0 + (n - 1.0) * torch.exp(-d))
+
+
+def olsa_alpha2(alpha1: Tensor | float, radius: float, n: Tensor | int) -> Tensor:
+    """alpha2 = sqrt(kappa) + R sqrt(n) / (sqrt(2) alpha1) (0 second term at n = 1): with unit
+    weight norms this makes :func:`olsa_attention_lipschitz` exactly 1 (module docstring)."""
+    return olsa_attention_lipschitz(alpha1, 1.0, radius, n)
+
+
+def olsa_attention_lipschitz(alpha1: Tensor | float, alpha2: Tensor | float, radius: float,
+                             n: Tensor | int, s_q: float = 1.0, s_k: float = 1.0,
+                             s_v: float = 1.0) -> Tensor:
+    """Lipschitz bound (in ||.||_F) of OLSA attention on n tokens of norm <= R (float64).
+
+    (s_v / alpha2) [ sqrt(kappa) + R sqrt(n) (s_q + s_k) / (2 sqrt 2 alpha1) ],
+    kappa = n / (1 + (n - 1) exp(-s_k R / alpha1)); the second term is 0 for n = 1. s_q, s_k,
+    s_v bound the spectral norms of W^Q, W^K, W^V (1 when orthogonal). Derivation: module
+    docstring. Batched over n (and alpha1, alpha2) by broadcasting.
+    """
+    a1 = torch.as_tensor(alpha1, dtype=torch.float64)
+    n = torch.as_tensor(n, dtype=torch.float64)
+    kappa = _kappa(n, s_k * radius / a1)
+    score = torch.where(n > 1, radius * n.sqrt() * (s_q + s_k) / (2.0 * math.sqrt(2.0) * a1),
+                        torch.zeros_like(n))
+    return s_v * (kappa.sqrt() + score) / torch.as_tensor(alpha2, dtype=torch.float64)
+
+
+def certified_radius(logits: Tensor, y: Tensor, lipschitz: Tensor | float) -> Tensor:
+    """(B,): r = relu(M) / (sqrt(2) Lip), M = f_y - max_{j != y} f_j (MATH.md section 6).
+
+    0 for a misclassified point, so the mean is OLSA's average certified radius.
+    """
+    return F.relu(logit_margin(logits.double(), y)) / (math.sqrt(2.0) * torch.as_tensor(
+        lipschitz, dtype=torch.float64, device=logits.device))
+
+
+def certificate_regulariser(logits: Tensor, y: Tensor, lipschitz: Tensor | float,
+                            gamma: float) -> Tensor:
+    """-gamma mean(relu(M / (sqrt(2) Lip))): OLSA's -gamma relu(M / sqrt 2) (MATH.md section 7)
+    for a network with Lipschitz constant Lip (differentiable in Lip), i.e. the certified radius."""
+    margin = logit_margin(logits, y)
+    return -gamma * (F.relu(margin) / (math.sqrt(2.0) * lipschitz)).mean()
+
+
+def gamma_ramp(step: int, total_steps: int, gamma: float, ramp: float = 1.0) -> float:
+    """Linear ramp of the regulariser weight: 0 at step 0, ``gamma`` after ``ramp`` x total."""
+    if ramp <= 0:
+        return gamma
+    return gamma * min(1.0, step / max(1.0, ramp * total_steps))
