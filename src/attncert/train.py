@@ -279,8 +279,6 @@ def evaluate(model: nn.Module, data: Any, device: torch.device | str = "cpu",
     return {"loss": float(loss_sum) / n, "acc": int(correct) / n}
 
 
-
-
 # -- the run ---------------------------------------------------------------------------------
 
 
@@ -337,6 +335,9 @@ def train(model: nn.Module, train_data: Any, eval_data: Any, config: Any,
     :func:`train_resumable` to start over instead). ``callback(epoch, row)`` runs after each
     checkpoint (e.g. to stop early by raising).
     """
+    if not callable(getattr(config, "steps", None)):
+        raise TypeError(f"config must be a TrainConfig or TextTrainConfig (a config with "
+                        f"steps()), got {type(config).__name__}")
     ckpt_path = Path(checkpoint_dir) / CHECKPOINT
     metrics_path = Path(metrics_path) if metrics_path else Path(checkpoint_dir) / METRICS
     dev = resolve_device(device)
