@@ -1,6 +1,7 @@
 """The pipeline through dvc at the smoke scale, offline from the dataset mirror."""
 
 import json
+import os
 import shutil
 import subprocess
 from pathlib import Path
@@ -17,7 +18,7 @@ pytestmark = pytest.mark.slow
 
 
 def _sh(cmd, cwd, env):
-    proc = subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True, timeout=900)
+    proc = subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True, timeout=1800)
     assert proc.returncode == 0, f"{cmd}: {proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
     return proc.stdout + proc.stderr
 
@@ -43,6 +44,7 @@ def env(venv_env, mirror):
 def test_smoke_pipeline_runs_offline_and_is_incremental(smoke_repo, env):
     out = _sh(["dvc", "repro"], smoke_repo, env)
     assert "Running stage 'data'" in out and "Running stage 'tightness'" in out
+    _check_recorded_metrics(smoke_repo)
     report = nbformat.read(smoke_repo / "reports/notebooks/01_data.ipynb", 4)
     pngs = sum("image/png" in o.get("data", {}) for c in report.cells for o in c.get("outputs", []))
     assert pngs >= 4, "the data report shows sample grids, class balance and lengths"
@@ -138,6 +140,27 @@ def _metrics(repo: Path) -> dict[str, dict]:
              and p.parts[len(repo.parts)] in ("reports", "runs", "results")
              and p.name != "summary.json"]
     return {str(p.relative_to(repo)): json.loads(p.read_text()) for p in paths}
+
+
+RECORDED = Path(__file__).parent / "data" / "smoke_metrics.json"
+RECORD_ENV = "ATTNCERT_RECORD_SMOKE_METRICS"
+#: a checkpoint folder's record of its settings (compared by the runs, not a result)
+FINGERPRINTS = ("run.json", "spec.json")
+
+
+def _check_recorded_metrics(repo: Path) -> None:
+    """Every stage's metrics from a fresh smoke run equal the recorded ones (timings excepted,
+    floats to a relative 1e-4): moving code between modules must not change a result. After an
+    intended change of results, re-record with ``ATTNCERT_RECORD_SMOKE_METRICS=1``."""
+    got = {path: _untimed(value) for path, value in sorted(_metrics(repo).items())
+           if Path(path).name not in FINGERPRINTS}
+    if os.environ.get(RECORD_ENV):
+        RECORDED.parent.mkdir(exist_ok=True)
+        RECORDED.write_text(json.dumps(got, indent=1, sort_keys=True) + "\n")
+    recorded = json.loads(RECORDED.read_text())
+    assert sorted(got) == sorted(recorded), "the smoke run writes other metrics files"
+    for path, value in recorded.items():
+        assert got[path] == _untimed(value, approx=True), path
 
 
 def test_two_workers_match_a_sequential_run(smoke_repo, env, tmp_path):
