@@ -72,7 +72,7 @@ from attncert.io import write_json
 from attncert.models import build_vit
 from attncert.models.vit import save_vit
 from attncert.precision import resolve_precision
-from attncert.train import evaluate, resolve_device, train
+from attncert.train import evaluate, resolve_device, train_resumable
 
 settings = dict(kind=kind, patch=patch, dim=dim, mlp_hidden=mlp_hidden, block=block, pool=pool,
                 radius_attn=radius_attn, radius_stream=radius_stream, gamma_qk=gamma_qk,
@@ -91,13 +91,12 @@ model_cfg = runs.vit_config(data, settings, depth, heads, gamma_vo)
 train_cfg = runs.train_config(settings, seed)
 fp = runs.fingerprint(model_cfg, train_cfg, dataset, data["source"],
                       resolve_precision(precision, dev))
-status = runs.prepare_checkpoint_dir(run_dir / "ckpt", fp)
 torch.manual_seed(seed)
 model = build_vit(model_cfg)
 n_params = sum(p.numel() for p in model.parameters())
 display(Markdown(
     f"**Run** `{name}` ({scale} scale, device {dev}, precision "
-    f"{resolve_precision(precision, dev)}, checkpoint: {status})  \n"
+    f"{resolve_precision(precision, dev)})  \n"
     f"**Data** {dataset}: {len(data['train']['y'])} training / {len(data['test']['y'])} test "
     f"images, {data['source']}  \n**Model** {n_params:,} parameters: `{model_cfg}`  \n"
     f"**Training** `{train_cfg}`"))
@@ -105,11 +104,15 @@ display(Markdown(
 # %% [markdown]
 # ## Training
 # The test accuracy per epoch is for monitoring only: no epoch or setting is selected on it.
+# The checkpoint in `ckpt/` resumes only for the same run (model, training, data, precision);
+# otherwise it is cleared and training starts over.
 
 # %%
-curves = train(model, data["train"], data["test"], train_cfg, run_dir / "ckpt", dev,
-               metrics_path=run_dir / "train.json", precision=precision)
+curves, status = train_resumable(model, data["train"], data["test"], train_cfg, run_dir / "ckpt",
+                                 dev, fingerprint=fp, metrics_path=run_dir / "train.json",
+                                 precision=precision)
 save_vit(model, run_dir / "model.pt")
+display(Markdown(f"**Checkpoint:** {status}"))
 show(figs.plot_training(curves))
 pd.DataFrame(curves)[["epoch", "train_loss", "train_acc", "test_loss", "test_acc", "lr",
                       "seconds"]].round(4)

@@ -117,7 +117,7 @@ from attncert.data import as_float, load_processed, sample_skipped
 from attncert.figures import certvit as figs
 from attncert.figures import show
 from attncert.io import atomic_path, write_json
-from attncert.train import TrainConfig, resolve_device, train
+from attncert.train import TrainConfig, resolve_device, train_resumable
 
 torch.manual_seed(seed)
 dev = resolve_device(device)
@@ -162,10 +162,10 @@ display(Markdown(
 t0 = time.perf_counter()
 status = "as loaded"
 if pretrain_epochs:
-    status = stage.phase_checkpoint(work / "ckpt" / "pretrain", model, pretrain_cfg, dataset,
-                                    data["source"])
-    train(model, data["train"], test, pretrain_cfg, work / "ckpt" / "pretrain", dev,
-          precision=precision)
+    fp = stage.phase_fingerprint(model, pretrain_cfg, dataset, data["source"])
+    _, status = train_resumable(model, data["train"], test, pretrain_cfg,
+                                work / "ckpt" / "pretrain", dev, fingerprint=fp,
+                                precision=precision)
 pre_seconds = time.perf_counter() - t0
 for m in modes:
     logs[m].add("pretrained", model, test, pre_seconds, None, dev, eval_batch_size,
@@ -202,9 +202,9 @@ for m in modes:
     cfg = adapt_cfg if m == "paper" else spectral_adapt_cfg
     folder = work / "ckpt" / ("adapt" if m == "paper" else f"{m}_adapt")
     if adapt_epochs:
-        status = stage.phase_checkpoint(folder, adapted[m], cfg, dataset, data["source"],
-                                        f"mode {m}")
-        train(adapted[m], data["train"], test, cfg, folder, dev, precision=precision)
+        fp = stage.phase_fingerprint(adapted[m], cfg, dataset, data["source"], f"mode {m}")
+        _, status = train_resumable(adapted[m], data["train"], test, cfg, folder, dev,
+                                    fingerprint=fp, precision=precision)
     bounds[m]["adapt_finetuned"] = global_bound(adapted[m])
     logs[m].add("adapt_finetuned", adapted[m], test, time.perf_counter() - t0,
                 bounds[m]["adapt_finetuned"], dev, eval_batch_size, f"checkpoint: {status}")
@@ -273,8 +273,9 @@ for m in modes:
     folder = work / "ckpt" / ("finetune" if m == "paper" else f"{m}_finetune")
     if epochs:
         with stage.finetune_context(m, final[m], finetune_scope, results[m].masks, budgets):
-            status = stage.phase_checkpoint(folder, final[m], cfg, dataset, data["source"], note)
-            train(final[m], data["train"], test, cfg, folder, dev, precision=precision)
+            fp = stage.phase_fingerprint(final[m], cfg, dataset, data["source"], note)
+            _, status = train_resumable(final[m], data["train"], test, cfg, folder, dev,
+                                        fingerprint=fp, precision=precision)
     final[m].eval()
     bounds[m]["final"] = global_bound(final[m])
     logs[m].add("finetuned", final[m], test, time.perf_counter() - t0, bounds[m]["final"], dev,
@@ -330,10 +331,9 @@ linear = PixelLinear(x[0].numel(), final[headline].config.num_classes, seed).to(
 linear_cfg = TrainConfig(epochs=max(spectral_epochs, 1), lr=spectral_lr,
                          warmup_steps=warmup_steps, margin="radius", lmt_offset=margin_eps,
                          logit_scale=logit_scale, **phase)
-status = stage.phase_checkpoint(work / "ckpt" / "linear", linear, linear_cfg, dataset,
-                                data["source"], "linear baseline")
-train(linear, data["train"], test, linear_cfg, work / "ckpt" / "linear", dev,
-      precision=precision)
+fp = stage.phase_fingerprint(linear, linear_cfg, dataset, data["source"], "linear baseline")
+_, status = train_resumable(linear, data["train"], test, linear_cfg, work / "ckpt" / "linear",
+                            dev, fingerprint=fp, precision=precision)
 linear_train_seconds = time.perf_counter() - t0
 baseline = certify_linear(linear, x, y, cert_eps, attack_steps, attack_restarts,
                           eval_batch_size, seed)

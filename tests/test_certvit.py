@@ -509,10 +509,12 @@ def test_linear_baseline_radius_is_exact_and_audited(tmp_path):
 def test_linear_baseline_checkpoints_like_a_phase(tmp_path):
     """The stage keys the baseline's checkpoint folder on its config, as every phase's."""
     from attncert.certvit import PixelLinear, stage
+    from attncert.checkpoint import prepare_checkpoint_dir
     from attncert.train import TrainConfig
 
     model = PixelLinear(36, 2, seed=0)
     cfg = TrainConfig(epochs=1, margin="radius", lmt_offset=0.2)
-    assert stage.phase_checkpoint(tmp_path / "lin", model, cfg, "toy", "src", "linear") == "fresh"
+    fp = stage.phase_fingerprint(model, cfg, "toy", "src", "linear")
+    assert prepare_checkpoint_dir(tmp_path / "lin", fp) == "fresh"
     assert model.config.to_dict() == {"kind": "pixel_linear", "in_features": 36,
                                       "num_classes": 2}

@@ -20,6 +20,7 @@ from attncert.certvit import (
     load_model,
     stage,
 )
+from attncert.checkpoint import prepare_checkpoint_dir
 from attncert.figures import certvit as figs
 from attncert.models.vit import ViTConfig, build_vit, save_vit
 from attncert.paper import CERTVIT_CIFAR10, CERTVIT_MNIST
@@ -135,18 +136,21 @@ def test_finetune_scopes(tmp_path, scope):
         stage.finetune_scope(model, "everything", result.masks)
 
 
-def test_phase_checkpoint_resumes_only_the_same_start(tmp_path):
+def test_phase_fingerprint_resumes_only_the_same_start(tmp_path):
     model, cfg = tiny_vit(), TrainConfig(epochs=1)
-    assert stage.phase_checkpoint(tmp_path / "c", model, cfg, "mnist", "src") == "fresh"
+
+    def prepare(note=""):
+        fp = stage.phase_fingerprint(model, cfg, "mnist", "src", note)
+        return prepare_checkpoint_dir(tmp_path / "c", fp)
+
+    assert prepare() == "fresh"
     (tmp_path / "c" / "last.pt").write_bytes(b"x")
-    assert stage.phase_checkpoint(tmp_path / "c", model, cfg, "mnist", "src") == "resume"
-    assert stage.phase_checkpoint(tmp_path / "c", model, cfg, "mnist", "src",
-                                  "scope masked").startswith("cleared")
+    assert prepare() == "resume"
+    assert prepare("scope masked").startswith("cleared")
     (tmp_path / "c" / "last.pt").write_bytes(b"x")
     with torch.no_grad():
         model.head.bias.add_(1.0)
-    assert stage.phase_checkpoint(tmp_path / "c", model, cfg, "mnist", "src",
-                                  "scope masked").startswith("cleared: data")
+    assert prepare("scope masked").startswith("cleared: data")
     assert not (tmp_path / "c" / "last.pt").exists()
 
 

@@ -10,6 +10,7 @@ import torch  # noqa: E402
 from matplotlib.figure import Figure  # noqa: E402
 
 from attncert import certify, runs  # noqa: E402
+from attncert.checkpoint import prepare_checkpoint_dir  # noqa: E402
 from attncert.figures import vit as figs  # noqa: E402
 from attncert.params import load_params  # noqa: E402
 
@@ -106,13 +107,13 @@ def test_checkpoint_dir_resumes_same_run_and_clears_another(tmp_path):
     cfg = runs.vit_config(_data(3, 32), s, 3, 4, 0.5)
     fp = runs.fingerprint(cfg, runs.train_config(s, 0), "mnist", "test")
     ckpt = tmp_path / "ckpt"
-    assert runs.prepare_checkpoint_dir(ckpt, fp) == "fresh"
+    assert prepare_checkpoint_dir(ckpt, fp) == "fresh"
     (ckpt / "last.pt").write_text("state")
-    assert runs.prepare_checkpoint_dir(ckpt, fp) == "resume"
+    assert prepare_checkpoint_dir(ckpt, fp) == "resume"
     assert (ckpt / "last.pt").exists()
     other = runs.fingerprint(runs.vit_config(_data(3, 32), s, 3, 4, 0.25),
                              runs.train_config(s, 0), "mnist", "test")
-    status = runs.prepare_checkpoint_dir(ckpt, other)
+    status = prepare_checkpoint_dir(ckpt, other)
     assert status == "cleared: model changed" and not (ckpt / "last.pt").exists()
 
 

@@ -39,8 +39,8 @@ from attncert.text.train_text import (
     bucketed_batches,
     certify_rows,
     evaluate_text,
-    train_text,
 )
+from attncert.train import train as train_loop
 
 F64 = torch.float64
 
@@ -600,7 +600,7 @@ def test_train_resume_gamma_and_audit(tmp_path):
     def run(path, epochs=None, callback=None):
         model = _olsa().train()
         c = cfg if epochs is None else TextTrainConfig(**{**cfg.__dict__, "epochs": epochs})
-        return model, train_text(model, train, test, c, path, device="cpu", progress=False,
+        return model, train_loop(model, train, test, c, path, device="cpu", progress=False,
                                  callback=callback)
 
     model, full = run(tmp_path / "a")
@@ -618,7 +618,7 @@ def test_train_resume_gamma_and_audit(tmp_path):
     with pytest.raises(ValueError, match="another training config"):
         run(tmp_path / "a", epochs=3)
     with pytest.raises(ValueError, match="head_lipschitz"):
-        train_text(_lofast(), train, test, cfg, tmp_path / "c", progress=False)
+        train_loop(_lofast(), train, test, cfg, tmp_path / "c", progress=False)
 
     model.eval()
     ev = evaluate_text(model, test)

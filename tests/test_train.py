@@ -6,17 +6,18 @@ import math
 import pytest
 import torch
 
+from attncert import runs
+from attncert.loop import cosine_schedule, lipschitz_diagnostics
 from attncert.models import ViTConfig, build_vit, load_vit, save_vit
 from attncert.train import (
     TrainConfig,
     augment_batch,
-    cosine_schedule,
     evaluate,
-    lipschitz_diagnostics,
     logit_margin,
     resolve_device,
     step_loss,
     train,
+    train_resumable,
     training_loss,
 )
 
@@ -80,6 +81,81 @@ def test_resume_after_interruption_gives_identical_weights(tmp_path):
     with pytest.raises(ValueError, match="another training config"):
         train(fresh_model(), data, ev, TrainConfig(epochs=3, batch_size=8), tmp_path / "run",
               device="cpu", progress=False)
+
+
+def _fingerprint(cfg, source="toy"):
+    return runs.fingerprint(ViTConfig(**MODEL), cfg, "toy", source, "fp32")
+
+
+def test_train_resumable_resumes_to_the_uninterrupted_weights(tmp_path, capsys):
+    """An interrupted run resumed by train_resumable ends with the weights, rows and global
+    random state of an uninterrupted one; the metrics file holds every epoch."""
+    data, ev = toy_data(64, 0), toy_data(32, 1)
+    cfg = TrainConfig(epochs=3, batch_size=16, lr=3e-3, warmup_steps=2, augment="crop_flip",
+                      msvp_lambda=1e-2, seed=1)
+    ref = fresh_model()
+    full, status = train_resumable(ref, data, ev, cfg, tmp_path / "ref", "cpu",
+                                   fingerprint=_fingerprint(cfg), progress=False)
+    assert status == "fresh" and [r["epoch"] for r in full] == [1, 2, 3]
+    ref_rng = torch.get_rng_state()
+
+    def stop_after_2(epoch, row):
+        if epoch == 2:
+            raise Stop
+
+    with pytest.raises(Stop):
+        train_resumable(fresh_model(), data, ev, cfg, tmp_path / "run", "cpu",
+                        fingerprint=_fingerprint(cfg), progress=False, callback=stop_after_2)
+    assert len(json.loads((tmp_path / "run" / "metrics.json").read_text())) == 2
+    resumed = fresh_model()
+    torch.manual_seed(123)  # the checkpoint's global random state replaces this one
+    rows, status = train_resumable(resumed, data, ev, cfg, tmp_path / "run", "cpu",
+                                   fingerprint=_fingerprint(cfg), progress=False)
+    assert status == "resume"
+    for (k, a), b in zip(ref.state_dict().items(), resumed.state_dict().values(), strict=True):
+        assert torch.equal(a, b), k
+    strip = [{k: v for k, v in r.items() if k != "seconds"} for r in rows]
+    assert strip == [{k: v for k, v in r.items() if k != "seconds"} for r in full]
+    assert torch.equal(torch.get_rng_state(), ref_rng)
+    saved = json.loads((tmp_path / "run" / "metrics.json").read_text())
+    assert [r["epoch"] for r in saved] == [1, 2, 3]
+    assert [r["train_loss"] for r in saved] == [r["train_loss"] for r in full]
+    assert json.loads((tmp_path / "run" / "run.json").read_text()) == _fingerprint(cfg)
+    assert "starts over" not in capsys.readouterr().out
+
+
+def test_train_resumable_starts_over_when_the_fingerprint_changes(tmp_path, capsys):
+    """Another setting clears the folder and says so (status and a printed line); the run
+    then equals a fresh one. ``metrics_path`` and ``marker`` name the caller's files."""
+    data, ev = toy_data(48, 0), toy_data(16, 1)
+    cfg = TrainConfig(epochs=2, batch_size=16, lr=3e-3, seed=2)
+    other = TrainConfig(epochs=2, batch_size=16, lr=1e-2, seed=2)
+    kw = dict(progress=False, metrics_path=tmp_path / "train.json", marker="spec.json")
+    train_resumable(fresh_model(), data, ev, cfg, tmp_path / "ck", "cpu",
+                    fingerprint=_fingerprint(cfg), **kw)
+    assert sorted(p.name for p in (tmp_path / "ck").iterdir()) == ["last.pt", "spec.json"]
+    model = fresh_model()
+    rows, status = train_resumable(model, data, ev, other, tmp_path / "ck", "cpu",
+                                   fingerprint=_fingerprint(other), **kw)
+    assert status == "cleared: train changed"
+    assert "cleared: train changed; training starts over" in capsys.readouterr().out
+    fresh = fresh_model()
+    want, status = train_resumable(fresh, data, ev, other, tmp_path / "fresh", "cpu",
+                                   fingerprint=_fingerprint(other), progress=False)
+    assert status == "fresh"
+    assert [r["train_loss"] for r in rows] == [r["train_loss"] for r in want]
+    for (k, a), b in zip(fresh.state_dict().items(), model.state_dict().values(), strict=True):
+        assert torch.equal(a, b), k
+    assert json.loads((tmp_path / "train.json").read_text()) == rows
+    # other data with the same config: cleared too (the config check alone would resume)
+    _, status = train_resumable(fresh_model(), data, ev, other, tmp_path / "ck", "cpu",
+                                fingerprint=_fingerprint(other, "other"), **kw)
+    assert status == "cleared: data changed"
+    # a folder without a fingerprint (or with a broken one) is never resumed
+    (tmp_path / "ck" / "spec.json").write_text("{")
+    _, status = train_resumable(fresh_model(), data, ev, other, tmp_path / "ck", "cpu",
+                                fingerprint=_fingerprint(other), **kw)
+    assert status.startswith("cleared: data, dataset, model, precision, train")
 
 
 def test_training_learns_the_toy_task(tmp_path):

@@ -3,19 +3,18 @@
 A grid point (a DVC matrix item of ``vit_grid``) is a dataset, a depth, a number of heads and
 gamma_vo; the fixed settings come from the ``train_vit`` section. Its folder
 ``<runs_dir>/<name>/`` holds ``ckpt/`` (the per-epoch checkpoint, kept between ``dvc repro`` runs
-so that training resumes), ``model.pt`` (the final model) and ``train.json`` (per-epoch metrics).
+so that training resumes; cleared when the run's :func:`fingerprint` changes,
+:func:`attncert.train.train_resumable`), ``model.pt`` (the final model) and ``train.json``
+(per-epoch metrics).
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
-import shutil
 from collections.abc import Mapping
-from pathlib import Path
 from typing import Any
 
-from attncert.io import write_json
 from attncert.models import ViTConfig
 from attncert.params import NORMALIZE
 from attncert.train import TrainConfig
@@ -23,7 +22,6 @@ from attncert.train import TrainConfig
 #: train_vit keys that are ViTConfig fields (the others are TrainConfig fields or ``normalize``).
 VIT_KEYS = ("kind", "patch", "dim", "mlp_hidden", "block", "pool", "radius_attn",
             "radius_stream", "gamma_qk", "head_norm")
-FINGERPRINT = "run.json"
 
 
 def run_name(dataset: str, depth: int, heads: int, gamma_vo: float) -> str:
@@ -77,24 +75,3 @@ def fingerprint(model_cfg: ViTConfig, train_cfg: TrainConfig, dataset: str,
     d = json.loads(json.dumps(d))  # as stored: tuples become lists
     d["sha"] = hashlib.sha256(json.dumps(d, sort_keys=True).encode()).hexdigest()[:16]
     return d
-
-
-def prepare_checkpoint_dir(ckpt_dir: str | Path, fp: Mapping[str, Any]) -> str:
-    """Keep a checkpoint written for the same run (resume); clear one written for another.
-
-    Returns what happened ("fresh", "resume" or "cleared: <why>") for the report.
-    """
-    ckpt_dir = Path(ckpt_dir)
-    marker = ckpt_dir / FINGERPRINT
-    status = "fresh"
-    if ckpt_dir.exists() and any(ckpt_dir.iterdir()):
-        old = json.loads(marker.read_text()) if marker.is_file() else {}
-        if old.get("sha") == fp["sha"]:
-            return "resume"
-        changed = sorted(k for k in ("dataset", "data", "model", "train", "precision")
-                         if old.get(k) != fp.get(k))
-        status = f"cleared: {', '.join(changed) or 'no fingerprint'} changed"
-        shutil.rmtree(ckpt_dir)
-    ckpt_dir.mkdir(parents=True, exist_ok=True)
-    write_json(marker, dict(fp))
-    return status

@@ -41,12 +41,12 @@ from torch import Tensor, nn
 
 from attncert import attacks, rng, runs
 from attncert.certvit.load import load_model
-from attncert.certvit.stage import fit_to_dataset, phase_checkpoint
+from attncert.certvit.stage import fit_to_dataset, phase_fingerprint
 from attncert.data import as_float, subset_indices
 from attncert.models import ViT, ViTConfig, build_vit
 from attncert.msvp import MSVP, exact_head_sigma, sigma_rows
 from attncert.precision import resolve_precision
-from attncert.train import TrainConfig, resolve_device, step_loss, train
+from attncert.train import TrainConfig, resolve_device, step_loss, train_resumable
 
 __all__ = ["ATTACKS", "METHODS", "PRETRAINED_METHODS", "SCRATCH", "AttackSpec", "attack_specs",
            "base_model_config", "comparison_table", "data_config", "eval_split",
@@ -89,14 +89,14 @@ def train_run(model_cfg: ViTConfig, train_cfg: TrainConfig, data: Mapping[str, A
     """Build (seeded with ``train_cfg.seed``) and train one model at ``precision``
     (:mod:`attncert.precision`): (model, per-epoch rows, checkpoint status). A checkpoint in
     ``ckpt_dir`` written for the same run resumes; one written for another run is cleared
-    (:func:`attncert.runs.prepare_checkpoint_dir`)."""
+    (:func:`attncert.train.train_resumable`)."""
     precision = resolve_precision(precision, resolve_device(device))
     fp = runs.fingerprint(model_cfg, train_cfg, dataset, data["source"], precision)
-    status = runs.prepare_checkpoint_dir(ckpt_dir, fp)
     torch.manual_seed(train_cfg.seed)
     model = build_vit(model_cfg)
-    curves = train(model, data["train"], data["test"], train_cfg, ckpt_dir, device,
-                   progress=False, precision=precision)
+    curves, status = train_resumable(model, data["train"], data["test"], train_cfg, ckpt_dir,
+                                     device, fingerprint=fp, precision=precision,
+                                     progress=False)
     return model.eval(), curves, status
 
 
@@ -133,14 +133,15 @@ def finetune_run(source: str | Path, train_cfg: TrainConfig, data: Mapping[str, 
     """Fine-tune the pre-trained ``source`` (:func:`pretrained_model`, head seeded with
     ``train_cfg.seed``) on ``data`` at ``precision``: (model, per-epoch rows, checkpoint
     status). The checkpoint in ``ckpt_dir`` resumes only for the same starting weights, model
-    and training config, data and precision (:func:`attncert.certvit.stage.phase_checkpoint`).
+    and training config, data and precision (:func:`attncert.certvit.stage.phase_fingerprint`).
     """
     precision = resolve_precision(precision, resolve_device(device))
     model, notes = pretrained_model(source, data, image_size, train_cfg.seed)
-    status = phase_checkpoint(ckpt_dir, model, train_cfg, dataset, data["source"],
-                              f"{source}; precision {precision}; " + "; ".join(notes))
-    curves = train(model, data["train"], data["test"], train_cfg, ckpt_dir, device,
-                   progress=False, precision=precision)
+    fp = phase_fingerprint(model, train_cfg, dataset, data["source"],
+                           f"{source}; precision {precision}; " + "; ".join(notes))
+    curves, status = train_resumable(model, data["train"], data["test"], train_cfg, ckpt_dir,
+                                     device, fingerprint=fp, precision=precision,
+                                     progress=False)
     return model.eval(), curves, status
 
 

@@ -26,20 +26,22 @@ unscaled CE wants a huge head; s changes the loss only, never the predictions or
 
 Speed: the training set moves to the device once (uint8 images stay uint8 there); each batch
 is indexed, converted and augmented on the device with the epoch's generator, which lives on
-that device; the loss and accuracy sums stay on the device and are read once per epoch. The
-forward pass and loss run at ``precision`` (:mod:`attncert.precision`: bf16 autocast on CUDA
-by default, float32 on CPU); evaluation and everything after training run outside autocast.
+that device. The forward pass and loss run at ``precision`` (:mod:`attncert.precision`: bf16
+autocast on CUDA by default, float32 on CPU); evaluation and everything after training run
+outside autocast.
+
+The epoch loop (AdamW, schedule, checkpoint, metrics file, resume) is :mod:`attncert.loop`,
+shared with the text models; :func:`train_resumable` adds the checkpoint folder's fingerprint
+check (:mod:`attncert.checkpoint`): a run whose settings changed starts over.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import math
-import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 from torch import Tensor, nn
@@ -47,18 +49,16 @@ from torch.nn import functional as F
 
 from attncert import rng
 from attncert.attacks import pgd_linf
+from attncert.checkpoint import CHECKPOINT, FINGERPRINT, METRICS, prepare_checkpoint_dir
 from attncert.data import as_float
-from attncert.io import torch_save, write_json
+from attncert.loop import Steps, run_epochs, sum_dtype
 from attncert.msvp import MSVP
 from attncert.params import dataclass_from_mapping
-from attncert.precision import autocast, resolve_precision, training_matmuls
+from attncert.precision import resolve_precision
 
 MARGINS = ("none", "lmt", "olsa", "radius")
 AUGMENTS = ("none", "crop", "crop_flip")
 ADVERSARIAL = ("none", "pgd_linf")
-CHECKPOINT = "last.pt"
-METRICS = "metrics.json"
-LOG_EVERY = 50  # steps between progress-bar loss read-outs (each one waits for the device)
 
 
 @dataclass(frozen=True)
@@ -128,21 +128,9 @@ class TrainConfig:
     def from_dict(cls, d: Mapping[str, Any]) -> TrainConfig:
         return dataclass_from_mapping(cls, d)
 
-
-def load_checkpoint(path: Path, config: Mapping[str, Any],
-                    states: Mapping[str, Any]) -> tuple[list[dict[str, Any]], int, dict]:
-    """Resume from ``path`` if it exists: load every ``states`` entry (model, optimizer,
-    scheduler, ...) from the checkpoint key of the same name. A checkpoint written with another
-    training config is an error. Returns (metrics rows, last finished epoch, checkpoint)."""
-    if not path.is_file():
-        return [], 0, {}
-    ckpt = torch.load(path, map_location="cpu", weights_only=True)
-    if ckpt["config"] != dict(config):
-        raise ValueError(f"{path} was written with another training config "
-                         f"({ckpt['config']}); delete it to start over")
-    for key, obj in states.items():
-        obj.load_state_dict(ckpt[key])
-    return list(ckpt["metrics"]), int(ckpt["epoch"]), ckpt
+    def steps(self, model: nn.Module, train_data: Any, device: torch.device) -> ImageSteps:
+        """The batches and loss of a run with this config (:class:`ImageSteps`)."""
+        return ImageSteps(model, train_data, self, device)
 
 
 def resolve_device(spec: str | torch.device = "auto") -> torch.device:
@@ -278,7 +266,7 @@ def evaluate(model: nn.Module, data: Any, device: torch.device | str = "cpu",
     was_training = model.training
     model.eval()
     dev = torch.device(device)
-    loss_sum = torch.zeros((), dtype=_sum_dtype(dev), device=dev)
+    loss_sum = torch.zeros((), dtype=sum_dtype(dev), device=dev)
     correct = torch.zeros((), dtype=torch.long, device=dev)
     for i in range(0, len(y), batch_size):
         xb = _to_float(x[i:i + batch_size].to(dev, non_blocking=True))
@@ -291,136 +279,101 @@ def evaluate(model: nn.Module, data: Any, device: torch.device | str = "cpu",
     return {"loss": float(loss_sum) / n, "acc": int(correct) / n}
 
 
-def _sum_dtype(device: torch.device) -> torch.dtype:
-    """float64 running sums, except on MPS (no float64 there)."""
-    return torch.float32 if device.type == "mps" else torch.float64
+# -- the run ---------------------------------------------------------------------------------
 
 
-@torch.no_grad()
-def lipschitz_diagnostics(model: nn.Module) -> dict[str, float]:
-    """Spectral norm (exact SVD) of every constrained or plain linear map, "sigma/<module>"."""
-    out = {}
-    for name, m in model.named_modules():
-        if hasattr(m, "weight_effective"):
-            w = m.weight_effective()
-        elif isinstance(m, nn.Linear):
-            w = m.weight
-        else:
-            continue
-        out[f"sigma/{name}"] = float(torch.linalg.svdvals(w.detach().double().cpu()).max())
-    return out
+class ImageSteps(Steps):
+    """Images: the training set on the device once; per epoch a seeded permutation, batches
+    converted and augmented there with the epoch's generator; the loss of :func:`step_loss`
+    (PGD examples and MSVP when configured, MSVP's vectors checkpointed)."""
+
+    def __init__(self, model: nn.Module, train_data: Any, config: TrainConfig,
+                 device: torch.device):
+        x, y = _xy(train_data)
+        self.x, self.y = x.to(device), y.to(device)  # once
+        self.model, self.config, self.device = model, config, device
+        self.n = len(self.y)
+        self.params = list(model.parameters())
+        self.msvp = None
+        if config.msvp_enabled:  # after model.to(device): the vectors live beside the weights
+            self.msvp = MSVP(model, *config.msvp_lambda,
+                             generator=rng.generator(config.seed, device))
+        self.states = {"msvp": self.msvp} if self.msvp is not None else {}
+        self.g: torch.Generator | None = None
+
+    def plan(self, epoch: int) -> Sequence[Tensor]:
+        self.g = epoch_generator(self.config.seed, epoch, self.device)
+        order = torch.randperm(self.n, generator=self.g, device=self.device)
+        bs = self.config.batch_size
+        return [order[s * bs:(s + 1) * bs] for s in range(math.ceil(self.n / bs))]
+
+    def batch(self, idx: Tensor) -> tuple[tuple[Tensor, ...], Tensor]:
+        return (augment_batch(_to_float(self.x[idx]), self.config.augment, self.g),), self.y[idx]
+
+    def loss(self, inputs: tuple[Tensor, ...], y: Tensor, step: int) -> tuple[Tensor, Tensor]:
+        return step_loss(self.model, inputs[0], y, self.config, self.msvp, self.g)
+
+    def evaluate(self, data: Any) -> dict[str, float]:
+        return evaluate(self.model, data, self.device, self.config.eval_batch_size)
 
 
-# -- the loop --------------------------------------------------------------------------------
-
-
-def cosine_schedule(total_steps: int, warmup_steps: int) -> Callable[[int], float]:
-    """LR factor per step: linear warmup, then cosine decay to 0 at ``total_steps``."""
-    def factor(step: int) -> float:
-        if step < warmup_steps:
-            return (step + 1) / warmup_steps
-        progress = (step - warmup_steps) / max(1, total_steps - warmup_steps)
-        return 0.5 * (1.0 + math.cos(math.pi * min(progress, 1.0)))
-    return factor
-
-
-def _rng_state() -> dict[str, Any]:
-    state = {"torch": torch.get_rng_state()}
-    if torch.cuda.is_available():
-        state["cuda"] = torch.cuda.get_rng_state_all()
-    return state
-
-
-def _set_rng_state(state: Mapping[str, Any]) -> None:
-    torch.set_rng_state(state["torch"])
-    if "cuda" in state and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(state["cuda"])
-
-
-def train(model: nn.Module, train_data: Any, eval_data: Any, config: TrainConfig,
+def train(model: nn.Module, train_data: Any, eval_data: Any, config: Any,
           checkpoint_dir: str | Path, device: str | torch.device = "auto",
           progress: bool = True, metrics_path: str | Path | None = None,
           callback: Callable[[int, dict[str, Any]], None] | None = None,
           precision: str = "auto") -> list[dict[str, Any]]:
     """Train ``model`` in place; return the per-epoch metrics rows.
 
-    ``train_data``/``eval_data``: (x, y) or {"x", "y"} with uint8 (or float [0, 1]) images.
-    ``precision``: of the training forward pass and loss (:mod:`attncert.precision`; the
-    params' ``base.precision``). The training set is copied to the device once.
+    ``config``: a :class:`TrainConfig` (``train_data``/``eval_data``: (x, y) or {"x", "y"}
+    with uint8 or float [0, 1] images) or another config whose ``steps(model, train_data,
+    device)`` gives the run's :class:`attncert.loop.Steps` (the text models'
+    :class:`attncert.text.train_text.TextTrainConfig`). ``precision``: of the training forward
+    pass and loss (:mod:`attncert.precision`; the params' ``base.precision``).
     After every epoch the full state goes atomically to ``checkpoint_dir/last.pt`` and the
     metrics list to ``metrics_path`` (default ``checkpoint_dir/metrics.json``); a later call
-    with the same config resumes from that checkpoint (a different config is an error).
-    ``callback(epoch, row)`` runs after each checkpoint (e.g. to stop early by raising).
+    with the same config resumes from that checkpoint (a different config is an error: use
+    :func:`train_resumable` to start over instead). ``callback(epoch, row)`` runs after each
+    checkpoint (e.g. to stop early by raising).
     """
-    from tqdm.auto import tqdm
-
+    if not callable(getattr(config, "steps", None)):
+        raise TypeError(f"config must be a TrainConfig or TextTrainConfig (a config with "
+                        f"steps()), got {type(config).__name__}")
     ckpt_path = Path(checkpoint_dir) / CHECKPOINT
     metrics_path = Path(metrics_path) if metrics_path else Path(checkpoint_dir) / METRICS
     dev = resolve_device(device)
     precision = resolve_precision(precision, dev)
     model.to(dev)
-    x, y = _xy(train_data)
-    x, y = x.to(dev), y.to(dev)  # once: batches are indexed and augmented on the device
-    n = len(y)
-    steps_per_epoch = math.ceil(n / config.batch_size)
-    msvp = None
-    if config.msvp_enabled:  # after model.to(dev): the vectors live beside the weights
-        msvp = MSVP(model, *config.msvp_lambda, generator=rng.generator(config.seed, dev))
-    opt = torch.optim.AdamW(model.parameters(), lr=config.lr, weight_decay=config.weight_decay)
-    sched = torch.optim.lr_scheduler.LambdaLR(
-        opt, cosine_schedule(config.epochs * steps_per_epoch, config.warmup_steps))
-    cfg_dict = dataclasses.asdict(config)
-    states = {"model": model, "optimizer": opt, "scheduler": sched}
-    if msvp is not None:
-        states["msvp"] = msvp
-    metrics, start, ckpt = load_checkpoint(ckpt_path, cfg_dict, states)
-    if ckpt:
-        _set_rng_state(ckpt["rng"])
+    steps = config.steps(model, train_data, dev)
+    return run_epochs(model, steps, eval_data, config, ckpt_path, metrics_path, dev, precision,
+                      progress, callback)
 
-    for epoch in range(start + 1, config.epochs + 1):
-        t0 = time.perf_counter()
-        model.train()
-        g = epoch_generator(config.seed, epoch, dev)
-        order = torch.randperm(n, generator=g, device=dev)
-        loss_sum = torch.zeros((), dtype=_sum_dtype(dev), device=dev)
-        correct = torch.zeros((), dtype=torch.long, device=dev)
-        bar = tqdm(range(steps_per_epoch), desc=f"epoch {epoch}/{config.epochs}",
-                   disable=not progress, leave=False)
-        with training_matmuls(precision, dev):
-            for step in bar:
-                idx = order[step * config.batch_size:(step + 1) * config.batch_size]
-                xb = augment_batch(_to_float(x[idx]), config.augment, g)
-                yb = y[idx]
-                with autocast(precision, dev):
-                    logits, loss = step_loss(model, xb, yb, config, msvp, g)
-                opt.zero_grad(set_to_none=True)
-                loss.backward()
-                if config.grad_clip > 0:
-                    nn.utils.clip_grad_norm_(model.parameters(), config.grad_clip)
-                opt.step()
-                sched.step()
-                loss_sum += loss.detach().to(loss_sum.dtype) * len(idx)
-                correct += (logits.detach().argmax(1) == yb).sum()
-                if progress and step % LOG_EVERY == 0:  # the only host sync of a step
-                    bar.set_postfix(loss=f"{loss.item():.4f}")
-        loss_sum, correct = float(loss_sum), int(correct)
-        train_seconds = time.perf_counter() - t0
-        ev = evaluate(model, eval_data, dev, config.eval_batch_size)
-        row = {"epoch": epoch, "train_loss": loss_sum / n, "train_acc": correct / n,
-               "test_loss": ev["loss"], "test_acc": ev["acc"], "lr": sched.get_last_lr()[0],
-               "seconds": train_seconds, **lipschitz_diagnostics(model)}
-        metrics.append(row)
-        torch_save({"model": model.state_dict(), "optimizer": opt.state_dict(),
-                    "scheduler": sched.state_dict(), "epoch": epoch, "metrics": metrics,
-                    "config": cfg_dict, "rng": _rng_state(),
-                    **({"msvp": msvp.state_dict()} if msvp is not None else {})}, ckpt_path)
-        write_json(metrics_path, metrics)
-        if progress:
-            tqdm.write(f"epoch {epoch}: loss {row['train_loss']:.4f} train acc "
-                       f"{row['train_acc']:.4f} test acc {row['test_acc']:.4f} "
-                       f"({train_seconds:.1f} s)")
-        if callback is not None:
-            callback(epoch, row)
-    if metrics:  # a run stopped between the checkpoint and the metrics file resumes to both
-        write_json(metrics_path, metrics)
-    return metrics
+
+class Trained(NamedTuple):
+    """What :func:`train_resumable` returns: the per-epoch rows of the whole run (resumed
+    epochs included) and what happened to the checkpoint folder."""
+
+    curves: list[dict[str, Any]]
+    status: str  # "fresh", "resume" or "cleared: <keys> changed"
+
+
+def train_resumable(model: nn.Module, train_data: Any, test_data: Any, config: Any,
+                    ckpt_dir: str | Path, device: str | torch.device = "auto", *,
+                    fingerprint: Mapping[str, Any], marker: str = FINGERPRINT,
+                    metrics_path: str | Path | None = None, precision: str = "auto",
+                    progress: bool = True,
+                    callback: Callable[[int, dict[str, Any]], None] | None = None) -> Trained:
+    """:func:`train` in ``ckpt_dir``, resumed only when the folder was written for the same run.
+
+    ``fingerprint``: a JSON-able record of everything that decides the run (e.g.
+    :func:`attncert.runs.fingerprint`; it should name the resolved ``precision``), stored as
+    ``ckpt_dir/marker``. A folder with another fingerprint is cleared and the run starts over
+    (printed, and named in the returned status); the same fingerprint resumes from the last
+    finished epoch, and a finished run only reads its rows back. The per-epoch rows go to
+    ``metrics_path`` (default ``ckpt_dir/metrics.json``) after every epoch.
+    """
+    status = prepare_checkpoint_dir(ckpt_dir, fingerprint, marker)
+    if status.startswith("cleared"):
+        print(f"{ckpt_dir}: checkpoint {status}; training starts over", flush=True)
+    curves = train(model, train_data, test_data, config, ckpt_dir, device, progress,
+                   metrics_path, callback, precision)
+    return Trained(curves, status)

@@ -4,8 +4,9 @@
   pipeline trains itself (:data:`PIPELINE`, CertViT's Table 1 setting) or anything
   :func:`attncert.certvit.load_model` reads (a Hugging Face id, a local HF folder, a save_vit
   file), fitted to the dataset by :func:`fit_to_dataset`;
-* :func:`phase_checkpoint`: a resumable checkpoint folder per training phase, cleared when
-  the phase's starting weights or settings change;
+* :func:`phase_fingerprint`: what decides a training phase's resumable checkpoint folder
+  (:func:`attncert.train.train_resumable` clears it when the phase's starting weights or
+  settings change);
 * :func:`finetune_scope`: what the fine-tune after constraining may change: every weight with
   the pruned ones kept at zero (CertViT), or only the parameters the bound does not depend on
   (:func:`bound_parameters`), which keeps the constrained model's bound;
@@ -29,7 +30,6 @@ import dataclasses
 import hashlib
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import torch
@@ -70,7 +70,7 @@ __all__ = [
     "fit_to_dataset",
     "frozen",
     "paper_row",
-    "phase_checkpoint",
+    "phase_fingerprint",
     "pretrain_config",
     "source_model",
     "stage_metrics",
@@ -187,18 +187,16 @@ def state_sha(model: nn.Module) -> str:
     return h.hexdigest()[:16]
 
 
-def phase_checkpoint(ckpt_dir: str | Path, model: ViT, config: TrainConfig, dataset: str,
-                     data_source: str, note: str = "") -> str:
-    """Prepare the checkpoint folder of one training phase (``runs.prepare_checkpoint_dir``).
-
-    A checkpoint is resumed only if it was written for the same model config, training
-    config, dataset, starting weights (their hash, :func:`state_sha`) and ``note`` (what
-    else decides the phase, e.g. the fine-tune scope); otherwise the folder is cleared.
-    Returns what happened ("fresh", "resume" or "cleared: ...").
+def phase_fingerprint(model: ViT, config: TrainConfig, dataset: str, data_source: str,
+                      note: str = "") -> dict[str, Any]:
+    """The fingerprint of one training phase (:func:`attncert.runs.fingerprint`), taken before
+    it trains: its checkpoint folder (:func:`attncert.train.train_resumable`) is resumed only
+    if it was written for the same model config, training config, dataset, starting weights
+    (their hash, :func:`state_sha`) and ``note`` (what else decides the phase, e.g. the
+    fine-tune scope); otherwise the folder is cleared.
     """
     start = f"{data_source}; initial weights {state_sha(model)}" + (f"; {note}" if note else "")
-    return runs.prepare_checkpoint_dir(ckpt_dir, runs.fingerprint(model.config, config,
-                                                                  dataset, start))
+    return runs.fingerprint(model.config, config, dataset, start)
 
 
 def bound_parameters(model: ViT) -> list[str]:

@@ -22,7 +22,7 @@ from attncert import certify, runs
 from attncert.crown.bridge import CrownCertifier, certify_points
 from attncert.models import ViTConfig, build_vit
 from attncert.precision import resolve_precision
-from attncert.train import TrainConfig, evaluate, resolve_device, train
+from attncert.train import TrainConfig, evaluate, resolve_device, train_resumable
 
 
 def vit_config(data: Mapping[str, Any], p: Mapping[str, Any], depth: int) -> ViTConfig:
@@ -50,9 +50,8 @@ def train_model(data: Mapping[str, Any], p: Mapping[str, Any], depth: int, seed:
     precision = resolve_precision(precision, resolve_device(device))
     fp = runs.fingerprint(model.config, cfg, data.get("name", ""),
                           f"{data.get('source', '')}; first {n} training images", precision)
-    runs.prepare_checkpoint_dir(ckpt_dir, fp)
-    curves = train(model, tr, data["test"], cfg, ckpt_dir, device, progress=False,
-                   precision=precision)
+    curves, _ = train_resumable(model, tr, data["test"], cfg, ckpt_dir, device, fingerprint=fp,
+                                precision=precision, progress=False)
     seconds = sum(row["seconds"] for row in curves)
     return model.eval(), evaluate(model, data["test"], device)["acc"], seconds
 

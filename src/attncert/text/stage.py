@@ -17,9 +17,7 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
-import json
 import math
-import shutil
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -30,12 +28,12 @@ from torch import Tensor, nn
 from attncert import soundness
 from attncert.models.vit import Block, ViTConfig
 from attncert.precision import resolve_precision
-from attncert.train import resolve_device
+from attncert.train import resolve_device, train_resumable
 
 from .attacks import audit_embeddings
 from .models import masked_mean_logits
 from .olsa import normalize_tokens
-from .train_text import TextTrainConfig, certify_rows, evaluate_text, train_text
+from .train_text import TextTrainConfig, certify_rows, evaluate_text
 
 FAMILIES = ("olsa", "lofast", "none")
 SPEC = "spec.json"
@@ -73,11 +71,10 @@ class StandardTextTransformer(nn.Module):
 def train_model(model: nn.Module, spec: Mapping[str, Any], train: Mapping[str, Tensor],
                 dev: Mapping[str, Tensor], config: TextTrainConfig, folder: str | Path,
                 device: torch.device | str, precision: str = "auto") -> list[dict[str, Any]]:
-    """:func:`train_text` at ``precision`` in ``folder``, resumed when ``folder/spec.json``
-    records the same model ``spec``, training config, training data (its size and a hash of
-    its token ids and labels) and resolved precision, otherwise started over (the folder is
-    cleared)."""
-    folder = Path(folder)
+    """:func:`attncert.train.train_resumable` at ``precision`` in ``folder``, resumed when
+    ``folder/spec.json`` records the same model ``spec``, training config, training data (its
+    size and a hash of its token ids and labels) and resolved precision, otherwise started over
+    (the folder is cleared). Returns the per-epoch rows."""
     precision = resolve_precision(precision, resolve_device(device))
     digest = hashlib.sha256()
     for key in ("ids", "mask", "y"):
@@ -85,14 +82,8 @@ def train_model(model: nn.Module, spec: Mapping[str, Any], train: Mapping[str, T
     record = {"model": dict(spec), "train": dataclasses.asdict(config),
               "data": {"n": len(train["y"]), "sha256": digest.hexdigest()[:16]},
               "precision": precision}
-    spec_path = folder / SPEC
-    if folder.exists() and (not spec_path.is_file()
-                            or json.loads(spec_path.read_text()) != record):
-        shutil.rmtree(folder)
-    folder.mkdir(parents=True, exist_ok=True)
-    spec_path.write_text(json.dumps(record, sort_keys=True))
-    return train_text(model, train, dev, config, folder, device, progress=False,
-                      precision=precision)
+    return train_resumable(model, train, dev, config, folder, device, fingerprint=record,
+                           marker=SPEC, precision=precision, progress=False).curves
 
 
 def _lofast_table(model: nn.Module, data: Mapping[str, Tensor], device, batch_size: int,

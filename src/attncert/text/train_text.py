@@ -1,20 +1,23 @@
 """Training, evaluation and per-sample certification of the SST-2 text models.
 
-The loop follows :func:`attncert.train.train` (AdamW, per-step cosine schedule with warmup,
-seeded data order from :func:`attncert.train.epoch_generator`, an atomic checkpoint every
-epoch and resume from it) on tokenised data {"ids", "mask", "y"}, with two additions:
+Training is :func:`attncert.train.train` (or :func:`attncert.train.train_resumable`) with a
+:class:`TextTrainConfig`: the shared epoch loop of :mod:`attncert.loop` (AdamW, per-step
+cosine schedule with warmup, an atomic checkpoint every epoch and resume from it, the metrics
+file) with the text run's :class:`TextSteps` on tokenised data {"ids", "mask", "y"}:
 
+* the data order comes from :func:`attncert.train.epoch_generator` (on the CPU, which plans
+  the batches): batches are drawn from length-sorted buckets (``bucket`` batches each, order
+  shuffled), since the OLSA models drop the columns past the longest sentence of a batch and
+  attention costs n^2;
 * loss = CE(s f, y) - gamma_t mean(relu(M / (sqrt(2) ||W_head||))): OLSA's certificate
   regulariser (MATH.md section 7) on the certified radius of a model whose layers are
   1-Lipschitz, gamma_t ramped linearly from 0 to ``gamma`` (:func:`.olsa.gamma_ramp`);
 * after every step the orthogonal maps are re-projected (:func:`reproject_orthogonal_`), so
-  the few Newton-Schulz steps of the forward pass stay converged.
+  the few Newton-Schulz steps of the forward pass stay converged;
+* AdamW sees only the parameters that require a gradient (a frozen encoder stays out).
 
-Batches are drawn from length-sorted buckets (``bucket`` batches each, order shuffled): the
-OLSA models drop the columns past the longest sentence of a batch, and attention costs n^2.
-As in :func:`attncert.train.train`, the tokenised training set moves to the device once, the
-forward pass and loss run at ``precision`` (:mod:`attncert.precision`) and the loss and
-accuracy sums are read once per epoch.
+The tokenised training set moves to the device once and the forward pass and loss run at
+``precision`` (:mod:`attncert.precision`).
 """
 
 from __future__ import annotations
@@ -22,38 +25,21 @@ from __future__ import annotations
 import dataclasses
 import math
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import torch
 from torch import Tensor, nn
 from torch.nn import functional as F
 
-from attncert.io import torch_save, write_json
+from attncert.loop import Steps
 from attncert.params import dataclass_from_mapping
-from attncert.precision import (
-    autocast,
-    require_full_precision,
-    resolve_precision,
-    training_matmuls,
-)
-from attncert.train import (
-    LOG_EVERY,
-    cosine_schedule,
-    epoch_generator,
-    lipschitz_diagnostics,
-    load_checkpoint,
-    resolve_device,
-)
+from attncert.precision import require_full_precision
+from attncert.train import epoch_generator
 
 from .olsa import certificate_regulariser, certified_radius, gamma_ramp, reproject_orthogonal_
 from .tokenize import encode
-
-CHECKPOINT = "last.pt"
-METRICS = "metrics.json"
-
 
 _MAY_BE_ZERO = ("warmup_steps", "seed", "weight_decay", "gamma", "gamma_ramp", "grad_clip")
 
@@ -97,6 +83,11 @@ class TextTrainConfig:
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> TextTrainConfig:
         return dataclass_from_mapping(cls, d)
+
+    def steps(self, model: nn.Module, train_data: Mapping[str, Tensor],
+              device: torch.device) -> TextSteps:
+        """The batches and loss of a run with this config (:class:`TextSteps`)."""
+        return TextSteps(model, train_data, self, device)
 
 
 # -- data ------------------------------------------------------------------------------------
@@ -185,93 +176,47 @@ def certify_rows(model: nn.Module, data: Mapping[str, Tensor], device: torch.dev
     return pd.concat(frames, ignore_index=True)
 
 
-# -- the loop --------------------------------------------------------------------------------
+# -- the run ---------------------------------------------------------------------------------
 
 
-def train_text(model: nn.Module, train_data: Mapping[str, Tensor],
-               eval_data: Mapping[str, Tensor], config: TextTrainConfig,
-               checkpoint_dir: str | Path, device: str | torch.device = "auto",
-               progress: bool = True, metrics_path: str | Path | None = None,
-               callback: Callable[[int, dict[str, Any]], None] | None = None,
-               precision: str = "auto") -> list[dict[str, Any]]:
-    """Train ``model`` in place on {"ids", "mask", "y"}; return the per-epoch metrics rows.
+class TextSteps(Steps):
+    """Tokenised text (module docstring): bucketed batches planned on the CPU, the gamma-ramped
+    loss of :func:`text_loss`, orthogonal maps re-projected after each step; the epoch's row
+    gets the last step's ``gamma``."""
 
-    ``precision``: of the forward pass and loss (:mod:`attncert.precision`).
+    def __init__(self, model: nn.Module, train_data: Mapping[str, Tensor],
+                 config: TextTrainConfig, device: torch.device):
+        if config.gamma > 0 and not hasattr(model, "head_lipschitz"):
+            raise ValueError(f"gamma > 0 needs a model with a global Lipschitz constant "
+                             f"(head_lipschitz); {type(model).__name__} has none")
+        self.model, self.config, self.device = model, config, device
+        self.lengths = train_data["mask"].sum(1).cpu()  # the CPU plans the batches
+        self.on_device = {k: train_data[k].to(device) for k in ("ids", "mask", "y")}  # once
+        self.n = len(self.lengths)
+        self.params = [p for p in model.parameters() if p.requires_grad]
+        self.total_steps = config.epochs * math.ceil(self.n / config.batch_size)
+        self.gamma = 0.0
 
-    After every epoch the full state goes atomically to ``checkpoint_dir/last.pt`` and the
-    metrics list to ``metrics_path`` (default ``checkpoint_dir/metrics.json``); a later call
-    with the same config resumes from it (a different config is an error).
-    ``callback(epoch, row)`` runs after each checkpoint (e.g. to stop early by raising).
-    """
-    from tqdm.auto import tqdm
+    def plan(self, epoch: int) -> Sequence[Tensor]:
+        return bucketed_batches(self.lengths, self.config.batch_size, self.config.bucket,
+                                epoch_generator(self.config.seed, epoch))
 
-    if config.gamma > 0 and not hasattr(model, "head_lipschitz"):
-        raise ValueError(f"gamma > 0 needs a model with a global Lipschitz constant "
-                         f"(head_lipschitz); {type(model).__name__} has none")
-    ckpt_path = Path(checkpoint_dir) / CHECKPOINT
-    metrics_path = Path(metrics_path) if metrics_path else Path(checkpoint_dir) / METRICS
-    dev = resolve_device(device)
-    precision = resolve_precision(precision, dev)
-    model.to(dev)
-    lengths = train_data["mask"].sum(1).cpu()  # the CPU plans the batches
-    on_dev = {k: train_data[k].to(dev) for k in ("ids", "mask", "y")}  # once
-    n = len(lengths)
-    steps_per_epoch = math.ceil(n / config.batch_size)
-    total_steps = config.epochs * steps_per_epoch
-    params = [p for p in model.parameters() if p.requires_grad]
-    opt = torch.optim.AdamW(params, lr=config.lr, weight_decay=config.weight_decay)
-    sched = torch.optim.lr_scheduler.LambdaLR(
-        opt, cosine_schedule(total_steps, config.warmup_steps))
-    cfg_dict = dataclasses.asdict(config)
-    metrics, start, _ = load_checkpoint(ckpt_path, cfg_dict,
-                                        {"model": model, "optimizer": opt, "scheduler": sched})
+    def batch(self, idx: Tensor) -> tuple[tuple[Tensor, ...], Tensor]:
+        idx = idx.to(self.device, non_blocking=True)
+        ids, mask, y = (self.on_device[k][idx] for k in ("ids", "mask", "y"))
+        return (ids, mask), y
 
-    for epoch in range(start + 1, config.epochs + 1):
-        t0 = time.perf_counter()
-        model.train()
-        batches = bucketed_batches(lengths, config.batch_size, config.bucket,
-                                   epoch_generator(config.seed, epoch))
-        loss_sum = torch.zeros((), dtype=torch.float32 if dev.type == "mps" else torch.float64,
-                               device=dev)
-        correct = torch.zeros((), dtype=torch.long, device=dev)
-        bar = tqdm(batches, desc=f"epoch {epoch}/{config.epochs}", disable=not progress,
-                   leave=False)
-        with training_matmuls(precision, dev):
-            for i, idx in enumerate(bar):
-                idx = idx.to(dev, non_blocking=True)
-                ids, mask, y = (on_dev[k][idx] for k in ("ids", "mask", "y"))
-                gamma = gamma_ramp((epoch - 1) * steps_per_epoch + i, total_steps,
-                                   config.gamma, config.gamma_ramp)
-                with autocast(precision, dev):
-                    logits = model(ids, mask)
-                    loss = text_loss(model, logits, y, gamma, config.logit_scale)
-                opt.zero_grad(set_to_none=True)
-                loss.backward()
-                if config.grad_clip > 0:
-                    nn.utils.clip_grad_norm_(params, config.grad_clip)
-                opt.step()
-                sched.step()
-                reproject_orthogonal_(model)
-                loss_sum += loss.detach().to(loss_sum.dtype) * len(idx)
-                correct += (logits.detach().argmax(1) == y).sum()
-                if progress and i % LOG_EVERY == 0:  # the only host sync of a step
-                    bar.set_postfix(loss=f"{loss.item():.4f}")
-        loss_sum, correct = float(loss_sum), int(correct)
-        train_seconds = time.perf_counter() - t0
-        ev = evaluate_text(model, eval_data, dev, config.eval_batch_size)
-        row = {"epoch": epoch, "train_loss": loss_sum / n, "train_acc": correct / n,
-               **{f"test_{k}": v for k, v in ev.items()}, "lr": sched.get_last_lr()[0],
-               "gamma": gamma, "seconds": train_seconds, **lipschitz_diagnostics(model)}
-        metrics.append(row)
-        torch_save({"model": model.state_dict(), "optimizer": opt.state_dict(),
-                    "scheduler": sched.state_dict(), "epoch": epoch, "metrics": metrics,
-                    "config": cfg_dict}, ckpt_path)
-        write_json(metrics_path, metrics)
-        if progress:
-            tqdm.write(f"epoch {epoch}: loss {row['train_loss']:.4f} train acc "
-                       f"{row['train_acc']:.4f} test acc {row['test_acc']:.4f} "
-                       f"({train_seconds:.1f} s)")
-        if callback is not None:
-            callback(epoch, row)
-    return metrics
+    def loss(self, inputs: tuple[Tensor, ...], y: Tensor, step: int) -> tuple[Tensor, Tensor]:
+        cfg = self.config
+        self.gamma = gamma_ramp(step, self.total_steps, cfg.gamma, cfg.gamma_ramp)
+        logits = self.model(*inputs)
+        return logits, text_loss(self.model, logits, y, self.gamma, cfg.logit_scale)
 
+    def after_step(self) -> None:
+        reproject_orthogonal_(self.model)
+
+    def evaluate(self, data: Mapping[str, Tensor]) -> dict[str, float]:
+        return evaluate_text(self.model, data, self.device, self.config.eval_batch_size)
+
+    def row(self) -> dict[str, Any]:
+        return {"gamma": self.gamma}

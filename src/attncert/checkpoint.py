@@ -1,0 +1,97 @@
+"""A training run's checkpoint folder: its fingerprint, the per-epoch checkpoint and resume.
+
+A folder holds ``last.pt`` (the full training state after the last finished epoch,
+:func:`save_checkpoint`), by default ``metrics.json`` (the per-epoch rows) and a fingerprint
+file (``run.json`` unless the caller names another): a JSON record of everything that decides
+the run (model, training config, data, precision, ...). :func:`prepare_checkpoint_dir` keeps a
+folder whose fingerprint is the same (the run resumes) and clears one written for another run.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from attncert.io import torch_save, write_json
+
+CHECKPOINT = "last.pt"
+METRICS = "metrics.json"
+FINGERPRINT = "run.json"
+
+
+def prepare_checkpoint_dir(ckpt_dir: str | Path, fingerprint: Mapping[str, Any],
+                           marker: str = FINGERPRINT) -> str:
+    """Keep a checkpoint written for the same run (resume); clear one written for another.
+
+    ``fingerprint``: a JSON-able record of what decides the run, compared as stored (tuples
+    become lists) with ``ckpt_dir/marker``; a key ``sha`` (a hash of the rest) is not named as
+    a change. Returns what happened ("fresh", "resume" or "cleared: <keys> changed").
+    """
+    ckpt_dir = Path(ckpt_dir)
+    fp = json.loads(json.dumps(dict(fingerprint)))
+    path = ckpt_dir / marker
+    status = "fresh"
+    if ckpt_dir.exists() and any(ckpt_dir.iterdir()):
+        old = _read_json(path)
+        if old == fp:
+            return "resume"
+        changed = sorted(k for k in set(old) | set(fp) if k != "sha" and old.get(k) != fp.get(k))
+        status = f"cleared: {', '.join(changed) or 'no fingerprint'} changed"
+        shutil.rmtree(ckpt_dir)
+    ckpt_dir.mkdir(parents=True, exist_ok=True)
+    write_json(path, fp)
+    return status
+
+
+def _read_json(path: Path) -> dict[str, Any]:
+    """The stored fingerprint, or {} when there is none (or it is unreadable)."""
+    try:
+        old = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}
+    return old if isinstance(old, dict) else {}
+
+
+def load_checkpoint(path: Path, config: Mapping[str, Any],
+                    states: Mapping[str, Any]) -> tuple[list[dict[str, Any]], int, dict]:
+    """Resume from ``path`` if it exists: load every ``states`` entry (model, optimizer,
+    scheduler, ...) from the checkpoint key of the same name and the global random state when
+    the checkpoint holds one. A checkpoint written with another training config is an error.
+    Returns (metrics rows, last finished epoch, checkpoint)."""
+    if not path.is_file():
+        return [], 0, {}
+    ckpt = torch.load(path, map_location="cpu", weights_only=True)
+    if ckpt["config"] != dict(config):
+        raise ValueError(f"{path} was written with another training config "
+                         f"({ckpt['config']}); delete it to start over")
+    for key, obj in states.items():
+        obj.load_state_dict(ckpt[key])
+    if "rng" in ckpt:
+        _set_rng_state(ckpt["rng"])
+    return list(ckpt["metrics"]), int(ckpt["epoch"]), ckpt
+
+
+def save_checkpoint(path: Path, config: Mapping[str, Any], states: Mapping[str, Any],
+                    epoch: int, metrics: list[dict[str, Any]]) -> None:
+    """Write the state after ``epoch`` atomically: every ``states`` entry's state_dict, the
+    metrics rows, the config and the global random state."""
+    torch_save({**{k: obj.state_dict() for k, obj in states.items()}, "epoch": epoch,
+                "metrics": metrics, "config": dict(config), "rng": _rng_state()}, path)
+
+
+def _rng_state() -> dict[str, Any]:
+    state = {"torch": torch.get_rng_state()}
+    if torch.cuda.is_available():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
+
+
+def _set_rng_state(state: Mapping[str, Any]) -> None:
+    torch.set_rng_state(state["torch"])
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])

@@ -1,0 +1,153 @@
+"""The epoch loop every training run shares: AdamW, a per-step cosine schedule with warmup,
+the forward pass and loss at the training precision, optional gradient clipping, an atomic
+checkpoint and the metrics file after every epoch, and resume from that checkpoint.
+
+What differs between runs is a :class:`Steps`: how an epoch's data is cut into batches, how a
+batch becomes logits and a loss, what runs after each optimiser step and how the model is
+evaluated (:class:`attncert.train.ImageSteps` for images, :class:`attncert.text.train_text.
+TextSteps` for tokenised text). The loss and accuracy sums stay on the device and are read
+once per epoch.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import time
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+from attncert.checkpoint import load_checkpoint, save_checkpoint
+from attncert.io import write_json
+from attncert.precision import autocast, training_matmuls
+
+LOG_EVERY = 50  # steps between progress-bar loss read-outs (each one waits for the device)
+
+
+class Steps:
+    """One run's batches and loss. Subclasses set ``n`` (training examples), ``params`` (what
+    AdamW updates and gradient clipping sees), ``states`` (extra checkpoint entries with
+    ``state_dict``/``load_state_dict``) and implement :meth:`plan`, :meth:`batch`,
+    :meth:`loss` and :meth:`evaluate`."""
+
+    n: int
+    params: list[nn.Parameter]
+    states: Mapping[str, Any] = {}
+
+    def plan(self, epoch: int) -> Sequence[Tensor]:
+        """The index batches of ``epoch`` (1-based), in training order."""
+        raise NotImplementedError
+
+    def batch(self, idx: Tensor) -> tuple[tuple[Tensor, ...], Tensor]:
+        """(model inputs, labels) of one index batch, on the device (outside autocast)."""
+        raise NotImplementedError
+
+    def loss(self, inputs: tuple[Tensor, ...], y: Tensor, step: int) -> tuple[Tensor, Tensor]:
+        """(logits, loss) of one batch; ``step`` counts every step of the run from 0."""
+        raise NotImplementedError
+
+    def after_step(self) -> None:
+        """Runs after each optimiser and scheduler step."""
+
+    def evaluate(self, data: Any) -> dict[str, float]:
+        """The end-of-epoch evaluation on ``data``; its keys become ``test_<key>`` columns."""
+        raise NotImplementedError
+
+    def row(self) -> dict[str, Any]:
+        """Extra columns of the epoch's row (after ``lr``)."""
+        return {}
+
+
+def cosine_schedule(total_steps: int, warmup_steps: int) -> Callable[[int], float]:
+    """LR factor per step: linear warmup, then cosine decay to 0 at ``total_steps``."""
+    def factor(step: int) -> float:
+        if step < warmup_steps:
+            return (step + 1) / warmup_steps
+        progress = (step - warmup_steps) / max(1, total_steps - warmup_steps)
+        return 0.5 * (1.0 + math.cos(math.pi * min(progress, 1.0)))
+    return factor
+
+
+def sum_dtype(device: torch.device) -> torch.dtype:
+    """float64 running sums, except on MPS (no float64 there)."""
+    return torch.float32 if device.type == "mps" else torch.float64
+
+
+@torch.no_grad()
+def lipschitz_diagnostics(model: nn.Module) -> dict[str, float]:
+    """Spectral norm (exact SVD) of every constrained or plain linear map, "sigma/<module>"."""
+    out = {}
+    for name, m in model.named_modules():
+        if hasattr(m, "weight_effective"):
+            w = m.weight_effective()
+        elif isinstance(m, nn.Linear):
+            w = m.weight
+        else:
+            continue
+        out[f"sigma/{name}"] = float(torch.linalg.svdvals(w.detach().double().cpu()).max())
+    return out
+
+
+def run_epochs(model: nn.Module, steps: Steps, eval_data: Any, config: Any, ckpt_path: Path,
+               metrics_path: Path, dev: torch.device, precision: str, progress: bool = True,
+               callback: Callable[[int, dict[str, Any]], None] | None = None
+               ) -> list[dict[str, Any]]:
+    """Train ``model`` (already on ``dev``) for ``config.epochs`` epochs, resuming from
+    ``ckpt_path``; ``config``: a dataclass with epochs, batch_size, lr, weight_decay,
+    warmup_steps and grad_clip. Returns the per-epoch metrics rows."""
+    from tqdm.auto import tqdm
+
+    steps_per_epoch = math.ceil(steps.n / config.batch_size)
+    opt = torch.optim.AdamW(steps.params, lr=config.lr, weight_decay=config.weight_decay)
+    sched = torch.optim.lr_scheduler.LambdaLR(
+        opt, cosine_schedule(config.epochs * steps_per_epoch, config.warmup_steps))
+    cfg_dict = dataclasses.asdict(config)
+    states = {"model": model, "optimizer": opt, "scheduler": sched, **steps.states}
+    metrics, start, _ = load_checkpoint(ckpt_path, cfg_dict, states)
+
+    for epoch in range(start + 1, config.epochs + 1):
+        t0 = time.perf_counter()
+        model.train()
+        batches = steps.plan(epoch)
+        loss_sum = torch.zeros((), dtype=sum_dtype(dev), device=dev)
+        correct = torch.zeros((), dtype=torch.long, device=dev)
+        bar = tqdm(batches, desc=f"epoch {epoch}/{config.epochs}", disable=not progress,
+                   leave=False)
+        with training_matmuls(precision, dev):
+            for i, idx in enumerate(bar):
+                inputs, yb = steps.batch(idx)
+                with autocast(precision, dev):
+                    logits, loss = steps.loss(inputs, yb, (epoch - 1) * steps_per_epoch + i)
+                opt.zero_grad(set_to_none=True)
+                loss.backward()
+                if config.grad_clip > 0:
+                    nn.utils.clip_grad_norm_(steps.params, config.grad_clip)
+                opt.step()
+                sched.step()
+                steps.after_step()
+                loss_sum += loss.detach().to(loss_sum.dtype) * len(yb)
+                correct += (logits.detach().argmax(1) == yb).sum()
+                if progress and i % LOG_EVERY == 0:  # the only host sync of a step
+                    bar.set_postfix(loss=f"{loss.item():.4f}")
+        loss_sum, correct = float(loss_sum), int(correct)
+        train_seconds = time.perf_counter() - t0
+        ev = steps.evaluate(eval_data)
+        row = {"epoch": epoch, "train_loss": loss_sum / steps.n, "train_acc": correct / steps.n,
+               **{f"test_{k}": v for k, v in ev.items()}, "lr": sched.get_last_lr()[0],
+               **steps.row(), "seconds": train_seconds, **lipschitz_diagnostics(model)}
+        metrics.append(row)
+        save_checkpoint(ckpt_path, cfg_dict, states, epoch, metrics)
+        write_json(metrics_path, metrics)
+        if progress:
+            tqdm.write(f"epoch {epoch}: loss {row['train_loss']:.4f} train acc "
+                       f"{row['train_acc']:.4f} test acc {row['test_acc']:.4f} "
+                       f"({train_seconds:.1f} s)")
+        if callback is not None:
+            callback(epoch, row)
+    if metrics:  # a run stopped between the checkpoint and the metrics file resumes to both
+        write_json(metrics_path, metrics)
+    return metrics
