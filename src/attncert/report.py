@@ -31,8 +31,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from attncert import paper, stages
+from attncert import paper
 from attncert.headline import UNITS, eps_match, row
+from attncert.stages import data as data_stage
 from attncert.params import PARAMS_FILE, Params, load_params, read_yaml
 
 DVC_FILE = "dvc.yaml"
@@ -458,9 +459,10 @@ def _generic_rows(m: Any, item: Mapping, prefix: str = "", depth: int = 0) -> li
     return rows
 
 
-#: stage name -> reader of its (first) metrics file, for the stages whose module does not
-#: own its rows yet; other stages get :func:`_generic_rows`
+#: stage name -> reader of its (first) metrics file: the stage module's ``headline_rows``
+#: (:mod:`attncert.stages`); other stages get :func:`_generic_rows`
 READERS: dict[str, Callable[[Mapping, Mapping], list[dict]]] = {
+    "data": data_stage.headline_rows,
     "tightness": _tightness_rows,
     "train_vit": _train_vit_rows,
     "certify_vit": _certify_vit_rows,
@@ -473,9 +475,7 @@ READERS: dict[str, Callable[[Mapping, Mapping], list[dict]]] = {
 
 def headline_rows(stage: str, metrics: Mapping, item: Mapping | None = None) -> list[dict]:
     """The headline rows of one metrics file of ``stage`` (``item``: the grid point)."""
-    owner = stages.module(stage) if stage in stages.STAGES else None
-    reader = getattr(owner, "headline_rows", None) or READERS.get(stage, _generic_rows)
-    return reader(metrics, item or {})
+    return READERS.get(stage, _generic_rows)(metrics, item or {})
 
 
 def summary(params: Params, stages: Mapping[str, Any], root: str | Path = ".",

@@ -11,26 +11,11 @@ A stage module owns everything about its stage that is not a reusable method:
 
 The stage's notebook only takes its sections (passed whole by :mod:`attncert.nbrun`), calls
 ``run`` and shows tables and figures. dvc.yaml lists the modules each stage imports
-(``tests/test_dvc_deps.py``).
+(``tests/test_dvc_deps.py``): a stage depends on its own module, never on the others' (nbrun
+validates every section before a stage starts, importing the owners by name), except
+``figures``, whose report reads every stage's rows.
 """
-
-from __future__ import annotations
-
-import importlib
-from types import ModuleType
 
 #: the pipeline's stages in order (dvc.yaml)
 STAGES = ("data", "tightness", "train_vit", "certify_vit", "specformer", "text", "certvit",
           "crown", "figures")
-
-
-def module(stage: str) -> ModuleType | None:
-    """The stage's module, or None for a stage that has none yet (unknown names raise)."""
-    if stage not in STAGES:
-        raise ValueError(f"unknown stage {stage!r}; choose from {', '.join(STAGES)}")
-    try:
-        return importlib.import_module(f"{__name__}.{stage}")
-    except ModuleNotFoundError as exc:
-        if exc.name != f"{__name__}.{stage}":
-            raise
-        return None
