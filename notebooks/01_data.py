@@ -18,31 +18,19 @@
 # belongs to the text models.
 
 # %% tags=["parameters"]
-mirror = "../shared/datasets"
-raw_dir = "data/raw"
-processed_dir = "data/processed"
-datasets = ["mnist"]
-optional = []
-samples = []
-download = True
-max_train = 0
-max_test = 0
-subset_seed = 0
-grid_per_class = 8
-metrics = "reports/metrics/data.json"
+data = {}  # params.yaml `data`, passed whole by attncert.nbrun
 
 # %%
 import pandas as pd
 from IPython.display import Markdown, display
 
-from attncert import data
 from attncert.figures import data as figs
 from attncert.figures import show
-from attncert.io import write_json
+from attncert.params import parse_section
+from attncert.stages import data as stage
 
-summary = data.prepare(datasets, samples, mirror, raw_dir, processed_dir, download,
-                       max_train, max_test, subset_seed, optional=optional)
-write_json(metrics, {row["dataset"]: row for row in summary})
+p = parse_section("data", data, stage.Params)
+summary = stage.run(p)
 
 # %% [markdown]
 # ## Sources and sizes
@@ -52,21 +40,20 @@ write_json(metrics, {row["dataset"]: row for row in summary})
 # polarity and QQP: offline they have no route).
 
 # %%
-skipped = {row["dataset"]: row["skipped"] for row in summary if "skipped" in row}
 display(Markdown("**Skipped samples and optional datasets**: "
-                 + ("; ".join(f"`{k}`: {v}" for k, v in skipped.items()) or "none")))
+                 + ("; ".join(f"`{k}`: {v}" for k, v in stage.skipped(summary).items())
+                    or "none")))
 pd.DataFrame(summary).set_index("dataset")
 
 # %% [markdown]
 # ## Sample images per class
 
 # %%
-objs = [data.load_processed(row["dataset"], processed_dir) for row in summary
-        if "skipped" not in row]
+objs = stage.prepared(p, summary)
 for obj in objs:
     if obj["kind"] == "image":
         split = "train" if "train" in obj else "test"
-        show(figs.class_grid(obj, grid_per_class, split))
+        show(figs.class_grid(obj, p.grid_per_class, split))
 
 # %% [markdown]
 # ## Class balance per split

@@ -70,6 +70,34 @@ def test_passes_real_types(project, venv_env):
     assert any("injected-parameters" in c.metadata.get("tags", []) for c in nb.cells)
 
 
+WHOLE = '''# %% tags=["parameters"]
+data = {}
+vit_grid = {}
+
+# %%
+import json, pathlib
+pathlib.Path(data["metrics"]).write_text(json.dumps({"data": data, "vit_grid": vit_grid}))
+'''
+
+
+def test_a_declared_section_is_passed_whole(project, venv_env):
+    """A notebook that declares a section's name gets the section as one dict (real types);
+    a grid point's list fields hold the chosen item."""
+    _set(project, "metrics: reports/metrics/data.json", "metrics: seen.json")
+    (project / "nb.py").write_text(WHOLE)
+    proc, _ = _run(project, venv_env, "--section", "vit_grid", "--item", "dataset=svhn",
+                   "--item", "depth=3", "--item", "heads=4", "--item", "gamma_vo=0.5")
+    assert proc.returncode == 0, proc.stderr
+    seen = json.loads((project / "seen.json").read_text())
+    assert seen["data"]["download"] is True and isinstance(seen["data"]["max_train"], int)
+    assert seen["vit_grid"]["dataset"] == "svhn" and seen["vit_grid"]["depth"] == 3
+    assert set(seen["vit_grid"]) >= {"runs_dir", "gamma_vo", "heads"}
+    (project / "nb.py").write_text(WHOLE.replace("vit_grid = {}\n", ""))
+    proc, _ = _run(project, venv_env, "--section", "vit_grid", "--item", "dataset=svhn",
+                   "--item", "depth=3", "--item", "heads=4", "--item", "gamma_vo=0.5")
+    assert proc.returncode == 2 and "is passed but not declared" in proc.stderr
+
+
 @pytest.mark.parametrize(
     "old,new,key",
     [

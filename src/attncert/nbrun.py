@@ -4,10 +4,12 @@
     python -m attncert.nbrun notebooks/03_train_vit.py OUT.ipynb --section vit_grid \
         --section train_vit --item dataset=mnist --item depth=3 --item heads=4 --item gamma_vo=0.5
 
-params.yaml is read once (YAML 1.2, validated by ``attncert.params``); the chosen sections'
-fields are passed to papermill with their real Python types. Everything is checked before
-the kernel starts: the params file, and that the notebook's ``parameters`` cell declares
-exactly the fields of the chosen sections. Errors are one line on stderr, exit status 2.
+params.yaml is read once (YAML 1.2, validated by ``attncert.params``); the chosen sections
+are passed to papermill with their real Python types: a section whose name the notebook's
+``parameters`` cell declares as one dict (the stage module parses it back into its
+dataclass), any other entry field by field. Everything is checked before the kernel starts:
+the params file, and that the notebook's ``parameters`` cell declares exactly what is passed.
+Errors are one line on stderr, exit status 2.
 """
 
 from __future__ import annotations
@@ -81,8 +83,9 @@ def parse_items(pairs: list[str]) -> dict[str, str]:
 def run(notebook: str, output: str, sections: list[str], params_file: str = PARAMS_FILE,
         cwd: str | None = None, items: list[str] | None = None) -> None:
     params = load_params(params_file)
-    values = params.flat(sections, parse_items(items or []))
     nb = read_notebook(notebook)
+    values = params.notebook_parameters(sections, declared_parameters(nb),
+                                        parse_items(items or []))
     check_parameters(nb, values, notebook)
 
     import papermill as pm

@@ -14,10 +14,11 @@ training.
 from __future__ import annotations
 
 import dataclasses
+import importlib
 import io
 import types
 import typing
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -113,23 +114,6 @@ class BaseParams:
     precision: str = param(one_of(*PRECISIONS),
                            doc="training forward/loss: auto (bf16 on CUDA, fp32 elsewhere) | "
                                "bf16 | tf32 | fp32; certificates are always float64")
-
-
-@dataclass(frozen=True)
-class DataParams:
-    mirror: str = param(doc="local mirror root in torchvision's <root>/<Dataset>/raw layout")
-    raw_dir: str = param()
-    processed_dir: str = param()
-    datasets: list[str] = param(one_of(*DATASETS), unique)
-    optional: list[str] = param(one_of(*DATASETS), unique,
-                                doc="datasets skipped and recorded (never fatal) without a route")
-    samples: list[str] = param(one_of(*SAMPLE_SETS), unique)
-    download: bool = param()
-    max_train: int = param(nonneg, doc="0 keeps the full split")
-    max_test: int = param(nonneg, doc="0 keeps the full split")
-    subset_seed: int = param(nonneg)
-    grid_per_class: int = param(positive)
-    metrics: str = param()
 
 
 @dataclass(frozen=True)
@@ -565,9 +549,12 @@ class CrownParams:
             _fail("crown.methods", "needs at least one method")
 
 
-SECTIONS: dict[str, type] = {
+#: Every section of params.yaml, in file order: its dataclass, or ``"module:Class"`` for a
+#: section owned by a stage module (``attncert.stages``), imported when params are validated
+#: (a stage module imports this one for its checks, so it is not imported here at load time).
+SECTIONS: dict[str, type | str] = {
     "base": BaseParams,
-    "data": DataParams,
+    "data": "attncert.stages.data:Params",
     "tightness": TightnessParams,
     "vit_grid": VitGridParams,
     "train_vit": TrainVitParams,
@@ -681,6 +668,25 @@ class Params:
     def __getitem__(self, name: str) -> Any:
         return self.sections[name]
 
+    def notebook_parameters(self, names: list[str], declared: Sequence[str],
+                            items: Mapping[str, str] | None = None) -> dict[str, Any]:
+        """The values passed to a stage's notebook for the ``--section`` entries ``names``.
+
+        A whole section whose name the notebook declares is passed as one dict (the stage
+        module parses it back into its dataclass); any other entry passes its fields one by
+        one, as :meth:`flat`. ``items`` picks the grid point as in :meth:`flat`.
+        """
+        flat = self.flat(names, items)
+        whole = [n for n in names if "." not in n and n in declared]
+        out = {k: v for k, v in flat.items()
+               if not any(k in self.field_names(n) for n in whole)}
+        for name in whole:
+            out[name] = {k: flat[k] for k in self.field_names(name)}
+        return out
+
+    def field_names(self, name: str) -> list[str]:
+        return [f.name for f in dataclasses.fields(self.sections[name])]
+
     def flat(self, names: list[str], items: Mapping[str, str] | None = None) -> dict[str, Any]:
         """The fields of the given sections as one flat dict (notebook parameters).
 
@@ -737,7 +743,8 @@ def validate(raw: Any, source: str = PARAMS_FILE) -> Params:
     missing = [s for s in SECTIONS if s not in raw]
     if missing:
         raise ParamsError(f"{missing[0]}: section missing from {source}")
-    return Params({name: parse_section(name, raw[name], cls) for name, cls in SECTIONS.items()})
+    return Params({name: parse_section(name, raw[name], section_class(name))
+                   for name in SECTIONS})
 
 
 def _parse_scalar(key: str, text: str) -> Any:
@@ -752,8 +759,19 @@ def load_params(path: str | Path = PARAMS_FILE) -> Params:
     return validate(read_yaml(path), str(path))
 
 
+def section_class(name: str) -> type:
+    """The dataclass of section ``name`` (importing its stage module if a stage owns it)."""
+    if name not in SECTIONS:
+        raise ParamsError(f"{name}: unknown section; known: {', '.join(SECTIONS)}")
+    entry = SECTIONS[name]
+    if isinstance(entry, str):
+        module, _, attr = entry.partition(":")
+        entry = getattr(importlib.import_module(module), attr)
+    return entry
+
+
 def section_fields(name: str) -> list[str]:
-    return [f.name for f in dataclasses.fields(SECTIONS[name])]
+    return [f.name for f in dataclasses.fields(section_class(name))]
 
 
 def dump_yaml(data: Any) -> str:

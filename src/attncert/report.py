@@ -9,15 +9,10 @@ metrics files are its declared ``metrics`` (``${...}`` templates filled from par
 stage expanded over its grid, each point named by :func:`attncert.runs.run_name`), its report
 is the notebook ``nbrun`` writes. A stage whose metrics file is missing is "not run".
 
-Headline rows (:func:`headline_rows`) are plain dicts::
-
-    {"key", "label", "ours", "paper", "source", "unit", "brief"}
-
-``ours`` is the metrics file's number as written (accuracies stay fractions, or percentages
-with unit "percent" where the stage writes them so), ``paper`` the paper's number in the same
-unit where the paper gives one (``source`` names the table), ``unit`` one of :data:`UNITS`,
-and ``brief`` marks the rows shown in README and index.html. The summary also carries the
-brief rows as nested mappings (``headline``), since ``dvc metrics show`` skips lists.
+Headline rows (:func:`headline_rows`) come from each stage module's ``headline_rows``
+(:mod:`attncert.stages`, rows as :mod:`attncert.headline` describes them); the summary also
+carries the brief rows as nested mappings (``headline``), since ``dvc metrics show`` skips
+lists.
 """
 
 from __future__ import annotations
@@ -37,6 +32,8 @@ from pathlib import Path
 from typing import Any
 
 from attncert import paper
+from attncert.headline import UNITS, eps_match, row
+from attncert.stages import data as data_stage
 from attncert.params import PARAMS_FILE, Params, load_params, read_yaml
 
 DVC_FILE = "dvc.yaml"
@@ -47,7 +44,6 @@ NOTEBOOK_DIR = "reports/notebooks"
 FIGURES_STAGE = "figures"
 README_START = "<!-- results:start -->"
 README_END = "<!-- results:end -->"
-UNITS = ("fraction", "percent", "ratio", "seconds", "count", "value")
 #: generic reader: at most this many numeric leaves of an unknown metrics file
 GENERIC_MAX_ROWS = 200
 GENERIC_BRIEF_ROWS = 8
@@ -180,33 +176,6 @@ def stage_note(data: Mapping[str, Any], stage: str) -> str | None:
 
 
 # ------------------------------------------------------------------ headline rows
-def _row(key: str, label: str, ours: Any, unit: str, paper_value: float | None = None,
-         source: str | None = None, brief: bool = False) -> dict[str, Any]:
-    if unit not in UNITS:
-        raise ValueError(f"unknown unit {unit!r}")
-    return {"key": key, "label": label, "ours": ours, "paper": paper_value,
-            "source": source if paper_value is not None else None, "unit": unit,
-            "brief": brief}
-
-
-def _eps_match(eps: str | float, grid: Sequence[float]) -> int | None:
-    """Index of ``eps`` (a metrics key like "0.1") in a paper's eps grid, else None."""
-    e = float(eps)
-    return next((i for i, g in enumerate(grid) if abs(g - e) < 1e-9), None)
-
-
-def _data_rows(m: Mapping, item: Mapping) -> list[dict]:
-    rows = []
-    for name, info in m.items():
-        if not isinstance(info, Mapping):
-            continue
-        for split in ("n_train", "n_test"):
-            if split in info:
-                rows.append(_row(f"{name}/{split}", f"{name} {split[2:]} examples", info[split],
-                                 "count"))
-    return rows
-
-
 def _tightness_rows(m: Mapping, item: Mapping) -> list[dict]:
     from attncert.tightness import PAPER_TABLE3 as t3
 
@@ -215,19 +184,19 @@ def _tightness_rows(m: Mapping, item: Mapping) -> list[dict]:
                ("naive", "naive", False), ("specformer", "SpecFormer", True))
     for key, label, in_paper in methods:
         for eps, ratio in m.get(f"table3_{key}_over_pgd", {}).items():
-            i = _eps_match(eps, t3["eps"])
+            i = eps_match(eps, t3["eps"])
             ref = t3[label][i] / t3["PGD"][i] if in_paper and i is not None else None
-            rows.append(_row(f"table3_{key}_over_pgd/{eps}", f"{label} / PGD at eps {eps}",
+            rows.append(row(f"table3_{key}_over_pgd/{eps}", f"{label} / PGD at eps {eps}",
                              ratio, "ratio", ref, "LoFAST Table 3", brief=in_paper))
     for key in ("max_lofast_M_over_pgd", "fig1_delta21_M_over_pgd_max", "fig3_ratio_max",
                 "fig4_lofast_M_over_pgd_max"):
         if key in m:
-            rows.append(_row(key, key.replace("_", " "), m[key], "ratio"))
+            rows.append(row(key, key.replace("_", " "), m[key], "ratio"))
     return rows
 
 
 def _train_vit_rows(m: Mapping, item: Mapping) -> list[dict]:
-    return [_row(k, label, m[k], unit, brief=brief) for k, label, unit, brief in (
+    return [row(k, label, m[k], unit, brief=brief) for k, label, unit, brief in (
         ("clean_acc", "clean accuracy (trained)", "fraction", True),
         ("test_loss", "test loss", "value", False),
         ("epochs", "epochs", "count", False),
@@ -237,7 +206,7 @@ def _train_vit_rows(m: Mapping, item: Mapping) -> list[dict]:
 
 def _lofast_table1(item: Mapping, eps: str) -> float | None:
     t1 = paper.LOFAST_TABLE1
-    i = _eps_match(eps, t1["eps"])
+    i = eps_match(eps, t1["eps"])
     if item.get("dataset") != "cifar10" or item.get("depth") not in t1["lofast"] or i is None:
         return None
     return t1["lofast"][item["depth"]][i] / 100
@@ -251,13 +220,13 @@ def _certvit_reference(dataset: str | None) -> tuple[Mapping, str] | None:
 
 def _at_certvit_eps(dataset: str | None, eps: str) -> tuple[Mapping, str] | None:
     ref = _certvit_reference(dataset)
-    return ref if ref and _eps_match(eps, [ref[0]["eps"]]) is not None else None
+    return ref if ref and eps_match(eps, [ref[0]["eps"]]) is not None else None
 
 
 def _certify_vit_rows(m: Mapping, item: Mapping) -> list[dict]:
-    rows = [_row("clean_acc", "clean accuracy", m["clean_acc"], "fraction", brief=True)]
+    rows = [row("clean_acc", "clean accuracy", m["clean_acc"], "fraction", brief=True)]
     for eps, acc in m.get("pgd_acc", {}).items():
-        rows.append(_row(f"pgd_acc/{eps}", f"L2 PGD accuracy at eps {eps}", acc, "fraction"))
+        rows.append(row(f"pgd_acc/{eps}", f"L2 PGD accuracy at eps {eps}", acc, "fraction"))
     for key, accs in m.get("certified_acc", {}).items():
         headline = key == "lofast_M_pairwise"
         for eps, acc in accs.items():
@@ -265,17 +234,17 @@ def _certify_vit_rows(m: Mapping, item: Mapping) -> list[dict]:
             claim = _at_certvit_eps(item.get("dataset"), eps) if headline else None
             if ref is None and claim is not None:
                 ref, src = claim[0]["certified"] / 100, claim[1]
-            rows.append(_row(f"certified_acc/{key}/{eps}", f"certified {key} at eps {eps}", acc,
+            rows.append(row(f"certified_acc/{key}/{eps}", f"certified {key} at eps {eps}", acc,
                              "fraction", ref, src, brief=headline))
     depth_ref = paper.LOFAST_TABLE1["lofast_seconds"].get(item.get("depth"))
     for key, s in m.get("seconds_per_sample", {}).items():
         ref = depth_ref if key == "lofast_M_pairwise" and item.get("dataset") == "cifar10" else None
-        rows.append(_row(f"seconds_per_sample/{key}", f"seconds per sample {key}", s, "seconds",
+        rows.append(row(f"seconds_per_sample/{key}", f"seconds per sample {key}", s, "seconds",
                          ref, "LoFAST Table 1", brief=key == "lofast_M_pairwise"))
     for key, c in m.get("cost_vs_forward", {}).items():
-        rows.append(_row(f"cost_vs_forward/{key}", f"cost / forward pass {key}", c, "ratio"))
+        rows.append(row(f"cost_vs_forward/{key}", f"cost / forward pass {key}", c, "ratio"))
     if "broken" in m:
-        rows.append(_row("broken", "broken certificates", m["broken"], "count"))
+        rows.append(row("broken", "broken certificates", m["broken"], "count"))
     return rows
 
 
@@ -286,16 +255,16 @@ def _specformer_rows(m: Mapping, item: Mapping) -> list[dict]:
         ref = None
         if dataset == "cifar10" and training == "standard":
             ref = paper.SPECFORMER_TABLE1.get(method, {}).get(attack)
-        rows.append(_row(f"robustness/{key}", f"{dataset} {training} {method}: {attack}", acc,
+        rows.append(row(f"robustness/{key}", f"{dataset} {training} {method}: {attack}", acc,
                          "fraction", None if ref is None else ref / 100, "SpecFormer Table 1",
                          brief=training == "standard" and method in ("vanilla", "specformer")))
     if m.get("msvp_step_ratio") is not None:
-        rows.append(_row("msvp_step_ratio", "MSVP step time / vanilla", m["msvp_step_ratio"],
+        rows.append(row("msvp_step_ratio", "MSVP step time / vanilla", m["msvp_step_ratio"],
                          "ratio", paper.SPECFORMER_STEP_RATIO, "SpecFormer Table 3", brief=True))
     for r in m.get("certified", []):
         for k, v in r.items():
             if k.startswith("certified@"):
-                rows.append(_row(f"certified/{r['model']}/{r['variant']}/{k[10:]}",
+                rows.append(row(f"certified/{r['model']}/{r['variant']}/{k[10:]}",
                                  f"{r['model']} certified {r['variant']} at eps {k[10:]}", v,
                                  "fraction"))
     return rows
@@ -308,13 +277,13 @@ def _certvit_rows(m: Mapping, item: Mapping) -> list[dict]:
     def paper_value(key: str, scale: float = 1.0) -> float | None:
         return ref[key] / scale if key in ref else None
 
-    rows = [_row("test_clean_acc", "clean accuracy (certified model)", m.get("test_clean_acc"),
+    rows = [row("test_clean_acc", "clean accuracy (certified model)", m.get("test_clean_acc"),
                  "fraction", paper_value("clean", 100), src, brief=True)]
     for what, label, key in (("pgd_acc", "L2 PGD accuracy", "pgd"),
                              ("certified_acc", "certified accuracy", "certified")):
         for eps, acc in m.get(what, {}).items():
             at_paper_eps = _at_certvit_eps(m.get("dataset"), eps) is not None
-            rows.append(_row(f"{what}/{eps}", f"{label} at eps {eps}", acc, "fraction",
+            rows.append(row(f"{what}/{eps}", f"{label} at eps {eps}", acc, "fraction",
                              paper_value(key, 100) if at_paper_eps else None, src,
                              brief=at_paper_eps))
     # the certificate's constant (features x pairwise head rows) when recorded, else pixels ->
@@ -322,37 +291,37 @@ def _certvit_rows(m: Mapping, item: Mapping) -> list[dict]:
     key = "lipschitz_pairwise" if "lipschitz_pairwise" in m else "lipschitz"
     final = m.get(key, {}).get("final")
     if final is not None:
-        rows.append(_row(f"{key}/final", "Lipschitz bound of the final model", final, "value",
+        rows.append(row(f"{key}/final", "Lipschitz bound of the final model", final, "value",
                          paper_value("lipschitz"), src, brief=True))
     for mode, mm in m.get("modes", {}).items():
         if mode == m.get("headline_mode"):
             continue
-        rows.append(_row(f"modes/{mode}/test_clean_acc", f"{mode} mode: clean accuracy",
+        rows.append(row(f"modes/{mode}/test_clean_acc", f"{mode} mode: clean accuracy",
                          mm.get("test_clean_acc"), "fraction", brief=True))
         for eps, acc in mm.get("certified_acc", {}).items():
-            rows.append(_row(f"modes/{mode}/certified_acc/{eps}",
+            rows.append(row(f"modes/{mode}/certified_acc/{eps}",
                              f"{mode} mode: certified accuracy at eps {eps}", acc, "fraction",
                              brief=_at_certvit_eps(m.get("dataset"), eps) is not None))
         bound = mm.get("lipschitz_pairwise", {}).get("final")
         if bound is not None:
-            rows.append(_row(f"modes/{mode}/lipschitz_pairwise/final",
+            rows.append(row(f"modes/{mode}/lipschitz_pairwise/final",
                              f"{mode} mode: Lipschitz bound of the final model", bound, "value",
                              brief=True))
     base = m.get("linear_baseline")
     if base:  # the trivial baseline beside the ViTs: a linear classifier on pixels
-        rows.append(_row("linear_baseline/clean_acc", "linear baseline (pixels): clean accuracy",
+        rows.append(row("linear_baseline/clean_acc", "linear baseline (pixels): clean accuracy",
                          base.get("clean_acc"), "fraction", brief=True))
         for eps, acc in base.get("certified_acc", {}).items():
-            rows.append(_row(f"linear_baseline/certified_acc/{eps}",
+            rows.append(row(f"linear_baseline/certified_acc/{eps}",
                              f"linear baseline (pixels): certified accuracy at eps {eps}", acc,
                              "fraction", brief=_at_certvit_eps(m.get("dataset"), eps) is not None))
-        rows.append(_row("linear_baseline/broken", "linear baseline (pixels): broken "
+        rows.append(row("linear_baseline/broken", "linear baseline (pixels): broken "
                          "certificates", base.get("broken"), "count"))
     units = {"broken": "count", "n_test": "count", "median_radius": "value",
              "total_seconds": "seconds"}
     for key, unit in units.items():
         if isinstance(m.get(key), int | float):
-            rows.append(_row(key, key.replace("_", " "), m[key], unit))
+            rows.append(row(key, key.replace("_", " "), m[key], unit))
     return rows
 
 
@@ -377,7 +346,7 @@ def _text_rows(m: Mapping, item: Mapping) -> list[dict]:
     versus = m.get("attention_vs_depth0", {})
     for name, r in m.get("models", {}).items():
         base = f"models/{name}"
-        rows.append(_row(f"{base}/test_acc", f"{name} {split} accuracy", r["test_acc"],
+        rows.append(row(f"{base}/test_acc", f"{name} {split} accuracy", r["test_acc"],
                          "fraction", brief=True))
         if r.get("family") == "none":   # no certificate: radius and certified accuracy are 0
             continue
@@ -386,35 +355,35 @@ def _text_rows(m: Mapping, item: Mapping) -> list[dict]:
         radii, correct = r.get("avg_radius", {}), r.get("avg_radius_correct", {})
         best = max(radii, key=radii.get) if radii else None
         for variant, radius in radii.items():
-            rows.append(_row(f"{base}/avg_radius/{variant}",
+            rows.append(row(f"{base}/avg_radius/{variant}",
                              f"{name} average certified radius ({variant}; 0 if wrong)",
                              radius, "value", olsa_ref, src, brief=variant == best))
         for variant, radius in correct.items():
-            rows.append(_row(f"{base}/avg_radius_correct/{variant}",
+            rows.append(row(f"{base}/avg_radius_correct/{variant}",
                              f"{name} average certified radius ({variant}; correct only)",
                              radius, "value", brief=variant == best))
         for key, label in (("d_test_acc", f"{split} accuracy"),
                            ("d_avg_radius", "average radius")):
             if key in versus.get(name, {}):
-                rows.append(_row(f"attention_vs_depth0/{name}/{key}",
+                rows.append(row(f"attention_vs_depth0/{name}/{key}",
                                  f"{name} minus depth 0: {label}", versus[name][key],
                                  "value", brief=True))
         if r.get("b_att_mean") is not None:
-            rows.append(_row(f"{base}/b_att_mean", f"{name} attention gate b (mean over layers)",
+            rows.append(row(f"{base}/b_att_mean", f"{name} attention gate b (mean over layers)",
                              r["b_att_mean"], "value"))
         if r.get("alpha1_mean") is not None:
-            rows.append(_row(f"{base}/alpha1_mean", f"{name} alpha1 (mean over layers)",
+            rows.append(row(f"{base}/alpha1_mean", f"{name} alpha1 (mean over layers)",
                              r["alpha1_mean"], "value"))
         att = r.get("attention") or {}
         if att.get("ratio") is not None:
-            rows.append(_row(f"{base}/attention/ratio",
+            rows.append(row(f"{base}/attention/ratio",
                              f"{name} attention max probability / uniform (1/n)",
                              att["ratio"], "ratio", brief=r["family"] == "olsa"))
         for eps, acc in r.get("certified_acc", {}).items():
-            rows.append(_row(f"{base}/certified_acc/{eps}", f"{name} certified at eps {eps}",
+            rows.append(row(f"{base}/certified_acc/{eps}", f"{name} certified at eps {eps}",
                              acc, "fraction"))
         if "cert_seconds_per_batch" in r:
-            rows.append(_row(f"{base}/cert_seconds_per_batch",
+            rows.append(row(f"{base}/cert_seconds_per_batch",
                              f"{name} certification seconds per batch of "
                              f"{r.get('cert_batch_size', '?')}", r["cert_seconds_per_batch"],
                              "seconds"))
@@ -422,7 +391,7 @@ def _text_rows(m: Mapping, item: Mapping) -> list[dict]:
                        ("n_attacked", "attacked sentences (PGD audit)"),
                        ("broken", "broken certificates")):
         if key in m:
-            rows.append(_row(key, label, m[key], "count", brief=True))
+            rows.append(row(key, label, m[key], "count", brief=True))
     return rows
 
 
@@ -433,25 +402,25 @@ def _crown_rows(m: Mapping, item: Mapping) -> list[dict]:
     t1, t2 = paper.LOFAST_TABLE1, paper.LOFAST_TABLE2.get(m.get("dataset"), {})
     cifar = m.get("dataset") == "cifar10"
     crown_src = "LoFAST Table 1 (alpha,beta-CROWN)"
-    rows = [_row(f"trained/L{t['depth']}/test_acc", f"L{t['depth']} clean accuracy",
+    rows = [row(f"trained/L{t['depth']}/test_acc", f"L{t['depth']} clean accuracy",
                  t["test_acc"], "percent") for t in m.get("trained", [])]
     for rec in m.get("table1", []):
         d, method = rec["depth"], rec["method"]
         lofast = method == "LoFAST"
         for k in (k for k in rec if k.startswith("acc_")):
-            i = _eps_match(k[4:], t1["eps"])
+            i = eps_match(k[4:], t1["eps"])
             per_depth = t1["lofast" if lofast else "crown"].get(d) if cifar else None
             ref = per_depth[i] if per_depth and i is not None else None
-            rows.append(_row(f"table1/L{d}/{method}/{k}", f"L{d} {method} certified at eps "
+            rows.append(row(f"table1/L{d}/{method}/{k}", f"L{d} {method} certified at eps "
                              f"{k[4:]}", rec[k], "percent", ref,
                              "LoFAST Table 1" if lofast else crown_src, brief=True))
         secs = t1["lofast_seconds" if lofast else "crown_seconds"].get(d) if cifar else None
-        rows.append(_row(f"table1/L{d}/{method}/seconds_per_sample",
+        rows.append(row(f"table1/L{d}/{method}/seconds_per_sample",
                          f"L{d} {method} seconds per sample", rec["seconds_per_sample"],
                          "seconds", secs, "LoFAST Table 1" if lofast else crown_src, brief=True))
     for rec in m.get("table2", []):
         d, eps = rec["depth"], f"{rec['eps']:g}"
-        i = _eps_match(eps, paper.LOFAST_TABLE_EPS[:2]) if d == 3 else None
+        i = eps_match(eps, paper.LOFAST_TABLE_EPS[:2]) if d == 3 else None
         for key, label, ref_key, unit, j in (
                 ("crown_acc", f"{rec['method']} alone", "CROWN", "percent", 0),
                 ("crown_seconds", f"{rec['method']} alone seconds", "CROWN", "seconds", 1),
@@ -459,18 +428,18 @@ def _crown_rows(m: Mapping, item: Mapping) -> list[dict]:
                 ("combined_seconds", f"LoFAST + {rec['method']} seconds", "CROWN+LoFAST",
                  "seconds", 1)):
             ref = t2[ref_key][i][j] if t2 and i is not None else None
-            rows.append(_row(f"table2/L{d}/{rec['method']}/{eps}/{key}",
+            rows.append(row(f"table2/L{d}/{rec['method']}/{eps}/{key}",
                              f"L{d} {label} at eps {eps}", rec[key], unit, ref,
                              "LoFAST Table 2", brief=key == "combined_acc"))
     for d, ratio in m.get("crown_over_lofast_seconds", {}).items():
         lo, cr = t1["lofast_seconds"].get(int(d)), t1["crown_seconds"].get(int(d))
-        rows.append(_row(f"crown_over_lofast_seconds/{d}", f"L{d} CROWN / LoFAST seconds",
+        rows.append(row(f"crown_over_lofast_seconds/{d}", f"L{d} CROWN / LoFAST seconds",
                          ratio, "ratio", cr / lo if lo and cr else None,
                          "LoFAST Table 1 (alpha,beta-CROWN / LoFAST seconds, CIFAR-10)",
                          brief=True))
     for key, label in (("n", "certified test points"), ("broken", "broken certificates")):
         if key in m:
-            rows.append(_row(key, label, m[key], "count"))
+            rows.append(row(key, label, m[key], "count"))
     return rows
 
 
@@ -482,7 +451,7 @@ def _generic_rows(m: Any, item: Mapping, prefix: str = "", depth: int = 0) -> li
             rows += _generic_rows(v, item, f"{prefix}{k}/" if prefix or k else "", depth + 1)
     elif isinstance(m, int | float) and not isinstance(m, bool):
         key = prefix.rstrip("/")
-        rows.append(_row(key, key.replace("/", " "), m, "value"))
+        rows.append(row(key, key.replace("/", " "), m, "value"))
     if depth == 0:
         rows = rows[:GENERIC_MAX_ROWS]
         for r in rows[:GENERIC_BRIEF_ROWS]:
@@ -490,9 +459,10 @@ def _generic_rows(m: Any, item: Mapping, prefix: str = "", depth: int = 0) -> li
     return rows
 
 
-#: stage name -> reader of its (first) metrics file; other stages get :func:`_generic_rows`
+#: stage name -> reader of its (first) metrics file: the stage module's ``headline_rows``
+#: (:mod:`attncert.stages`); other stages get :func:`_generic_rows`
 READERS: dict[str, Callable[[Mapping, Mapping], list[dict]]] = {
-    "data": _data_rows,
+    "data": data_stage.headline_rows,
     "tightness": _tightness_rows,
     "train_vit": _train_vit_rows,
     "certify_vit": _certify_vit_rows,

@@ -1,0 +1,34 @@
+"""Headline rows: the numbers of a stage's metrics file that the report and README show.
+
+Each stage module (``attncert.stages``) turns its metrics into rows with :func:`row`::
+
+    {"key", "label", "ours", "paper", "source", "unit", "brief"}
+
+``ours`` is the metrics file's number as written (accuracies stay fractions, or percentages
+with unit "percent" where the stage writes them so), ``paper`` the paper's number in the same
+unit where the paper gives one (``source`` names the table), ``unit`` one of :data:`UNITS`,
+and ``brief`` marks the rows shown in README and index.html.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+UNITS = ("fraction", "percent", "ratio", "seconds", "count", "value")
+
+
+def row(key: str, label: str, ours: Any, unit: str, paper_value: float | None = None,
+        source: str | None = None, brief: bool = False) -> dict[str, Any]:
+    """One headline row; ``source`` is kept only beside a paper value."""
+    if unit not in UNITS:
+        raise ValueError(f"unknown unit {unit!r}")
+    return {"key": key, "label": label, "ours": ours, "paper": paper_value,
+            "source": source if paper_value is not None else None, "unit": unit,
+            "brief": brief}
+
+
+def eps_match(eps: str | float, grid: Sequence[float]) -> int | None:
+    """Index of ``eps`` (a metrics key like "0.1") in a paper's eps grid, else None."""
+    e = float(eps)
+    return next((i for i, g in enumerate(grid) if abs(g - e) < 1e-9), None)

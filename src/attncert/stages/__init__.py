@@ -1,0 +1,21 @@
+"""One module per pipeline stage: ``attncert.stages.<stage>``, named as in dvc.yaml.
+
+A stage module owns everything about its stage that is not a reusable method:
+
+- ``Params``: its params.yaml section, a frozen dataclass checked by :mod:`attncert.params`
+  (registered there in ``SECTIONS`` as ``"attncert.stages.<stage>:Params"``);
+- ``run(...)``: the stage's plan, from the validated section(s) to the metrics file and
+  artefacts it writes; it returns what the notebook shows;
+- ``headline_rows(metrics, item)``: the rows of its metrics file that the report and README
+  show (:mod:`attncert.headline`).
+
+The stage's notebook only takes its sections (passed whole by :mod:`attncert.nbrun`), calls
+``run`` and shows tables and figures. dvc.yaml lists the modules each stage imports
+(``tests/test_dvc_deps.py``): a stage depends on its own module, never on the others' (nbrun
+validates every section before a stage starts, importing the owners by name), except
+``figures``, whose report reads every stage's rows.
+"""
+
+#: the pipeline's stages in order (dvc.yaml)
+STAGES = ("data", "tightness", "train_vit", "certify_vit", "specformer", "text", "certvit",
+          "crown", "figures")

@@ -1,0 +1,46 @@
+"""The stage contract (attncert.stages): one module per dvc.yaml stage, owning its section,
+its run and its headline rows; notebooks only take their sections and call it."""
+
+import ast
+import dataclasses
+import importlib
+import importlib.util
+from pathlib import Path
+
+import pytest
+
+from attncert import params, report, stages
+
+ROOT = Path(__file__).resolve().parents[1]
+STAGES = report.read_stages(ROOT / report.DVC_FILE)
+MOVED = [s for s in stages.STAGES if importlib.util.find_spec(f"attncert.stages.{s}")]
+
+
+def test_stage_names_are_dvc_yaml_s():
+    assert stages.STAGES == tuple(STAGES)
+
+
+@pytest.mark.parametrize("stage", MOVED)
+def test_a_stage_module_owns_run_and_rows(stage):
+    mod = importlib.import_module(f"attncert.stages.{stage}")
+    assert callable(mod.run) and callable(mod.headline_rows)
+    assert report.READERS[stage] is mod.headline_rows, "the report reads the stage's own rows"
+    owned = [n for n, e in params.SECTIONS.items() if e == f"attncert.stages.{stage}:Params"]
+    if hasattr(mod, "Params"):
+        assert owned, f"params.SECTIONS does not register attncert.stages.{stage}:Params"
+        assert dataclasses.is_dataclass(mod.Params)
+
+
+@pytest.mark.parametrize("stage", MOVED)
+def test_the_notebook_holds_no_plan(stage):
+    """No def, class, loop over work or write in the stage's notebook: it calls ``run``."""
+    cmd = STAGES[stage]["cmd"]
+    notebook = next(w for w in cmd.split() if w.startswith("notebooks/"))
+    tree = ast.parse((ROOT / notebook).read_text())
+    defs = [n.name for n in ast.walk(tree)
+            if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef))]
+    assert not defs, f"{notebook} defines {defs}"
+    calls = {n.func.attr for n in ast.walk(tree)
+             if isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute)}
+    assert "run" in calls, f"{notebook} does not call its stage's run"
+    assert not calls & {"write_json", "write_text", "save"}, f"{notebook} writes files itself"
