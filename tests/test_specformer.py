@@ -15,6 +15,7 @@ from attncert.models import ViTConfig, build_vit
 from attncert.msvp import exact_head_sigma
 from attncert.paper import SPECFORMER_TABLE1
 from attncert.params import load_params
+from attncert.stages import specformer as stage
 from attncert.train import TrainConfig, evaluate
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -179,7 +180,7 @@ TINY = {"dim": 8, "depth": 1, "heads": 2, "mlp_hidden": 8, "epochs": 1, "adv_epo
 def test_paper_scale_cifar_grid_code_path(dataset, num_classes, mirror, tmp_path):
     """The paper-scale ``specformer`` params on the from-scratch route (``sources:
     [scratch]``, every method; CIFAR-10 and CIFAR-100: 3 x 32 x 32, patch 4, crop_flip, 2/255
-    and 8/255 attacks, L2 PGD, MSVP, PGD adversarial training) through the notebook's own
+    and 8/255 attacks, L2 PGD, MSVP, PGD adversarial training) through the stage's own
     calls, with only the size knobs of :data:`TINY` shrunk.
 
     A code-path check, not a measurement: the mirror's 20 real CIFAR-10 test images stand in
@@ -193,14 +194,9 @@ def test_paper_scale_cifar_grid_code_path(dataset, num_classes, mirror, tmp_path
                             adv_methods=list(sf.METHODS))
     data = cifar_shaped(dataset, num_classes, mirror, tmp_path, p.max_train)
 
-    # the notebook's calls, in its order (notebooks/05_specformer.py)
+    # the stage's calls, in its order (attncert.stages.specformer.run)
     specs = sf.attack_specs(p.std_eps_255, p.adv_eval_eps_255, p.attack_steps, p.attack_eps)
-    standard, adversarial = sf.train_configs(
-        epochs=p.epochs, adv_epochs=p.adv_epochs, batch_size=p.batch_size, lr=p.lr,
-        weight_decay=p.weight_decay, warmup_steps=p.warmup_steps, augment=p.augment,
-        eval_batch_size=p.eval_batch_size, adv_eps_255=p.adv_eps_255, adv_steps=p.adv_steps,
-        seed=0)
-    plan = sf.run_plan(p.methods, p.adv_methods, standard, adversarial)
+    plan = sf.run_plan(p.methods, p.adv_methods, *stage.recipe(p, 0, sf.SCRATCH))
     base = sf.base_model_config(data, p.patch, p.dim, p.depth, p.heads, p.mlp_hidden, p.block)
     x, y = sf.eval_split(data, p.n_eval)
     rows = []
@@ -262,7 +258,7 @@ def test_paper_scale_pretrained_code_path(dataset, num_classes, mirror, tmp_path
                                           tiny_pretrained):
     """The paper-scale pre-trained route (SpecFormer Tables 1-2: a pre-trained ViT fine-tuned
     with and without MSVP, standard and PGD adversarial, CIFAR upsampled inside the model)
-    through the notebook's calls, with a tiny local checkpoint in place of the hub's models."""
+    through the stage's calls, with a tiny local checkpoint in place of the hub's models."""
     paper = load_params(ROOT / "params.yaml")["specformer"]
     assert paper.image_size == 224 and sf.SCRATCH not in paper.sources
     assert set(paper.methods) == set(paper.adv_methods) == set(sf.PRETRAINED_METHODS)
@@ -271,13 +267,7 @@ def test_paper_scale_pretrained_code_path(dataset, num_classes, mirror, tmp_path
     src = p.sources[0]
 
     specs = sf.attack_specs(p.std_eps_255, p.adv_eval_eps_255, p.attack_steps, p.attack_eps)
-    standard, adversarial = sf.train_configs(
-        epochs=p.finetune_epochs, adv_epochs=p.finetune_adv_epochs,
-        batch_size=p.finetune_batch_size, lr=p.finetune_lr,
-        weight_decay=p.finetune_weight_decay, warmup_steps=p.finetune_warmup_steps,
-        augment=p.augment, eval_batch_size=p.eval_batch_size, adv_eps_255=p.adv_eps_255,
-        adv_steps=p.adv_steps, seed=0, grad_clip=p.finetune_grad_clip)
-    plan = sf.run_plan(p.methods, p.adv_methods, standard, adversarial)
+    plan = sf.run_plan(p.methods, p.adv_methods, *stage.recipe(p, 0, src))
     assert len(plan) == 4
     label = sf.run_label(dataset, src)
     assert label == f"{dataset}@tiny-vit-patch16-64"

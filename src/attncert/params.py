@@ -84,6 +84,11 @@ def unique(key: str, v: list) -> None:
         _fail(key, f"has duplicate entries: {v!r}")
 
 
+def nonempty(key: str, v: list) -> None:
+    if not v:
+        _fail(key, "needs at least one entry")
+
+
 def device_spec(key: str, v: str) -> None:
     if v not in ("auto", "cpu", "cuda", "mps") and not (
         v.startswith("cuda:") and v[5:].isdigit()
@@ -216,107 +221,6 @@ class CertifyVitParams:
     attack_steps: int = param(positive)
     attack_restarts: int = param(positive)
     results_dir: str = param()
-
-
-#: The training methods of the SpecFormer study (attncert.specformer.METHODS).
-SPECFORMER_METHODS = ("vanilla", "specformer", "l2former", "lnformer", "lipsformer")
-#: The methods a pre-trained source runs: the baselines swap attention or norms, so the
-#: checkpoint's weights do not fit them. The source ``scratch`` is the ViT trained from scratch.
-SPECFORMER_PRETRAINED_METHODS = ("vanilla", "specformer")
-SPECFORMER_SCRATCH = "scratch"
-
-
-def nonempty(key: str, v: list) -> None:
-    if not v:
-        _fail(key, "needs at least one entry")
-
-
-@dataclass(frozen=True)
-class SpecformerParams:
-    """SpecFormer and the Lipschitz-attention baselines, attacked and compared (stage
-    ``specformer``). l_inf radii are in units of 1/255 (pixel space), l2 radii in pixels."""
-
-    datasets: list[str] = param(one_of(*IMAGE_DATASETS), unique)
-    sources: list[str] = param(nonempty, unique,
-                               doc="'scratch' (a ViT of patch/dim/depth/heads trained here) or "
-                                   "a pre-trained ViTForImageClassification: HF hub id or "
-                                   "save_pretrained folder, fine-tuned with the finetune_* recipe")
-    image_size: int = param(positive, doc="input size of the pre-trained sources; images are "
-                                          "upsampled to it inside the model (integer factor)")
-    methods: list[str] = param(one_of(*SPECFORMER_METHODS), unique, doc="standard training")
-    adv_methods: list[str] = param(one_of(*SPECFORMER_METHODS), unique,
-                                   doc="PGD adversarial training ([] = none)")
-    patch: int = param(positive)
-    dim: int = param(positive)
-    depth: int = param(positive)
-    heads: int = param(positive)
-    mlp_hidden: int = param(positive)
-    block: str = param(one_of(*VIT_BLOCKS))
-    max_train: int = param(nonneg, doc="seeded subset of every training split (0 = all)")
-    lipsformer_alpha: float = param(positive, doc="LipsFormer's residual scale x + alpha f(x)")
-    msvp_lambda: list[float] = param(nonneg, doc="(lam_q, lam_k, lam_v) of the specformer method")
-    epochs: int = param(positive)
-    adv_epochs: int = param(positive)
-    batch_size: int = param(positive)
-    lr: float = param(positive)
-    weight_decay: float = param(nonneg)
-    warmup_steps: int = param(nonneg)
-    augment: str = param(one_of(*AUGMENTS))
-    adv_eps_255: float = param(positive, doc="adversarial training radius (l_inf, x 1/255)")
-    adv_steps: int = param(positive)
-    finetune_epochs: int = param(positive, doc="pre-trained sources: standard fine-tune")
-    finetune_adv_epochs: int = param(positive, doc="pre-trained sources: PGD fine-tune")
-    finetune_batch_size: int = param(positive)
-    finetune_lr: float = param(positive)
-    finetune_weight_decay: float = param(nonneg)
-    finetune_warmup_steps: int = param(nonneg)
-    finetune_grad_clip: float = param(nonneg, doc="max global gradient norm (0 = off)")
-    n_eval: int = param(positive, doc="first n test images attacked")
-    eval_batch_size: int = param(positive)
-    std_eps_255: float = param(positive, doc="FGSM and PGD-2 radius (l_inf, x 1/255)")
-    adv_eval_eps_255: float = param(positive, doc="CW and PGD radius (l_inf, x 1/255)")
-    attack_steps: int = param(positive, doc="CW-n, PGD-n and L2 PGD steps")
-    attack_eps: list[float] = param(positive, unique, doc="L2 PGD radii (pixels; attacked, "
-                                                           "not certified)")
-    timing_steps: int = param(positive)
-    timing_rounds: int = param(positive)
-    timing_warmup: int = param(nonneg)
-    cert_patch: int = param(positive)
-    cert_dim: int = param(positive)
-    cert_depth: int = param(positive)
-    cert_heads: int = param(positive)
-    cert_gamma_qk: float = param(positive)
-    cert_gamma_vo: float = param(positive)
-    cert_radius_attn: float = param(positive)
-    cert_epochs: int = param(positive)
-    cert_lr: float = param(positive)
-    cert_lmt_offset: float = param(nonneg)
-    cert_logit_scale: float = param(positive)
-    cert_msvp_lambda: list[float] = param(nonneg)
-    cert_n_test: int = param(positive)
-    cert_eps: list[float] = param(positive, unique)
-    results_dir: str = param()
-    metrics: str = param()
-
-    def __post_init__(self) -> None:
-        for key in ("msvp_lambda", "cert_msvp_lambda"):
-            if len(getattr(self, key)) != 3:
-                _fail(f"specformer.{key}", f"needs 3 values, got {getattr(self, key)!r}")
-        for key, dim, heads in (("heads", self.dim, self.heads),
-                                ("cert_heads", self.cert_dim, self.cert_heads)):
-            if dim % heads:
-                _fail(f"specformer.{key}", f"{dim} is not divisible by {heads} heads")
-        if "vanilla" not in self.methods:
-            _fail("specformer.methods", "needs vanilla (the reference of the step-time ratios)")
-        pretrained = [s for s in self.sources if s != SPECFORMER_SCRATCH]
-        for key in ("methods", "adv_methods"):
-            bad = [m for m in getattr(self, key) if m not in SPECFORMER_PRETRAINED_METHODS]
-            if pretrained and bad:
-                _fail(f"specformer.{key}", f"the pre-trained weights of {pretrained[0]!r} do not "
-                      f"fit {', '.join(bad)} (the baselines change the ViT's attention or "
-                      f"norms); with a pre-trained source use "
-                      f"{', '.join(SPECFORMER_PRETRAINED_METHODS)}, the baselines with "
-                      f"sources: [{SPECFORMER_SCRATCH}]")
 
 
 #: CertViT's LayerNorm replacements (names of ``attncert.certvit.NORMS``) and fine-tune losses.
@@ -559,7 +463,7 @@ SECTIONS: dict[str, type | str] = {
     "vit_grid": VitGridParams,
     "train_vit": TrainVitParams,
     "certify_vit": CertifyVitParams,
-    "specformer": SpecformerParams,
+    "specformer": "attncert.stages.specformer:Params",
     "certvit": CertvitParams,
     "crown": CrownParams,
     "text": TextParams,

@@ -34,6 +34,7 @@ from typing import Any
 from attncert import paper
 from attncert.headline import UNITS, eps_match, row
 from attncert.stages import data as data_stage
+from attncert.stages import specformer as specformer_stage
 from attncert.params import PARAMS_FILE, Params, load_params, read_yaml
 
 DVC_FILE = "dvc.yaml"
@@ -248,28 +249,6 @@ def _certify_vit_rows(m: Mapping, item: Mapping) -> list[dict]:
     return rows
 
 
-def _specformer_rows(m: Mapping, item: Mapping) -> list[dict]:
-    rows = []
-    for key, acc in m.get("robustness", {}).items():
-        dataset, training, method, attack = key.split("/", 3)
-        ref = None
-        if dataset == "cifar10" and training == "standard":
-            ref = paper.SPECFORMER_TABLE1.get(method, {}).get(attack)
-        rows.append(row(f"robustness/{key}", f"{dataset} {training} {method}: {attack}", acc,
-                         "fraction", None if ref is None else ref / 100, "SpecFormer Table 1",
-                         brief=training == "standard" and method in ("vanilla", "specformer")))
-    if m.get("msvp_step_ratio") is not None:
-        rows.append(row("msvp_step_ratio", "MSVP step time / vanilla", m["msvp_step_ratio"],
-                         "ratio", paper.SPECFORMER_STEP_RATIO, "SpecFormer Table 3", brief=True))
-    for r in m.get("certified", []):
-        for k, v in r.items():
-            if k.startswith("certified@"):
-                rows.append(row(f"certified/{r['model']}/{r['variant']}/{k[10:]}",
-                                 f"{r['model']} certified {r['variant']} at eps {k[10:]}", v,
-                                 "fraction"))
-    return rows
-
-
 def _certvit_rows(m: Mapping, item: Mapping) -> list[dict]:
     reference = _certvit_reference(m.get("dataset"))
     ref, src = reference if reference else ({}, None)
@@ -466,7 +445,7 @@ READERS: dict[str, Callable[[Mapping, Mapping], list[dict]]] = {
     "tightness": _tightness_rows,
     "train_vit": _train_vit_rows,
     "certify_vit": _certify_vit_rows,
-    "specformer": _specformer_rows,
+    "specformer": specformer_stage.headline_rows,
     "certvit": _certvit_rows,
     "text": _text_rows,
     "crown": _crown_rows,

@@ -74,6 +74,7 @@ def _tightness_work(p) -> list[Work]:
 
 def _specformer_work(p, n_train_max: int, n_test_max: int) -> list[Work]:
     from attncert import specformer as sf
+    from attncert.stages.specformer import certified_configs
 
     s = p["specformer"]
     out = []
@@ -111,11 +112,7 @@ def _specformer_work(p, n_train_max: int, n_test_max: int) -> list[Work]:
     ds = s.datasets[0]
     _, _, _, n_tr, n_te = DATASETS[ds]
     n_tr, n_te = _n(s.max_train, _n(n_train_max, n_tr)), _n(n_test_max, n_te)
-    cfg = sf.data_config(stand_in(ds), normalize="mean", patch=s.cert_patch, dim=s.cert_dim,
-                         depth=s.cert_depth, heads=s.cert_heads, mlp_hidden=2 * s.cert_dim,
-                         kind="lipschitz", block="stream", pool="mean",
-                         radius_attn=s.cert_radius_attn, gamma_qk=s.cert_gamma_qk,
-                         gamma_vo=s.cert_gamma_vo)
+    cfg = certified_configs(s, stand_in(ds), 0)[0]
     for label, lam in (("without MSVP", None), ("with MSVP", tuple(s.cert_msvp_lambda))):
         c = vit_counts(cfg, lam)
         out += training_work("specformer", f"certified pair, {label}", c, n_tr, n_te,
