@@ -10,11 +10,12 @@ import pytest
 import torch
 
 from attncert.attacks import pgd_l2
-from attncert.crown import PATCHES, CrownCertifier, CrownViT, apply_patches, certify_points, study
+from attncert.crown import PATCHES, CrownCertifier, CrownViT, apply_patches, certify_points
 from attncert.crown.bridge import margin_spec
 from attncert.models.vit import ViTConfig, build_vit
 from attncert.nbrun import read_notebook
 from attncert.params import load_params
+from attncert.stages import crown as stage
 from attncert.train import resolve_device
 
 
@@ -101,9 +102,9 @@ def test_combination_certifies_at_least_either_method():
     x = torch.rand(6, 1, 8, 8, generator=g, dtype=torch.float64)
     y = model(x).argmax(1)
     eps = [0.02, 0.1]
-    lofast = study.lofast_frame(model, x, y, "lofast_M", eps)
-    crown, _ = study.crown_frame(model, x, y, eps, "crown", 0.0, 5, dtype=torch.float64)
-    t1, t2 = study.tables(lofast, crown, eps, 1, "CROWN")
+    lofast = stage.lofast_frame(model, x, y, "lofast_M", eps)
+    crown, _ = stage.crown_frame(model, x, y, eps, "crown", 0.0, 5, dtype=torch.float64)
+    t1, t2 = stage.tables(lofast, crown, eps, 1, "CROWN")
     assert len(t1) == 2 and len(t2) == 2
     for r in t2:
         assert r["combined_acc"] >= max(r["crown_acc"], r["lofast_acc"])
@@ -166,13 +167,13 @@ def test_crown_runs_on_the_stage_device(monkeypatch, method):
 
     monkeypatch.setattr(torch.Tensor, "cpu", pinned)
     monkeypatch.setattr(torch.nn.Module, "cpu", pinned)
-    rows, _ = study.crown_frame(model, x, y, [0.02], method, 0.0, 2, dtype=torch.float64)
+    rows, _ = stage.crown_frame(model, x, y, [0.02], method, 0.0, 2, dtype=torch.float64)
     assert set(rows["status"]) == {"ok"} and rows["certified"].any()
     cert = CrownCertifier.from_vit(model, (1, 8, 8))
     assert {p.device for p in cert.bounded.parameters()} == {x.device}
     assert cert.margin_lower(x[:1], y[:1], 0.02, method, 2).device == x.device
     with pytest.raises(ValueError, match="but y on"):
-        study.crown_frame(model, x, y.to("meta"), [0.02], method, 0.0, 3)
+        stage.crown_frame(model, x, y.to("meta"), [0.02], method, 0.0, 3)
 
 
 def _sources_outside_parameters(path: Path) -> str:
@@ -184,7 +185,8 @@ def _sources_outside_parameters(path: Path) -> str:
 
 
 @pytest.mark.parametrize("path", sorted((ROOT / "src/attncert/crown").glob("*.py"))
-                         + [ROOT / "notebooks/08_crown.py"], ids=lambda p: p.name)
+                         + [ROOT / "src/attncert/stages/crown.py",
+                            ROOT / "notebooks/08_crown.py"], ids=lambda p: p.name)
 def test_crown_code_never_pins_the_cpu(path):
     """The device comes from base.device: no `.cpu()`, no 'cpu' literal (the parameters cell's
     default aside, which papermill replaces)."""
@@ -200,7 +202,7 @@ def test_paper_scale_crown_model_is_patch_16_at_32_pixels():
     data = {"train": {"x": torch.zeros(2, 3, 32, 32, dtype=torch.uint8)},
             "classes": [str(c) for c in range(10)], "mean": [0.5] * 3, "std": [0.25] * 3}
     torch.manual_seed(0)
-    model = build_vit(study.vit_config(data, vars(p), min(p.depths))).double().eval()
+    model = build_vit(stage.vit_config(data, p, min(p.depths))).double().eval()
     x = torch.rand(2, 3, 32, 32, dtype=torch.float64)
     assert model.pos.shape[1] == 4 + (model.cls_token is not None)
     assert torch.allclose(CrownViT(model).double()(x), model(x), atol=1e-6, rtol=0)

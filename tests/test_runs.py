@@ -68,10 +68,12 @@ def test_dataset_vit_config_rejects_an_unknown_normalize():
 def test_every_dataset_builder_gives_the_config_it_built_before(channels, size):
     """The grid, CROWN, SpecFormer and CertViT builders against the ViTConfig each of them
     wrote out by hand before they shared :func:`runs.dataset_vit_config`."""
+    import dataclasses
+
     from attncert import specformer as sf
     from attncert.certvit import stage
-    from attncert.crown import study
     from attncert.models import ViTConfig
+    from attncert.stages import crown as crown_stage
 
     data = _data(channels, size) | {"mean": [0.1 + c / 10 for c in range(channels)],
                                     "std": [0.3 - c / 50 for c in range(channels)]}
@@ -85,7 +87,8 @@ def test_every_dataset_builder_gives_the_config_it_built_before(channels, size):
     for norm, m, sd in (("mean", mean, None), ("std", mean, std), ("none", None, None)):
         assert runs.vit_config(data, s | {"normalize": norm}, 3, 4, 0.5) == ViTConfig(
             **shape, depth=3, heads=4, gamma_vo=0.5, mean=m, std=sd, **grid)
-        assert study.vit_config(data, crown | {"normalize": norm}, 4) == ViTConfig(
+        crown_p = dataclasses.replace(load_params()["crown"], **crown, normalize=norm)
+        assert crown_stage.vit_config(data, crown_p, 4) == ViTConfig(
             **shape, depth=4, kind="lipschitz", block="stream", mean=m, std=sd, **crown)
     assert sf.data_config(data, **arch) == ViTConfig(**shape, mean=mean, std=std, **arch)
     assert sf.data_config(data, "mean", **arch) == ViTConfig(**shape, mean=mean, **arch)

@@ -405,54 +405,6 @@ class TextParams:
                                              f"{self.olsa_residual_init!r}")
 
 
-#: LoFAST's certificate variants and the auto_LiRPA methods compared in stage ``crown``.
-CROWN_LOFAST = ("lofast_M", "lofast_xi")
-CROWN_METHODS = ("crown", "alpha_crown")
-
-
-@dataclass(frozen=True)
-class CrownParams:
-    """LoFAST vs CROWN / alpha-CROWN (auto_LiRPA) and their combination (LoFAST Tables 1-2):
-    Lipschitz ViTs of each depth trained in the stage, l2 balls in pixel space."""
-
-    dataset: str = param(one_of(*IMAGE_DATASETS))
-    depths: list[int] = param(positive, unique, doc="one ViT per depth (LoFAST: 3, 4, 5)")
-    patch: int = param(positive)
-    dim: int = param(positive)
-    heads: int = param(positive)
-    mlp_hidden: int = param(positive)
-    pool: str = param(one_of(*VIT_POOLS))
-    radius_attn: float = param(positive)
-    gamma_qk: float = param(positive)
-    gamma_vo: float = param(positive)
-    normalize: str = param(one_of(*NORMALIZE))
-    max_train: int = param(nonneg, doc="first n training images (0 = all)")
-    epochs: int = param(positive)
-    batch_size: int = param(positive)
-    lr: float = param(positive)
-    warmup_steps: int = param(nonneg)
-    lmt_offset: float = param(nonneg)
-    logit_scale: float = param(positive)
-    n_test: int = param(positive, doc="first n test images, the same for every method")
-    cert_eps: list[float] = param(positive, unique)
-    lofast_variant: str = param(one_of(*CROWN_LOFAST))
-    methods: list[str] = param(one_of(*CROWN_METHODS), unique)
-    bound_dtype: str = param(one_of("float64", "float32"),
-                             doc="CROWN's arithmetic: float64 for a certificate")
-    alpha_iterations: int = param(positive)
-    time_limit: float = param(nonneg, doc="seconds per (point, eps) bound; 0 = none")
-    attack_steps: int = param(positive)
-    attack_restarts: int = param(positive)
-    work_dir: str = param()
-    metrics: str = param()
-
-    def __post_init__(self) -> None:
-        if self.dim % self.heads:
-            _fail("crown.heads", f"dim = {self.dim} is not divisible by heads = {self.heads}")
-        if not self.methods:
-            _fail("crown.methods", "needs at least one method")
-
-
 #: Every section of params.yaml, in file order: its dataclass, or ``"module:Class"`` for a
 #: section owned by a stage module (``attncert.stages``), imported when params are validated
 #: (a stage module imports this one for its checks, so it is not imported here at load time).
@@ -465,7 +417,7 @@ SECTIONS: dict[str, type | str] = {
     "certify_vit": CertifyVitParams,
     "specformer": "attncert.stages.specformer:Params",
     "certvit": CertvitParams,
-    "crown": CrownParams,
+    "crown": "attncert.stages.crown:Params",
     "text": TextParams,
     "figures": FiguresParams,
 }

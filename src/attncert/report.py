@@ -33,6 +33,7 @@ from typing import Any
 
 from attncert import paper
 from attncert.headline import UNITS, eps_match, row
+from attncert.stages import crown as crown_stage
 from attncert.stages import data as data_stage
 from attncert.stages import specformer as specformer_stage
 from attncert.params import PARAMS_FILE, Params, load_params, read_yaml
@@ -374,54 +375,6 @@ def _text_rows(m: Mapping, item: Mapping) -> list[dict]:
     return rows
 
 
-def _crown_rows(m: Mapping, item: Mapping) -> list[dict]:
-    """LoFAST Tables 1-2 as the crown stage writes them (accuracies in %), per depth: certified
-    accuracy and seconds per sample of LoFAST and CROWN, LoFAST first with CROWN on the rest,
-    the CROWN / LoFAST speed ratio; LoFAST's numbers beside where the dataset is the paper's."""
-    t1, t2 = paper.LOFAST_TABLE1, paper.LOFAST_TABLE2.get(m.get("dataset"), {})
-    cifar = m.get("dataset") == "cifar10"
-    crown_src = "LoFAST Table 1 (alpha,beta-CROWN)"
-    rows = [row(f"trained/L{t['depth']}/test_acc", f"L{t['depth']} clean accuracy",
-                 t["test_acc"], "percent") for t in m.get("trained", [])]
-    for rec in m.get("table1", []):
-        d, method = rec["depth"], rec["method"]
-        lofast = method == "LoFAST"
-        for k in (k for k in rec if k.startswith("acc_")):
-            i = eps_match(k[4:], t1["eps"])
-            per_depth = t1["lofast" if lofast else "crown"].get(d) if cifar else None
-            ref = per_depth[i] if per_depth and i is not None else None
-            rows.append(row(f"table1/L{d}/{method}/{k}", f"L{d} {method} certified at eps "
-                             f"{k[4:]}", rec[k], "percent", ref,
-                             "LoFAST Table 1" if lofast else crown_src, brief=True))
-        secs = t1["lofast_seconds" if lofast else "crown_seconds"].get(d) if cifar else None
-        rows.append(row(f"table1/L{d}/{method}/seconds_per_sample",
-                         f"L{d} {method} seconds per sample", rec["seconds_per_sample"],
-                         "seconds", secs, "LoFAST Table 1" if lofast else crown_src, brief=True))
-    for rec in m.get("table2", []):
-        d, eps = rec["depth"], f"{rec['eps']:g}"
-        i = eps_match(eps, paper.LOFAST_TABLE_EPS[:2]) if d == 3 else None
-        for key, label, ref_key, unit, j in (
-                ("crown_acc", f"{rec['method']} alone", "CROWN", "percent", 0),
-                ("crown_seconds", f"{rec['method']} alone seconds", "CROWN", "seconds", 1),
-                ("combined_acc", f"LoFAST + {rec['method']}", "CROWN+LoFAST", "percent", 0),
-                ("combined_seconds", f"LoFAST + {rec['method']} seconds", "CROWN+LoFAST",
-                 "seconds", 1)):
-            ref = t2[ref_key][i][j] if t2 and i is not None else None
-            rows.append(row(f"table2/L{d}/{rec['method']}/{eps}/{key}",
-                             f"L{d} {label} at eps {eps}", rec[key], unit, ref,
-                             "LoFAST Table 2", brief=key == "combined_acc"))
-    for d, ratio in m.get("crown_over_lofast_seconds", {}).items():
-        lo, cr = t1["lofast_seconds"].get(int(d)), t1["crown_seconds"].get(int(d))
-        rows.append(row(f"crown_over_lofast_seconds/{d}", f"L{d} CROWN / LoFAST seconds",
-                         ratio, "ratio", cr / lo if lo and cr else None,
-                         "LoFAST Table 1 (alpha,beta-CROWN / LoFAST seconds, CIFAR-10)",
-                         brief=True))
-    for key, label in (("n", "certified test points"), ("broken", "broken certificates")):
-        if key in m:
-            rows.append(row(key, label, m[key], "count"))
-    return rows
-
-
 def _generic_rows(m: Any, item: Mapping, prefix: str = "", depth: int = 0) -> list[dict]:
     """Every numeric leaf of a metrics file (dicts up to 3 levels; lists are skipped)."""
     rows: list[dict] = []
@@ -448,7 +401,7 @@ READERS: dict[str, Callable[[Mapping, Mapping], list[dict]]] = {
     "specformer": specformer_stage.headline_rows,
     "certvit": _certvit_rows,
     "text": _text_rows,
-    "crown": _crown_rows,
+    "crown": crown_stage.headline_rows,
 }
 
 

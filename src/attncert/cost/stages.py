@@ -123,16 +123,15 @@ def _specformer_work(p, n_train_max: int, n_test_max: int) -> list[Work]:
 
 
 def _crown_work(p, n_train_max: int, n_test_max: int) -> tuple[list[Work], float]:
-    from attncert.crown import study
+    from attncert.stages import crown as crown_stage
 
     c_p = p["crown"]
-    pd_ = c_p.__dict__
     _, _, _, n_tr, n_te = DATASETS[c_p.dataset]
     n_tr, n_te = _n(c_p.max_train, _n(n_train_max, n_tr)), _n(n_test_max, n_te)
     n = min(c_p.n_test, n_te)
     out = []
     for depth in c_p.depths:
-        cfg = study.vit_config(stand_in(c_p.dataset), pd_, depth)
+        cfg = crown_stage.vit_config(stand_in(c_p.dataset), c_p, depth)
         c = vit_counts(cfg)
         out += training_work("crown", f"L{depth}", c, n_tr, n_te, c_p.epochs, c_p.batch_size,
                              500)

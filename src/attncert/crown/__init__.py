@@ -2,7 +2,8 @@
 
 Importing the package applies the compatibility patches of :mod:`attncert.crown.patches`
 (idempotent). :mod:`attncert.crown.bridge` builds the bounded graph and certifies points one at
-a time; :mod:`attncert.crown.study` trains the compared ViTs and assembles LoFAST's Tables 1-2.
+a time; the crown stage (:mod:`attncert.stages.crown`) trains the compared ViTs and assembles
+LoFAST's Tables 1-2.
 """
 
 from attncert.crown.patches import apply as apply_patches

@@ -1,0 +1,390 @@
+"""The crown stage: LoFAST vs CROWN on the same points (LoFAST Table 1) and LoFAST first with
+CROWN on what LoFAST left (Table 2), as read-outs of one row per point.
+
+One Lipschitz ViT per depth is trained in the stage (stream blocks). Both methods certify the
+TRUE label (a misclassified point is never certified). CROWN (:mod:`attncert.crown`) runs once
+per (point, eps), smallest eps first; a point it does not certify at an eps is not run at the
+larger ones (recorded "skipped", 0 s: it cannot be counted as certified there). Seconds per
+sample: LoFAST's certificate with its radius (valid for every eps at once), CROWN's mean time of
+one (point, eps) bound over the pairs it ran. Every certified point is then attacked with L2
+PGD: a broken certificate fails the stage.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import matplotlib.pyplot as plt
+import pandas as pd
+import torch
+from matplotlib.figure import Figure
+from torch import Tensor
+
+from attncert import certify, paper, runs, soundness
+from attncert.crown import METHODS
+from attncert.crown.bridge import CrownCertifier, certify_points
+from attncert.data import as_float, load_processed
+from attncert.figures import crown as figs
+from attncert.headline import eps_match, row
+from attncert.io import atomic_path, write_json
+from attncert.models import ViTConfig, build_vit
+from attncert.params import (
+    IMAGE_DATASETS,
+    NORMALIZE,
+    VIT_POOLS,
+    BaseParams,
+    ParamsError,
+    nonneg,
+    one_of,
+    param,
+    positive,
+    unique,
+)
+from attncert.precision import resolve_precision
+from attncert.train import TrainConfig, evaluate, resolve_device, train_resumable
+
+#: LoFAST's certificate variants compared with CROWN (pairwise test); the CROWN methods are
+#: the keys of :data:`attncert.crown.METHODS` (crown, alpha_crown).
+LOFAST_VARIANTS = ("lofast_M", "lofast_xi")
+
+
+@dataclass(frozen=True)
+class Params:
+    """params.yaml ``crown``: LoFAST vs CROWN / alpha-CROWN (auto_LiRPA) and their
+    combination (LoFAST Tables 1-2): Lipschitz ViTs of each depth trained in the stage, l2
+    balls in pixel space."""
+
+    dataset: str = param(one_of(*IMAGE_DATASETS))
+    depths: list[int] = param(positive, unique, doc="one ViT per depth (LoFAST: 3, 4, 5)")
+    patch: int = param(positive)
+    dim: int = param(positive)
+    heads: int = param(positive)
+    mlp_hidden: int = param(positive)
+    pool: str = param(one_of(*VIT_POOLS))
+    radius_attn: float = param(positive)
+    gamma_qk: float = param(positive)
+    gamma_vo: float = param(positive)
+    normalize: str = param(one_of(*NORMALIZE))
+    max_train: int = param(nonneg, doc="first n training images (0 = all)")
+    epochs: int = param(positive)
+    batch_size: int = param(positive)
+    lr: float = param(positive)
+    warmup_steps: int = param(nonneg)
+    lmt_offset: float = param(nonneg)
+    logit_scale: float = param(positive)
+    n_test: int = param(positive, doc="first n test images, the same for every method")
+    cert_eps: list[float] = param(positive, unique)
+    lofast_variant: str = param(one_of(*LOFAST_VARIANTS))
+    methods: list[str] = param(one_of(*METHODS), unique)
+    bound_dtype: str = param(one_of("float64", "float32"),
+                             doc="CROWN's arithmetic: float64 for a certificate")
+    alpha_iterations: int = param(positive)
+    time_limit: float = param(nonneg, doc="seconds per (point, eps) bound; 0 = none")
+    attack_steps: int = param(positive)
+    attack_restarts: int = param(positive)
+    work_dir: str = param()
+    metrics: str = param()
+
+    def __post_init__(self) -> None:
+        if self.dim % self.heads:
+            raise ParamsError(f"crown.heads: dim = {self.dim} is not divisible by heads = "
+                              f"{self.heads}")
+        if not self.methods:
+            raise ParamsError("crown.methods: needs at least one method")
+
+
+@dataclass
+class Result:
+    """What the notebook shows: the device, the number of points, the trained models, one row
+    per CROWN (point, eps), the PGD audit, Tables 1-2 (with their figures, saved as PNGs in
+    ``work_dir``) and the CROWN / LoFAST seconds ratio per depth."""
+
+    device: torch.device
+    n: int
+    trained: pd.DataFrame
+    crown: pd.DataFrame
+    audit: pd.DataFrame
+    table1: pd.DataFrame
+    table2: pd.DataFrame
+    ratio: dict[str, float]
+    figures: dict[str, Figure]
+
+
+# ------------------------------------------------------------------ the stage
+def run(p: Params, base: BaseParams, processed_dir: str) -> Result:
+    """Train one ViT per depth on ``base.device``, certify the first ``n_test`` test points by
+    LoFAST and every CROWN method, audit them with PGD (a broken certificate raises
+    :class:`attncert.soundness.UnsoundCertificateError`), write lofast.csv, crown.csv and the
+    tables' PNGs under ``work_dir`` and the metrics file."""
+    stage_t0 = time.perf_counter()
+    dev = resolve_device(base.device)
+    out = Path(p.work_dir)
+    data = load_processed(p.dataset, processed_dir)
+    n = min(p.n_test, len(data["test"]["y"]))
+    x = as_float(data["test"]["x"][:n]).to(dev, torch.float64)
+    y = data["test"]["y"][:n].to(dev)
+
+    models, trained = {}, []
+    for depth in p.depths:
+        model, acc, secs = train_model(data, p, depth, base.seed, out / "ckpt" / f"L{depth}",
+                                       dev, base.precision)
+        models[depth] = model
+        trained.append({"depth": depth, "test_acc": 100 * acc, "train_seconds": secs})
+
+    lofast_all, crown_all, t1, t2, audits = [], [], [], [], []
+    for depth, model in models.items():
+        lo = lofast_frame(model.double(), x, y, p.lofast_variant, p.cert_eps)
+        lofast_all.append(lo.assign(depth=depth))
+        certified = {e: torch.tensor(lo[f"certified_{e}"].to_numpy()) for e in p.cert_eps}
+        radii = {"lofast": grid_radius(certified)}
+        for method in p.methods:
+            rows, _ = crown_frame(model, x, y, p.cert_eps, method, p.time_limit,
+                                  p.alpha_iterations, getattr(torch, p.bound_dtype),
+                                  progress=True)
+            crown_all.append(rows.assign(depth=depth))
+            a, b = tables(lo, rows, p.cert_eps, depth, METHODS[method])
+            t1 += a if method == p.methods[0] else a[1:]
+            t2 += b
+            cr = {e: crown_certified(rows, n, e) for e in p.cert_eps}
+            radii[method] = grid_radius(cr)
+            radii[f"lofast+{method}"] = grid_radius({e: certified[e] | cr[e] for e in p.cert_eps})
+        rows_a, _ = certify.audit(model.double(), x, y, radii, p.cert_eps, p.attack_steps,
+                                  p.attack_restarts, base.seed)
+        audits += [dict(r, depth=depth) for r in rows_a]
+    lofast_df, crown_df = pd.concat(lofast_all), pd.concat(crown_all)
+    for name, df in (("lofast.csv", lofast_df), ("crown.csv", crown_df)):
+        with atomic_path(out / name) as tmp:
+            df.to_csv(tmp, index=False)
+    table1, table2, audit = pd.DataFrame(t1), pd.DataFrame(t2), pd.DataFrame(audits)
+
+    broken = int(audit[[c for c in audit if c.startswith("broken_")]].to_numpy().sum())
+    soundness.require_sound({p.dataset: audits}, by=("depth",), see=str(out))
+    for r in t2:
+        if r["combined_acc"] < max(r["crown_acc"], r["lofast_acc"]):
+            raise RuntimeError(f"the combination certifies fewer points than one method: {r}")
+
+    figures = {"table1": figs.plot_table1(table1), "table2": figs.plot_table2(table2)}
+    for name, fig in figures.items():
+        with atomic_path(out / f"{name}.png") as tmp:
+            fig.savefig(tmp, format="png", dpi=120, bbox_inches="tight")
+        plt.close(fig)  # shown once, by the notebook
+
+    ratio = {}
+    for d in p.depths:
+        secs = table1[table1["depth"] == d].set_index("method")["seconds_per_sample"]
+        ratio[str(d)] = float(secs.drop("LoFAST").iloc[0] / secs["LoFAST"])
+    write_json(p.metrics, {
+        "dataset": p.dataset, "n": n, "eps": p.cert_eps, "depths": p.depths,
+        "crown_over_lofast_seconds": ratio, "broken": broken,
+        "table1": table1.to_dict("records"), "table2": table2.to_dict("records"),
+        "crown_status": {f"L{d}": status_counts(crown_df[crown_df["depth"] == d])
+                         for d in p.depths},
+        "trained": trained, "stage_seconds": time.perf_counter() - stage_t0})
+    return Result(dev, n, pd.DataFrame(trained), crown_df, audit, table1, table2, ratio,
+                  figures)
+
+
+# ------------------------------------------------------------------ models
+def vit_config(data: Mapping[str, Any], p: Params, depth: int) -> ViTConfig:
+    """The study's Lipschitz ViT of one depth for a processed dataset (stream blocks)."""
+    return runs.dataset_vit_config(
+        data, p.normalize, patch=p.patch, dim=p.dim, depth=depth, heads=p.heads,
+        mlp_hidden=p.mlp_hidden, kind="lipschitz", block="stream", pool=p.pool,
+        radius_attn=p.radius_attn, gamma_qk=p.gamma_qk, gamma_vo=p.gamma_vo)
+
+
+def train_model(data: Mapping[str, Any], p: Params, depth: int, seed: int,
+                ckpt_dir: str | Path, device: str | torch.device, precision: str = "auto"):
+    """Train one ViT (resumable in ``ckpt_dir``, at ``precision``: :mod:`attncert.precision`)
+    on the first ``max_train`` training images on ``device`` (the stage's ``base.device``);
+    returns (model in eval mode, on ``device``, clean test accuracy, training seconds: the sum
+    over epochs, so a resumed or already finished run reports the time its training took)."""
+    torch.manual_seed(seed)
+    model = build_vit(vit_config(data, p, depth))
+    cfg = TrainConfig(epochs=p.epochs, batch_size=p.batch_size, lr=p.lr,
+                      warmup_steps=p.warmup_steps, margin="lmt", lmt_offset=p.lmt_offset,
+                      logit_scale=p.logit_scale, seed=seed)
+    n = p.max_train or len(data["train"]["y"])
+    tr = {"x": data["train"]["x"][:n], "y": data["train"]["y"][:n]}
+    # a checkpoint of another model, config or training subset is cleared, never resumed
+    precision = resolve_precision(precision, resolve_device(device))
+    fp = runs.fingerprint(model.config, cfg, data.get("name", ""),
+                          f"{data.get('source', '')}; first {n} training images", precision)
+    curves, _ = train_resumable(model, tr, data["test"], cfg, ckpt_dir, device, fingerprint=fp,
+                                precision=precision, progress=False)
+    seconds = sum(r["seconds"] for r in curves)
+    return model.eval(), evaluate(model, data["test"], device)["acc"], seconds
+
+
+# ------------------------------------------------------------------ one row per point
+def lofast_frame(model, x: Tensor, y: Tensor, variant: str, eps_grid: Sequence[float],
+                 max_radius: float = 10.0, batch_size: int = 100) -> pd.DataFrame:
+    """One row per point: correct, radius, seconds (per sample) and ``certified_<eps>``."""
+    table = certify.certify_table(model, x, y, [variant], ["pairwise"], 1.0, max_radius,
+                                  batch_size, progress=False)
+    out = pd.DataFrame({"index": table["index"], "correct": table["correct"].astype(bool),
+                        "radius": table[f"radius_{variant}_pairwise"],
+                        "seconds": table[f"seconds_{variant}_pairwise"]})
+    for e in eps_grid:
+        out[f"certified_{e}"] = out["correct"] & (out["radius"] >= e)
+    return out
+
+
+def crown_frame(model, x: Tensor, y: Tensor, eps_grid: Sequence[float], method: str,
+                time_limit_s: float, alpha_iterations: int, dtype: torch.dtype = torch.float64,
+                progress: bool = False) -> tuple[pd.DataFrame, float]:
+    """One row per (point, eps), smallest eps first, skipping the larger eps of a point that
+    was not certified; returns (rows, seconds to build the bounded graph).
+
+    CROWN runs where the points are (``x.device``: the model is moved there, in place) in
+    ``dtype``: float64 for a certificate; float32 halves time and memory, with rounding in
+    the bound's last digits (the stage's PGD audit checks every certified point)."""
+    if y.device != x.device:
+        raise ValueError(f"x on {x.device} but y on {y.device}")
+    model = model.to(device=x.device, dtype=dtype)
+    cert = CrownCertifier.from_vit(model, x.shape[1:], dtype)
+    eps_sorted = sorted(eps_grid)
+    rows = []
+    for i in range(len(y)):
+        alive = True
+        skip = torch.zeros(1, len(eps_sorted), dtype=torch.bool)
+        for j, e in enumerate(eps_sorted):
+            skip[0, j] = not alive
+            (row_,) = certify_points(cert, x[i:i + 1].to(dtype), y[i:i + 1], [e], method,
+                                     time_limit_s, alpha_iterations, skip[:, j:j + 1])
+            row_["index"] = i
+            alive = alive and row_["certified"]
+            rows.append(row_)
+        if progress:
+            print(f"{method}: point {i + 1}/{len(y)}", flush=True)
+    return pd.DataFrame(rows), cert.build_seconds
+
+
+def crown_certified(rows: pd.DataFrame, n: int, eps: float) -> Tensor:
+    """(n,) bool: certified by CROWN at eps."""
+    out = torch.zeros(n, dtype=torch.bool)
+    hit = rows[(rows["eps"] == eps) & rows["certified"]]["index"].to_numpy()
+    out[torch.tensor(hit, dtype=torch.long)] = True
+    return out
+
+
+def grid_radius(certified: Mapping[float, Tensor]) -> Tensor:
+    """(n,) the largest eps of the grid certified with every smaller one (0: none)."""
+    eps = sorted(certified)
+    n = len(next(iter(certified.values())))
+    r, alive = torch.zeros(n, dtype=torch.float64), torch.ones(n, dtype=torch.bool)
+    for e in eps:
+        alive &= certified[e]
+        r[alive] = e
+    return r
+
+
+# ------------------------------------------------------------------ Tables 1-2
+def tables(lofast: pd.DataFrame, crown: pd.DataFrame, eps_grid: Sequence[float],
+           depth: int, method: str) -> tuple[list[dict], list[dict]]:
+    """Rows of Table 1 (LoFAST vs CROWN) and Table 2 (CROWN alone vs LoFAST + CROWN) for one
+    model. Accuracies in %; a CROWN entry whose pairs all failed is None (the paper's "-")."""
+    n = len(lofast)
+    lo_s = float(lofast["seconds"].mean())
+    ran = crown[crown["status"] != "skipped"]
+    t1 = [{"depth": depth, "method": "LoFAST", "seconds_per_sample": lo_s,
+           **{f"acc_{e}": 100 * float(lofast[f"certified_{e}"].mean()) for e in eps_grid}},
+          {"depth": depth, "method": method, "seconds_per_sample": float(ran["seconds"].mean())
+           if len(ran) else float("nan"), **{
+               f"acc_{e}": (100 * float(crown_certified(crown, n, e).double().mean())
+                            if (ran["eps"] == e).any() and (ran[ran["eps"] == e]["status"]
+                                                            == "ok").any() else None)
+               for e in eps_grid}}]
+    t2 = []
+    for e in eps_grid:
+        lo = torch.tensor(lofast[f"certified_{e}"].to_numpy())
+        cr = crown_certified(crown, n, e)
+        at = crown[crown["eps"] == e].sort_values("index")
+        sec = torch.tensor(at["seconds"].to_numpy(), dtype=torch.float64)
+        t2.append({"depth": depth, "eps": e, "method": method,
+                   "crown_acc": 100 * float(cr.double().mean()),
+                   "crown_seconds": float(sec.mean()),
+                   "combined_acc": 100 * float((lo | cr).double().mean()),
+                   "combined_seconds": lo_s + float(sec[~lo].sum()) / n,
+                   "lofast_acc": 100 * float(lo.double().mean())})
+    return t1, t2
+
+
+def status_counts(crown: pd.DataFrame) -> dict[str, int]:
+    """How many (point, eps) pairs ended in each status."""
+    return {str(k): int(v) for k, v in crown["status"].value_counts().items()}
+
+
+def table1_with_paper(table1: pd.DataFrame, dataset: str) -> pd.DataFrame:
+    """Our Table 1 beside LoFAST's (CIFAR-10), indexed by (depth, method)."""
+    t = paper.LOFAST_TABLE1
+    ours = table1.assign(method=table1["method"] + f" (ours, {dataset})")
+    theirs = pd.DataFrame([{"depth": d, "method": f"{name} (paper, CIFAR-10)",
+                            "seconds_per_sample": t[f"{m}_seconds"][d],
+                            **{f"acc_{e}": a
+                               for e, a in zip(paper.LOFAST_TABLE_EPS, accs, strict=True)}}
+                           for m, name in (("lofast", "LoFAST"), ("crown", "alpha,beta-CROWN"))
+                           for d, accs in t[m].items()])
+    return pd.concat([ours, theirs]).sort_values(["depth", "method"]).set_index(
+        ["depth", "method"])
+
+
+def paper_table2() -> pd.DataFrame:
+    """LoFAST's Table 2: accuracy and seconds per (dataset, method) and eps."""
+    df = pd.DataFrame([{"dataset": ds, "method": m, "eps": e, "acc": a, "seconds": s}
+                       for ds, per in paper.LOFAST_TABLE2.items() for m, vals in per.items()
+                       for e, (a, s) in zip(paper.LOFAST_TABLE_EPS[:2], vals, strict=True)])
+    return df.pivot_table(index=["dataset", "method"], columns="eps", values=["acc", "seconds"])
+
+
+# ------------------------------------------------------------------ headline
+def headline_rows(m: Mapping, item: Mapping) -> list[dict]:
+    """LoFAST Tables 1-2 as the stage writes them (accuracies in %), per depth: certified
+    accuracy and seconds per sample of LoFAST and CROWN, LoFAST first with CROWN on the rest,
+    the CROWN / LoFAST speed ratio; LoFAST's numbers beside where the dataset is the paper's."""
+    t1, t2 = paper.LOFAST_TABLE1, paper.LOFAST_TABLE2.get(m.get("dataset"), {})
+    cifar = m.get("dataset") == "cifar10"
+    crown_src = "LoFAST Table 1 (alpha,beta-CROWN)"
+    rows = [row(f"trained/L{t['depth']}/test_acc", f"L{t['depth']} clean accuracy",
+                t["test_acc"], "percent") for t in m.get("trained", [])]
+    for rec in m.get("table1", []):
+        d, method = rec["depth"], rec["method"]
+        lofast = method == "LoFAST"
+        for k in (k for k in rec if k.startswith("acc_")):
+            i = eps_match(k[4:], t1["eps"])
+            per_depth = t1["lofast" if lofast else "crown"].get(d) if cifar else None
+            ref = per_depth[i] if per_depth and i is not None else None
+            rows.append(row(f"table1/L{d}/{method}/{k}", f"L{d} {method} certified at eps "
+                            f"{k[4:]}", rec[k], "percent", ref,
+                            "LoFAST Table 1" if lofast else crown_src, brief=True))
+        secs = t1["lofast_seconds" if lofast else "crown_seconds"].get(d) if cifar else None
+        rows.append(row(f"table1/L{d}/{method}/seconds_per_sample",
+                        f"L{d} {method} seconds per sample", rec["seconds_per_sample"],
+                        "seconds", secs, "LoFAST Table 1" if lofast else crown_src, brief=True))
+    for rec in m.get("table2", []):
+        d, eps = rec["depth"], f"{rec['eps']:g}"
+        i = eps_match(eps, paper.LOFAST_TABLE_EPS[:2]) if d == 3 else None
+        for key, label, ref_key, unit, j in (
+                ("crown_acc", f"{rec['method']} alone", "CROWN", "percent", 0),
+                ("crown_seconds", f"{rec['method']} alone seconds", "CROWN", "seconds", 1),
+                ("combined_acc", f"LoFAST + {rec['method']}", "CROWN+LoFAST", "percent", 0),
+                ("combined_seconds", f"LoFAST + {rec['method']} seconds", "CROWN+LoFAST",
+                 "seconds", 1)):
+            ref = t2[ref_key][i][j] if t2 and i is not None else None
+            rows.append(row(f"table2/L{d}/{rec['method']}/{eps}/{key}",
+                            f"L{d} {label} at eps {eps}", rec[key], unit, ref,
+                            "LoFAST Table 2", brief=key == "combined_acc"))
+    for d, ratio in m.get("crown_over_lofast_seconds", {}).items():
+        lo, cr = t1["lofast_seconds"].get(int(d)), t1["crown_seconds"].get(int(d))
+        rows.append(row(f"crown_over_lofast_seconds/{d}", f"L{d} CROWN / LoFAST seconds",
+                        ratio, "ratio", cr / lo if lo and cr else None,
+                        "LoFAST Table 1 (alpha,beta-CROWN / LoFAST seconds, CIFAR-10)",
+                        brief=True))
+    for key, label in (("n", "certified test points"), ("broken", "broken certificates")):
+        if key in m:
+            rows.append(row(key, label, m[key], "count"))
+    return rows
