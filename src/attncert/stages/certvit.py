@@ -1,12 +1,7 @@
 """The CertViT stage: a pre-trained standard ViT adapted, constrained by Douglas-Rachford
-splitting, fine-tuned and certified, in every constraining mode side by side from the same
-pre-trained model, beside a linear classifier on pixels.
-
-The plan: the starting model (:func:`attncert.certvit.stage.source_model`), then for each
-mode the adaptation and its fine-tune, the constraining, the fine-tune after it, the global
-certificate audited by L2 PGD (a broken certificate fails the stage), the ImageNet smoke path
-and the metrics file. Every training phase is a resumable checkpoint folder under
-``work_dir/ckpt`` (:func:`attncert.train.train_resumable`). The methods (adaptation, the
+splitting, fine-tuned and certified in every constraining mode side by side, beside a linear
+classifier on pixels. Every training phase is a resumable checkpoint folder under
+``work_dir/ckpt``; a broken certificate fails the stage. The methods (adaptation, the
 constraining modes and their budgets, the certificate) live in :mod:`attncert.certvit`.
 """
 
@@ -256,10 +251,8 @@ def _adapt(p: Params, base: BaseParams, r: Result, cfg: Configs, m: str):
     _log(p, r, m, "adapted", "adapted", model, t0,
          f"norm {p.norm}, radii {', '.join(f'{v:.3g}' for v in radii.values())}")
     t0 = time.perf_counter()
-    status = "skipped"
-    if p.adapt_epochs:
-        status = _train(p, base, r, model, cfg.adapt[m],
-                        "adapt" if m == "paper" else f"{m}_adapt", f"mode {m}")
+    status = _train(p, base, r, model, cfg.adapt[m], "adapt" if m == "paper" else f"{m}_adapt",
+                    f"mode {m}") if p.adapt_epochs else "skipped"
     _log(p, r, m, "adapt_finetuned", "adapt_finetuned", model, t0, f"checkpoint: {status}")
     return model
 
