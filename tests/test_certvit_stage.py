@@ -1,4 +1,5 @@
-"""The CertViT stage's helpers (attncert.certvit.stage) and its figures."""
+"""The CertViT stage (attncert.stages.certvit), the methods it plans with
+(attncert.certvit.stage), the record of its steps (attncert.certvit.steps) and its figures."""
 
 import math
 
@@ -19,11 +20,13 @@ from attncert.certvit import (
     lipschitz_table,
     load_model,
     stage,
+    steps,
 )
 from attncert.checkpoint import prepare_checkpoint_dir
 from attncert.figures import certvit as figs
 from attncert.models.vit import ViTConfig, build_vit, save_vit
 from attncert.paper import CERTVIT_CIFAR10, CERTVIT_MNIST
+from attncert.stages import certvit as certvit_stage
 from attncert.train import TrainConfig, train
 
 matplotlib.use("Agg")
@@ -46,13 +49,17 @@ def dataset(n=32, size=8, classes=4, channels=1, seed=0):
             "mean": [0.5] * channels, "std": [0.25] * channels, "source": "synthetic"}
 
 
-def test_schema_choices_match_the_library():
-    assert params.CERTVIT_NORMS == NORMS
-    assert params.CERTVIT_FINETUNE_SCOPES == stage.FINETUNE_SCOPES
+def test_the_section_takes_the_library_s_choices():
     raw = params.read_yaml(params.PARAMS_FILE)["certvit"]
-    params.parse_section("certvit", raw, params.CertvitParams)
+    params.parse_section("certvit", raw, certvit_stage.Params)
+    assert params.section_class("certvit") is certvit_stage.Params
     with pytest.raises(params.ParamsError, match="1.58"):
-        params.parse_section("certvit", {**raw, "cert_eps": [0.1]}, params.CertvitParams)
+        params.parse_section("certvit", {**raw, "cert_eps": [0.1]}, certvit_stage.Params)
+    for key, bad in (("norm", "layernorm"), ("finetune_scope", "all"),
+                     ("finetune_margin", "radius"), ("radius_quantile", 1.0),
+                     ("dr_relaxation", 2.0), ("heads", 3)):
+        with pytest.raises(params.ParamsError, match=f"certvit.{key}"):
+            params.parse_section("certvit", {**raw, key: bad}, certvit_stage.Params)
 
 
 def test_pipeline_source_is_a_seeded_standard_vit():
@@ -157,7 +164,7 @@ def test_phase_fingerprint_resumes_only_the_same_start(tmp_path):
 def test_step_log_metrics_table1_and_figures():
     data = dataset()
     model = adapt(tiny_vit())
-    log = stage.StepLog()
+    log = steps.StepLog()
     log.add("pretrained", model, data["test"], 1.5, None)
     b0 = global_bound(model)
     log.add("adapt_finetuned", model, data["test"], 2.0, b0)
@@ -175,20 +182,20 @@ def test_step_log_metrics_table1_and_figures():
               "certified_acc": {0.1: 0.5, 1.58: 0.0}, "pgd_acc": {0.1: 0.75, 1.58: 0.25},
               "broken": 0, "radius": torch.tensor([0.0, 0.05, 0.2, 0.3]),
               "seconds_per_sample": 1e-3}
-    m = stage.stage_metrics(log, {"adapt_finetuned": b0, "constrained": b1}, report,
+    m = steps.stage_metrics(log, {"adapt_finetuned": b0, "constrained": b1}, report,
                             {"certify": 3.0})
     assert m["lipschitz_reduction"]["constrained"] == pytest.approx(b0.logits / b1.logits)
     assert m["lipschitz_features_reduction"]["constrained"] > 1
     assert m["total_seconds"] == pytest.approx(7.0) and m["seconds"]["certify"] == 3.0
     assert m["certified_acc"] == {"0.1": 0.5, "1.58": 0.0} and m["broken"] == 0
     with pytest.raises(ValueError, match="no bound"):
-        stage.stage_metrics(log, {"constrained": b1}, report)
+        steps.stage_metrics(log, {"constrained": b1}, report)
 
-    row, name = stage.paper_row("mnist", [0.1, 1.58])
+    row, name = steps.paper_row("mnist", [0.1, 1.58])
     assert row is CERTVIT_MNIST and name == "ViT on MNIST"
-    assert stage.paper_row("cifar10", [0.1412, 1.58])[0] is CERTVIT_CIFAR10
-    assert stage.paper_row("cifar10", [1.58])[0] is CERTVIT_MNIST  # its eps is not in the grid
-    t1 = stage.table1(row, name, 0.9, 0.25, 0.0, b1.logits, "ours")
+    assert steps.paper_row("cifar10", [0.1412, 1.58])[0] is CERTVIT_CIFAR10
+    assert steps.paper_row("cifar10", [1.58])[0] is CERTVIT_MNIST  # its eps is not in the grid
+    t1 = steps.table1(row, name, 0.9, 0.25, 0.0, b1.logits, "ours")
     assert t1.loc["clean (%)", "ours"] == pytest.approx(90.0)
     assert t1.iloc[2, 0] == CERTVIT_MNIST["certified"]
 
@@ -202,19 +209,18 @@ def test_step_log_metrics_table1_and_figures():
 
 
 def test_adaptation_norms_listed_in_the_stage_are_the_adapt_norms():
-    for norm in params.CERTVIT_NORMS:
+    for norm in NORMS:
         Adaptation(norm=norm)
 
 
 def test_modes_match_the_schema():
-    assert params.CERTVIT_MODES == stage.MODES
     with pytest.raises(ValueError, match="mode"):
         stage.adaptation("l2", "project")
     raw = params.read_yaml(params.PARAMS_FILE)["certvit"]
     with pytest.raises(params.ParamsError, match="constrain"):
-        params.parse_section("certvit", {**raw, "constrain": []}, params.CertvitParams)
+        params.parse_section("certvit", {**raw, "constrain": []}, certvit_stage.Params)
     with pytest.raises(params.ParamsError, match="constrain"):
-        params.parse_section("certvit", {**raw, "constrain": ["sparse"]}, params.CertvitParams)
+        params.parse_section("certvit", {**raw, "constrain": ["sparse"]}, certvit_stage.Params)
 
 
 @pytest.mark.parametrize("mode", stage.MODES)
@@ -255,10 +261,10 @@ def test_mode_steps_and_certified_modes_figure():
     logs = {}
     for mode in stage.MODES:
         model = adapt(tiny_vit(), stage.adaptation(mode, "project"))
-        logs[mode] = stage.StepLog()
+        logs[mode] = steps.StepLog()
         logs[mode].add("pretrained", model, data["test"], 1.0, None)
         logs[mode].add("adapted", model, data["test"], 1.0, global_bound(model))
-    table = stage.mode_steps(logs)
+    table = steps.mode_steps(logs)
     assert list(table.index) == ["pretrained", "adapted"]
     b = global_bound(model)
     assert table.loc["adapted", ("spectral", "bound (pairwise)")] == pytest.approx(b.pairwise)
@@ -269,3 +275,63 @@ def test_mode_steps_and_certified_modes_figure():
                                      "spectral": {0.1: 0.9, 1.58: 0.3}})
     assert isinstance(fig, Figure)
     matplotlib.pyplot.close(fig)
+
+
+def test_the_stage_runs_every_mode_and_writes_its_files(tmp_path):
+    """The stage end to end on a tiny dataset: every phase checkpointed in its own folder,
+    dr/lipschitz/samples csv and the metrics file written, no broken certificate, the
+    ImageNet path skipped with the data stage's reason, and the headline rows read back."""
+    import dataclasses
+    import json
+
+    processed = tmp_path / "processed"
+    processed.mkdir()
+    torch.save(dataset(n=48, classes=3), processed / "mnist.pt")
+    torch.save({"skipped": "no route"}, processed / "imagenet_sample.pt")
+    raw = params.read_yaml(params.PARAMS_FILE)
+    base = params.parse_section("base", {**raw["base"], "device": "cpu"}, params.BaseParams)
+    p = dataclasses.replace(
+        params.parse_section("certvit", raw["certvit"], certvit_stage.Params),
+        source=stage.PIPELINE, dataset="mnist", processed_dir=str(processed), patch=4, dim=16,
+        depth=1, heads=2, mlp_hidden=16, pretrain_epochs=1, batch_size=16, warmup_steps=2,
+        adapt_epochs=1, dr_iterations=1, dr_projection_steps=2, dr_max_pairs=64,
+        dr_batch_size=32, dr_images=16, finetune_epochs=1, spectral_epochs=1, n_test=8,
+        eval_batch_size=64, cert_eps=[0.1, 1.58], attack_steps=2, attack_restarts=1,
+        work_dir=str(tmp_path / "work"), metrics=str(tmp_path / "metrics.json"))
+    res = certvit_stage.run(p, base, torch.device("cpu"))
+    work = tmp_path / "work"
+    assert sorted(d.name for d in (work / "ckpt").iterdir()) == [
+        "adapt", "finetune", "linear", "pretrain", "spectral_adapt", "spectral_finetune"]
+    for name in ("dr.csv", "lipschitz.csv", "samples.csv"):
+        assert (work / name).is_file()
+    assert len(pd.read_csv(work / "samples.csv")) == 2 * 8
+    m = json.loads((tmp_path / "metrics.json").read_text())
+    assert m["headline_mode"] == res.headline == "spectral" and set(m["modes"]) == set(res.modes)
+    assert m["broken"] == 0 and m["linear_baseline"]["broken"] == 0
+    assert m["imagenet_smoke"] == "skipped: no route"
+    assert m["lipschitz_pairwise"]["final"] == pytest.approx(
+        res.bounds["spectral"]["final"].pairwise)
+    assert list(res.logs["paper"].frame()["step"]) == [
+        "pretrained", "adapted", "adapt_finetuned", "constrained", "finetuned"]
+    assert res.paper_table("mnist", "pipeline", p.cert_eps).shape == (4, 3)
+    rows = {r["key"]: r for r in certvit_stage.headline_rows(m, {})}
+    assert rows["certified_acc/1.58"]["paper"] == CERTVIT_MNIST["certified"] / 100
+
+
+def test_the_imagenet_route_certifies_a_tiny_hf_vit_in_every_mode(tmp_path):
+    from attncert.certvit import smoke
+    from attncert.certvit.spectral import Budgets
+
+    g = torch.Generator().manual_seed(0)
+    sample = {"test": {"x": torch.randint(0, 256, (2, 3, 224, 224), generator=g,
+                                          dtype=torch.uint8), "y": torch.tensor([1, 2])}}
+    budgets = Budgets(embed=0.9, q=0.4, v=0.5, o=0.8, fc1=0.9, fc2=0.7, gain=1.0)
+    dr = DRConfig(threshold=0.5, eta=0.2, iterations=3, projection_steps=2, max_pairs=64,
+                  batch_size=32)
+    out, what = smoke.route(sample, tmp_path / "hf", stage.MODES, "project", 0.1, dr, budgets,
+                            [0.1], 2, 1, 8, 0, "cpu")
+    assert set(out) == set(stage.MODES) and str(tmp_path / "hf") in what
+    for m in stage.MODES:
+        assert out[m]["images"] == 2 and out[m]["broken"] == 0
+        assert set(out[m]["certified_acc"]) == {"0.1"}
+        assert out[m]["lipschitz_constrained"] > 0

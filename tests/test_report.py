@@ -587,7 +587,7 @@ def test_certvit_rows_headline_pairwise_bound_and_the_paper_mode_beside():
          "modes": {"paper": {"test_clean_acc": 0.7, "certified_acc": {"1.58": 0.0},
                              "lipschitz_pairwise": {"final": 1e6}},
                    "spectral": {"test_clean_acc": 0.8}}}
-    rows = {r["key"]: r for r in report._certvit_rows(m, {})}
+    rows = {r["key"]: r for r in report.headline_rows("certvit", m)}
     assert rows["lipschitz_pairwise/final"]["ours"] == 2.5  # the certificate's constant
     assert rows["lipschitz_pairwise/final"]["paper"] == 1.2
     assert rows["modes/paper/certified_acc/1.58"]["brief"]
@@ -596,11 +596,11 @@ def test_certvit_rows_headline_pairwise_bound_and_the_paper_mode_beside():
     assert not any(k.startswith("linear_baseline") for k in rows)
     m["linear_baseline"] = {"clean_acc": 0.9, "certified_acc": {"0.5": 0.76, "1.58": 0.13},
                             "broken": 0}
-    rows = {r["key"]: r for r in report._certvit_rows(m, {})}
+    rows = {r["key"]: r for r in report.headline_rows("certvit", m)}
     assert rows["linear_baseline/certified_acc/1.58"]["ours"] == 0.13
     assert rows["linear_baseline/certified_acc/1.58"]["brief"]
     assert not rows["linear_baseline/certified_acc/0.5"]["brief"]
     assert rows["linear_baseline/clean_acc"]["brief"]
     del m["lipschitz_pairwise"]  # metrics written before the pairwise constant existed
-    rows = {r["key"]: r for r in report._certvit_rows(m, {})}
+    rows = {r["key"]: r for r in report.headline_rows("certvit", m)}
     assert rows["lipschitz/final"]["ours"] == 5.0

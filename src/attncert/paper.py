@@ -56,3 +56,9 @@ LOFAST_TABLE2 = {
 }
 #: The eps of LoFAST Tables 1 (all three) and 2 (the first two).
 LOFAST_TABLE_EPS = (0.02, 0.05, 0.1)
+
+
+def certvit_table1(dataset: str | None) -> tuple[dict, str] | None:
+    """CertViT's Table 1 row for ``dataset`` (MNIST or CIFAR-10) and its name, else None."""
+    return {"mnist": (CERTVIT_MNIST, "CertViT Table 1 (MNIST)"),
+            "cifar10": (CERTVIT_CIFAR10, "CertViT Table 1 (CIFAR-10)")}.get(dataset or "")

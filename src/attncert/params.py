@@ -223,97 +223,11 @@ class CertifyVitParams:
     results_dir: str = param()
 
 
-#: CertViT's LayerNorm replacements (names of ``attncert.certvit.NORMS``) and fine-tune losses.
-CERTVIT_NORMS = ("project", "center", "identity")
-CERTVIT_MARGINS = ("none", "lmt")
-CERTVIT_FINETUNE_SCOPES = ("masked", "bound_free")
-#: CertViT's constraining modes (``attncert.certvit.stage.MODES``): the paper's l1
-#: Douglas-Rachford, and spectral-norm balls per map (the certifiable mode).
-CERTVIT_MODES = ("paper", "spectral")
-#: CertViT's MNIST eps (Table 1): the report compares certified accuracy at it.
-CERTVIT_EPS = 1.58
 
 
 def unit_interval(key: str, v: float) -> None:
     if not 0 <= v < 1:
         _fail(key, f"must be in [0, 1), got {v!r}")
-
-
-@dataclass(frozen=True)
-class CertvitParams:
-    """CertViT: a pre-trained standard ViT, adapted (L2 attention, Lipschitz norms),
-    constrained by Douglas-Rachford splitting, fine-tuned with the sparsity mask, certified."""
-
-    source: str = param(doc="'pipeline' (train a standard ViT here), an HF hub id, an HF "
-                            "folder or a save_vit checkpoint file")
-    dataset: str = param(one_of(*IMAGE_DATASETS))
-    processed_dir: str = param(doc="the data stage's processed_dir")
-    patch: int = param(positive, doc="the pipeline's standard ViT (source 'pipeline' only)")
-    dim: int = param(positive)
-    depth: int = param(positive)
-    heads: int = param(positive)
-    mlp_hidden: int = param(positive)
-    pretrain_epochs: int = param(nonneg, doc="pipeline: training from scratch; loaded: "
-                                             "fine-tuning on the dataset (0 = as loaded)")
-    batch_size: int = param(positive)
-    lr: float = param(positive, doc="pre-training and adaptation fine-tune")
-    weight_decay: float = param(nonneg)
-    warmup_steps: int = param(nonneg)
-    norm: str = param(one_of(*CERTVIT_NORMS), doc="LayerNorm replacement")
-    radius_quantile: float = param(unit_interval, doc="ProjectNorm radius: this quantile of "
-                                                      "the pre-trained token norms")
-    adapt_epochs: int = param(nonneg)
-    dr_threshold: float = param(positive, doc="soft threshold / RMS of the layer's weights")
-    dr_eta: float = param(positive, doc="output tolerance / RMS of the layer's outputs")
-    dr_relaxation: float = param(positive)
-    dr_iterations: int = param(positive)
-    dr_projection_steps: int = param(positive)
-    dr_batch_size: int = param(positive, doc="recorded pairs per constraint set")
-    dr_max_pairs: int = param(positive, doc="recorded pairs per layer")
-    dr_images: int = param(positive, doc="training images whose tokens are recorded")
-    finetune_epochs: int = param(nonneg, doc="the fine-tune after constraining")
-    finetune_scope: str = param(one_of(*CERTVIT_FINETUNE_SCOPES),
-                                doc="masked: every weight, pruned ones kept at zero; "
-                                    "bound_free: only what the bound does not depend on")
-    finetune_lr: float = param(positive)
-    finetune_margin: str = param(one_of(*CERTVIT_MARGINS))
-    lmt_offset: float = param(nonneg)
-    constrain: list[str] = param(one_of(*CERTVIT_MODES), unique,
-                                 doc="modes run side by side: paper (l1 Douglas-Rachford, "
-                                     "the steps above) | spectral (spectral-norm balls)")
-    budget_embed: float = param(positive, doc="spectral: ||E|| / min(std) of the patch "
-                                              "embedding with the input normalisation")
-    budget_q: float = param(positive, doc="spectral: ||W^Q|| of every head")
-    budget_v: float = param(positive, doc="spectral: ||W^V|| of every head")
-    budget_o: float = param(positive, doc="spectral: ||W^O||")
-    budget_fc1: float = param(positive, doc="spectral: ||W_1|| of every MLP")
-    budget_fc2: float = param(positive, doc="spectral: ||W_2|| of every MLP")
-    budget_gain: float = param(positive, doc="spectral: max|gamma| of every norm")
-    spectral_epochs: int = param(nonneg, doc="spectral: projected fine-tune after constraining")
-    spectral_lr: float = param(positive)
-    margin_eps: float = param(nonneg, doc="spectral: the radius loss's eps (offset L eps, "
-                                          "L the sets' bound)")
-    logit_scale: float = param(positive, doc="spectral: CE temperature (loss only)")
-    n_test: int = param(positive)
-    eval_batch_size: int = param(positive)
-    cert_eps: list[float] = param(positive, unique)
-    attack_steps: int = param(positive)
-    attack_restarts: int = param(positive)
-    imagenet_smoke: bool = param(doc="a tiny HF ViT through the same loader on the ImageNet "
-                                     "sample")
-    work_dir: str = param()
-    metrics: str = param()
-
-    def __post_init__(self) -> None:
-        if self.dim % self.heads:
-            _fail("certvit.heads", f"dim = {self.dim} is not divisible by heads = {self.heads}")
-        if not 0 < self.dr_relaxation < 2:
-            _fail("certvit.dr_relaxation", f"must be in (0, 2), got {self.dr_relaxation!r}")
-        if not self.constrain:
-            _fail("certvit.constrain", "needs at least one mode (paper, spectral)")
-        if CERTVIT_EPS not in self.cert_eps:
-            _fail("certvit.cert_eps", f"must include {CERTVIT_EPS} (CertViT's MNIST eps, "
-                                      "compared in the report)")
 
 
 @dataclass(frozen=True)
@@ -416,7 +330,7 @@ SECTIONS: dict[str, type | str] = {
     "train_vit": TrainVitParams,
     "certify_vit": CertifyVitParams,
     "specformer": "attncert.stages.specformer:Params",
-    "certvit": CertvitParams,
+    "certvit": "attncert.stages.certvit:Params",
     "crown": "attncert.stages.crown:Params",
     "text": TextParams,
     "figures": FiguresParams,

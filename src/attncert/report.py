@@ -33,6 +33,7 @@ from typing import Any
 
 from attncert import paper
 from attncert.headline import UNITS, eps_match, row
+from attncert.stages import certvit as certvit_stage
 from attncert.stages import crown as crown_stage
 from attncert.stages import data as data_stage
 from attncert.stages import specformer as specformer_stage
@@ -250,58 +251,6 @@ def _certify_vit_rows(m: Mapping, item: Mapping) -> list[dict]:
     return rows
 
 
-def _certvit_rows(m: Mapping, item: Mapping) -> list[dict]:
-    reference = _certvit_reference(m.get("dataset"))
-    ref, src = reference if reference else ({}, None)
-
-    def paper_value(key: str, scale: float = 1.0) -> float | None:
-        return ref[key] / scale if key in ref else None
-
-    rows = [row("test_clean_acc", "clean accuracy (certified model)", m.get("test_clean_acc"),
-                 "fraction", paper_value("clean", 100), src, brief=True)]
-    for what, label, key in (("pgd_acc", "L2 PGD accuracy", "pgd"),
-                             ("certified_acc", "certified accuracy", "certified")):
-        for eps, acc in m.get(what, {}).items():
-            at_paper_eps = _at_certvit_eps(m.get("dataset"), eps) is not None
-            rows.append(row(f"{what}/{eps}", f"{label} at eps {eps}", acc, "fraction",
-                             paper_value(key, 100) if at_paper_eps else None, src,
-                             brief=at_paper_eps))
-    # the certificate's constant (features x pairwise head rows) when recorded, else pixels ->
-    # logits (metrics written before the pairwise constant existed)
-    key = "lipschitz_pairwise" if "lipschitz_pairwise" in m else "lipschitz"
-    final = m.get(key, {}).get("final")
-    if final is not None:
-        rows.append(row(f"{key}/final", "Lipschitz bound of the final model", final, "value",
-                         paper_value("lipschitz"), src, brief=True))
-    for mode, mm in m.get("modes", {}).items():
-        if mode == m.get("headline_mode"):
-            continue
-        rows.append(row(f"modes/{mode}/test_clean_acc", f"{mode} mode: clean accuracy",
-                         mm.get("test_clean_acc"), "fraction", brief=True))
-        for eps, acc in mm.get("certified_acc", {}).items():
-            rows.append(row(f"modes/{mode}/certified_acc/{eps}",
-                             f"{mode} mode: certified accuracy at eps {eps}", acc, "fraction",
-                             brief=_at_certvit_eps(m.get("dataset"), eps) is not None))
-        bound = mm.get("lipschitz_pairwise", {}).get("final")
-        if bound is not None:
-            rows.append(row(f"modes/{mode}/lipschitz_pairwise/final",
-                             f"{mode} mode: Lipschitz bound of the final model", bound, "value",
-                             brief=True))
-    base = m.get("linear_baseline")
-    if base:  # the trivial baseline beside the ViTs: a linear classifier on pixels
-        rows.append(row("linear_baseline/clean_acc", "linear baseline (pixels): clean accuracy",
-                         base.get("clean_acc"), "fraction", brief=True))
-        for eps, acc in base.get("certified_acc", {}).items():
-            rows.append(row(f"linear_baseline/certified_acc/{eps}",
-                             f"linear baseline (pixels): certified accuracy at eps {eps}", acc,
-                             "fraction", brief=_at_certvit_eps(m.get("dataset"), eps) is not None))
-        rows.append(row("linear_baseline/broken", "linear baseline (pixels): broken "
-                         "certificates", base.get("broken"), "count"))
-    units = {"broken": "count", "n_test": "count", "median_radius": "value",
-             "total_seconds": "seconds"}
-    for key, unit in units.items():
-        if isinstance(m.get(key), int | float):
-            rows.append(row(key, key.replace("_", " "), m[key], unit))
     return rows
 
 
@@ -399,7 +348,7 @@ READERS: dict[str, Callable[[Mapping, Mapping], list[dict]]] = {
     "train_vit": _train_vit_rows,
     "certify_vit": _certify_vit_rows,
     "specformer": specformer_stage.headline_rows,
-    "certvit": _certvit_rows,
+    "certvit": certvit_stage.headline_rows,
     "text": _text_rows,
     "crown": crown_stage.headline_rows,
 }

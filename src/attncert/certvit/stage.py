@@ -1,4 +1,4 @@
-"""The steps of the CertViT pipeline stage (``notebooks/07_certvit.py``), out of the notebook.
+"""CertViT's methods that the stage (:mod:`attncert.stages.certvit`) plans with.
 
 * :func:`source_model`: the pre-trained standard ViT named by the ``source`` param: one the
   pipeline trains itself (:data:`PIPELINE`, CertViT's Table 1 setting) or anything
@@ -14,12 +14,10 @@
   Douglas-Rachford, then the fine-tune of :func:`finetune_scope`) and ``spectral`` (a
   spectral-norm ball per map, :mod:`attncert.certvit.spectral`, then a projected fine-tune
   with a Lipschitz-margin loss): :func:`adaptation`, :func:`calibration_slots`,
-  :func:`constrain_mode`,
-  :func:`finetune_context`, :func:`margin_offset`;
-* :class:`StepLog`: accuracy, Lipschitz bound and seconds through the steps (pretrained,
-  adapted, adapt-finetuned, constrained, masked-finetuned);
-* :func:`paper_row`, :func:`table1` and :func:`stage_metrics`: CertViT's Table 1 row beside
-  ours, and the stage's metrics file.
+  :func:`constrain_mode`, :func:`finetune_context`, :func:`margin_offset`.
+
+The record of the steps (accuracy, bound and seconds per step, CertViT's Table 1 beside ours)
+is :mod:`attncert.certvit.steps`.
 """
 
 from __future__ import annotations
@@ -29,16 +27,14 @@ import copy
 import dataclasses
 import hashlib
 from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 from torch import Tensor, nn
 from torch.nn import functional as F
 
-from attncert import paper, runs
+from attncert import runs
 from attncert.certvit.adapt import Adaptation, ProjectNorm
-from attncert.certvit.certificate import GlobalBound
 from attncert.certvit.douglas_rachford import DRConfig, DRResult, constrain, freeze_zeros
 from attncert.certvit.load import load_model
 from attncert.certvit.spectral import (
@@ -51,13 +47,12 @@ from attncert.certvit.spectral import (
 )
 from attncert.layers import CenterNorm, Normalize
 from attncert.models.vit import ViT, ViTConfig, build_vit
-from attncert.train import TrainConfig, evaluate
+from attncert.train import TrainConfig
 
 __all__ = [
     "FINETUNE_SCOPES",
     "MODES",
     "PIPELINE",
-    "StepLog",
     "UpsampleNormalize",
     "adaptation",
     "bound_parameters",
@@ -65,17 +60,13 @@ __all__ = [
     "constrain_mode",
     "finetune_context",
     "margin_offset",
-    "mode_steps",
     "finetune_scope",
     "fit_to_dataset",
     "frozen",
-    "paper_row",
     "phase_fingerprint",
     "pretrain_config",
     "source_model",
-    "stage_metrics",
     "state_sha",
-    "table1",
 ]
 
 #: The ``source`` value for a standard ViT trained by the stage itself.
@@ -312,108 +303,3 @@ def margin_offset(model: ViT, budgets: Budgets, eps: float) -> float:
     bound every model in the sets satisfies (:func:`attncert.certvit.spectral.budget_bound`):
     a gap above it certifies eps."""
     return budget_bound(model, budgets) * eps
-
-
-def mode_steps(logs: Mapping[str, StepLog]):
-    """pandas DataFrame: one row per step, for each mode its clean accuracy (%), the
-    certificate's constant (features x pairwise head rows) and the features' bound."""
-    import pandas as pd
-
-    frames = []
-    for mode, log in logs.items():
-        f = log.frame().set_index("step")
-        frames.append(pd.DataFrame({
-            (mode, "clean (%)"): 100 * f["clean_acc"],
-            (mode, "bound (pairwise)"): f["lipschitz_pairwise"],
-            (mode, "bound (features)"): f["lipschitz_features"]}))
-    return pd.concat(frames, axis=1)
-
-
-@dataclass
-class StepLog:
-    """Clean accuracy, Lipschitz bound (pixels -> logits, pixels -> features, and the
-    certificate's pairwise constant) and seconds of each step of the stage, in order."""
-
-    rows: list[dict] = field(default_factory=list)
-
-    def add(self, step: str, model: nn.Module, test: Any, seconds: float,
-            bound: GlobalBound | None = None, device: str | torch.device = "cpu",
-            batch_size: int = 500, note: str = "") -> dict:
-        """Evaluate ``model`` on ``test`` and record the step; returns its row."""
-        if step in {r["step"] for r in self.rows}:
-            raise ValueError(f"step {step!r} recorded twice")
-        row = {"step": step, "clean_acc": evaluate(model, test, device, batch_size)["acc"],
-               "lipschitz": bound.logits if bound else None,
-               "lipschitz_features": bound.features if bound else None,
-               "lipschitz_pairwise": bound.pairwise if bound else None,
-               "seconds": float(seconds), "note": note}
-        self.rows.append(row)
-        return row
-
-    def frame(self):
-        """pandas DataFrame, one row per step."""
-        import pandas as pd
-
-        return pd.DataFrame(self.rows,
-                            columns=["step", "clean_acc", "lipschitz", "lipschitz_features",
-                                     "lipschitz_pairwise", "seconds", "note"])
-
-    def column(self, key: str) -> dict[str, Any]:
-        return {r["step"]: r[key] for r in self.rows}
-
-
-def paper_row(dataset: str, eps_grid: Sequence[float]) -> tuple[Mapping[str, float], str]:
-    """CertViT's Table 1 row to show beside a run, and its name: the CIFAR-10 row for CIFAR-10
-    when its eps (36/255) is in ``eps_grid``, else the MNIST row (eps 1.58)."""
-    if dataset == "cifar10" and paper.CERTVIT_CIFAR10["eps"] in eps_grid:
-        return paper.CERTVIT_CIFAR10, "ViT on CIFAR-10"
-    return paper.CERTVIT_MNIST, "ViT on MNIST"
-
-
-def table1(row: Mapping[str, float], name: str, clean: float, pgd: float, certified: float,
-           lipschitz: float, label: str):
-    """CertViT's Table 1 ``row`` (:func:`paper_row`) beside ours at its eps.
-
-    Accuracies are fractions here and percentages in the table; pandas DataFrame, one column
-    per model.
-    """
-    import pandas as pd
-
-    rows = ["clean (%)", "PGD (%)", f"certified at eps {row['eps']} (%)", "Lipschitz bound"]
-    return pd.DataFrame({
-        f"CertViT (Table 1, {name})": [row["clean"], row["pgd"], row["certified"],
-                                       row["lipschitz"]],
-        label: [100 * clean, 100 * pgd, 100 * certified, lipschitz],
-    }, index=rows)
-
-
-def stage_metrics(log: StepLog, bounds: Mapping[str, GlobalBound], report: Mapping[str, Any],
-                  seconds: Mapping[str, float] | None = None,
-                  reference: str = "adapt_finetuned") -> dict[str, Any]:
-    """The stage's metrics: accuracy and seconds per step (plus the other timed parts in
-    ``seconds``), the Lipschitz bounds and their reductions relative to ``reference`` (the
-    model Douglas-Rachford starts from: reference bound / bound), and the certificate
-    ``report`` of :func:`attncert.certvit.certify` (with its PGD audit)."""
-    if reference not in bounds:
-        raise ValueError(f"no bound labelled {reference!r}; have {sorted(bounds)}")
-    ref = bounds[reference]
-    timings = {**log.column("seconds"), **(seconds or {})}
-    return {
-        "clean_acc": log.column("clean_acc"),
-        "seconds": timings,
-        "total_seconds": sum(timings.values()),
-        "lipschitz": {k: b.logits for k, b in bounds.items()},
-        "lipschitz_features": {k: b.features for k, b in bounds.items()},
-        "lipschitz_pairwise": {k: b.pairwise for k, b in bounds.items()},
-        "lipschitz_reduction": {k: ref.logits / b.logits for k, b in bounds.items()
-                                if k != reference},
-        "lipschitz_features_reduction": {k: ref.features / b.features
-                                         for k, b in bounds.items() if k != reference},
-        "n_test": len(report["correct"]),
-        "test_clean_acc": report["clean_acc"],
-        "certified_acc": {str(e): a for e, a in report["certified_acc"].items()},
-        "pgd_acc": {str(e): a for e, a in report["pgd_acc"].items()},
-        "broken": int(report["broken"]),
-        "median_radius": float(report["radius"].median()),
-        "seconds_per_sample": report["seconds_per_sample"],
-    }

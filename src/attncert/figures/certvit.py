@@ -47,7 +47,7 @@ def plot_lipschitz_components(table: pd.DataFrame) -> Figure:
 def plot_steps(steps: pd.DataFrame, reference: float | None = None) -> Figure:
     """Clean accuracy and the global Lipschitz bounds through the steps.
 
-    ``steps``: :meth:`attncert.certvit.stage.StepLog.frame`. Right: the bound of pixels ->
+    ``steps``: :meth:`attncert.certvit.steps.StepLog.frame`. Right: the bound of pixels ->
     logits and of pixels -> features (the certificate's constant); a step without a bound
     (the pre-trained model: LayerNorm and dot-product attention have none) has no bars.
     ``reference``: a paper's Lipschitz constant, drawn as a dashed line.

@@ -1,0 +1,197 @@
+"""The record of the CertViT stage's steps (:mod:`attncert.stages.certvit`).
+
+* :class:`StepLog`: accuracy, Lipschitz bound and seconds through the steps (pretrained,
+  adapted, adapt-finetuned, constrained, finetuned), one log per constraining mode;
+  :func:`mode_steps` puts the modes side by side;
+* :func:`paper_row` and :func:`table1`: CertViT's Table 1 row beside ours;
+* :func:`stage_metrics`: one mode's part of the stage's metrics file (:func:`baseline_metrics`:
+  the linear baseline's); :func:`samples_frame`:
+  the certificate of every point;
+* :class:`Result`: everything the stage's report shows, filled step by step.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import pandas as pd
+import torch
+from torch import nn
+
+from attncert import paper
+from attncert.certvit.certificate import GlobalBound
+from attncert.train import evaluate
+
+__all__ = ["Result", "StepLog", "baseline_metrics", "mode_steps", "paper_row", "samples_frame",
+           "stage_metrics", "table1"]
+
+
+def mode_steps(logs: Mapping[str, StepLog]):
+    """pandas DataFrame: one row per step, for each mode its clean accuracy (%), the
+    certificate's constant (features x pairwise head rows) and the features' bound."""
+    frames = []
+    for mode, log in logs.items():
+        f = log.frame().set_index("step")
+        frames.append(pd.DataFrame({
+            (mode, "clean (%)"): 100 * f["clean_acc"],
+            (mode, "bound (pairwise)"): f["lipschitz_pairwise"],
+            (mode, "bound (features)"): f["lipschitz_features"]}))
+    return pd.concat(frames, axis=1)
+
+
+@dataclass
+class StepLog:
+    """Clean accuracy, Lipschitz bound (pixels -> logits, pixels -> features, and the
+    certificate's pairwise constant) and seconds of each step of the stage, in order."""
+
+    rows: list[dict] = field(default_factory=list)
+
+    def add(self, step: str, model: nn.Module, test: Any, seconds: float,
+            bound: GlobalBound | None = None, device: str | torch.device = "cpu",
+            batch_size: int = 500, note: str = "") -> dict:
+        """Evaluate ``model`` on ``test`` and record the step; returns its row."""
+        if step in {r["step"] for r in self.rows}:
+            raise ValueError(f"step {step!r} recorded twice")
+        row = {"step": step, "clean_acc": evaluate(model, test, device, batch_size)["acc"],
+               "lipschitz": bound.logits if bound else None,
+               "lipschitz_features": bound.features if bound else None,
+               "lipschitz_pairwise": bound.pairwise if bound else None,
+               "seconds": float(seconds), "note": note}
+        self.rows.append(row)
+        return row
+
+    def frame(self):
+        """pandas DataFrame, one row per step."""
+        return pd.DataFrame(self.rows,
+                            columns=["step", "clean_acc", "lipschitz", "lipschitz_features",
+                                     "lipschitz_pairwise", "seconds", "note"])
+
+    def column(self, key: str) -> dict[str, Any]:
+        return {r["step"]: r[key] for r in self.rows}
+
+
+def paper_row(dataset: str, eps_grid: Sequence[float]) -> tuple[Mapping[str, float], str]:
+    """CertViT's Table 1 row to show beside a run, and its name: the CIFAR-10 row for CIFAR-10
+    when its eps (36/255) is in ``eps_grid``, else the MNIST row (eps 1.58)."""
+    if dataset == "cifar10" and paper.CERTVIT_CIFAR10["eps"] in eps_grid:
+        return paper.CERTVIT_CIFAR10, "ViT on CIFAR-10"
+    return paper.CERTVIT_MNIST, "ViT on MNIST"
+
+
+def table1(row: Mapping[str, float], name: str, clean: float, pgd: float, certified: float,
+           lipschitz: float, label: str):
+    """CertViT's Table 1 ``row`` (:func:`paper_row`) beside ours at its eps.
+
+    Accuracies are fractions here and percentages in the table; pandas DataFrame, one column
+    per model.
+    """
+    rows = ["clean (%)", "PGD (%)", f"certified at eps {row['eps']} (%)", "Lipschitz bound"]
+    return pd.DataFrame({
+        f"CertViT (Table 1, {name})": [row["clean"], row["pgd"], row["certified"],
+                                       row["lipschitz"]],
+        label: [100 * clean, 100 * pgd, 100 * certified, lipschitz],
+    }, index=rows)
+
+
+def stage_metrics(log: StepLog, bounds: Mapping[str, GlobalBound], report: Mapping[str, Any],
+                  seconds: Mapping[str, float] | None = None,
+                  reference: str = "adapt_finetuned") -> dict[str, Any]:
+    """The stage's metrics: accuracy and seconds per step (plus the other timed parts in
+    ``seconds``), the Lipschitz bounds and their reductions relative to ``reference`` (the
+    model Douglas-Rachford starts from: reference bound / bound), and the certificate
+    ``report`` of :func:`attncert.certvit.certify` (with its PGD audit)."""
+    if reference not in bounds:
+        raise ValueError(f"no bound labelled {reference!r}; have {sorted(bounds)}")
+    ref = bounds[reference]
+    timings = {**log.column("seconds"), **(seconds or {})}
+    return {
+        "clean_acc": log.column("clean_acc"),
+        "seconds": timings,
+        "total_seconds": sum(timings.values()),
+        "lipschitz": {k: b.logits for k, b in bounds.items()},
+        "lipschitz_features": {k: b.features for k, b in bounds.items()},
+        "lipschitz_pairwise": {k: b.pairwise for k, b in bounds.items()},
+        "lipschitz_reduction": {k: ref.logits / b.logits for k, b in bounds.items()
+                                if k != reference},
+        "lipschitz_features_reduction": {k: ref.features / b.features
+                                         for k, b in bounds.items() if k != reference},
+        "n_test": len(report["correct"]),
+        "test_clean_acc": report["clean_acc"],
+        "certified_acc": {str(e): a for e, a in report["certified_acc"].items()},
+        "pgd_acc": {str(e): a for e, a in report["pgd_acc"].items()},
+        "broken": int(report["broken"]),
+        "median_radius": float(report["radius"].median()),
+        "seconds_per_sample": report["seconds_per_sample"],
+    }
+
+
+def baseline_metrics(report: Mapping[str, Any], train_seconds: float) -> dict[str, Any]:
+    """The linear baseline's part of the metrics file (:func:`attncert.certvit.certify_linear`'s
+    report and its training seconds)."""
+    return {"clean_acc": report["clean_acc"],
+            "certified_acc": {str(e): a for e, a in report["certified_acc"].items()},
+            "pgd_acc": {str(e): a for e, a in report["pgd_acc"].items()},
+            "broken": int(report["broken"]), "train_seconds": train_seconds}
+
+
+def samples_frame(reports: Mapping[str, Mapping[str, Any]], y: torch.Tensor) -> pd.DataFrame:
+    """One row per mode and certified point (the first ``len(y)`` test images): label,
+    prediction, correct, certified radius (:func:`attncert.certvit.certify`'s reports)."""
+    return pd.concat([pd.DataFrame({"mode": m, "index": range(len(y)),
+                                    "label": y.cpu().numpy(),
+                                    "prediction": rep["prediction"].numpy(),
+                                    "correct": rep["correct"].numpy(),
+                                    "radius": rep["radius"].numpy()})
+                      for m, rep in reports.items()], ignore_index=True)
+
+
+@dataclass
+class Result:
+    """What the notebook shows: the models' steps, bounds, certificates and metrics."""
+
+    device: torch.device
+    data: dict  # the processed dataset
+    origin: str  # where the pre-trained model comes from
+    pretrained: torch.nn.Module
+    modes: list[str]
+    logs: dict[str, StepLog]
+    bounds: dict[str, dict]  # mode -> step -> GlobalBound
+    diagnostics: pd.DataFrame | None = None  # Douglas-Rachford, one row per map and mode
+    lipschitz: pd.DataFrame | None = None  # the bound per component, mode and step
+    reports: dict[str, dict] | None = None  # mode -> attncert.certvit.certify's report
+    baseline: dict | None = None  # the linear baseline's certify_linear report
+    baseline_status: str = ""
+    imagenet: dict | str = ""  # mode -> the smoke path's numbers, or why it was skipped
+    imagenet_model: str = ""
+    metrics: dict | None = None
+
+    @property
+    def headline(self) -> str:
+        """The mode the headline numbers come from: the certifiable one when it runs."""
+        return self.modes[-1]
+
+    @property
+    def test(self) -> dict:
+        return {"x": self.data["test"]["x"], "y": self.data["test"]["y"]}
+
+    def with_baseline(self) -> dict[str, dict]:
+        """Every mode's certificate report and the linear baseline's."""
+        return {**self.reports, "linear baseline (pixels)": self.baseline}
+
+    def paper_table(self, dataset: str, source: str, eps_grid: Sequence[float]) -> pd.DataFrame:
+        """CertViT's Table 1 row (:func:`paper_row`) beside every mode's final model."""
+        ref, name = paper_row(dataset, eps_grid)
+        e = ref["eps"]
+        t = pd.concat([table1(ref, name, self.reports[m]["clean_acc"],
+                              self.reports[m]["pgd_acc"][e], self.reports[m]["certified_acc"][e],
+                              self.bounds[m]["final"].pairwise,
+                              f"ours, {m} ({dataset}, {source}, pixel-space eps)")
+                       for m in self.modes], axis=1)
+        return t.loc[:, ~t.columns.duplicated()]
+
+    def pairwise(self) -> pd.DataFrame:
+        """The certificate's constant (features x max ||w_j - w_k||) per step and mode."""
+        return pd.DataFrame({m: {k: b.pairwise for k, b in self.bounds[m].items()}
+                             for m in self.modes})

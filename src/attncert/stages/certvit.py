@@ -1,0 +1,404 @@
+"""The CertViT stage: a pre-trained standard ViT adapted, constrained by Douglas-Rachford
+splitting, fine-tuned and certified in every constraining mode side by side, beside a linear
+classifier on pixels. Every training phase is a resumable checkpoint folder under
+``work_dir/ckpt``; a broken certificate fails the stage. The methods (adaptation, the
+constraining modes and their budgets, the certificate) live in :mod:`attncert.certvit`.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+import torch
+
+from attncert import soundness
+from attncert.certvit import smoke
+from attncert.certvit import stage as cv
+from attncert.certvit.adapt import NORMS, adapt, calibrate_radii
+from attncert.certvit.baseline import PixelLinear, certify_linear
+from attncert.certvit.certificate import certify, global_bound, lipschitz_table
+from attncert.certvit.douglas_rachford import DRConfig
+from attncert.certvit.spectral import Budgets
+from attncert.certvit.steps import Result, StepLog, baseline_metrics, samples_frame, stage_metrics
+from attncert.data import as_float, load_processed, sample_skipped
+from attncert.headline import eps_match, row
+from attncert.io import atomic_path, write_json
+from attncert.paper import CERTVIT_MNIST, certvit_table1
+from attncert.params import (
+    IMAGE_DATASETS,
+    BaseParams,
+    ParamsError,
+    nonneg,
+    one_of,
+    param,
+    positive,
+    unique,
+    unit_interval,
+)
+from attncert.train import TrainConfig, train_resumable
+
+#: The fine-tune losses after constraining (``paper`` mode; ``spectral`` trains with the
+#: certificate's own margin, :mod:`attncert.train`'s "radius").
+MARGINS = ("none", "lmt")
+#: CertViT's MNIST eps (Table 1): the report compares certified accuracy at it.
+PAPER_EPS = CERTVIT_MNIST["eps"]
+
+
+@dataclass(frozen=True)
+class Params:
+    """params.yaml ``certvit``: a pre-trained standard ViT, adapted (L2 attention, Lipschitz
+    norms), constrained by Douglas-Rachford splitting, fine-tuned, certified."""
+
+    source: str = param(doc="'pipeline' (train a standard ViT here), an HF hub id, an HF "
+                            "folder or a save_vit checkpoint file")
+    dataset: str = param(one_of(*IMAGE_DATASETS))
+    processed_dir: str = param(doc="the data stage's processed_dir")
+    patch: int = param(positive, doc="the pipeline's standard ViT (source 'pipeline' only)")
+    dim: int = param(positive)
+    depth: int = param(positive)
+    heads: int = param(positive)
+    mlp_hidden: int = param(positive)
+    pretrain_epochs: int = param(nonneg, doc="pipeline: training from scratch; loaded: "
+                                             "fine-tuning on the dataset (0 = as loaded)")
+    batch_size: int = param(positive)
+    lr: float = param(positive, doc="pre-training and adaptation fine-tune")
+    weight_decay: float = param(nonneg)
+    warmup_steps: int = param(nonneg)
+    norm: str = param(one_of(*NORMS), doc="LayerNorm replacement")
+    radius_quantile: float = param(unit_interval, doc="ProjectNorm radius: this quantile of "
+                                                      "the pre-trained token norms")
+    adapt_epochs: int = param(nonneg)
+    dr_threshold: float = param(positive, doc="soft threshold / RMS of the layer's weights")
+    dr_eta: float = param(positive, doc="output tolerance / RMS of the layer's outputs")
+    dr_relaxation: float = param(positive)
+    dr_iterations: int = param(positive)
+    dr_projection_steps: int = param(positive)
+    dr_batch_size: int = param(positive, doc="recorded pairs per constraint set")
+    dr_max_pairs: int = param(positive, doc="recorded pairs per layer")
+    dr_images: int = param(positive, doc="training images whose tokens are recorded")
+    finetune_epochs: int = param(nonneg, doc="the fine-tune after constraining")
+    finetune_scope: str = param(one_of(*cv.FINETUNE_SCOPES),
+                                doc="masked: every weight, pruned ones kept at zero; "
+                                    "bound_free: only what the bound does not depend on")
+    finetune_lr: float = param(positive)
+    finetune_margin: str = param(one_of(*MARGINS))
+    lmt_offset: float = param(nonneg)
+    constrain: list[str] = param(one_of(*cv.MODES), unique,
+                                 doc="modes run side by side: paper (l1 Douglas-Rachford, "
+                                     "the steps above) | spectral (spectral-norm balls)")
+    budget_embed: float = param(positive, doc="spectral: ||E|| / min(std) of the patch "
+                                              "embedding with the input normalisation")
+    budget_q: float = param(positive, doc="spectral: ||W^Q|| of every head")
+    budget_v: float = param(positive, doc="spectral: ||W^V|| of every head")
+    budget_o: float = param(positive, doc="spectral: ||W^O||")
+    budget_fc1: float = param(positive, doc="spectral: ||W_1|| of every MLP")
+    budget_fc2: float = param(positive, doc="spectral: ||W_2|| of every MLP")
+    budget_gain: float = param(positive, doc="spectral: max|gamma| of every norm")
+    spectral_epochs: int = param(nonneg, doc="spectral: projected fine-tune after constraining")
+    spectral_lr: float = param(positive)
+    margin_eps: float = param(nonneg, doc="spectral: the radius loss's eps (offset L eps, "
+                                          "L the sets' bound)")
+    logit_scale: float = param(positive, doc="spectral: CE temperature (loss only)")
+    n_test: int = param(positive)
+    eval_batch_size: int = param(positive)
+    cert_eps: list[float] = param(positive, unique)
+    attack_steps: int = param(positive)
+    attack_restarts: int = param(positive)
+    imagenet_smoke: bool = param(doc="a tiny HF ViT through the same loader on the ImageNet "
+                                     "sample")
+    work_dir: str = param()
+    metrics: str = param()
+
+    def __post_init__(self) -> None:
+        if self.dim % self.heads:
+            raise ParamsError(f"certvit.heads: dim = {self.dim} is not divisible by heads = "
+                              f"{self.heads}")
+        if not 0 < self.dr_relaxation < 2:
+            raise ParamsError(f"certvit.dr_relaxation: must be in (0, 2), got "
+                              f"{self.dr_relaxation!r}")
+        if not self.constrain:
+            raise ParamsError("certvit.constrain: needs at least one mode (paper, spectral)")
+        if PAPER_EPS not in self.cert_eps:
+            raise ParamsError(f"certvit.cert_eps: must include {PAPER_EPS} (CertViT's MNIST "
+                              "eps, compared in the report)")
+
+
+@dataclass(frozen=True)
+class Configs:
+    """The stage's training and constraining settings, built once from :class:`Params`. A
+    phase with 0 epochs is skipped (its config keeps 1 epoch). The spectral mode's fine-tunes:
+    CE at ``logit_scale``, then the radius loss at offset L ``margin_eps`` (``linear``, the
+    baseline's, at offset ``margin_eps``), L the sets' bound."""
+
+    pretrain: TrainConfig
+    adapt: Mapping[str, TrainConfig]  # per mode
+    finetune: TrainConfig  # paper mode; spectral: ``linear`` with the offset L margin_eps
+    linear: TrainConfig
+    dr: DRConfig
+    budgets: Budgets
+
+    @classmethod
+    def build(cls, p: Params, seed: int) -> Configs:
+        phase = dict(batch_size=p.batch_size, weight_decay=p.weight_decay,
+                     eval_batch_size=p.eval_batch_size, seed=seed)
+        adapt_cfg = TrainConfig(epochs=max(p.adapt_epochs, 1), lr=p.lr,
+                                warmup_steps=p.warmup_steps, **phase)
+        return cls(
+            pretrain=TrainConfig(epochs=max(p.pretrain_epochs, 1), lr=p.lr,
+                                 warmup_steps=p.warmup_steps, **phase),
+            adapt={"paper": adapt_cfg,
+                   "spectral": dataclasses.replace(adapt_cfg, logit_scale=p.logit_scale)},
+            finetune=TrainConfig(epochs=max(p.finetune_epochs, 1), lr=p.finetune_lr,
+                                 margin=p.finetune_margin, lmt_offset=p.lmt_offset, **phase),
+            linear=TrainConfig(epochs=max(p.spectral_epochs, 1), lr=p.spectral_lr,
+                               warmup_steps=p.warmup_steps, margin="radius",
+                               lmt_offset=p.margin_eps, logit_scale=p.logit_scale, **phase),
+            dr=DRConfig(threshold=p.dr_threshold, eta=p.dr_eta, relaxation=p.dr_relaxation,
+                        iterations=p.dr_iterations, projection_steps=p.dr_projection_steps,
+                        batch_size=p.dr_batch_size, max_pairs=p.dr_max_pairs, seed=seed),
+            budgets=Budgets(embed=p.budget_embed, q=p.budget_q, v=p.budget_v, o=p.budget_o,
+                            fc1=p.budget_fc1, fc2=p.budget_fc2, gain=p.budget_gain))
+
+
+def _train(p: Params, base: BaseParams, r: Result, model, cfg: TrainConfig, folder: str,
+           note: str = "") -> str:
+    """One resumable training phase under ``work_dir/ckpt/folder``; its checkpoint status."""
+    fp = cv.phase_fingerprint(model, cfg, p.dataset, r.data["source"], note)
+    _, status = train_resumable(model, r.data["train"], r.test, cfg,
+                                Path(p.work_dir) / "ckpt" / folder, r.device, fingerprint=fp,
+                                precision=base.precision)
+    return status
+
+
+def run(p: Params, base: BaseParams, device: torch.device) -> Result:
+    """The stage: every step of every mode, the certificates and their audit (raises
+    :class:`attncert.soundness.UnsoundCertificateError` on a broken one), the ImageNet smoke
+    path; writes ``work_dir``'s dr.csv, lipschitz.csv and samples.csv and the metrics file."""
+    torch.manual_seed(base.seed)
+    data = load_processed(p.dataset, p.processed_dir)
+    architecture = dict(patch=p.patch, dim=p.dim, depth=p.depth, heads=p.heads,
+                        mlp_hidden=p.mlp_hidden)
+    model, origin = cv.source_model(p.source, data, architecture, base.seed)
+    model.to(device)
+    modes = [m for m in cv.MODES if m in p.constrain]
+    r = Result(device, data, origin, model, modes, {m: StepLog() for m in modes},
+               {m: {} for m in modes})
+    cfg = Configs.build(p, base.seed)
+    work = Path(p.work_dir)
+
+    # 1. the pre-trained standard ViT (a loaded one: fine-tuned on the dataset, or as loaded)
+    t0 = time.perf_counter()
+    status = _train(p, base, r, model, cfg.pretrain, "pretrain") if p.pretrain_epochs else (
+        "as loaded")
+    pre_seconds = time.perf_counter() - t0
+    for m in modes:
+        r.logs[m].add("pretrained", model, r.test, pre_seconds, None, device, p.eval_batch_size,
+                      f"checkpoint: {status}")
+    # 2. adaptation, then its fine-tune
+    adapted = {m: _adapt(p, base, r, cfg, m) for m in modes}
+    # 3. constraining by Douglas-Rachford splitting
+    constrained, masks, diagnostics = {}, {}, []
+    for m in modes:
+        t0 = time.perf_counter()
+        constrained[m], result = cv.constrain_mode(m, adapted[m],
+                                                   data["train"]["x"][:p.dr_images], cfg.dr,
+                                                   cfg.budgets, progress=True)
+        masks[m] = result.masks
+        _log(p, r, m, "constrained", "constrained", constrained[m], t0,
+             f"{p.dr_iterations} DR iterations")
+        diagnostics.append(pd.DataFrame(result.diagnostics).assign(mode=m))
+    r.diagnostics = pd.concat(diagnostics, ignore_index=True)
+    with atomic_path(work / "dr.csv") as tmp:
+        r.diagnostics.to_csv(tmp, index=False)
+    # 4. the fine-tune after constraining
+    final = {m: _finetune(p, base, r, cfg, m, constrained[m], masks[m]) for m in modes}
+    labelled = {f"{m}/{k}": b for m in modes for k, b in r.bounds[m].items()}
+    r.lipschitz = lipschitz_table(**labelled)
+    with atomic_path(work / "lipschitz.csv") as tmp:
+        r.lipschitz.to_csv(tmp, index=False)
+    # 5. certificates, the linear baseline, the soundness audit
+    seconds, linear_seconds = _certify(p, base, r, cfg, final)
+    # 6. the ImageNet smoke path
+    _imagenet_smoke(p, base, r, cfg, seconds)
+    r.metrics = _metrics(p, base, r, seconds, pre_seconds, linear_seconds)
+    write_json(p.metrics, r.metrics)
+    return r
+
+
+def _log(p: Params, r: Result, m: str, step: str, label: str, model, t0: float,
+         note: str) -> None:
+    """Record ``model``'s bound under ``label`` and its step in mode ``m``'s log."""
+    r.bounds[m][label] = global_bound(model)
+    r.logs[m].add(step, model, r.test, time.perf_counter() - t0, r.bounds[m][label], r.device,
+                  p.eval_batch_size, note)
+
+
+def _adapt(p: Params, base: BaseParams, r: Result, cfg: Configs, m: str):
+    """Mode ``m``'s adapted model (module surgery, radii), fine-tuned for ``adapt_epochs``."""
+    t0 = time.perf_counter()
+    model = adapt(r.pretrained, cv.adaptation(m, p.norm))
+    radii = {}
+    if p.norm == "project":
+        radii = calibrate_radii(model, r.pretrained, r.data["train"]["x"][:p.dr_images],
+                                p.radius_quantile, slots=cv.calibration_slots(m, model))
+    _log(p, r, m, "adapted", "adapted", model, t0,
+         f"norm {p.norm}, radii {', '.join(f'{v:.3g}' for v in radii.values())}")
+    t0 = time.perf_counter()
+    status = _train(p, base, r, model, cfg.adapt[m], "adapt" if m == "paper" else f"{m}_adapt",
+                    f"mode {m}") if p.adapt_epochs else "skipped"
+    _log(p, r, m, "adapt_finetuned", "adapt_finetuned", model, t0, f"checkpoint: {status}")
+    return model
+
+
+def _finetune(p: Params, base: BaseParams, r: Result, cfg: Configs, m: str, constrained,
+              masks):
+    """A copy of mode ``m``'s constrained model, fine-tuned: ``paper`` in ``finetune_scope``,
+    ``spectral`` projected back into its sets after every step, with the radius loss."""
+    model = copy.deepcopy(constrained)
+    t0 = time.perf_counter()
+    status = "skipped"
+    if m == "paper":
+        train_cfg, epochs, note = cfg.finetune, p.finetune_epochs, f"scope {p.finetune_scope}"
+    else:
+        offset = cv.margin_offset(model, cfg.budgets, p.margin_eps)
+        train_cfg = dataclasses.replace(cfg.linear, lmt_offset=offset)
+        epochs, note = p.spectral_epochs, f"projected, margin offset {offset:.3g}"
+    if epochs:
+        with cv.finetune_context(m, model, p.finetune_scope, masks, cfg.budgets):
+            status = _train(p, base, r, model, train_cfg,
+                            "finetune" if m == "paper" else f"{m}_finetune", note)
+    model.eval()
+    _log(p, r, m, "finetuned", "final", model, t0, f"{note}, checkpoint: {status}")
+    return model
+
+
+def _certify(p: Params, base: BaseParams, r: Result, cfg: Configs, final: Mapping[str, Any]
+             ) -> tuple[dict[str, dict[str, float]], float]:
+    """Certify and audit every mode's final model and the linear baseline on the first
+    ``n_test`` test images; write samples.csv; fail on a broken certificate. Returns the
+    seconds per mode and the baseline's training seconds."""
+    n = min(p.n_test, len(r.test["y"]))
+    x, y = as_float(r.test["x"][:n]).to(r.device), r.test["y"][:n].to(r.device)
+    t0 = time.perf_counter()
+    linear = PixelLinear(x[0].numel(), final[r.headline].config.num_classes,
+                         base.seed).to(r.device)
+    r.baseline_status = _train(p, base, r, linear, cfg.linear, "linear", "linear baseline")
+    linear_seconds = time.perf_counter() - t0
+    audit = (p.cert_eps, p.attack_steps, p.attack_restarts, p.eval_batch_size, base.seed)
+    r.baseline = certify_linear(linear, x, y, *audit)
+    r.reports, seconds = {}, {}
+    for m in r.modes:
+        t0 = time.perf_counter()
+        r.reports[m] = certify(final[m], x, y, *audit)
+        seconds[m] = {"certify_and_audit": time.perf_counter() - t0}
+    samples_csv = Path(p.work_dir) / "samples.csv"
+    with atomic_path(samples_csv) as tmp:
+        samples_frame(r.reports, y).to_csv(tmp, index=False)
+    every = r.with_baseline()
+    soundness.require_sound({m: rep["audit"] for m, rep in every.items()},
+                            {m: (rep["certified_acc"], rep["pgd_acc"])
+                             for m, rep in every.items()}, see=str(samples_csv))
+    return seconds, linear_seconds
+
+
+def _imagenet_smoke(p: Params, base: BaseParams, r: Result, cfg: Configs,
+                    seconds: dict[str, dict[str, float]]) -> None:
+    """The Hugging Face route on the ImageNet sample (:func:`attncert.certvit.smoke.route`),
+    or why it is skipped (no sample: ImageNet images have no public download route)."""
+    skipped = (sample_skipped("imagenet_sample", p.processed_dir) if p.imagenet_smoke
+               else "imagenet_smoke: false")
+    if skipped is not None:
+        r.imagenet = f"skipped: {skipped}"
+        return
+    t0 = time.perf_counter()
+    r.imagenet, r.imagenet_model = smoke.route(
+        load_processed("imagenet_sample", p.processed_dir),
+        Path(p.work_dir) / "imagenet_smoke" / "hf", r.modes, p.norm, p.radius_quantile, cfg.dr,
+        cfg.budgets, p.cert_eps, p.attack_steps, p.attack_restarts, p.eval_batch_size,
+        base.seed, r.device)
+    seconds[r.headline]["imagenet_smoke"] = time.perf_counter() - t0
+
+
+def _metrics(p: Params, base: BaseParams, r: Result, seconds: Mapping[str, Mapping],
+             pre_seconds: float, linear_seconds: float) -> dict[str, Any]:
+    """The metrics file: the headline mode's numbers at the top level, every mode's under
+    ``modes``, the linear baseline and the ImageNet smoke path."""
+    per_mode = {m: stage_metrics(r.logs[m], r.bounds[m], r.reports[m], seconds[m])
+                for m in r.modes}
+    out = {"source": p.source, "dataset": p.dataset, "scale": base.scale,
+           "headline_mode": r.headline, **per_mode[r.headline], "modes": per_mode,
+           "linear_baseline": baseline_metrics(r.baseline, linear_seconds),
+           "imagenet_smoke": r.imagenet}
+    # the pre-training is shared by the modes: counted once
+    out["total_seconds"] = sum(v["total_seconds"] for v in per_mode.values()) - (
+        (len(r.modes) - 1) * pre_seconds) + linear_seconds
+    return out
+
+
+def _at_paper_eps(dataset: str | None, eps: str) -> bool:
+    ref = certvit_table1(dataset)
+    return ref is not None and eps_match(eps, [ref[0]["eps"]]) is not None
+
+
+def headline_rows(m: Mapping, item: Mapping) -> list[dict]:
+    """The headline mode's accuracies and bound beside CertViT's Table 1 (at its eps), the
+    other modes' and the linear baseline's."""
+    dataset = m.get("dataset")
+    ref, src = certvit_table1(dataset) or ({}, None)
+
+    def paper_value(key: str, scale: float = 1.0) -> float | None:
+        return ref[key] / scale if key in ref else None
+
+    rows = [row("test_clean_acc", "clean accuracy (certified model)", m.get("test_clean_acc"),
+                "fraction", paper_value("clean", 100), src, brief=True)]
+    for what, label, key in (("pgd_acc", "L2 PGD accuracy", "pgd"),
+                             ("certified_acc", "certified accuracy", "certified")):
+        for eps, acc in m.get(what, {}).items():
+            at_paper_eps = _at_paper_eps(dataset, eps)
+            rows.append(row(f"{what}/{eps}", f"{label} at eps {eps}", acc, "fraction",
+                            paper_value(key, 100) if at_paper_eps else None, src,
+                            brief=at_paper_eps))
+    # the certificate's constant (features x pairwise head rows) when recorded, else pixels ->
+    # logits (metrics written before the pairwise constant existed)
+    key = "lipschitz_pairwise" if "lipschitz_pairwise" in m else "lipschitz"
+    final = m.get(key, {}).get("final")
+    if final is not None:
+        rows.append(row(f"{key}/final", "Lipschitz bound of the final model", final, "value",
+                        paper_value("lipschitz"), src, brief=True))
+    for mode, mm in m.get("modes", {}).items():
+        if mode == m.get("headline_mode"):
+            continue
+        rows.append(row(f"modes/{mode}/test_clean_acc", f"{mode} mode: clean accuracy",
+                        mm.get("test_clean_acc"), "fraction", brief=True))
+        for eps, acc in mm.get("certified_acc", {}).items():
+            rows.append(row(f"modes/{mode}/certified_acc/{eps}",
+                            f"{mode} mode: certified accuracy at eps {eps}", acc, "fraction",
+                            brief=_at_paper_eps(dataset, eps)))
+        bound = mm.get("lipschitz_pairwise", {}).get("final")
+        if bound is not None:
+            rows.append(row(f"modes/{mode}/lipschitz_pairwise/final",
+                            f"{mode} mode: Lipschitz bound of the final model", bound, "value",
+                            brief=True))
+    base = m.get("linear_baseline")
+    if base:  # the trivial baseline beside the ViTs: a linear classifier on pixels
+        rows.append(row("linear_baseline/clean_acc", "linear baseline (pixels): clean accuracy",
+                        base.get("clean_acc"), "fraction", brief=True))
+        for eps, acc in base.get("certified_acc", {}).items():
+            rows.append(row(f"linear_baseline/certified_acc/{eps}",
+                            f"linear baseline (pixels): certified accuracy at eps {eps}", acc,
+                            "fraction", brief=_at_paper_eps(dataset, eps)))
+        rows.append(row("linear_baseline/broken", "linear baseline (pixels): broken "
+                        "certificates", base.get("broken"), "count"))
+    units = {"broken": "count", "n_test": "count", "median_radius": "value",
+             "total_seconds": "seconds"}
+    for key, unit in units.items():
+        if isinstance(m.get(key), int | float):
+            rows.append(row(key, key.replace("_", " "), m[key], unit))
+    return rows
