@@ -5,8 +5,9 @@ One job per model: OLSA at depth 0 (no attention) and at every depth, the gamma 
 the attention sweep of the deepest OLSA (and OLSA's averaged residual when the main runs use
 the gated one), Kim et al.'s L2 attention, a standard transformer of the same size, LoFAST's
 small-BERT grid and an OLSA head over a frozen encoder. Each trains resumably in
-``results_dir/ckpt/<name>`` and gets the same read-out (:func:`attncert.text.evaluate.
-evaluate_model`); the PGD audit's rows are returned for the soundness check.
+``results_dir/ckpt/<name>`` and gets the same read-out
+(:func:`attncert.text.evaluate.evaluate_model`); the PGD audit's rows are returned, shown by
+the notebook, then checked by :func:`attncert.soundness.require_sound`.
 """
 
 from __future__ import annotations
