@@ -51,7 +51,8 @@ def _certify_metrics(name: str) -> dict:
 
 
 def _text_model(family: str, test_acc: float, radii: dict, layers: int = 0) -> dict:
-    """One model's entry of the text metrics (attncert.text.stage.evaluate_model + 06_text)."""
+    """One model's entry of the text metrics (attncert.text.evaluate.evaluate_model, then
+    attncert.stages.text)."""
     attention = ({"max_prob": [0.2] * layers, "uniform": 0.1, "max_prob_mean": 0.2,
                   "ratio": 2.0} if layers else
                  {"max_prob": [], "uniform": None, "max_prob_mean": None, "ratio": None})
@@ -69,7 +70,7 @@ def _text_model(family: str, test_acc: float, radii: dict, layers: int = 0) -> d
 
 
 def _text_metrics() -> dict:
-    """The text stage's metrics file as notebooks/06_text.py writes it."""
+    """The text stage's metrics file as attncert.stages.text writes it."""
     return {"scale": "smoke", "train_sentences": 64, "n_certified": 20, "eps": [0.1, 0.5],
             "reported_split": "test", "n_attacked": 10, "depth0": "olsa-L0-g2",
             "models": {"olsa-L0-g2": _text_model("olsa", 0.63, {"global": 0.5}),

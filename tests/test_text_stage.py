@@ -1,4 +1,5 @@
-"""The SST-2 text stage's helpers (attncert.text.stage) and its figures, on toy sentences."""
+"""The SST-2 text stage (attncert.stages.text), its read-out (attncert.text.evaluate), training
+wrapper and figures, on toy sentences."""
 
 import json
 
@@ -9,17 +10,15 @@ import torch
 from matplotlib.figure import Figure
 
 from attncert.figures import text as figs
-from attncert.text.models import LipschitzTextTransformer, OLSAClassifier, TextTransformerConfig
-from attncert.text.stage import (
-    StandardTextTransformer,
+from attncert.text.evaluate import (
     attention_statistics,
     attention_table,
     average_radius,
     evaluate_model,
-    select_splits,
-    train_model,
 )
-from attncert.text.train_text import TextTrainConfig
+from attncert.text.models import LipschitzTextTransformer, OLSAClassifier, TextTransformerConfig
+from attncert.text.standard import StandardTextTransformer
+from attncert.text.train_text import TextTrainConfig, select_splits, train_model
 
 matplotlib.use("Agg")
 
@@ -66,10 +65,13 @@ def test_evaluate_model_reads_out_everything_and_audits(family, tmp_path):
     # same spec and config: resumed (nothing to train); another spec: started over
     assert train_model(model, {"class": family}, train, test, cfg, tmp_path / "ck", "cpu")
     variants = ["lofast_M", "global"]
-    row, curves = evaluate_model("m", model, family, test, test, n_test=0,
-                                 cert_eps=[0.01, 0.1], attack_steps=3, attack_restarts=1,
-                                 device="cpu", batch_size=4, variants=variants, n_attack=5)
+    row, curves, audit = evaluate_model("m", model, family, test, test, n_test=0,
+                                        cert_eps=[0.01, 0.1], attack_steps=3,
+                                        attack_restarts=1, device="cpu", batch_size=4,
+                                        variants=variants, n_attack=5)
     assert 0 <= row["test_acc"] <= 1 and row["broken"] == 0
+    assert [a["eps"] for a in audit] == [0.01, 0.1] and sum(a["broken"] for a in audit) == 0
+    assert row["pgd_acc"] == {f"{a['eps']:g}": a["robust_acc"] for a in audit}
     assert row["n_certified"] == 12 and row["n_attacked"] == 5  # n_test 0: the whole split
     assert set(row["certified_acc"]) == set(row["pgd_acc"]) == {"0.01", "0.1"}
     expect = {"olsa": {"global"}, "lofast": set(variants), "none": {"none"}}[family]
@@ -170,8 +172,8 @@ def test_frozen_states_are_the_encoder_outputs_computed_once():
     statistics and audit run on them (embed of states is the identity)."""
     import transformers
 
+    from attncert.text.evaluate import frozen_states
     from attncert.text.models import FrozenEncoderOLSA
-    from attncert.text.stage import frozen_states
 
     torch.manual_seed(0)
     bert = transformers.BertModel(transformers.BertConfig(
@@ -187,7 +189,56 @@ def test_frozen_states_are_the_encoder_outputs_computed_once():
         assert torch.allclose(model(cached["ids"], cached["mask"]),
                               model(data["ids"], data["mask"]), atol=1e-5)
         assert torch.equal(model.embed(cached["ids"], cached["mask"]), cached["ids"])
-    row, _ = evaluate_model("frozen", model, "olsa", cached, cached, n_test=0,
-                            cert_eps=[0.05], attack_steps=2, attack_restarts=1,
-                            device="cpu", batch_size=4, n_attack=4)
+    row, _, _ = evaluate_model("frozen", model, "olsa", cached, cached, n_test=0,
+                               cert_eps=[0.05], attack_steps=2, attack_restarts=1,
+                               device="cpu", batch_size=4, n_attack=4)
     assert row["broken"] == 0 and row["n_certified"] == 7 and len(row["gates"]) == 1
+
+
+def test_the_stage_plans_every_model_by_the_names_the_report_reads():
+    from pathlib import Path
+
+    from attncert.params import load_params
+    from attncert.stages import text as stage
+
+    p = load_params(Path(__file__).resolve().parents[1] / "params.yaml")["text"]
+    jobs = stage.jobs(p, vocab=30)
+    deep, g = max(p.olsa_depths), p.gamma
+    expect = {f"olsa-L{d}-g{g:g}" for d in (0, *p.olsa_depths)}
+    expect |= {f"olsa-L{deep}-g{a:g}" for a in p.gamma_ablation}
+    expect |= {f"olsa-L{deep}-g{g:g}-alpha1-{a:g}" for a in p.attention_alpha1}
+    expect |= {f"kim-l2-L{deep}-g{g:g}", f"vanilla-L{deep}", "frozen-olsa"}
+    expect |= {f"lofast-L{L}-H{H}-vo{vo:g}" for L in p.lofast_layers for H in p.lofast_heads
+               for vo in p.lofast_gamma_vo}
+    if p.olsa_residual != "averaged":
+        expect.add(f"olsa-L{deep}-g{g:g}-averaged")
+    assert set(jobs) == expect
+    assert {n for n, j in jobs.items() if j.family == "none"} == {f"vanilla-L{deep}"}
+    for name, job in jobs.items():  # the report's OLSA pattern matches OLSA itself only
+        olsa = name.startswith("olsa-") and "-alpha1-" not in name
+        assert bool(stage._OLSA_NAME.match(name)) == olsa
+        assert {"epochs", "lr", "gamma"} <= set(job.train)
+
+
+def test_an_inflated_certificate_is_counted_broken_and_fails_the_check(monkeypatch):
+    """evaluate_model returns the audit rows instead of raising, so the stage can show them;
+    a certificate PGD breaks is counted there and fails the one soundness check."""
+    from attncert import soundness
+    from attncert.text import evaluate
+
+    torch.manual_seed(0)
+    model = StandardTextTransformer(12, max_len=8, dim=8, depth=1, heads=2, mlp_hidden=8)
+    test = _toy(12, seed=1)
+    real = evaluate._radii
+
+    def inflated(*args, **kwargs):
+        radii, correct, seconds, rows = real(*args, **kwargs)
+        return {k: torch.full_like(v, 100.0) for k, v in radii.items()}, correct, seconds, rows
+
+    monkeypatch.setattr(evaluate, "_radii", inflated)
+    row, _, audit = evaluate_model("m", model.eval(), "none", test, test, n_test=0,
+                                   cert_eps=[8.0], attack_steps=20, attack_restarts=2,
+                                   device="cpu", batch_size=4)
+    assert row["broken"] == sum(a["broken"] for a in audit) > 0
+    with pytest.raises(soundness.UnsoundCertificateError, match="m at eps 8"):
+        soundness.require_sound({"m": audit})

@@ -241,82 +241,6 @@ class FiguresParams:
     html_dir: str = param(doc="every executed notebook as HTML, with index.html")
 
 
-#: Bound variants of attncert.certify usable on LoFAST's text transformer (pairwise test).
-TEXT_LOFAST_VARIANTS = ("lofast_M", "lofast_xi", "naive", "global")
-#: OLSA layer residuals (attncert.text.olsa.RESIDUALS; not imported: params stays torch-free).
-TEXT_OLSA_RESIDUALS = ("averaged", "gated")
-
-
-@dataclass(frozen=True)
-class TextParams:
-    """SST-2 sentiment transformers (stage ``text``): OLSA by depth and gamma, Kim et al.'s L2
-    attention, a standard transformer of the same size, LoFAST's small-BERT grid and OLSA over
-    a frozen pre-trained encoder; eps is l2 in each model's embedding space."""
-
-    tokenizer: str = param(doc="'minilm-package' (offline), a hub id or a save_pretrained folder")
-    max_len: int = param(positive)
-    max_train: int = param(nonneg, doc="seeded subset of the training split (0 = all)")
-    max_eval: int = param(nonneg, doc="seeded subset of the dev and test splits (0 = all)")
-    olsa_depths: list[int] = param(positive, unique)
-    heads: int = param(positive, doc="OLSA, Kim-L2, the standard transformer, the frozen head")
-    hidden: int = param(positive)
-    gamma: float = param(nonneg, doc="certificate regulariser after its ramp (OLSA: 2.0)")
-    gamma_ramp: float = param(nonneg, doc="fraction of all steps gamma grows over (<= 1)")
-    gamma_ablation: list[float] = param(nonneg, unique, doc="gammas of the deepest OLSA")
-    epochs: int = param(positive)
-    batch_size: int = param(positive)
-    lr: float = param(positive, doc="OLSA-family models (OLSA, Kim-L2, the frozen head)")
-    vanilla_lr: float = param(positive, doc="the standard transformer")
-    warmup_steps: int = param(nonneg)
-    logit_scale: float = param(positive, doc="CE temperature (loss only; never the certificate)")
-    olsa_alpha1: float = param(positive, doc="initial alpha1 of every OLSA attention (OLSA: 4)")
-    olsa_residual: str = param(one_of(*TEXT_OLSA_RESIDUALS),
-                               doc="averaged: OLSA's 0.5 x + 0.5 f(x); gated: trainable "
-                                   "(1 - b) x + b f(x), one b = sigmoid(theta) per sublayer")
-    olsa_residual_init: float = param(doc="initial b of the gated residual, in (0, 1)")
-    lofast_layers: list[int] = param(positive, unique)
-    lofast_heads: list[int] = param(positive, unique)
-    lofast_gamma_vo: list[float] = param(positive, unique)
-    lofast_dim: int = param(positive)
-    lofast_mlp_hidden: int = param(positive)
-    lofast_gamma_qk: float = param(positive)
-    lofast_radius_attn: float = param(positive)
-    lofast_variants: list[str] = param(one_of(*TEXT_LOFAST_VARIANTS), unique)
-    lofast_epochs: int = param(positive)
-    lofast_lr: float = param(positive)
-    lofast_logit_scale: float = param(positive, doc="CE temperature of the LoFAST grid (its "
-                                                    "head is free, unlike OLSA's)")
-    frozen_source: str = param(doc="the frozen encoder: 'minilm-package', a hub id or a folder")
-    frozen_epochs: int = param(positive)
-    frozen_max_train: int = param(nonneg, doc="seeded subset of the whole training split "
-                                              "for the frozen-encoder head, independent of "
-                                              "max_train (0 = all of it)")
-    attention_alpha1: list[float] = param(positive, unique, doc="the attention sweep: the "
-                                          "deepest OLSA, averaged residual, alpha1 fixed at "
-                                          "each value (empty: no sweep)")
-    n_test: int = param(nonneg, doc="first n test sentences certified (0 = the whole split)")
-    n_attack: int = param(positive, doc="first n certified sentences attacked (PGD audit)")
-    cert_batch_size: int = param(positive)
-    cert_eps: list[float] = param(positive, unique)
-    attack_steps: int = param(positive)
-    attack_restarts: int = param(positive)
-    results_dir: str = param()
-    metrics: str = param()
-
-    def __post_init__(self) -> None:
-        if self.hidden % self.heads:
-            _fail("text.heads", f"hidden = {self.hidden} is not divisible by {self.heads}")
-        for h in self.lofast_heads:
-            if self.lofast_dim % h:
-                _fail("text.lofast_heads", f"lofast_dim = {self.lofast_dim} is not divisible "
-                                           f"by {h}")
-        if not self.lofast_variants:
-            _fail("text.lofast_variants", "needs at least one variant")
-        if self.gamma_ramp > 1:
-            _fail("text.gamma_ramp", f"must be in [0, 1], got {self.gamma_ramp!r}")
-        if not 0 < self.olsa_residual_init < 1:
-            _fail("text.olsa_residual_init", f"must be in (0, 1) (b = sigmoid(theta)), got "
-                                             f"{self.olsa_residual_init!r}")
 
 
 #: Every section of params.yaml, in file order: its dataclass, or ``"module:Class"`` for a
@@ -332,7 +256,7 @@ SECTIONS: dict[str, type | str] = {
     "specformer": "attncert.stages.specformer:Params",
     "certvit": "attncert.stages.certvit:Params",
     "crown": "attncert.stages.crown:Params",
-    "text": TextParams,
+    "text": "attncert.stages.text:Params",
     "figures": FiguresParams,
 }
 

@@ -37,6 +37,7 @@ from attncert.stages import certvit as certvit_stage
 from attncert.stages import crown as crown_stage
 from attncert.stages import data as data_stage
 from attncert.stages import specformer as specformer_stage
+from attncert.stages import text as text_stage
 from attncert.params import PARAMS_FILE, Params, load_params, read_yaml
 
 DVC_FILE = "dvc.yaml"
@@ -254,73 +255,6 @@ def _certify_vit_rows(m: Mapping, item: Mapping) -> list[dict]:
     return rows
 
 
-#: text model names as notebooks/06_text.py builds them: "olsa-L<depth>-g<gamma>" is OLSA
-#: (with "-averaged": OLSA's own residual); the attention sweep's "-alpha1-<a>" is not
-_OLSA_NAME = re.compile(r"olsa-L(\d+)-g[0-9.]+(-averaged)?$")
-#: the depth of OLSA's headline model (OLSA section 5: a 3-layer OLSA on SST and Yelp)
-OLSA_PAPER_DEPTH = 3
-
-
-def _text_rows(m: Mapping, item: Mapping) -> list[dict]:
-    """Per SST-2 model: accuracy on the reported split, average certified radius per bound
-    variant with both rules (0 for misclassified sentences, OLSA's; correctly classified
-    only), OLSA's SST radius (its unsound softmax constant 1/4) beside every 3-layer OLSA,
-    the differences to the depth-0 baseline, the residual gates, alpha1, the attention's max
-    probability against 1/n, certified accuracy per eps, certification cost."""
-    ref, shi = paper.OLSA_AVG_RADIUS["sst"], paper.OLSA_SHI_AVG_RADIUS["sst"]
-    src = (f"OLSA section 5 ({OLSA_PAPER_DEPTH}-layer OLSA, SST; softmax constant "
-           f"{paper.OLSA_SOFTMAX_LIPSCHITZ:g}: unsound, ours 1/2; Shi et al.: {shi:g})")
-    split = m.get("reported_split", "test")
-    rows = []
-    versus = m.get("attention_vs_depth0", {})
-    for name, r in m.get("models", {}).items():
-        base = f"models/{name}"
-        rows.append(row(f"{base}/test_acc", f"{name} {split} accuracy", r["test_acc"],
-                         "fraction", brief=True))
-        if r.get("family") == "none":   # no certificate: radius and certified accuracy are 0
-            continue
-        match = _OLSA_NAME.match(name) if r["family"] == "olsa" else None
-        olsa_ref = ref if match and int(match.group(1)) == OLSA_PAPER_DEPTH else None
-        radii, correct = r.get("avg_radius", {}), r.get("avg_radius_correct", {})
-        best = max(radii, key=radii.get) if radii else None
-        for variant, radius in radii.items():
-            rows.append(row(f"{base}/avg_radius/{variant}",
-                             f"{name} average certified radius ({variant}; 0 if wrong)",
-                             radius, "value", olsa_ref, src, brief=variant == best))
-        for variant, radius in correct.items():
-            rows.append(row(f"{base}/avg_radius_correct/{variant}",
-                             f"{name} average certified radius ({variant}; correct only)",
-                             radius, "value", brief=variant == best))
-        for key, label in (("d_test_acc", f"{split} accuracy"),
-                           ("d_avg_radius", "average radius")):
-            if key in versus.get(name, {}):
-                rows.append(row(f"attention_vs_depth0/{name}/{key}",
-                                 f"{name} minus depth 0: {label}", versus[name][key],
-                                 "value", brief=True))
-        if r.get("b_att_mean") is not None:
-            rows.append(row(f"{base}/b_att_mean", f"{name} attention gate b (mean over layers)",
-                             r["b_att_mean"], "value"))
-        if r.get("alpha1_mean") is not None:
-            rows.append(row(f"{base}/alpha1_mean", f"{name} alpha1 (mean over layers)",
-                             r["alpha1_mean"], "value"))
-        att = r.get("attention") or {}
-        if att.get("ratio") is not None:
-            rows.append(row(f"{base}/attention/ratio",
-                             f"{name} attention max probability / uniform (1/n)",
-                             att["ratio"], "ratio", brief=r["family"] == "olsa"))
-        for eps, acc in r.get("certified_acc", {}).items():
-            rows.append(row(f"{base}/certified_acc/{eps}", f"{name} certified at eps {eps}",
-                             acc, "fraction"))
-        if "cert_seconds_per_batch" in r:
-            rows.append(row(f"{base}/cert_seconds_per_batch",
-                             f"{name} certification seconds per batch of "
-                             f"{r.get('cert_batch_size', '?')}", r["cert_seconds_per_batch"],
-                             "seconds"))
-    for key, label in (("n_certified", f"certified {split} sentences"),
-                       ("n_attacked", "attacked sentences (PGD audit)"),
-                       ("broken", "broken certificates")):
-        if key in m:
-            rows.append(row(key, label, m[key], "count", brief=True))
     return rows
 
 
@@ -349,7 +283,7 @@ READERS: dict[str, Callable[[Mapping, Mapping], list[dict]]] = {
     "certify_vit": _certify_vit_rows,
     "specformer": specformer_stage.headline_rows,
     "certvit": certvit_stage.headline_rows,
-    "text": _text_rows,
+    "text": text_stage.headline_rows,
     "crown": crown_stage.headline_rows,
 }
 

@@ -30,7 +30,7 @@ def bench_models(params) -> dict[str, tuple[nn.Module, Callable[[int], tuple], s
         OLSAClassifier,
         TextTransformerConfig,
     )
-    from attncert.text.stage import StandardTextTransformer
+    from attncert.text.standard import StandardTextTransformer
 
     g, s, sfp, t = params["vit_grid"], params["train_vit"], params["specformer"], params["text"]
     ds, depth, heads = g.dataset[0], max(g.depth), max(g.heads)

@@ -151,7 +151,7 @@ def _text_work(p) -> list[Work]:
         OLSAClassifier,
         TextTransformerConfig,
     )
-    from attncert.text.stage import StandardTextTransformer
+    from attncert.text.standard import StandardTextTransformer
 
     t = p["text"]
     n_tr = _n(t.max_train, SST2["train"])

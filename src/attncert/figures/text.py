@@ -19,7 +19,7 @@ def plot_certified_vs_eps(curves: pd.DataFrame, title: str = "") -> Figure:
     """Certified accuracy vs l2 eps on the embeddings, one line per model and bound variant.
 
     ``curves``: rows (model, variant, eps, certified_acc) as
-    :func:`attncert.text.stage.evaluate_model` returns them.
+    :func:`attncert.text.evaluate.evaluate_model` returns them.
     """
     _style()
     data = curves.assign(label=curves["model"] + " (" + curves["variant"] + ")")

@@ -188,7 +188,7 @@ class FrozenEncoderOLSA(_OLSAStack):
     def embed(self, ids: Tensor, mask: Tensor) -> Tensor:
         """(B, L, hidden): the encoder's last hidden states normalised to ``token_norm``;
         float input is taken as those states already (computed once by
-        :func:`attncert.text.stage.frozen_states`) and returned unchanged."""
+        :func:`attncert.text.evaluate.frozen_states`) and returned unchanged."""
         if ids.is_floating_point():
             return ids
         states = self.encoder(input_ids=ids, attention_mask=mask.long()).last_hidden_state

@@ -1,9 +1,12 @@
 """Training, evaluation and per-sample certification of the SST-2 text models.
 
-Training is :func:`attncert.train.train` (or :func:`attncert.train.train_resumable`) with a
-:class:`TextTrainConfig`: the shared epoch loop of :mod:`attncert.loop` (AdamW, per-step
-cosine schedule with warmup, an atomic checkpoint every epoch and resume from it, the metrics
-file) with the text run's :class:`TextSteps` on tokenised data {"ids", "mask", "y"}:
+The data: seeded subsets of SST-2's splits (:func:`select_splits`), tokenised
+(:func:`encode_split`). Training is :func:`attncert.train.train` (or
+:func:`attncert.train.train_resumable`, resumed when the model, config and data match:
+:func:`train_model`) with a :class:`TextTrainConfig`: the shared epoch loop of
+:mod:`attncert.loop` (AdamW, per-step cosine schedule with warmup, an atomic checkpoint
+every epoch and resume from it, the metrics file) with the text run's :class:`TextSteps` on
+tokenised data {"ids", "mask", "y"}:
 
 * the data order comes from :func:`attncert.train.epoch_generator` (on the CPU, which plans
   the batches): batches are drawn from length-sorted buckets (``bucket`` batches each, order
@@ -23,10 +26,12 @@ The tokenised training set moves to the device once and the forward pass and los
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import math
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -35,12 +40,14 @@ from torch.nn import functional as F
 
 from attncert.loop import Steps
 from attncert.params import dataclass_from_mapping
-from attncert.precision import require_full_precision
-from attncert.train import epoch_generator
+from attncert.precision import require_full_precision, resolve_precision
+from attncert.train import epoch_generator, resolve_device, train_resumable
 
 from .olsa import certificate_regulariser, certified_radius, gamma_ramp, reproject_orthogonal_
 from .tokenize import encode
 
+#: the resume record in a model's checkpoint folder (:func:`train_model`)
+TRAIN_SPEC = "spec.json"
 _MAY_BE_ZERO = ("warmup_steps", "seed", "weight_decay", "gamma", "gamma_ramp", "grad_clip")
 
 
@@ -97,6 +104,51 @@ def encode_split(split: Mapping[str, Any], tokenizer, max_len: int = 32) -> dict
     """A processed SST-2 split {"text": [str], "y": (N,)} -> {"ids", "mask", "y"}."""
     ids, mask = encode(split["text"], tokenizer, max_len)
     return {"ids": ids, "mask": mask, "y": torch.as_tensor(split["y"], dtype=torch.long)}
+
+
+def select_splits(sst2: Mapping[str, Any], max_train: int, max_eval: int, seed: int
+                  ) -> tuple[dict[str, dict[str, Any]], str]:
+    """({"train", "dev", "test": {"text", "y"}}, the name of the reported split).
+
+    Seeded subsets (:func:`attncert.data.subset_indices`; 0 = all). "test" is the split the
+    stage reports on: the labelled test split when the processed SST-2 has one, otherwise
+    (GLUE's download route, whose public test split has no labels) the dev split, which then
+    serves both model selection and the report; the second value says which.
+    """
+    from attncert.data import subset_indices
+
+    for split in ("train", "dev"):
+        if split not in sst2:
+            raise ValueError(f"the processed SST-2 has no labelled {split!r} split (splits: "
+                             f"{sorted(k for k in ('train', 'dev', 'test') if k in sst2)})")
+    reported = "test" if "test" in sst2 else "dev"
+
+    def take(split: str, k: int) -> dict[str, Any]:
+        idx = subset_indices(len(sst2[split]["y"]), k, seed)
+        return {"text": [sst2[split]["text"][i] for i in idx.tolist()],
+                "y": sst2[split]["y"][idx]}
+
+    dev = take("dev", max_eval)
+    return {"train": take("train", max_train), "dev": dev,
+            "test": take("test", max_eval) if reported == "test" else dev}, reported
+
+
+def train_model(model: nn.Module, spec: Mapping[str, Any], train: Mapping[str, Tensor],
+                dev: Mapping[str, Tensor], config: TextTrainConfig, folder: str | Path,
+                device: torch.device | str, precision: str = "auto") -> list[dict[str, Any]]:
+    """:func:`attncert.train.train_resumable` at ``precision`` in ``folder``, resumed when
+    ``folder/spec.json`` records the same model ``spec``, training config, training data (its
+    size and a hash of its token ids and labels) and resolved precision, otherwise started over
+    (the folder is cleared). Returns the per-epoch rows."""
+    precision = resolve_precision(precision, resolve_device(device))
+    digest = hashlib.sha256()
+    for key in ("ids", "mask", "y"):
+        digest.update(train[key].cpu().contiguous().numpy().tobytes())
+    record = {"model": dict(spec), "train": dataclasses.asdict(config),
+              "data": {"n": len(train["y"]), "sha256": digest.hexdigest()[:16]},
+              "precision": precision}
+    return train_resumable(model, train, dev, config, folder, device, fingerprint=record,
+                           marker=TRAIN_SPEC, precision=precision, progress=False).curves
 
 
 def bucketed_batches(lengths: Tensor, batch_size: int, bucket: int, g: torch.Generator

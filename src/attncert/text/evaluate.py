@@ -1,7 +1,7 @@
-"""The SST-2 text stage (notebooks/06_text.py): a standard (non-Lipschitz) text transformer
-for the clean-accuracy reference, resumable training per model, and one evaluation routine
-that gives every model the same read-out (clean accuracy, certified radii, certified and PGD
-accuracy on the embeddings, certification cost, the soundness audit).
+"""One read-out for every SST-2 text model (:mod:`attncert.stages.text`): clean accuracy,
+certified radii, certified and PGD accuracy on the embeddings, certification cost, the
+soundness audit's rows, the residual gates and what the attention does; a frozen encoder's
+outputs computed once.
 
 Certificates per family:
 
@@ -10,80 +10,23 @@ Certificates per family:
 * ``lofast``: :func:`attncert.certify.certify_table` on the embeddings of a
   :class:`~attncert.text.models.LipschitzTextTransformer`, one radius per bound variant
   (pairwise test); the model's radius is the largest sound one;
-* ``none``: the standard transformer has no certificate (radius 0, PGD only).
+* ``none``: the standard transformer (:mod:`attncert.text.standard`) has no certificate
+  (radius 0, PGD only).
 """
 
 from __future__ import annotations
 
-import dataclasses
-import hashlib
 import math
 from collections.abc import Mapping, Sequence
-from pathlib import Path
 from typing import Any
 
 import torch
 from torch import Tensor, nn
 
-from attncert import soundness
-from attncert.models.vit import Block, ViTConfig
-from attncert.precision import resolve_precision
-from attncert.train import resolve_device, train_resumable
-
 from .attacks import audit_embeddings
-from .models import masked_mean_logits
-from .olsa import normalize_tokens
-from .train_text import TextTrainConfig, certify_rows, evaluate_text
+from .train_text import certify_rows, evaluate_text
 
 FAMILIES = ("olsa", "lofast", "none")
-SPEC = "spec.json"
-
-
-class StandardTextTransformer(nn.Module):
-    """A standard pre-norm transformer classifier of the given size: word embeddings of norm
-    ``token_norm`` (the certified models' embedding space) + position embeddings,
-    :class:`attncert.models.vit.Block` s of the standard ViT (LayerNorm, dot-product attention
-    with padding keys masked, GELU MLP), LayerNorm, mean pooling over the real tokens, a linear
-    head. No Lipschitz constraint: the clean-accuracy reference of the certified models."""
-
-    def __init__(self, vocab_size: int, max_len: int, dim: int, depth: int, heads: int,
-                 mlp_hidden: int, num_classes: int = 2, token_norm: float = 2.0):
-        super().__init__()
-        cfg = ViTConfig(dim=dim, depth=depth, heads=heads, mlp_hidden=mlp_hidden,
-                        num_classes=num_classes, kind="standard", block="prenorm", pool="mean")
-        self.token_norm = float(token_norm)
-        self.word = nn.Embedding(vocab_size, dim)
-        nn.init.normal_(self.word.weight, std=dim ** -0.5)
-        self.pos = nn.Parameter(torch.zeros(1, max_len, dim))
-        nn.init.trunc_normal_(self.pos, std=0.02)
-        self.blocks = nn.ModuleList(Block(cfg) for _ in range(depth))
-        self.norm = nn.LayerNorm(dim)
-        self.head = nn.Linear(dim, num_classes)
-
-    def embed(self, ids: Tensor, mask: Tensor | None = None) -> Tensor:
-        """(B, L, dim): word embeddings normalised to ``token_norm`` (the input PGD perturbs)."""
-        return normalize_tokens(self.word(ids), self.token_norm)
-
-    def forward(self, x: Tensor, mask: Tensor | None = None) -> Tensor:
-        return masked_mean_logits(self, x, mask)
-
-
-def train_model(model: nn.Module, spec: Mapping[str, Any], train: Mapping[str, Tensor],
-                dev: Mapping[str, Tensor], config: TextTrainConfig, folder: str | Path,
-                device: torch.device | str, precision: str = "auto") -> list[dict[str, Any]]:
-    """:func:`attncert.train.train_resumable` at ``precision`` in ``folder``, resumed when
-    ``folder/spec.json`` records the same model ``spec``, training config, training data (its
-    size and a hash of its token ids and labels) and resolved precision, otherwise started over
-    (the folder is cleared). Returns the per-epoch rows."""
-    precision = resolve_precision(precision, resolve_device(device))
-    digest = hashlib.sha256()
-    for key in ("ids", "mask", "y"):
-        digest.update(train[key].cpu().contiguous().numpy().tobytes())
-    record = {"model": dict(spec), "train": dataclasses.asdict(config),
-              "data": {"n": len(train["y"]), "sha256": digest.hexdigest()[:16]},
-              "precision": precision}
-    return train_resumable(model, train, dev, config, folder, device, fingerprint=record,
-                           marker=SPEC, precision=precision, progress=False).curves
 
 
 def _lofast_table(model: nn.Module, data: Mapping[str, Tensor], device, batch_size: int,
@@ -152,15 +95,17 @@ def evaluate_model(name: str, model: nn.Module, family: str, dev: Mapping[str, T
                    test: Mapping[str, Tensor], n_test: int, cert_eps: Sequence[float],
                    attack_steps: int, attack_restarts: int, device, batch_size: int = 100,
                    variants: Sequence[str] = ("lofast_M",), seed: int = 0,
-                   n_attack: int | None = None) -> tuple[dict[str, Any], list[dict[str, Any]]]:
-    """Every read-out of one trained model: (metrics, one curve row per variant and eps).
+                   n_attack: int | None = None
+                   ) -> tuple[dict[str, Any], list[dict[str, Any]], list[dict[str, Any]]]:
+    """Every read-out of one trained model: (metrics, one curve row per variant and eps, the
+    audit rows of :func:`attncert.text.attacks.audit_embeddings`, one per eps).
 
     Clean accuracy on all of dev (model selection) and test (the report); certified radii on
     the first ``n_test`` test sentences (0 = all), averaged with both rules
     (:func:`average_radius`); PGD and the audit on the first ``n_attack`` of them (None = all
     certified); the residual gates, alpha1 and the attention's mean max probability on the
-    certified sentences. A PGD success on a certified point raises
-    :class:`attncert.soundness.UnsoundCertificateError` (the stage must fail).
+    certified sentences. A PGD success on a certified point is counted in ``broken`` (the
+    stage fails on it: :func:`attncert.soundness.require_sound` on the audit rows).
     """
     if family not in FAMILIES:
         raise ValueError(f"family {family!r}: choose from {', '.join(FAMILIES)}")
@@ -176,7 +121,6 @@ def evaluate_model(name: str, model: nn.Module, family: str, dev: Mapping[str, T
     audit = audit_embeddings(model, att["ids"].to(device), att["mask"].to(device),
                              att["y"].to(device), best[:n_att], cert_eps, attack_steps,
                              attack_restarts, seed, batch_size)
-    soundness.require_sound({name: audit})
     broken = sum(r["broken"] for r in audit)
     curves = [{"model": name, "variant": v, "eps": float(e),
                "certified_acc": float(((r >= e) & (r > 0)).double().mean())}
@@ -195,7 +139,7 @@ def evaluate_model(name: str, model: nn.Module, family: str, dev: Mapping[str, T
         **residual_diagnostics(model),
         "attention": attention_statistics(model, sub, device, batch_size),
     }
-    return metrics, curves
+    return metrics, curves, audit
 
 
 # -- what the attention does -----------------------------------------------------------------
@@ -282,34 +226,7 @@ def attention_statistics(model: nn.Module, data: Mapping[str, Tensor], device,
             "ratio": mean / uniform}
 
 
-# -- data ------------------------------------------------------------------------------------
-
-
-def select_splits(sst2: Mapping[str, Any], max_train: int, max_eval: int, seed: int
-                  ) -> tuple[dict[str, dict[str, Any]], str]:
-    """({"train", "dev", "test": {"text", "y"}}, the name of the reported split).
-
-    Seeded subsets (:func:`attncert.data.subset_indices`; 0 = all). "test" is the split the
-    stage reports on: the labelled test split when the processed SST-2 has one, otherwise
-    (GLUE's download route, whose public test split has no labels) the dev split, which then
-    serves both model selection and the report; the second value says which.
-    """
-    from attncert.data import subset_indices
-
-    for split in ("train", "dev"):
-        if split not in sst2:
-            raise ValueError(f"the processed SST-2 has no labelled {split!r} split (splits: "
-                             f"{sorted(k for k in ('train', 'dev', 'test') if k in sst2)})")
-    reported = "test" if "test" in sst2 else "dev"
-
-    def take(split: str, k: int) -> dict[str, Any]:
-        idx = subset_indices(len(sst2[split]["y"]), k, seed)
-        return {"text": [sst2[split]["text"][i] for i in idx.tolist()],
-                "y": sst2[split]["y"][idx]}
-
-    dev = take("dev", max_eval)
-    return {"train": take("train", max_train), "dev": dev,
-            "test": take("test", max_eval) if reported == "test" else dev}, reported
+# -- a frozen encoder's outputs ------------------------------------------------------------
 
 
 @torch.no_grad()

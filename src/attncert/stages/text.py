@@ -1,0 +1,411 @@
+"""The text stage: sentiment transformers on SST-2, every one certified in the same space of
+word embeddings of norm 2 (the frozen-encoder head in its encoder's output space).
+
+One job per model: OLSA at depth 0 (no attention) and at every depth, the gamma ablation and
+the attention sweep of the deepest OLSA (and OLSA's averaged residual when the main runs use
+the gated one), Kim et al.'s L2 attention, a standard transformer of the same size, LoFAST's
+small-BERT grid and an OLSA head over a frozen encoder. Each trains resumably in
+``results_dir/ckpt/<name>`` and gets the same read-out
+(:func:`attncert.text.evaluate.evaluate_model`); the PGD audit's rows are returned, shown by
+the notebook, then checked by :func:`attncert.soundness.require_sound`.
+"""
+
+from __future__ import annotations
+
+import re
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, NamedTuple
+
+import pandas as pd
+import torch
+
+from attncert import paper
+from attncert.data import load_processed
+from attncert.headline import row
+from attncert.io import atomic_path, write_json
+from attncert.params import BaseParams, ParamsError, nonneg, one_of, param, positive, unique
+from attncert.text.evaluate import attention_table, evaluate_model, frozen_states
+from attncert.text.models import (
+    FrozenEncoderOLSA,
+    LipschitzTextTransformer,
+    OLSAClassifier,
+    TextTransformerConfig,
+)
+from attncert.text.olsa import RESIDUALS as OLSA_RESIDUALS
+from attncert.text.standard import StandardTextTransformer
+from attncert.text.tokenize import load_tokenizer
+from attncert.text.train_text import TextTrainConfig, encode_split, select_splits, train_model
+from attncert.train import resolve_device
+
+#: Bound variants of attncert.certify usable on LoFAST's text transformer (pairwise test).
+LOFAST_VARIANTS = ("lofast_M", "lofast_xi", "naive", "global")
+
+
+@dataclass(frozen=True)
+class Params:
+    """params.yaml ``text``: OLSA by depth and gamma, Kim et al.'s L2 attention, a standard
+    transformer of the same size, LoFAST's small-BERT grid and OLSA over a frozen pre-trained
+    encoder; eps is l2 in each model's embedding space."""
+
+    tokenizer: str = param(doc="'minilm-package' (offline), a hub id or a save_pretrained folder")
+    max_len: int = param(positive)
+    max_train: int = param(nonneg, doc="seeded subset of the training split (0 = all)")
+    max_eval: int = param(nonneg, doc="seeded subset of the dev and test splits (0 = all)")
+    olsa_depths: list[int] = param(positive, unique)
+    heads: int = param(positive, doc="OLSA, Kim-L2, the standard transformer, the frozen head")
+    hidden: int = param(positive)
+    gamma: float = param(nonneg, doc="certificate regulariser after its ramp (OLSA: 2.0)")
+    gamma_ramp: float = param(nonneg, doc="fraction of all steps gamma grows over (<= 1)")
+    gamma_ablation: list[float] = param(nonneg, unique, doc="gammas of the deepest OLSA")
+    epochs: int = param(positive)
+    batch_size: int = param(positive)
+    lr: float = param(positive, doc="OLSA-family models (OLSA, Kim-L2, the frozen head)")
+    vanilla_lr: float = param(positive, doc="the standard transformer")
+    warmup_steps: int = param(nonneg)
+    logit_scale: float = param(positive, doc="CE temperature (loss only; never the certificate)")
+    olsa_alpha1: float = param(positive, doc="initial alpha1 of every OLSA attention (OLSA: 4)")
+    olsa_residual: str = param(one_of(*OLSA_RESIDUALS),
+                               doc="averaged: OLSA's 0.5 x + 0.5 f(x); gated: trainable "
+                                   "(1 - b) x + b f(x), one b = sigmoid(theta) per sublayer")
+    olsa_residual_init: float = param(doc="initial b of the gated residual, in (0, 1)")
+    lofast_layers: list[int] = param(positive, unique)
+    lofast_heads: list[int] = param(positive, unique)
+    lofast_gamma_vo: list[float] = param(positive, unique)
+    lofast_dim: int = param(positive)
+    lofast_mlp_hidden: int = param(positive)
+    lofast_gamma_qk: float = param(positive)
+    lofast_radius_attn: float = param(positive)
+    lofast_variants: list[str] = param(one_of(*LOFAST_VARIANTS), unique)
+    lofast_epochs: int = param(positive)
+    lofast_lr: float = param(positive)
+    lofast_logit_scale: float = param(positive, doc="CE temperature of the LoFAST grid (its "
+                                                    "head is free, unlike OLSA's)")
+    frozen_source: str = param(doc="the frozen encoder: 'minilm-package', a hub id or a folder")
+    frozen_epochs: int = param(positive)
+    frozen_max_train: int = param(nonneg, doc="seeded subset of the whole training split "
+                                              "for the frozen-encoder head, independent of "
+                                              "max_train (0 = all of it)")
+    attention_alpha1: list[float] = param(positive, unique, doc="the attention sweep: the "
+                                          "deepest OLSA, averaged residual, alpha1 fixed at "
+                                          "each value (empty: no sweep)")
+    n_test: int = param(nonneg, doc="first n test sentences certified (0 = the whole split)")
+    n_attack: int = param(positive, doc="first n certified sentences attacked (PGD audit)")
+    cert_batch_size: int = param(positive)
+    cert_eps: list[float] = param(positive, unique)
+    attack_steps: int = param(positive)
+    attack_restarts: int = param(positive)
+    results_dir: str = param()
+    metrics: str = param()
+
+    def __post_init__(self) -> None:
+        def fail(key: str, msg: str):
+            raise ParamsError(f"text.{key}: {msg}")
+
+        if self.hidden % self.heads:
+            fail("heads", f"hidden = {self.hidden} is not divisible by {self.heads}")
+        for h in self.lofast_heads:
+            if self.lofast_dim % h:
+                fail("lofast_heads", f"lofast_dim = {self.lofast_dim} is not divisible by {h}")
+        if not self.lofast_variants:
+            fail("lofast_variants", "needs at least one variant")
+        if self.gamma_ramp > 1:
+            fail("gamma_ramp", f"must be in [0, 1], got {self.gamma_ramp!r}")
+        if not 0 < self.olsa_residual_init < 1:
+            fail("olsa_residual_init", f"must be in (0, 1) (b = sigmoid(theta)), got "
+                                       f"{self.olsa_residual_init!r}")
+
+
+# -- the plan --------------------------------------------------------------------------------
+
+
+class Job(NamedTuple):
+    """One model of the stage: its certificate family, class, constructor arguments and
+    training settings (those of :class:`TextTrainConfig` beyond the stage's common ones)."""
+
+    family: str
+    cls: type
+    kwargs: dict[str, Any]
+    train: dict[str, Any]
+
+
+def jobs(p: Params, vocab: int) -> dict[str, Job]:
+    """Every model of the stage by name (the names the report reads: "olsa-L<depth>-g<gamma>"
+    and so on)."""
+    deep = max(p.olsa_depths)
+    g = p.gamma
+    olsa_layer = dict(alpha1=p.olsa_alpha1, residual=p.olsa_residual,
+                      residual_init=p.olsa_residual_init)
+    olsa = dict(vocab_size=vocab, max_len=p.max_len, dim=p.hidden, heads=p.heads, **olsa_layer)
+    olsa_train = dict(epochs=p.epochs, lr=p.lr, gamma=g)
+    out = {f"olsa-L{d}-g{g:g}": Job("olsa", OLSAClassifier, dict(olsa, depth=d), olsa_train)
+           for d in (0, *p.olsa_depths)}
+    out |= {f"olsa-L{deep}-g{a:g}": Job("olsa", OLSAClassifier, dict(olsa, depth=deep),
+                                        dict(olsa_train, gamma=a))
+            for a in p.gamma_ablation}
+    if p.olsa_residual != "averaged":
+        out[f"olsa-L{deep}-g{g:g}-averaged"] = Job(
+            "olsa", OLSAClassifier, dict(olsa, depth=deep, residual="averaged"), olsa_train)
+    out |= {f"olsa-L{deep}-g{g:g}-alpha1-{a:g}": Job(
+        "olsa", OLSAClassifier, dict(olsa, depth=deep, residual="averaged", alpha1=a,
+                                     train_alpha1=False), olsa_train)
+        for a in p.attention_alpha1}
+    out[f"kim-l2-L{deep}-g{g:g}"] = Job("olsa", OLSAClassifier,
+                                        dict(olsa, depth=deep, attention="l2"), olsa_train)
+    out[f"vanilla-L{deep}"] = Job("none", StandardTextTransformer,
+                                  dict(vocab_size=vocab, max_len=p.max_len, dim=p.hidden,
+                                       depth=deep, heads=p.heads, mlp_hidden=2 * p.hidden),
+                                  dict(epochs=p.epochs, lr=p.vanilla_lr, gamma=0.0))
+    out |= {f"lofast-L{L}-H{H}-vo{vo:g}": Job(
+        "lofast", LipschitzTextTransformer,
+        dict(config=TextTransformerConfig(vocab_size=vocab, max_len=p.max_len, dim=p.lofast_dim,
+                                          depth=L, heads=H, mlp_hidden=p.lofast_mlp_hidden,
+                                          radius_attn=p.lofast_radius_attn,
+                                          gamma_qk=p.lofast_gamma_qk, gamma_vo=vo)),
+        dict(epochs=p.lofast_epochs, lr=p.lofast_lr, gamma=0.0,
+             logit_scale=p.lofast_logit_scale))
+        for L in p.lofast_layers for H in p.lofast_heads for vo in p.lofast_gamma_vo}
+    out["frozen-olsa"] = Job("olsa", FrozenEncoderOLSA,
+                             dict(source=p.frozen_source, heads=p.heads, max_len=p.max_len,
+                                  **olsa_layer),
+                             dict(epochs=p.frozen_epochs, lr=p.lr, gamma=0.0))
+    return out
+
+
+@dataclass
+class Result:
+    """What the notebook shows. ``data``: the SST-2 source, split sizes, reported split,
+    vocabulary size, certified and attacked counts, device; ``audits``: {model: audit rows}
+    for :func:`attncert.soundness.require_sound`; ``figures``: {file name: figure}, saved."""
+
+    data: dict[str, Any]
+    jobs: pd.DataFrame
+    table: pd.DataFrame
+    audit: pd.DataFrame
+    audits: dict[str, list[dict[str, Any]]]
+    versus: pd.DataFrame
+    verdict: str
+    paper_vs_ours: pd.DataFrame
+    ablation: pd.DataFrame
+    figures: dict[str, Any]
+    seconds: float
+
+
+def run(p: Params, base: BaseParams, processed_dir: str) -> Result:
+    """Train and evaluate every model of :func:`jobs`; write ``results_dir`` (models.csv,
+    curves.csv, the figures) and the metrics file; return what the notebook shows."""
+    import matplotlib.pyplot as plt
+
+    from attncert.figures import text as figs  # seaborn: not on the path of params checks
+
+    t_stage = time.perf_counter()
+    torch.manual_seed(base.seed)
+    dev_ = resolve_device(base.device)
+    out = Path(p.results_dir)
+    sst2 = load_processed("sst2", processed_dir)
+    tok = load_tokenizer(p.tokenizer)
+    raw, reported = select_splits(sst2, p.max_train, p.max_eval, base.seed)
+    splits = {name: encode_split(s, tok, p.max_len) for name, s in raw.items()}
+    n_cert = len(raw["test"]["y"]) if p.n_test == 0 else min(p.n_test, len(raw["test"]["y"]))
+    common = dict(batch_size=p.batch_size, warmup_steps=p.warmup_steps,
+                  logit_scale=p.logit_scale, gamma_ramp=p.gamma_ramp, seed=base.seed)
+    evaluation = dict(n_test=p.n_test, n_attack=p.n_attack, cert_eps=p.cert_eps,
+                      attack_steps=p.attack_steps, attack_restarts=p.attack_restarts,
+                      device=dev_, batch_size=p.cert_batch_size, seed=base.seed,
+                      variants=p.lofast_variants)
+    todo = jobs(p, tok.vocab_size)
+    # the frozen head's own seeded subset of the whole training split (its cost is the
+    # encoder's forward pass once per sentence, not training steps); dev and test are the same
+    frozen_raw, _ = select_splits(sst2, p.frozen_max_train, p.max_eval, base.seed)
+    frozen_tok = tok if p.frozen_source == p.tokenizer else load_tokenizer(p.frozen_source)
+    frozen_splits = {name: encode_split(s, frozen_tok, p.max_len)
+                     for name, s in frozen_raw.items()}
+
+    results, curves, audits = {}, [], {}
+    for name, job in todo.items():
+        torch.manual_seed(base.seed)
+        model = job.cls(**job.kwargs)
+        spec = {"class": job.cls.__name__, **{k: str(v) for k, v in job.kwargs.items()}}
+        data = splits
+        if job.cls is FrozenEncoderOLSA:  # the encoder runs once per sentence; the head reads
+            t0 = time.perf_counter()       # its states
+            data = {s: frozen_states(model, frozen_splits[s], dev_, p.cert_batch_size)
+                    for s in ("train", "dev", "test")}
+            print(f"{name}: encoder outputs of {len(data['train']['y'])} training, "
+                  f"{len(data['dev']['y'])} dev and {len(data['test']['y'])} {reported} "
+                  f"sentences in {time.perf_counter() - t0:.0f} s")
+        history = train_model(model, spec, data["train"], data["dev"],
+                              TextTrainConfig(**(common | job.train)), out / "ckpt" / name,
+                              dev_, base.precision)
+        train_seconds = sum(r["seconds"] for r in history)  # every epoch, resumed or not
+        metrics, curve, audits[name] = evaluate_model(name, model, job.family, data["dev"],
+                                                      data["test"], **evaluation)
+        results[name] = metrics | {"train_seconds": train_seconds, "epochs": job.train["epochs"],
+                                   "gamma": job.train["gamma"]}
+        curves += curve
+        best = max(metrics["avg_radius"], key=metrics["avg_radius"].get)
+        print(f"{name}: dev {metrics['dev_acc']:.3f} {reported} {metrics['test_acc']:.3f} avg "
+              f"radius {metrics['avg_radius'][best]:.3f} (correct only "
+              f"{metrics['avg_radius_correct'][best]:.3f}) ({train_seconds:.0f} s training)")
+    curves = pd.DataFrame(curves)
+    table = attention_table(results)
+    deep = max(p.olsa_depths)
+    depth0 = f"olsa-L0-g{p.gamma:g}"
+    olsa_rows = table[table["family"] == "olsa"].set_index("model")
+    versus, attention_models, verdict = _versus_depth0(olsa_rows, depth0, reported)
+    paper_vs_ours = pd.DataFrame([
+        {"source": "OLSA paper, 3-layer OLSA (softmax constant 1/4: unsound)",
+         "avg_radius": paper.OLSA_AVG_RADIUS["sst"]},
+        {"source": "OLSA paper, Shi et al.", "avg_radius": paper.OLSA_SHI_AVG_RADIUS["sst"]},
+        *[{"source": f"ours, {name} (constant 1/2)",
+           "avg_radius": olsa_rows.loc[name, "avg_radius"],
+           "avg_radius_correct": olsa_rows.loc[name, "avg_radius_correct"],
+           "test_acc": olsa_rows.loc[name, "test_acc"]}
+          for name in (f"olsa-L{d}-g{p.gamma:g}" for d in (0, *p.olsa_depths))]])
+    ablation = olsa_rows.loc[[f"olsa-L{deep}-g{g:g}" for g in sorted({*p.gamma_ablation,
+                                                                      p.gamma})],
+                             ["dev_acc", "test_acc", "avg_radius", "avg_radius_correct"]]
+    sweep = olsa_rows.loc[[depth0, f"olsa-L{deep}-g{p.gamma:g}",
+                           *[n for n in olsa_rows.index if "-alpha1-" in n or
+                             n.endswith("-averaged")]]].reset_index()
+    certified = curves[curves["variant"] != "none"]  # the standard transformer: no certificate
+    figures = {
+        "lofast_certified.png": figs.plot_certified_vs_eps(
+            curves[curves["model"].str.startswith("lofast")], "LoFAST small-BERT grid on SST-2"),
+        "olsa_certified.png": figs.plot_certified_vs_eps(
+            certified[~certified["model"].str.startswith("lofast")],
+            "OLSA, Kim-L2 and frozen-encoder OLSA on SST-2"),
+        "accuracy_radius.png": figs.plot_accuracy_vs_radius(table),
+        "attention_sweep.png": figs.plot_attention_tradeoff(sweep)}
+
+    out.mkdir(parents=True, exist_ok=True)
+    for file, fig in figures.items():
+        with atomic_path(out / file) as tmp:
+            fig.savefig(tmp, format="png", dpi=120, bbox_inches="tight")
+        plt.close(fig)  # saved; the notebook shows it where it belongs, not here
+    with atomic_path(out / "models.csv") as tmp:
+        table.to_csv(tmp, index=False)
+    with atomic_path(out / "curves.csv") as tmp:
+        curves.to_csv(tmp, index=False)
+    n_attack = min(p.n_attack, n_cert)
+    write_json(p.metrics, {
+        "scale": base.scale, "train_sentences": len(raw["train"]["y"]),
+        "frozen_train_sentences": len(frozen_splits["train"]["y"]), "reported_split": reported,
+        "n_certified": n_cert, "n_attacked": n_attack, "eps": p.cert_eps,
+        "depth0": depth0, "models": results,
+        "attention_vs_depth0": {
+            name: {"d_test_acc": r["d_test_acc"], "d_avg_radius": r["d_avg_radius"],
+                   "d_avg_radius_correct": r["d_avg_radius_correct"]}
+            for name, r in attention_models.iterrows()},
+        "paper": {"olsa_sst_avg_radius": paper.OLSA_AVG_RADIUS["sst"],
+                  "olsa_softmax_lipschitz": paper.OLSA_SOFTMAX_LIPSCHITZ,
+                  "shi_sst_avg_radius": paper.OLSA_SHI_AVG_RADIUS["sst"]},
+        "broken": int(table["broken"].sum()), "seconds": time.perf_counter() - t_stage})
+    audit = pd.DataFrame([{"model": name, **r} for name, rows in audits.items() for r in rows])
+    return Result(
+        data={"source": sst2["source"], "train": len(raw["train"]["y"]),
+              "dev": len(raw["dev"]["y"]), "reported": reported,
+              "n_reported": len(raw["test"]["y"]), "vocab": tok.vocab_size,
+              "n_certified": n_cert, "n_attacked": n_attack, "device": str(dev_)},
+        jobs=pd.DataFrame([{"model": name, "family": j.family, "class": j.cls.__name__,
+                            **j.train} for name, j in todo.items()]),
+        table=table, audit=audit, audits=audits, versus=versus, verdict=verdict,
+        paper_vs_ours=paper_vs_ours, ablation=ablation, figures=figures,
+        seconds=time.perf_counter() - t_stage)
+
+
+def _versus_depth0(olsa_rows: pd.DataFrame, depth0: str, reported: str
+                   ) -> tuple[pd.DataFrame, pd.DataFrame, str]:
+    """(every OLSA-family model against the depth-0 baseline: differences in test accuracy
+    and average radius (both rules); the attention models among them; the verdict line)."""
+    versus = olsa_rows.assign(
+        d_test_acc=olsa_rows["test_acc"] - olsa_rows.loc[depth0, "test_acc"],
+        d_avg_radius=olsa_rows["avg_radius"] - olsa_rows.loc[depth0, "avg_radius"],
+        d_avg_radius_correct=(olsa_rows["avg_radius_correct"]
+                              - olsa_rows.loc[depth0, "avg_radius_correct"]))[
+        ["test_acc", "d_test_acc", "avg_radius", "d_avg_radius", "avg_radius_correct",
+         "d_avg_radius_correct", "attn_ratio", "b_att", "alpha1"]]
+    attention_models = versus.drop(index=[depth0, "frozen-olsa"], errors="ignore")
+    best_acc, best_radius = (attention_models["d_test_acc"].idxmax(),
+                             attention_models["d_avg_radius"].idxmax())
+    verdict = (
+        f"Over the depth-0 baseline ({versus.loc[depth0, 'test_acc']:.3f} {reported} accuracy, "
+        f"average radius {versus.loc[depth0, 'avg_radius']:.3f}), the best attention model in "
+        f"accuracy is {best_acc} ({attention_models.loc[best_acc, 'd_test_acc']:+.3f}) and in "
+        f"average radius {best_radius} "
+        f"({attention_models.loc[best_radius, 'd_avg_radius']:+.3f}).")
+    return versus, attention_models, verdict
+
+
+# -- headline rows ---------------------------------------------------------------------------
+
+#: model names as :func:`jobs` builds them: "olsa-L<depth>-g<gamma>" is OLSA (with
+#: "-averaged": OLSA's own residual); the attention sweep's "-alpha1-<a>" is not
+_OLSA_NAME = re.compile(r"olsa-L(\d+)-g[0-9.]+(-averaged)?$")
+#: the depth of OLSA's headline model (OLSA section 5: a 3-layer OLSA on SST and Yelp)
+OLSA_PAPER_DEPTH = 3
+
+
+def headline_rows(m: Mapping, item: Mapping) -> list[dict]:
+    """Per SST-2 model: accuracy on the reported split, average certified radius per bound
+    variant with both rules (0 for misclassified sentences, OLSA's; correctly classified
+    only), OLSA's SST radius (its unsound softmax constant 1/4) beside every 3-layer OLSA,
+    the differences to the depth-0 baseline, the residual gates, alpha1, the attention's max
+    probability against 1/n, certified accuracy per eps, certification cost."""
+    ref, shi = paper.OLSA_AVG_RADIUS["sst"], paper.OLSA_SHI_AVG_RADIUS["sst"]
+    src = (f"OLSA section 5 ({OLSA_PAPER_DEPTH}-layer OLSA, SST; softmax constant "
+           f"{paper.OLSA_SOFTMAX_LIPSCHITZ:g}: unsound, ours 1/2; Shi et al.: {shi:g})")
+    split = m.get("reported_split", "test")
+    rows = []
+    versus = m.get("attention_vs_depth0", {})
+    for name, r in m.get("models", {}).items():
+        base = f"models/{name}"
+        rows.append(row(f"{base}/test_acc", f"{name} {split} accuracy", r["test_acc"],
+                         "fraction", brief=True))
+        if r.get("family") == "none":   # no certificate: radius and certified accuracy are 0
+            continue
+        match = _OLSA_NAME.match(name) if r["family"] == "olsa" else None
+        olsa_ref = ref if match and int(match.group(1)) == OLSA_PAPER_DEPTH else None
+        radii, correct = r.get("avg_radius", {}), r.get("avg_radius_correct", {})
+        best = max(radii, key=radii.get) if radii else None
+        for variant, radius in radii.items():
+            rows.append(row(f"{base}/avg_radius/{variant}",
+                             f"{name} average certified radius ({variant}; 0 if wrong)",
+                             radius, "value", olsa_ref, src, brief=variant == best))
+        for variant, radius in correct.items():
+            rows.append(row(f"{base}/avg_radius_correct/{variant}",
+                             f"{name} average certified radius ({variant}; correct only)",
+                             radius, "value", brief=variant == best))
+        for key, label in (("d_test_acc", f"{split} accuracy"),
+                           ("d_avg_radius", "average radius")):
+            if key in versus.get(name, {}):
+                rows.append(row(f"attention_vs_depth0/{name}/{key}",
+                                 f"{name} minus depth 0: {label}", versus[name][key],
+                                 "value", brief=True))
+        if r.get("b_att_mean") is not None:
+            rows.append(row(f"{base}/b_att_mean", f"{name} attention gate b (mean over layers)",
+                             r["b_att_mean"], "value"))
+        if r.get("alpha1_mean") is not None:
+            rows.append(row(f"{base}/alpha1_mean", f"{name} alpha1 (mean over layers)",
+                             r["alpha1_mean"], "value"))
+        att = r.get("attention") or {}
+        if att.get("ratio") is not None:
+            rows.append(row(f"{base}/attention/ratio",
+                             f"{name} attention max probability / uniform (1/n)",
+                             att["ratio"], "ratio", brief=r["family"] == "olsa"))
+        for eps, acc in r.get("certified_acc", {}).items():
+            rows.append(row(f"{base}/certified_acc/{eps}", f"{name} certified at eps {eps}",
+                             acc, "fraction"))
+        if "cert_seconds_per_batch" in r:
+            rows.append(row(f"{base}/cert_seconds_per_batch",
+                             f"{name} certification seconds per batch of "
+                             f"{r.get('cert_batch_size', '?')}", r["cert_seconds_per_batch"],
+                             "seconds"))
+    for key, label in (("n_certified", f"certified {split} sentences"),
+                       ("n_attacked", "attacked sentences (PGD audit)"),
+                       ("broken", "broken certificates")):
+        if key in m:
+            rows.append(row(key, label, m[key], "count", brief=True))
+    return rows
