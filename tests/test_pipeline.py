@@ -68,6 +68,7 @@ def test_stage_sections_params_and_notebook_agree(stage, spec, item):
     assert sorted(expected) == sorted(_names(spec.get("params"), item)), (
         f"{stage}: --section list and dvc.yaml params differ")
     nb = read_notebook(ROOT / notebook)
+    values = PARAMS.notebook_parameters(sections, declared_parameters(nb), parse_items(items))
     assert sorted(declared_parameters(nb)) == sorted(values), (
         f"{stage}: notebook parameters and params.yaml sections differ")
     assert notebook in _names(spec["deps"], item)
