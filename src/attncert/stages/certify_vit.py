@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import matplotlib.pyplot as plt
 import pandas as pd
 import torch
 
@@ -57,7 +58,7 @@ class Certified:
     audit: pd.DataFrame  # one row per eps: attacked, robust accuracy, broken per variant
     summary: dict[str, Any]  # metrics.json without run and dataset
     long: pd.DataFrame  # certified accuracy per variant, test and eps
-    figure: Any  # certified accuracy vs eps (saved as certified.png)
+    figure: Any  # certified accuracy vs eps (saved as certified.png; closed, for display)
     samples: Path  # samples.csv
 
 
@@ -104,6 +105,7 @@ def run(p: Params, base: BaseParams, point: GridPoint, processed_dir: str,
                               certvit_reference(point.dataset))
     with atomic_path(out_dir / "certified.png") as tmp:
         fig.savefig(tmp, format="png", dpi=120, bbox_inches="tight")
+    plt.close(fig)  # shown once, by the notebook
     return Certified(point.name, point.dataset, n, model.config, table, pd.DataFrame(rows),
                      summary, long, fig, samples)
 
