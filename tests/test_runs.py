@@ -1,5 +1,7 @@
 """Grid points: names, configs from params, checkpoint folders; the ViT report figures."""
 
+import dataclasses
+
 import matplotlib
 
 matplotlib.use("Agg")
@@ -12,7 +14,9 @@ from matplotlib.figure import Figure  # noqa: E402
 from attncert import certify, runs  # noqa: E402
 from attncert.checkpoint import prepare_checkpoint_dir  # noqa: E402
 from attncert.figures import vit as figs  # noqa: E402
-from attncert.params import load_params  # noqa: E402
+from attncert.params import ParamsError, load_params, parse_section  # noqa: E402
+from attncert.runs import GridPoint  # noqa: E402
+from attncert.stages import train_vit  # noqa: E402
 
 
 def _data(channels=1, size=28, classes=10):
@@ -22,8 +26,12 @@ def _data(channels=1, size=28, classes=10):
             "mean": [0.5] * channels, "std": [0.25] * channels, "source": "test"}
 
 
-def _settings():
-    return dict(load_params().flat(["train_vit"]))
+def _settings(**changes):
+    return dataclasses.replace(load_params()["train_vit"], **changes)
+
+
+def _point(depth=3, heads=4, gamma_vo=0.5, dataset="cifar10"):
+    return GridPoint("runs/vit", dataset, depth, heads, gamma_vo)
 
 
 def test_run_name_matches_the_dvc_template():
@@ -31,15 +39,32 @@ def test_run_name_matches_the_dvc_template():
     assert runs.run_name("svhn", 6, 8, 1.0) == "svhn-L6-H8-vo1.0"
 
 
+def test_a_grid_point_parses_from_the_item_nbrun_passes():
+    p = load_params()
+    grid = p["vit_grid"]
+    items = {"dataset": grid.dataset[0], "depth": str(grid.depth[0]),
+             "heads": str(grid.heads[0]), "gamma_vo": str(grid.gamma_vo[0])}
+    raw = p.notebook_parameters(["vit_grid"], ["vit_grid"], items)["vit_grid"]
+    point = parse_section("vit_grid", raw, GridPoint)
+    name = runs.run_name(grid.dataset[0], grid.depth[0], grid.heads[0], grid.gamma_vo[0])
+    assert point.name == name and str(point.run_dir) == f"{grid.runs_dir}/{name}"
+    with pytest.raises(ParamsError, match="vit_grid.depth: must be > 0"):
+        parse_section("vit_grid", raw | {"depth": 0}, GridPoint)
+    with pytest.raises(ParamsError, match="vit_grid.dataset: unknown value 'sst2'"):
+        parse_section("vit_grid", raw | {"dataset": "sst2"}, GridPoint)
+    with pytest.raises(ParamsError, match="vit_grid.heads: expected int"):
+        parse_section("vit_grid", raw | {"heads": [4]}, GridPoint)
+
+
 @pytest.mark.parametrize(("normalize", "mean", "std"),
                          [("mean", (0.5, 0.5, 0.5), (1.0, 1.0, 1.0)),
                           ("std", (0.5, 0.5, 0.5), (0.25, 0.25, 0.25)),
                           ("none", (0.0, 0.0, 0.0), (1.0, 1.0, 1.0))])
 def test_vit_config_takes_the_dataset_and_the_grid_point(normalize, mean, std):
-    s = _settings() | {"normalize": normalize}
-    cfg = runs.vit_config(_data(3, 32), s, depth=4, heads=8, gamma_vo=0.75)
+    s = _settings(normalize=normalize)
+    cfg = train_vit.model_config(s, _point(depth=4, heads=8, gamma_vo=0.75), _data(3, 32))
     assert (cfg.channels, cfg.image_size, cfg.num_classes) == (3, 32, 10)
-    assert (cfg.depth, cfg.heads, cfg.gamma_vo, cfg.dim) == (4, 8, 0.75, s["dim"])
+    assert (cfg.depth, cfg.heads, cfg.gamma_vo, cfg.dim) == (4, 8, 0.75, s.dim)
     assert cfg.mean == mean and cfg.std == std
 
 
@@ -79,13 +104,15 @@ def test_every_dataset_builder_gives_the_config_it_built_before(channels, size):
                                     "std": [0.3 - c / 50 for c in range(channels)]}
     mean, std = tuple(data["mean"]), tuple(data["std"])
     shape = {"image_size": size, "channels": channels, "num_classes": 10}
-    s = _settings() | {"patch": 4}
-    grid = {k: s[k] for k in runs.VIT_KEYS}
+    s = _settings(patch=4)
+    grid = {k: getattr(s, k) for k in ("kind", "patch", "dim", "mlp_hidden", "block", "pool",
+                                       "radius_attn", "radius_stream", "gamma_qk", "head_norm")}
     crown = {"patch": 4, "dim": 16, "heads": 2, "mlp_hidden": 32, "pool": "mean",
              "radius_attn": 1.5, "gamma_qk": 0.25, "gamma_vo": 0.5}
     arch = {"patch": 4, "dim": 16, "depth": 2, "heads": 2, "mlp_hidden": 32}
     for norm, m, sd in (("mean", mean, None), ("std", mean, std), ("none", None, None)):
-        assert runs.vit_config(data, s | {"normalize": norm}, 3, 4, 0.5) == ViTConfig(
+        assert train_vit.model_config(dataclasses.replace(s, normalize=norm), _point(),
+                                      data) == ViTConfig(
             **shape, depth=3, heads=4, gamma_vo=0.5, mean=m, std=sd, **grid)
         crown_p = dataclasses.replace(load_params()["crown"], **crown, normalize=norm)
         assert crown_stage.vit_config(data, crown_p, 4) == ViTConfig(
@@ -101,21 +128,29 @@ def test_every_dataset_builder_gives_the_config_it_built_before(channels, size):
 
 
 def test_train_config_uses_every_training_key_and_the_seed():
-    tc = runs.train_config(_settings(), seed=7)
-    assert tc.seed == 7 and tc.epochs == _settings()["epochs"]
+    from attncert.train import TrainConfig
+
+    s = _settings(epochs=3, lr=0.5, warmup_steps=7, margin="olsa", olsa_gamma=0.1,
+                  msvp_lambda=[1e-3, 2e-3, 3e-3], adversarial="pgd_linf", adv_steps=3)
+    tc = train_vit.train_config(s, seed=7)
+    assert tc.seed == 7
+    for f in dataclasses.fields(TrainConfig):
+        if f.name != "seed":
+            want = getattr(s, f.name)
+            assert getattr(tc, f.name) == (tuple(want) if isinstance(want, list) else want), f.name
 
 
 def test_checkpoint_dir_resumes_same_run_and_clears_another(tmp_path):
     s = _settings()
-    cfg = runs.vit_config(_data(3, 32), s, 3, 4, 0.5)
-    fp = runs.fingerprint(cfg, runs.train_config(s, 0), "mnist", "test")
+    cfg = train_vit.model_config(s, _point(), _data(3, 32))
+    fp = runs.fingerprint(cfg, train_vit.train_config(s, 0), "mnist", "test")
     ckpt = tmp_path / "ckpt"
     assert prepare_checkpoint_dir(ckpt, fp) == "fresh"
     (ckpt / "last.pt").write_text("state")
     assert prepare_checkpoint_dir(ckpt, fp) == "resume"
     assert (ckpt / "last.pt").exists()
-    other = runs.fingerprint(runs.vit_config(_data(3, 32), s, 3, 4, 0.25),
-                             runs.train_config(s, 0), "mnist", "test")
+    other = runs.fingerprint(train_vit.model_config(s, _point(gamma_vo=0.25), _data(3, 32)),
+                             train_vit.train_config(s, 0), "mnist", "test")
     status = prepare_checkpoint_dir(ckpt, other)
     assert status == "cleared: model changed" and not (ckpt / "last.pt").exists()
 

@@ -148,81 +148,24 @@ class TightnessParams:
             _fail("tightness.heads", f"dim = {self.dim} is not divisible by heads = {self.heads}")
 
 
-#: Lipschitz-ViT / standard-ViT settings shared by the grid (names of ``attncert.models``).
-VIT_KINDS = ("lipschitz", "standard")
+#: ViT settings shared by several sections (names of ``attncert.models``).
 VIT_BLOCKS = ("stream", "prenorm")
 VIT_POOLS = ("cls", "mean")
 NORMALIZE = ("mean", "std", "none")
-MARGINS = ("none", "lmt", "olsa")
 AUGMENTS = ("none", "crop", "crop_flip")
-CERT_VARIANTS = ("lofast_M", "lofast_xi", "naive", "specformer", "global")
-CERT_TESTS = ("pairwise", "logit")
-ADVERSARIAL = ("none", "pgd_linf")
 
 
 @dataclass(frozen=True)
 class VitGridParams:
     """The ViT grid (a DVC matrix: every combination is one train_vit and one certify_vit
-    stage). A stage gets ONE value of each list through ``nbrun --item``."""
+    stage). A stage gets ONE value of each list through ``nbrun --item`` and parses it as
+    :class:`attncert.runs.GridPoint`."""
 
     runs_dir: str = param(doc="one folder per grid point: checkpoints, model, metrics")
     dataset: list[str] = param(one_of(*IMAGE_DATASETS), unique)
     depth: list[int] = param(positive, unique)
     heads: list[int] = param(positive, unique)
     gamma_vo: list[float] = param(positive, unique)
-
-
-@dataclass(frozen=True)
-class TrainVitParams:
-    kind: str = param(one_of(*VIT_KINDS))
-    patch: int = param(positive)
-    dim: int = param(positive)
-    mlp_hidden: int = param(positive)
-    block: str = param(one_of(*VIT_BLOCKS))
-    pool: str = param(one_of(*VIT_POOLS))
-    radius_attn: float = param(positive)
-    radius_stream: float | None = param(doc="null = sqrt(dim)")
-    gamma_qk: float = param(positive)
-    head_norm: bool = param(doc="head rows scaled to unit norm (margins are feature margins)")
-    normalize: str = param(one_of(*NORMALIZE), doc="inside the model; eps stays in pixel space")
-    epochs: int = param(positive)
-    batch_size: int = param(positive)
-    lr: float = param(positive)
-    weight_decay: float = param(nonneg)
-    warmup_steps: int = param(nonneg)
-    margin: str = param(one_of(*MARGINS))
-    lmt_offset: float = param(nonneg)
-    olsa_gamma: float = param(nonneg)
-    logit_scale: float = param(positive)
-    augment: str = param(one_of(*AUGMENTS))
-    grad_clip: float = param(nonneg)
-    eval_batch_size: int = param(positive)
-    msvp_lambda: list[float] = param(nonneg, doc="SpecFormer's MSVP (lam_q, lam_k, lam_v); 0 = off")
-    adversarial: str = param(one_of(*ADVERSARIAL))
-    adv_eps: float = param(positive, doc="l_inf radius of adversarial training (pixel space)")
-    adv_steps: int = param(positive)
-
-    def __post_init__(self) -> None:
-        if self.radius_stream is not None and self.radius_stream <= 0:
-            _fail("train_vit.radius_stream", f"must be > 0 or null, got {self.radius_stream!r}")
-        if len(self.msvp_lambda) != 3:
-            _fail("train_vit.msvp_lambda", f"needs 3 values, got {self.msvp_lambda!r}")
-
-
-@dataclass(frozen=True)
-class CertifyVitParams:
-    n_test: int = param(positive, doc="first n test images (the same points for every variant)")
-    cert_batch_size: int = param(positive)
-    variants: list[str] = param(one_of(*CERT_VARIANTS), unique)
-    tests: list[str] = param(one_of(*CERT_TESTS), unique)
-    cert_softmax_lipschitz: float = param(one_of_numbers(0.5, 1.0))
-    max_radius: float = param(positive)
-    cert_eps: list[float] = param(positive, unique)
-    attack_steps: int = param(positive)
-    attack_restarts: int = param(positive)
-    results_dir: str = param()
-
-
 
 
 def unit_interval(key: str, v: float) -> None:
@@ -241,8 +184,6 @@ class FiguresParams:
     html_dir: str = param(doc="every executed notebook as HTML, with index.html")
 
 
-
-
 #: Every section of params.yaml, in file order: its dataclass, or ``"module:Class"`` for a
 #: section owned by a stage module (``attncert.stages``), imported when params are validated
 #: (a stage module imports this one for its checks, so it is not imported here at load time).
@@ -251,8 +192,8 @@ SECTIONS: dict[str, type | str] = {
     "data": "attncert.stages.data:Params",
     "tightness": TightnessParams,
     "vit_grid": VitGridParams,
-    "train_vit": TrainVitParams,
-    "certify_vit": CertifyVitParams,
+    "train_vit": "attncert.stages.train_vit:Params",
+    "certify_vit": "attncert.stages.certify_vit:Params",
     "specformer": "attncert.stages.specformer:Params",
     "certvit": "attncert.stages.certvit:Params",
     "crown": "attncert.stages.crown:Params",

@@ -31,14 +31,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from attncert import paper
-from attncert.headline import UNITS, eps_match, row
+from attncert.headline import eps_match, row
+from attncert.params import PARAMS_FILE, Params, load_params, read_yaml
+from attncert.stages import certify_vit as certify_vit_stage
 from attncert.stages import certvit as certvit_stage
 from attncert.stages import crown as crown_stage
 from attncert.stages import data as data_stage
 from attncert.stages import specformer as specformer_stage
 from attncert.stages import text as text_stage
-from attncert.params import PARAMS_FILE, Params, load_params, read_yaml
+from attncert.stages import train_vit as train_vit_stage
 
 DVC_FILE = "dvc.yaml"
 README_FILE = "README.md"
@@ -163,7 +164,6 @@ def stage_metrics(loaded: Sequence[tuple[StageRun, dict]], stage: str) -> dict[s
     return out
 
 
-
 def stage_items(runs: Sequence[StageRun], stage: str) -> dict[str, Mapping[str, Any]]:
     """{grid point name: matrix item} of a matrix stage."""
     return {r.run: r.item for r in runs if r.stage == stage and r.run}
@@ -199,65 +199,6 @@ def _tightness_rows(m: Mapping, item: Mapping) -> list[dict]:
     return rows
 
 
-def _train_vit_rows(m: Mapping, item: Mapping) -> list[dict]:
-    return [row(k, label, m[k], unit, brief=brief) for k, label, unit, brief in (
-        ("clean_acc", "clean accuracy (trained)", "fraction", True),
-        ("test_loss", "test loss", "value", False),
-        ("epochs", "epochs", "count", False),
-        ("train_seconds", "training seconds", "seconds", True),
-        ("parameters", "parameters", "count", False)) if k in m]
-
-
-def _lofast_table1(item: Mapping, eps: str) -> float | None:
-    t1 = paper.LOFAST_TABLE1
-    i = eps_match(eps, t1["eps"])
-    if item.get("dataset") != "cifar10" or item.get("depth") not in t1["lofast"] or i is None:
-        return None
-    return t1["lofast"][item["depth"]][i] / 100
-
-
-def _certvit_reference(dataset: str | None) -> tuple[Mapping, str] | None:
-    """CertViT's Table 1 row for ``dataset`` (MNIST or CIFAR-10) and its name, if any."""
-    return {"mnist": (paper.CERTVIT_MNIST, "CertViT Table 1 (MNIST)"),
-            "cifar10": (paper.CERTVIT_CIFAR10, "CertViT Table 1 (CIFAR-10)")}.get(dataset or "")
-
-
-def _at_certvit_eps(dataset: str | None, eps: str) -> tuple[Mapping, str] | None:
-    ref = _certvit_reference(dataset)
-    return ref if ref and eps_match(eps, [ref[0]["eps"]]) is not None else None
-
-
-def _certify_vit_rows(m: Mapping, item: Mapping) -> list[dict]:
-    rows = [row("clean_acc", "clean accuracy", m["clean_acc"], "fraction", brief=True)]
-    for eps, acc in m.get("pgd_acc", {}).items():
-        rows.append(row(f"pgd_acc/{eps}", f"L2 PGD accuracy at eps {eps}", acc, "fraction"))
-    for key, accs in m.get("certified_acc", {}).items():
-        headline = key == "lofast_M_pairwise"
-        for eps, acc in accs.items():
-            ref, src = (_lofast_table1(item, eps), "LoFAST Table 1") if headline else (None, None)
-            claim = _at_certvit_eps(item.get("dataset"), eps) if headline else None
-            if ref is None and claim is not None:
-                ref, src = claim[0]["certified"] / 100, claim[1]
-            rows.append(row(f"certified_acc/{key}/{eps}", f"certified {key} at eps {eps}", acc,
-                             "fraction", ref, src, brief=headline))
-    depth_ref = paper.LOFAST_TABLE1["lofast_seconds"].get(item.get("depth"))
-    for key, s in m.get("seconds_per_sample", {}).items():
-        ref = depth_ref if key == "lofast_M_pairwise" and item.get("dataset") == "cifar10" else None
-        rows.append(row(f"seconds_per_sample/{key}", f"seconds per sample {key}", s, "seconds",
-                         ref, "LoFAST Table 1", brief=key == "lofast_M_pairwise"))
-    for key, c in m.get("cost_vs_forward", {}).items():
-        rows.append(row(f"cost_vs_forward/{key}", f"cost / forward pass {key}", c, "ratio"))
-    if "broken" in m:
-        rows.append(row("broken", "broken certificates", m["broken"], "count"))
-    return rows
-
-
-    return rows
-
-
-    return rows
-
-
 def _generic_rows(m: Any, item: Mapping, prefix: str = "", depth: int = 0) -> list[dict]:
     """Every numeric leaf of a metrics file (dicts up to 3 levels; lists are skipped)."""
     rows: list[dict] = []
@@ -279,8 +220,8 @@ def _generic_rows(m: Any, item: Mapping, prefix: str = "", depth: int = 0) -> li
 READERS: dict[str, Callable[[Mapping, Mapping], list[dict]]] = {
     "data": data_stage.headline_rows,
     "tightness": _tightness_rows,
-    "train_vit": _train_vit_rows,
-    "certify_vit": _certify_vit_rows,
+    "train_vit": train_vit_stage.headline_rows,
+    "certify_vit": certify_vit_stage.headline_rows,
     "specformer": specformer_stage.headline_rows,
     "certvit": certvit_stage.headline_rows,
     "text": text_stage.headline_rows,

@@ -1,11 +1,11 @@
-"""One ViT grid point: its name, its configs from params.yaml, its folder and resumable training.
+"""One ViT grid point: its name, its folder, its fingerprint; the ViT config sized by a dataset.
 
-A grid point (a DVC matrix item of ``vit_grid``) is a dataset, a depth, a number of heads and
-gamma_vo; the fixed settings come from the ``train_vit`` section. Its folder
-``<runs_dir>/<name>/`` holds ``ckpt/`` (the per-epoch checkpoint, kept between ``dvc repro`` runs
-so that training resumes; cleared when the run's :func:`fingerprint` changes,
-:func:`attncert.train.train_resumable`), ``model.pt`` (the final model) and ``train.json``
-(per-epoch metrics).
+A grid point (a DVC matrix item of ``vit_grid``, :class:`GridPoint`) is a dataset, a depth, a
+number of heads and gamma_vo; the ``train_vit`` stage (:mod:`attncert.stages.train_vit`) builds
+its configs from its section. Its folder ``<runs_dir>/<name>/`` holds ``ckpt/`` (the per-epoch
+checkpoint, kept between ``dvc repro`` runs so that training resumes; cleared when the run's
+:func:`fingerprint` changes, :func:`attncert.train.train_resumable`), ``model.pt`` (the final
+model) and ``train.json`` (per-epoch metrics).
 """
 
 from __future__ import annotations
@@ -13,15 +13,35 @@ from __future__ import annotations
 import hashlib
 import json
 from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from attncert.models import ViTConfig
-from attncert.params import NORMALIZE
+from attncert.params import IMAGE_DATASETS, NORMALIZE, one_of, param, positive
 from attncert.train import TrainConfig
 
-#: train_vit keys that are ViTConfig fields (the others are TrainConfig fields or ``normalize``).
-VIT_KEYS = ("kind", "patch", "dim", "mlp_hidden", "block", "pool", "radius_attn",
-            "radius_stream", "gamma_qk", "head_norm")
+
+@dataclass(frozen=True)
+class GridPoint:
+    """One point of ``vit_grid`` as a matrix stage gets it (nbrun ``--item``): one value of
+    each list, parsed with ``params.parse_section("vit_grid", raw, GridPoint)``."""
+
+    runs_dir: str = param()
+    dataset: str = param(one_of(*IMAGE_DATASETS))
+    depth: int = param(positive)
+    heads: int = param(positive)
+    gamma_vo: float = param(positive)
+
+    @property
+    def name(self) -> str:
+        """The point's folder name (:func:`run_name`)."""
+        return run_name(self.dataset, self.depth, self.heads, self.gamma_vo)
+
+    @property
+    def run_dir(self) -> Path:
+        """``<runs_dir>/<name>``: the point's checkpoint, model and training metrics."""
+        return Path(self.runs_dir) / self.name
 
 
 def run_name(dataset: str, depth: int, heads: int, gamma_vo: float) -> str:
@@ -45,23 +65,6 @@ def dataset_vit_config(data: Mapping[str, Any], normalize: str, **fields: Any) -
     std = tuple(data["std"]) if normalize == "std" else None
     return ViTConfig(image_size=int(x.shape[2]), channels=int(x.shape[1]),
                      num_classes=len(data["classes"]), mean=mean, std=std, **fields)
-
-
-def vit_config(data: Mapping[str, Any], settings: Mapping[str, Any], depth: int, heads: int,
-               gamma_vo: float) -> ViTConfig:
-    """The ViT of a grid point for a processed dataset (:func:`dataset_vit_config`).
-
-    ``settings``: the train_vit section (its ``normalize`` and :data:`VIT_KEYS`).
-    """
-    kw = {k: settings[k] for k in VIT_KEYS}
-    return dataset_vit_config(data, settings["normalize"], depth=depth, heads=heads,
-                              gamma_vo=gamma_vo, **kw)
-
-
-def train_config(settings: Mapping[str, Any], seed: int) -> TrainConfig:
-    """The TrainConfig of the train_vit section (every TrainConfig field but the seed)."""
-    names = set(TrainConfig.__dataclass_fields__) - {"seed"}
-    return TrainConfig(seed=seed, **{k: settings[k] for k in sorted(names)})
 
 
 def fingerprint(model_cfg: ViTConfig, train_cfg: TrainConfig, dataset: str,

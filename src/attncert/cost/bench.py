@@ -22,9 +22,10 @@ from attncert.cost.counting import (
 
 def bench_models(params) -> dict[str, tuple[nn.Module, Callable[[int], tuple], str]]:
     """Every trained model kind at its params-file shape: name -> (model, batch(b), shape)."""
-    from attncert import runs
     from attncert import specformer as sf
     from attncert.models import build_vit
+    from attncert.runs import GridPoint
+    from attncert.stages import train_vit
     from attncert.text.models import (
         LipschitzTextTransformer,
         OLSAClassifier,
@@ -34,7 +35,8 @@ def bench_models(params) -> dict[str, tuple[nn.Module, Callable[[int], tuple], s
 
     g, s, sfp, t = params["vit_grid"], params["train_vit"], params["specformer"], params["text"]
     ds, depth, heads = g.dataset[0], max(g.depth), max(g.heads)
-    lip = runs.vit_config(stand_in(ds), s.__dict__, depth, heads, g.gamma_vo[0])
+    lip = train_vit.model_config(s, GridPoint(g.runs_dir, ds, depth, heads, g.gamma_vo[0]),
+                                 stand_in(ds))
     base = sf.base_model_config(stand_in(sfp.datasets[0]), sfp.patch, sfp.dim, sfp.depth,
                                 sfp.heads, sfp.mlp_hidden, sfp.block)
 

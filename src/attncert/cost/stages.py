@@ -29,9 +29,10 @@ from attncert.cost.work import Work, _certify_work, _n, _steps, audit_work, trai
 
 
 def _grid_work(p, n_train_max: int, n_test_max: int) -> list[Work]:
-    from attncert import runs
+    from attncert.runs import GridPoint
+    from attncert.stages import train_vit
 
-    g, s, cv = p["vit_grid"], p["train_vit"].__dict__, p["certify_vit"]
+    g, s, cv = p["vit_grid"], p["train_vit"], p["certify_vit"]
     out = []
     for ds in g.dataset:
         _, _, _, n_tr, n_te = DATASETS[ds]
@@ -39,12 +40,13 @@ def _grid_work(p, n_train_max: int, n_test_max: int) -> list[Work]:
         for depth in g.depth:
             for heads in g.heads:
                 for vo in g.gamma_vo:
-                    name = runs.run_name(ds, depth, heads, vo)
-                    cfg = runs.vit_config(stand_in(ds), s, depth, heads, vo)
-                    c = vit_counts(cfg, tuple(s["msvp_lambda"]))
-                    adv = s["adv_steps"] if s["adversarial"] != "none" else 0
-                    out += training_work("train_vit", name, c, n_tr, n_te, s["epochs"],
-                                         s["batch_size"], s["eval_batch_size"], adv)
+                    point = GridPoint(g.runs_dir, ds, depth, heads, vo)
+                    name = point.name
+                    cfg = train_vit.model_config(s, point, stand_in(ds))
+                    c = vit_counts(cfg, tuple(s.msvp_lambda))
+                    adv = s.adv_steps if s.adversarial != "none" else 0
+                    out += training_work("train_vit", name, c, n_tr, n_te, s.epochs,
+                                         s.batch_size, s.eval_batch_size, adv)
                     out += _certify_work("certify_vit", name, cfg, min(cv.n_test, n_te),
                                          cv.variants, len(cv.tests), cv.cert_batch_size)
                     out.append(audit_work("certify_vit", f"{name}: PGD audit", c["attack"],

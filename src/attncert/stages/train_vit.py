@@ -1,0 +1,158 @@
+"""The train_vit stage: one Lipschitz (or standard) ViT per ``vit_grid`` point (a DVC matrix item).
+
+The model and training configs are built once from the validated ``train_vit`` section and the
+grid point (:func:`model_config`, :func:`train_config`); training resumes from the point's
+per-epoch checkpoint (:func:`attncert.train.train_resumable`, keyed by
+:func:`attncert.runs.fingerprint`). The point's folder receives ``model.pt``, ``train.json``
+(per-epoch rows) and ``metrics.json``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from attncert import runs
+from attncert.data import load_processed
+from attncert.headline import row
+from attncert.io import write_json
+from attncert.models import ViTConfig, build_vit, save_vit
+from attncert.models.config import KINDS
+from attncert.params import (
+    AUGMENTS,
+    NORMALIZE,
+    VIT_BLOCKS,
+    VIT_POOLS,
+    BaseParams,
+    ParamsError,
+    nonneg,
+    one_of,
+    param,
+    positive,
+)
+from attncert.precision import resolve_precision
+from attncert.runs import GridPoint
+from attncert.train import ADVERSARIAL, TrainConfig, evaluate, train_resumable
+
+#: the training margins of the grid (``attncert.train`` also has "radius", not offered here)
+MARGINS = ("none", "lmt", "olsa")
+
+
+@dataclass(frozen=True)
+class Params:
+    """params.yaml ``train_vit``: the fixed settings of every grid point."""
+
+    kind: str = param(one_of(*KINDS))
+    patch: int = param(positive)
+    dim: int = param(positive)
+    mlp_hidden: int = param(positive)
+    block: str = param(one_of(*VIT_BLOCKS))
+    pool: str = param(one_of(*VIT_POOLS))
+    radius_attn: float = param(positive)
+    radius_stream: float | None = param(doc="null = sqrt(dim)")
+    gamma_qk: float = param(positive)
+    head_norm: bool = param(doc="head rows scaled to unit norm (margins are feature margins)")
+    normalize: str = param(one_of(*NORMALIZE), doc="inside the model; eps stays in pixel space")
+    epochs: int = param(positive)
+    batch_size: int = param(positive)
+    lr: float = param(positive)
+    weight_decay: float = param(nonneg)
+    warmup_steps: int = param(nonneg)
+    margin: str = param(one_of(*MARGINS))
+    lmt_offset: float = param(nonneg)
+    olsa_gamma: float = param(nonneg)
+    logit_scale: float = param(positive)
+    augment: str = param(one_of(*AUGMENTS))
+    grad_clip: float = param(nonneg)
+    eval_batch_size: int = param(positive)
+    msvp_lambda: list[float] = param(nonneg, doc="SpecFormer's MSVP (lam_q, lam_k, lam_v); 0 = off")
+    adversarial: str = param(one_of(*ADVERSARIAL))
+    adv_eps: float = param(positive, doc="l_inf radius of adversarial training (pixel space)")
+    adv_steps: int = param(positive)
+
+    def __post_init__(self) -> None:
+        if self.radius_stream is not None and self.radius_stream <= 0:
+            raise ParamsError(f"train_vit.radius_stream: must be > 0 or null, got "
+                              f"{self.radius_stream!r}")
+        if len(self.msvp_lambda) != 3:
+            raise ParamsError(f"train_vit.msvp_lambda: needs 3 values, got {self.msvp_lambda!r}")
+
+
+def model_config(p: Params, point: GridPoint, data: Mapping[str, Any]) -> ViTConfig:
+    """The grid point's ViT, sized by its processed dataset (:func:`runs.dataset_vit_config`)."""
+    return runs.dataset_vit_config(
+        data, p.normalize, kind=p.kind, patch=p.patch, dim=p.dim, mlp_hidden=p.mlp_hidden,
+        block=p.block, pool=p.pool, radius_attn=p.radius_attn, radius_stream=p.radius_stream,
+        gamma_qk=p.gamma_qk, head_norm=p.head_norm, depth=point.depth, heads=point.heads,
+        gamma_vo=point.gamma_vo)
+
+
+def train_config(p: Params, seed: int) -> TrainConfig:
+    """The grid's training settings (every TrainConfig field) with ``seed``."""
+    return TrainConfig(
+        epochs=p.epochs, batch_size=p.batch_size, lr=p.lr, weight_decay=p.weight_decay,
+        warmup_steps=p.warmup_steps, margin=p.margin, lmt_offset=p.lmt_offset,
+        olsa_gamma=p.olsa_gamma, logit_scale=p.logit_scale, augment=p.augment,
+        grad_clip=p.grad_clip, eval_batch_size=p.eval_batch_size,
+        msvp_lambda=tuple(p.msvp_lambda), adversarial=p.adversarial, adv_eps=p.adv_eps,
+        adv_steps=p.adv_steps, seed=seed)
+
+
+@dataclass(frozen=True)
+class Trained:
+    """What the notebook shows of one trained grid point."""
+
+    name: str
+    precision: str  # the resolved training precision
+    dataset: str
+    n_train: int
+    n_test: int
+    source: str  # the route that provided the data
+    model_config: ViTConfig
+    train_config: TrainConfig
+    parameters: int
+    curves: list[dict[str, Any]]  # one row per epoch (train.json)
+    status: str  # the checkpoint: "fresh", "resume" or "cleared: ..."
+    constraints: dict[str, float]  # the spectral-norm bounds of the constrained maps
+    metrics: dict[str, Any]  # metrics.json
+
+
+def run(p: Params, base: BaseParams, point: GridPoint, processed_dir: str,
+        device: torch.device) -> Trained:
+    """Train (or resume) the point's ViT; write ``model.pt`` and ``metrics.json``."""
+    data = load_processed(point.dataset, processed_dir)
+    model_cfg = model_config(p, point, data)
+    train_cfg = train_config(p, base.seed)
+    precision = resolve_precision(base.precision, device)
+    fp = runs.fingerprint(model_cfg, train_cfg, point.dataset, data["source"], precision)
+    torch.manual_seed(base.seed)
+    model = build_vit(model_cfg)
+    n_params = sum(t.numel() for t in model.parameters())
+    curves, status = train_resumable(model, data["train"], data["test"], train_cfg,
+                                     point.run_dir / "ckpt", device, fingerprint=fp,
+                                     metrics_path=point.run_dir / "train.json",
+                                     precision=base.precision)
+    save_vit(model, point.run_dir / "model.pt")
+    final = evaluate(model, data["test"], device, p.eval_batch_size)
+    metrics = {"run": point.name, "dataset": point.dataset, "clean_acc": final["acc"],
+               "test_loss": final["loss"], "epochs": len(curves),
+               "train_seconds": sum(r["seconds"] for r in curves), "parameters": n_params}
+    write_json(point.run_dir / "metrics.json", metrics)
+    constraints = ({"gamma_qk": p.gamma_qk, "gamma_vo": point.gamma_vo}
+                   if p.kind == "lipschitz" else {})
+    return Trained(point.name, precision, point.dataset, len(data["train"]["y"]),
+                   len(data["test"]["y"]), data["source"], model_cfg, train_cfg, n_params,
+                   curves, status, constraints, metrics)
+
+
+def headline_rows(m: Mapping, item: Mapping) -> list[dict]:
+    """Clean accuracy and training time of the trained model (and its size)."""
+    return [row(k, label, m[k], unit, brief=brief) for k, label, unit, brief in (
+        ("clean_acc", "clean accuracy (trained)", "fraction", True),
+        ("test_loss", "test loss", "value", False),
+        ("epochs", "epochs", "count", False),
+        ("train_seconds", "training seconds", "seconds", True),
+        ("parameters", "parameters", "count", False)) if k in m]
