@@ -116,33 +116,6 @@ class BaseParams:
                                "bf16 | tf32 | fp32; certificates are always float64")
 
 
-@dataclass(frozen=True)
-class TightnessParams:
-    checkpoint: str = param(doc="'' uses a seeded random layer; else a ViT checkpoint (.pt)")
-    inputs: str = param(doc="processed dataset whose test images feed a checkpoint's layer")
-    layer: int = param(nonneg, doc="which attention layer of the checkpoint")
-    input_radius: float = param(positive, doc="every input token projected to ||x_i|| <= R")
-    n_tokens: int = param(positive)
-    dim: int = param(positive)
-    heads: int = param(positive)
-    samples: int = param(positive)
-    gamma_qk: float = param(positive)
-    gamma_vo: float = param(positive)
-    cert_eps: list[float] = param(positive, doc="radii at which every bound and PGD are evaluated")
-    softmax_lipschitz: float = param(one_of_numbers(0.5, 1.0))
-    fig3_eps: float = param(positive)
-    fig3_sizes: list[float] = param(nonneg)
-    fig3_samples: int = param(positive)
-    fig4_scales: list[float] = param(positive)
-    attack_steps: int = param(positive, doc="PGD steps of the lower bound")
-    attack_restarts: int = param(positive)
-    metrics: str = param()
-
-    def __post_init__(self) -> None:
-        if self.dim % self.heads:
-            _fail("tightness.heads", f"dim = {self.dim} is not divisible by heads = {self.heads}")
-
-
 #: Lipschitz-ViT / standard-ViT settings shared by the grid (names of ``attncert.models``).
 VIT_KINDS = ("lipschitz", "standard")
 VIT_BLOCKS = ("stream", "prenorm")
@@ -555,7 +528,7 @@ class CrownParams:
 SECTIONS: dict[str, type | str] = {
     "base": BaseParams,
     "data": "attncert.stages.data:Params",
-    "tightness": TightnessParams,
+    "tightness": "attncert.stages.tightness:Params",
     "vit_grid": VitGridParams,
     "train_vit": TrainVitParams,
     "certify_vit": CertifyVitParams,

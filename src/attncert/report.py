@@ -34,6 +34,7 @@ from typing import Any
 from attncert import paper
 from attncert.headline import UNITS, eps_match, row
 from attncert.stages import data as data_stage
+from attncert.stages import tightness as tightness_stage
 from attncert.params import PARAMS_FILE, Params, load_params, read_yaml
 
 DVC_FILE = "dvc.yaml"
@@ -176,25 +177,6 @@ def stage_note(data: Mapping[str, Any], stage: str) -> str | None:
 
 
 # ------------------------------------------------------------------ headline rows
-def _tightness_rows(m: Mapping, item: Mapping) -> list[dict]:
-    from attncert.tightness import PAPER_TABLE3 as t3
-
-    rows = []
-    methods = (("lofast_M", "LoFAST(M)", True), ("lofast_xi", "LoFAST(xi)", False),
-               ("naive", "naive", False), ("specformer", "SpecFormer", True))
-    for key, label, in_paper in methods:
-        for eps, ratio in m.get(f"table3_{key}_over_pgd", {}).items():
-            i = eps_match(eps, t3["eps"])
-            ref = t3[label][i] / t3["PGD"][i] if in_paper and i is not None else None
-            rows.append(row(f"table3_{key}_over_pgd/{eps}", f"{label} / PGD at eps {eps}",
-                             ratio, "ratio", ref, "LoFAST Table 3", brief=in_paper))
-    for key in ("max_lofast_M_over_pgd", "fig1_delta21_M_over_pgd_max", "fig3_ratio_max",
-                "fig4_lofast_M_over_pgd_max"):
-        if key in m:
-            rows.append(row(key, key.replace("_", " "), m[key], "ratio"))
-    return rows
-
-
 def _train_vit_rows(m: Mapping, item: Mapping) -> list[dict]:
     return [row(k, label, m[k], unit, brief=brief) for k, label, unit, brief in (
         ("clean_acc", "clean accuracy (trained)", "fraction", True),
@@ -463,7 +445,7 @@ def _generic_rows(m: Any, item: Mapping, prefix: str = "", depth: int = 0) -> li
 #: (:mod:`attncert.stages`); other stages get :func:`_generic_rows`
 READERS: dict[str, Callable[[Mapping, Mapping], list[dict]]] = {
     "data": data_stage.headline_rows,
-    "tightness": _tightness_rows,
+    "tightness": tightness_stage.headline_rows,
     "train_vit": _train_vit_rows,
     "certify_vit": _certify_vit_rows,
     "specformer": _specformer_rows,
