@@ -385,17 +385,6 @@ class CertvitParams:
                                       "compared in the report)")
 
 
-@dataclass(frozen=True)
-class FiguresParams:
-    """The comparison figures, the study's summary and the HTML export (stage ``figures``)."""
-
-    required: list[str] = param(unique, doc="stages whose metrics must exist; any other "
-                                            "stage without metrics is reported 'not run'")
-    summary: str = param(doc="headline numbers of every stage (JSON, a DVC metric)")
-    certified_csv: str = param(doc="certified accuracy vs eps, every grid point (a DVC plot)")
-    html_dir: str = param(doc="every executed notebook as HTML, with index.html")
-
-
 #: Bound variants of attncert.certify usable on LoFAST's text transformer (pairwise test).
 TEXT_LOFAST_VARIANTS = ("lofast_M", "lofast_xi", "naive", "global")
 #: OLSA layer residuals (attncert.text.olsa.RESIDUALS; not imported: params stays torch-free).
@@ -536,7 +525,7 @@ SECTIONS: dict[str, type | str] = {
     "certvit": CertvitParams,
     "crown": CrownParams,
     "text": TextParams,
-    "figures": FiguresParams,
+    "figures": "attncert.stages.figures:Params",
 }
 
 
