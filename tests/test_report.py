@@ -223,6 +223,32 @@ def test_summary_numbers_are_the_metrics_files_numbers(metrics_tree):
     assert json.loads(json.dumps(data)) == data   # plain JSON
 
 
+def test_figures_run_writes_the_summary_the_certified_table_and_the_index(metrics_tree,
+                                                                           monkeypatch):
+    """The stage's run, from dvc.yaml and params.yaml in the working directory: summary.json
+    is the summary of the metrics on disk, the CSV holds the grid point that was certified,
+    index.html lists every report."""
+    params, root = metrics_tree
+    raw = copy.deepcopy(RAW)
+    raw["vit_grid"].update(dataset=["mnist"], depth=[1, 2], heads=[2], gamma_vo=[0.5])
+    (root / "params.yaml").write_text(json.dumps(raw))   # JSON is YAML 1.2
+    shutil.copy(ROOT / "dvc.yaml", root / "dvc.yaml")
+    monkeypatch.chdir(root)
+    p = params["figures"]
+    res = figures_stage.run(p)
+    written = json.loads((root / p.summary).read_text())
+    assert written == res.summary == figures_stage.summary(params, STAGES, root)
+    csv = (root / p.certified_csv).read_text().splitlines()
+    assert csv[0] == "run,variant,eps,accuracy" and len(csv) > 1
+    assert {line.split(",")[0] for line in csv[1:]} == {run_name(*GRID[0])}
+    assert res.pages == [Path(p.html_dir) / "index.html"]
+    index = (root / p.html_dir / "index.html").read_text()
+    assert index.count("not run") + index.count("no executed notebook") == len(res.runs)
+    assert res.note("certvit") and res.note("tightness") is None
+    assert set(res.metrics("certify_vit")) == {run_name(*GRID[0])}
+    assert res.rows("tightness") == written["stages"]["tightness"]["rows"]
+
+
 def test_text_rows_put_olsas_sst_radius_beside_every_3_layer_olsa():
     m = _text_metrics()
     rows = {r["key"]: r for r in report.headline_rows("text", m)}
