@@ -15,33 +15,26 @@
 # a paper gives them (labelled "paper:" and the table; the papers' models and settings differ from
 # ours, so they are references, not targets). Nothing is recomputed: the paths of every
 # metrics file come from dvc.yaml and params.yaml (each grid point by name), and a stage whose
-# metrics are missing is shown as "not run". The last cell writes the summary (a DVC metric),
-# the certified-accuracy table (a DVC plot) and the HTML export of every report.
+# metrics are missing is shown as "not run". The stage's run (the first cell) writes the summary
+# (a DVC metric), the certified-accuracy table (a DVC plot) and the HTML export of every report.
 
 # %% tags=["parameters"]
 scale = "paper"
-required = []
-summary = "reports/metrics/summary.json"
-certified_csv = "reports/plots/certified_accuracy.csv"
-html_dir = "reports/html"
+figures = {}  # params.yaml `figures`, passed whole by attncert.nbrun
 
 # %%
 import pandas as pd
 from IPython.display import Markdown, display
 
-from attncert import report
 from attncert.figures import show
 from attncert.figures import summary as figs
-from attncert.io import atomic_path
-from attncert.params import load_params
+from attncert.params import parse_section
+from attncert.stages import figures as stage
 
-params = load_params()
-stages = report.read_stages()
-runs = report.stage_runs(stages, params)
-loaded = report.collect(runs)
-result = report.summary(params, stages, required=required)
-report.write_summary(summary, result)
-display(Markdown(f"**Scale** {scale}: {len(runs)} stage runs declared in dvc.yaml."))
+p = parse_section("figures", figures, stage.Params)
+res = stage.run(p)
+result = res.summary
+display(Markdown(f"**Scale** {scale}: {len(res.runs)} stage runs declared in dvc.yaml."))
 pd.DataFrame([{"stage": name, "status": e["status"], "metrics read": len(e["metrics"]),
                "missing": len(e["missing"])} for name, e in result["stages"].items()])
 
@@ -52,19 +45,18 @@ pd.DataFrame([{"stage": name, "status": e["status"], "metrics read": len(e["metr
 # paper to draw beside ours.
 
 # %%
-note = report.stage_note(result, "tightness")
+note = res.note("tightness")
 if note:
     display(Markdown(note))
 else:
-    tight_m = report.stage_metrics(loaded, "tightness")["tightness"]
+    tight_m = res.metrics("tightness")["tightness"]
     tight = figs.tightness_frame(tight_m)
     show(figs.plot_tightness(tight))
     fig3, fig4 = figs.ablation_frames(tight_m)
     if len(fig3) or len(fig4):
         show(figs.plot_ablations(fig3, fig4, tight_m.get("fig3_eps")))
     display(tight.pivot_table(index="eps", columns=["source", "method"], values="ratio").round(4))
-    display(figs.headline_frame([r for r in result["stages"]["tightness"]["rows"]
-                                 if r["key"].endswith("_max")]))
+    display(figs.headline_frame([r for r in res.rows("tightness") if r["key"].endswith("_max")]))
 
 # %% [markdown]
 # ## Certified accuracy vs eps for every grid point (LoFAST Figure 2 analog)
@@ -74,15 +66,13 @@ else:
 # and CertViT's MNIST claim (its eps is not pixel-space).
 
 # %%
-points = report.stage_metrics(loaded, "certify_vit")
-note = report.stage_note(result, "certify_vit")
-long = figs.certified_frame(points)
-with atomic_path(certified_csv) as tmp:
-    figs.certified_csv_frame(long).to_csv(tmp, index=False)
+points = res.metrics("certify_vit")
+note = res.note("certify_vit")
+long = res.certified
 if note:
     display(Markdown(note))
 if points:
-    papers = figs.paper_certified_frame(report.stage_items(runs, "certify_vit"))
+    papers = figs.paper_certified_frame(res.items("certify_vit"))
     show(figs.plot_certified_grid(long, papers))
     display(long[long.test != "logit"].pivot_table(index=["run", "variant"], columns="eps",
                                                    values="accuracy").mul(100).round(1))
@@ -91,7 +81,7 @@ if points:
 # ## Certified vs clean accuracy across the grid (pairwise test)
 
 # %%
-items = report.stage_items(runs, "certify_vit")
+items = res.items("certify_vit")
 if points:
     show(figs.plot_tradeoff(figs.tradeoff_frame(points), figs.paper_tradeoff_frame(
         [items[run]["dataset"] for run in points])))
@@ -103,7 +93,7 @@ if points:
 # seconds for LoFAST and alpha,beta-CROWN beside (their GPU).
 
 # %%
-crown = report.stage_metrics(loaded, "crown").get("crown")
+crown = res.metrics("crown").get("crown")
 if points or crown:
     cost = figs.cost_frame(points, crown)
     show(figs.plot_cost(cost))
@@ -113,15 +103,15 @@ if points or crown:
 # ## SpecFormer Tables 1-3
 
 # %%
-note = report.stage_note(result, "specformer")
+note = res.note("specformer")
 if note:
     display(Markdown(note))
 else:
-    spec = figs.specformer_frame(report.stage_metrics(loaded, "specformer")["specformer"])
+    spec = figs.specformer_frame(res.metrics("specformer")["specformer"])
     show(figs.plot_specformer(spec))
     display(spec.pivot_table(index=["training", "method"],
                              columns=["source", "dataset", "attack"], values="accuracy").round(1))
-    display(figs.headline_frame([r for r in result["stages"]["specformer"]["rows"]
+    display(figs.headline_frame([r for r in res.rows("specformer")
                                  if not r["key"].startswith("robustness/")]))
 
 # %% [markdown]
@@ -131,14 +121,14 @@ else:
 # beside every 3-layer OLSA of ours.
 
 # %%
-note = report.stage_note(result, "text")
+note = res.note("text")
 if note:
     display(Markdown(note))
 else:
-    text_curves = figs.text_certified_frame(report.stage_metrics(loaded, "text")["text"])
+    text_curves = figs.text_certified_frame(res.metrics("text")["text"])
     if not text_curves.empty:
         show(figs.plot_text_certified(text_curves))
-    rows = result["stages"]["text"]["rows"]
+    rows = res.rows("text")
     fig = figs.plot_headline(rows, "OLSA's SST radius beside ours")
     if fig is not None:
         show(fig)
@@ -150,22 +140,22 @@ else:
 # auto_LiRPA's CROWN on the crown stage's dataset).
 
 # %%
-note = report.stage_note(result, "crown")
+note = res.note("crown")
 if note:
     display(Markdown(note))
 else:
     show(figs.plot_crown(figs.crown_frame(crown)))
-    display(figs.headline_frame(result["stages"]["crown"]["rows"]))
+    display(figs.headline_frame(res.rows("crown")))
 
 # %% [markdown]
 # ## CertViT's Table 1 beside ours
 
 # %%
-note = report.stage_note(result, "certvit")
+note = res.note("certvit")
 if note:
     display(Markdown(note))
 else:
-    rows = result["stages"]["certvit"]["rows"]
+    rows = res.rows("certvit")
     fig = figs.plot_headline(rows, "CertViT Table 1 beside ours")
     if fig is not None:
         show(fig)
@@ -178,5 +168,4 @@ else:
 # written by the stage command after it finishes (`python -m attncert.report html`).
 
 # %%
-pages = report.html_export(runs, html_dir, result)
-display(Markdown(f"{len(pages)} page(s) written to `{html_dir}/` (open `index.html`)."))
+display(Markdown(f"{len(res.pages)} page(s) written to `{p.html_dir}/` (open `index.html`)."))

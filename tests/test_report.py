@@ -15,9 +15,11 @@ from pathlib import Path
 import nbformat
 import pytest
 
-from attncert import paper, report
+from attncert import dvcfile, htmlexport, paper, report
+from attncert import readme as results_md
 from attncert.params import read_yaml, validate
 from attncert.runs import run_name
+from attncert.stages import figures as figures_stage
 from attncert.tightness import PAPER_TABLE3
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -192,9 +194,9 @@ def _metrics_of(root: Path, entry: dict, row: dict):
 
 def test_summary_numbers_are_the_metrics_files_numbers(metrics_tree):
     params, root = metrics_tree
-    data = report.summary(params, STAGES, root)
+    data = figures_stage.summary(params, STAGES, root)
     assert data["order"][:4] == ["data", "tightness", "train_vit", "certify_vit"]
-    assert report.FIGURES_STAGE not in data["stages"]
+    assert figures_stage.FIGURES_STAGE not in data["stages"]
     checked = 0
     for name, entry in data["stages"].items():
         for row in entry["rows"]:
@@ -220,6 +222,32 @@ def test_summary_numbers_are_the_metrics_files_numbers(metrics_tree):
                                          "missing": [params["certvit"].metrics], "runs": None,
                                          "rows": []}
     assert json.loads(json.dumps(data)) == data   # plain JSON
+
+
+def test_figures_run_writes_the_summary_the_certified_table_and_the_index(metrics_tree,
+                                                                           monkeypatch):
+    """The stage's run, from dvc.yaml and params.yaml in the working directory: summary.json
+    is the summary of the metrics on disk, the CSV holds the grid point that was certified,
+    index.html lists every report."""
+    params, root = metrics_tree
+    raw = copy.deepcopy(RAW)
+    raw["vit_grid"].update(dataset=["mnist"], depth=[1, 2], heads=[2], gamma_vo=[0.5])
+    (root / "params.yaml").write_text(json.dumps(raw))   # JSON is YAML 1.2
+    shutil.copy(ROOT / "dvc.yaml", root / "dvc.yaml")
+    monkeypatch.chdir(root)
+    p = params["figures"]
+    res = figures_stage.run(p)
+    written = json.loads((root / p.summary).read_text())
+    assert written == res.summary == figures_stage.summary(params, STAGES, root)
+    csv = (root / p.certified_csv).read_text().splitlines()
+    assert csv[0] == "run,variant,eps,accuracy" and len(csv) > 1
+    assert {line.split(",")[0] for line in csv[1:]} == {run_name(*GRID[0])}
+    assert res.pages == [Path(p.html_dir) / "index.html"]
+    index = (root / p.html_dir / "index.html").read_text()
+    assert index.count("not run") + index.count("no executed notebook") == len(res.runs)
+    assert res.note("certvit") and res.note("tightness") is None
+    assert set(res.metrics("certify_vit")) == {run_name(*GRID[0])}
+    assert res.rows("tightness") == written["stages"]["tightness"]["rows"]
 
 
 def test_text_rows_put_olsas_sst_radius_beside_every_3_layer_olsa():
@@ -295,31 +323,31 @@ def test_unknown_stage_is_read_generically_and_required_stages_must_exist(metric
     stages = {**STAGES, "extra": {"cmd": "true", "metrics": [{"reports/extra.json": None}]}}
     _write(root / "reports/extra.json", {"radius": {"sst2": 0.9, "yelp": 1.7}, "note": "x",
                                          "per_sample": [1, 2]})
-    rows = report.summary(params, stages, root)["stages"]["extra"]["rows"]
+    rows = figures_stage.summary(params, stages, root)["stages"]["extra"]["rows"]
     assert {r["key"]: r["ours"] for r in rows} == {"radius/sst2": 0.9, "radius/yelp": 1.7}
-    with pytest.raises(report.MissingMetricsError, match="certvit"):
-        report.summary(params, STAGES, root, required=["certvit"])
+    with pytest.raises(figures_stage.MissingMetricsError, match="certvit"):
+        figures_stage.summary(params, STAGES, root, required=["certvit"])
     with pytest.raises(ValueError, match="not declared"):
-        report.summary(params, STAGES, root, required=["nope"])
+        figures_stage.summary(params, STAGES, root, required=["nope"])
 
 
 def test_readme_section_is_idempotent_and_only_touches_its_block(metrics_tree, tmp_path):
     params, root = metrics_tree
     summary_path = tmp_path / "summary.json"
-    _write(summary_path, report.summary(params, STAGES, root))
+    _write(summary_path, figures_stage.summary(params, STAGES, root))
     before, after = "# title\n\nintro\n\n## Results\n\n", "\n\n## Next\n\ntext\n"
     readme = tmp_path / "README.md"
-    readme.write_text(f"{before}{report.README_START}\nold\n{report.README_END}{after}")
-    assert report.update_readme(readme, summary_path)
+    readme.write_text(f"{before}{results_md.README_START}\nold\n{results_md.README_END}{after}")
+    assert results_md.update_readme(readme, summary_path)
     first = readme.read_text()
-    assert first.startswith(before + report.README_START) and first.endswith(
-        report.README_END + after)
+    assert first.startswith(before + results_md.README_START) and first.endswith(
+        results_md.README_END + after)
     assert "old" not in first and "| run |" in first and "(paper 54.5%)" in first
     assert "**certvit**: not run" in first
-    assert not report.update_readme(readme, summary_path)
+    assert not results_md.update_readme(readme, summary_path)
     assert readme.read_text() == first
     with pytest.raises(ValueError, match="exactly one"):
-        report.replace_section("no markers", "x")
+        results_md.replace_section("no markers", "x")
 
 
 def _readme_tables(text: str) -> dict[str, list[dict[str, str]]]:
@@ -344,8 +372,8 @@ def test_readme_numbers_are_the_metrics_files_numbers(metrics_tree):
     """Every number of the README's results section, parsed back from the markdown, is the
     metrics file's number (formatted), and the paper's number beside it is paper.py's."""
     params, root = metrics_tree
-    data = report.summary(params, STAGES, root)
-    tables = _readme_tables(report.render_results(data))
+    data = figures_stage.summary(params, STAGES, root)
+    tables = _readme_tables(results_md.render_results(data))
     assert set(tables) == set(data["stages"])
     shown = 0
     for name, entry in data["stages"].items():
@@ -358,9 +386,9 @@ def test_readme_numbers_are_the_metrics_files_numbers(metrics_tree):
                      if label != "run" and v != "–"}
             assert len(cells) == len(brief)
         for row in brief:
-            ours = report.fmt(_file_value(name, _metrics_of(root, entry, row), row["key"]),
+            ours = results_md.fmt(_file_value(name, _metrics_of(root, entry, row), row["key"]),
                               row["unit"])
-            theirs = report.fmt(row["paper"], row["unit"])
+            theirs = results_md.fmt(row["paper"], row["unit"])
             if entry["runs"] is None:
                 cell = cells[row["label"]]
                 assert (cell["ours"], cell["paper"]) == (ours, theirs), row["key"]
@@ -381,7 +409,7 @@ def test_notebook_tables_are_the_metrics_files_numbers(metrics_tree):
     from attncert.figures import summary as figs
 
     params, root = metrics_tree
-    data = report.summary(params, STAGES, root)
+    data = figures_stage.summary(params, STAGES, root)
     for name, entry in data["stages"].items():
         table = figs.headline_frame(entry["rows"])
         assert len(table) == len(entry["rows"])
@@ -404,10 +432,10 @@ def test_comparison_figures_draw_from_saved_metrics_with_the_papers_beside(metri
 
     params, root = metrics_tree
     runs = report.stage_runs(STAGES, params)
-    loaded = report.collect(runs, root)
-    data = report.summary(params, STAGES, root)
-    m = {stage: report.stage_metrics(loaded, stage) for stage in STAGES}
-    points, items = m["certify_vit"], report.stage_items(runs, "certify_vit")
+    loaded = dvcfile.collect(runs, root)
+    data = figures_stage.summary(params, STAGES, root)
+    m = {stage: dvcfile.stage_metrics(loaded, stage) for stage in STAGES}
+    points, items = m["certify_vit"], dvcfile.stage_items(runs, "certify_vit")
     crown = figs.crown_frame(m["crown"]["crown"])
     assert {"ours (cifar10)", "paper: LoFAST Table 1 (cifar10)", "paper: LoFAST Table 2 (svhn)"} \
         <= set(crown["source"])
@@ -445,7 +473,7 @@ def test_dvc_metrics_show_prints_every_stages_headline_numbers(metrics_tree):
     from dvc.utils.flatten import flatten
 
     params, root = metrics_tree
-    data = report.summary(params, STAGES, root)
+    data = figures_stage.summary(params, STAGES, root)
     shown = flatten(_extract_metrics(json.loads(json.dumps(data)), "summary.json"))
     expected = {".".join(["headline", name, *([r["run"]] if r.get("run") else []), r["key"]]):
                 _file_value(name, _metrics_of(root, entry, r), r["key"])
@@ -494,34 +522,34 @@ def _png_size(uri: str) -> tuple[int, int]:
 def test_html_export_is_self_contained(tmp_path):
     nb = tmp_path / "01_tiny.ipynb"
     _executed_notebook(nb, "01 · Tiny")
-    page = report.notebook_html(nb)
-    assert report.external_refs(page) == []
+    page = htmlexport.notebook_html(nb)
+    assert htmlexport.external_refs(page) == []
     assert not re.search(r"<(script|link|img)\b[^>]*(src|href)=\"?(https?:)?//", page, re.I)
     sources = _img_sources(page)
     assert sources and all(s.startswith("data:image/png;base64,") for s in sources)
-    assert report.external_refs('<script src="https://cdn.x/require.js"></script>') == [
+    assert htmlexport.external_refs('<script src="https://cdn.x/require.js"></script>') == [
         "https://cdn.x/require.js"]
 
 
 def _tiny_reports(root: Path) -> list:
     runs = []
     for stage, title in (("data", "01 · Tiny data"), ("tightness", "02 · Tiny tightness")):
-        nb = f"{report.NOTEBOOK_DIR}/{title[:2]}_{stage}.ipynb"
+        nb = f"{dvcfile.NOTEBOOK_DIR}/{title[:2]}_{stage}.ipynb"
         _executed_notebook(root / nb, title)
         runs.append(report.StageRun(stage, None, {}, nb, ()))
-    runs.append(report.StageRun("specformer", None, {}, f"{report.NOTEBOOK_DIR}/05_x.ipynb", ()))
+    runs.append(report.StageRun("specformer", None, {}, f"{dvcfile.NOTEBOOK_DIR}/05_x.ipynb", ()))
     return runs
 
 
 def test_index_links_every_report(tmp_path):
-    pages = report.html_export(_tiny_reports(tmp_path), "reports/html", None, tmp_path)
+    pages = htmlexport.html_export(_tiny_reports(tmp_path), "reports/html", None, tmp_path)
     assert [p.name for p in pages] == ["01_data.html", "02_tightness.html", "index.html"]
     index = (tmp_path / "reports/html/index.html").read_text()
     assert 'href="01_data.html"' in index and "01 · Tiny data" in index
     assert "specformer <span class=\"nr\">not run</span>" in index
-    assert report.external_refs(index) == []
+    assert htmlexport.external_refs(index) == []
     # pages newer than their notebooks are kept
-    assert report.html_export(_tiny_reports(tmp_path), "reports/html", None, tmp_path)[-1:] == [
+    assert htmlexport.html_export(_tiny_reports(tmp_path), "reports/html", None, tmp_path)[-1:] == [
         tmp_path / "reports/html/index.html"]
 
 
@@ -540,7 +568,7 @@ _PROBE = ('<script>addEventListener("load", () => {const i = [...document.images
 @pytest.mark.skipif(CHROMIUM is None, reason="chromium is not installed (Debian package "
                     "'chromium'; .ci/run installs it where apt-get is available)")
 def test_reports_render_in_headless_chromium(tmp_path):
-    report.html_export(_tiny_reports(tmp_path), "reports/html", None, tmp_path)
+    htmlexport.html_export(_tiny_reports(tmp_path), "reports/html", None, tmp_path)
     html_dir = tmp_path / "reports/html"
 
     def chromium(*args: str) -> subprocess.CompletedProcess:
@@ -575,7 +603,7 @@ def test_reports_render_in_headless_chromium(tmp_path):
 
 
 def test_fmt_shows_a_failed_value_as_a_dash():
-    from attncert.report import fmt
+    from attncert.readme import fmt
 
     assert fmt(float("nan"), "percent") == fmt(None, "fraction") == "–"
     assert fmt(80.0, "percent") == "80.0%"

@@ -23,8 +23,10 @@ def test_stage_names_are_dvc_yaml_s():
 @pytest.mark.parametrize("stage", MOVED)
 def test_a_stage_module_owns_run_and_rows(stage):
     mod = importlib.import_module(f"attncert.stages.{stage}")
-    assert callable(mod.run) and callable(mod.headline_rows)
-    assert report.READERS[stage] is mod.headline_rows, "the report reads the stage's own rows"
+    assert callable(mod.run)
+    if stage != "figures":  # the summary of every other stage's rows has no rows of its own
+        assert callable(mod.headline_rows)
+        assert report.READERS[stage] is mod.headline_rows, "the report reads the stage's own rows"
     owned = [n for n, e in params.SECTIONS.items() if e == f"attncert.stages.{stage}:Params"]
     if hasattr(mod, "Params"):
         assert owned, f"params.SECTIONS does not register attncert.stages.{stage}:Params"

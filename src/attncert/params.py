@@ -121,33 +121,6 @@ class BaseParams:
                                "bf16 | tf32 | fp32; certificates are always float64")
 
 
-@dataclass(frozen=True)
-class TightnessParams:
-    checkpoint: str = param(doc="'' uses a seeded random layer; else a ViT checkpoint (.pt)")
-    inputs: str = param(doc="processed dataset whose test images feed a checkpoint's layer")
-    layer: int = param(nonneg, doc="which attention layer of the checkpoint")
-    input_radius: float = param(positive, doc="every input token projected to ||x_i|| <= R")
-    n_tokens: int = param(positive)
-    dim: int = param(positive)
-    heads: int = param(positive)
-    samples: int = param(positive)
-    gamma_qk: float = param(positive)
-    gamma_vo: float = param(positive)
-    cert_eps: list[float] = param(positive, doc="radii at which every bound and PGD are evaluated")
-    softmax_lipschitz: float = param(one_of_numbers(0.5, 1.0))
-    fig3_eps: float = param(positive)
-    fig3_sizes: list[float] = param(nonneg)
-    fig3_samples: int = param(positive)
-    fig4_scales: list[float] = param(positive)
-    attack_steps: int = param(positive, doc="PGD steps of the lower bound")
-    attack_restarts: int = param(positive)
-    metrics: str = param()
-
-    def __post_init__(self) -> None:
-        if self.dim % self.heads:
-            _fail("tightness.heads", f"dim = {self.dim} is not divisible by heads = {self.heads}")
-
-
 #: ViT settings shared by several sections (names of ``attncert.models``).
 VIT_BLOCKS = ("stream", "prenorm")
 VIT_POOLS = ("cls", "mean")
@@ -173,24 +146,13 @@ def unit_interval(key: str, v: float) -> None:
         _fail(key, f"must be in [0, 1), got {v!r}")
 
 
-@dataclass(frozen=True)
-class FiguresParams:
-    """The comparison figures, the study's summary and the HTML export (stage ``figures``)."""
-
-    required: list[str] = param(unique, doc="stages whose metrics must exist; any other "
-                                            "stage without metrics is reported 'not run'")
-    summary: str = param(doc="headline numbers of every stage (JSON, a DVC metric)")
-    certified_csv: str = param(doc="certified accuracy vs eps, every grid point (a DVC plot)")
-    html_dir: str = param(doc="every executed notebook as HTML, with index.html")
-
-
 #: Every section of params.yaml, in file order: its dataclass, or ``"module:Class"`` for a
 #: section owned by a stage module (``attncert.stages``), imported when params are validated
 #: (a stage module imports this one for its checks, so it is not imported here at load time).
 SECTIONS: dict[str, type | str] = {
     "base": BaseParams,
     "data": "attncert.stages.data:Params",
-    "tightness": TightnessParams,
+    "tightness": "attncert.stages.tightness:Params",
     "vit_grid": VitGridParams,
     "train_vit": "attncert.stages.train_vit:Params",
     "certify_vit": "attncert.stages.certify_vit:Params",
@@ -198,7 +160,7 @@ SECTIONS: dict[str, type | str] = {
     "certvit": "attncert.stages.certvit:Params",
     "crown": "attncert.stages.crown:Params",
     "text": "attncert.stages.text:Params",
-    "figures": FiguresParams,
+    "figures": "attncert.stages.figures:Params",
 }
 
 

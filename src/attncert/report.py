@@ -1,204 +1,50 @@
-"""The study report: every stage's headline numbers, README's results section, the HTML export.
+"""The study report: every stage's headline rows, and the report's commands.
 
     python -m attncert.report summary   # reports/metrics/summary.json from every stage's metrics
     python -m attncert.report readme    # README.md's results section, from summary.json
     python -m attncert.report html      # reports/html/: each executed notebook and index.html
 
-Where things are comes from dvc.yaml resolved with params.yaml, never from globbing: a stage's
-metrics files are its declared ``metrics`` (``${...}`` templates filled from params; a matrix
-stage expanded over its grid, each point named by :func:`attncert.runs.run_name`), its report
-is the notebook ``nbrun`` writes. A stage whose metrics file is missing is "not run".
-
 Headline rows (:func:`headline_rows`) come from each stage module's ``headline_rows``
-(:mod:`attncert.stages`, rows as :mod:`attncert.headline` describes them); the summary also
-carries the brief rows as nested mappings (``headline``), since ``dvc metrics show`` skips
-lists.
+(:mod:`attncert.stages`, rows as :mod:`attncert.headline` describes them); a stage without a
+reader is read generically. Where the metrics files are comes from dvc.yaml resolved with
+params.yaml (:mod:`attncert.dvcfile`); the summary is the figures stage's
+(:mod:`attncert.stages.figures`), README's section :mod:`attncert.readme`'s, the HTML export
+:mod:`attncert.htmlexport`'s.
 """
 
 from __future__ import annotations
 
 import argparse
-import html
-import itertools
 import json
-import math
-import re
-import shlex
 import sys
-import tempfile
-from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
-from attncert.headline import eps_match, row
-from attncert.params import PARAMS_FILE, Params, load_params, read_yaml
+from attncert.dvcfile import DVC_FILE, StageRun, read_stages, resolve, stage_runs
+from attncert.headline import row
+from attncert.htmlexport import html_export
+from attncert.params import PARAMS_FILE, load_params
+from attncert.readme import README_FILE, update_readme
 from attncert.stages import certify_vit as certify_vit_stage
 from attncert.stages import certvit as certvit_stage
 from attncert.stages import crown as crown_stage
 from attncert.stages import data as data_stage
 from attncert.stages import specformer as specformer_stage
 from attncert.stages import text as text_stage
+from attncert.stages import tightness as tightness_stage
 from attncert.stages import train_vit as train_vit_stage
 
-DVC_FILE = "dvc.yaml"
-README_FILE = "README.md"
-#: executed notebooks live under here (dvc.yaml's nbrun outputs); the HTML tree mirrors it
-NOTEBOOK_DIR = "reports/notebooks"
-#: the stage that writes the summary (its own metrics are not summarised)
-FIGURES_STAGE = "figures"
-README_START = "<!-- results:start -->"
-README_END = "<!-- results:end -->"
 #: generic reader: at most this many numeric leaves of an unknown metrics file
 GENERIC_MAX_ROWS = 200
 GENERIC_BRIEF_ROWS = 8
 
-__all__ = ["StageRun", "stage_runs", "collect", "headline_rows", "summary", "headline_metrics",
-           "render_results", "replace_section", "update_readme", "notebook_html",
-           "external_refs", "html_export", "index_html", "main"]
-
-
-class MissingMetricsError(FileNotFoundError):
-    """A stage listed as required has not written its metrics."""
-
-
-# ------------------------------------------------------------------ dvc.yaml, resolved
-@dataclass(frozen=True)
-class StageRun:
-    """One stage, or one grid point of a matrix stage, as dvc.yaml declares it."""
-
-    stage: str
-    run: str | None            # the grid point's name (matrix stages), else None
-    item: Mapping[str, Any]    # the matrix item ({} for a plain stage)
-    notebook: str | None       # nbrun's executed notebook
-    metrics: tuple[str, ...]   # declared metrics files
-
-
-_TEMPLATE = re.compile(r"\$\{([^}]+)\}")
-
-
-def _lookup(ref: str, params: Params, item: Mapping[str, Any]) -> Any:
-    section, _, key = ref.strip().partition(".")
-    if section == "item":
-        return item[key]
-    return getattr(params[section], key)
-
-
-def resolve(text: str, params: Params, item: Mapping[str, Any] | None = None) -> str:
-    """Fill ``${section.key}`` and ``${item.key}`` templates as DVC does."""
-    return _TEMPLATE.sub(lambda m: str(_lookup(m.group(1), params, item or {})), text)
-
-
-def _matrix_items(matrix: Mapping[str, Any], params: Params) -> list[dict[str, Any]]:
-    keys = list(matrix)
-    values = []
-    for k in keys:
-        v = matrix[k]
-        whole = _TEMPLATE.fullmatch(v.strip()) if isinstance(v, str) else None
-        values.append(_lookup(whole.group(1), params, {}) if whole else v)
-    return [dict(zip(keys, combo, strict=True)) for combo in itertools.product(*values)]
-
-
-def _point_name(item: Mapping[str, Any]) -> str:
-    if set(item) == {"dataset", "depth", "heads", "gamma_vo"}:
-        from attncert.runs import run_name
-
-        return run_name(**item)
-    return "-".join(map(str, item.values()))
-
-
-def _paths(entries: Iterable[Any] | None) -> list[str]:
-    out: list[str] = []
-    for e in entries or []:
-        out.extend(e.keys() if isinstance(e, Mapping) else [e])
-    return out
-
-
-def _nbrun_output(cmd: str) -> str | None:
-    argv = shlex.split(cmd)
-    if "attncert.nbrun" not in argv:
-        return None
-    i = argv.index("attncert.nbrun")
-    return argv[i + 2] if len(argv) > i + 2 else None
-
-
-def read_stages(path: str | Path = DVC_FILE) -> dict[str, Any]:
-    """dvc.yaml's ``stages`` mapping."""
-    return read_yaml(path)["stages"]
-
-
-def stage_runs(stages: Mapping[str, Any], params: Params) -> list[StageRun]:
-    """Every stage and every grid point, in dvc.yaml's order, with paths resolved."""
-    out = []
-    for name, spec in stages.items():
-        items = _matrix_items(spec["matrix"], params) if "matrix" in spec else [{}]
-        for item in items:
-            nb = _nbrun_output(resolve(spec.get("cmd", ""), params, item))
-            out.append(StageRun(
-                stage=name, run=_point_name(item) if item else None, item=item, notebook=nb,
-                metrics=tuple(resolve(p, params, item) for p in _paths(spec.get("metrics")))))
-    return out
-
-
-def collect(runs: Sequence[StageRun], root: str | Path = ".") -> list[tuple[StageRun, dict]]:
-    """(run, {metrics path: parsed JSON or None when missing}) for every run."""
-    root = Path(root)
-    loaded = []
-    for r in runs:
-        files = {}
-        for p in r.metrics:
-            f = root / p
-            files[p] = json.loads(f.read_text()) if f.is_file() else None
-        loaded.append((r, files))
-    return loaded
-
-
-def stage_metrics(loaded: Sequence[tuple[StageRun, dict]], stage: str) -> dict[str, dict]:
-    """{run name (or stage name): metrics} of one stage's runs whose first metrics file exists.
-
-    For the figures: every grid point of a matrix stage, in grid order."""
-    out = {}
-    for r, files in loaded:
-        if r.stage == stage and r.metrics and files[r.metrics[0]] is not None:
-            out[r.run or r.stage] = files[r.metrics[0]]
-    return out
-
-
-def stage_items(runs: Sequence[StageRun], stage: str) -> dict[str, Mapping[str, Any]]:
-    """{grid point name: matrix item} of a matrix stage."""
-    return {r.run: r.item for r in runs if r.stage == stage and r.run}
-
-
-def stage_note(data: Mapping[str, Any], stage: str) -> str | None:
-    """A one-line note when ``stage`` has nothing to show (not declared, or not run)."""
-    entry = data["stages"].get(stage)
-    if entry is None:
-        return f"**{stage}**: stage not declared in dvc.yaml (not run)."
-    if entry["status"] == "not run":
-        return f"**{stage}**: stage not run (no `{entry['missing'][0]}`)."
-    return None
+__all__ = ["READERS", "headline_rows", "main",
+           # dvc.yaml, resolved (attncert.dvcfile), for the report's callers
+           "DVC_FILE", "PARAMS_FILE", "StageRun", "read_stages", "resolve", "stage_runs"]
 
 
 # ------------------------------------------------------------------ headline rows
-def _tightness_rows(m: Mapping, item: Mapping) -> list[dict]:
-    from attncert.tightness import PAPER_TABLE3 as t3
-
-    rows = []
-    methods = (("lofast_M", "LoFAST(M)", True), ("lofast_xi", "LoFAST(xi)", False),
-               ("naive", "naive", False), ("specformer", "SpecFormer", True))
-    for key, label, in_paper in methods:
-        for eps, ratio in m.get(f"table3_{key}_over_pgd", {}).items():
-            i = eps_match(eps, t3["eps"])
-            ref = t3[label][i] / t3["PGD"][i] if in_paper and i is not None else None
-            rows.append(row(f"table3_{key}_over_pgd/{eps}", f"{label} / PGD at eps {eps}",
-                             ratio, "ratio", ref, "LoFAST Table 3", brief=in_paper))
-    for key in ("max_lofast_M_over_pgd", "fig1_delta21_M_over_pgd_max", "fig3_ratio_max",
-                "fig4_lofast_M_over_pgd_max"):
-        if key in m:
-            rows.append(row(key, key.replace("_", " "), m[key], "ratio"))
-    return rows
-
-
 def _generic_rows(m: Any, item: Mapping, prefix: str = "", depth: int = 0) -> list[dict]:
     """Every numeric leaf of a metrics file (dicts up to 3 levels; lists are skipped)."""
     rows: list[dict] = []
@@ -219,7 +65,7 @@ def _generic_rows(m: Any, item: Mapping, prefix: str = "", depth: int = 0) -> li
 #: (:mod:`attncert.stages`); other stages get :func:`_generic_rows`
 READERS: dict[str, Callable[[Mapping, Mapping], list[dict]]] = {
     "data": data_stage.headline_rows,
-    "tightness": _tightness_rows,
+    "tightness": tightness_stage.headline_rows,
     "train_vit": train_vit_stage.headline_rows,
     "certify_vit": certify_vit_stage.headline_rows,
     "specformer": specformer_stage.headline_rows,
@@ -232,285 +78,6 @@ READERS: dict[str, Callable[[Mapping, Mapping], list[dict]]] = {
 def headline_rows(stage: str, metrics: Mapping, item: Mapping | None = None) -> list[dict]:
     """The headline rows of one metrics file of ``stage`` (``item``: the grid point)."""
     return READERS.get(stage, _generic_rows)(metrics, item or {})
-
-
-def summary(params: Params, stages: Mapping[str, Any], root: str | Path = ".",
-            required: Sequence[str] = ()) -> dict[str, Any]:
-    """Headline numbers of every stage declared in ``stages`` (dvc.yaml), from its metrics.
-
-    Returns ``{"scale", "order", "stages": {name: {"status", "metrics", "missing", "runs",
-    "rows"}}, "headline"}`` (``order``: the stages in dvc.yaml's order; ``headline``:
-    :func:`headline_metrics`):
-    status "ok" (every metrics file there), "partial" (some grid points missing) or
-    "not run"; ``metrics``/``missing`` list the paths read / absent; ``runs`` the grid points
-    of a matrix stage (None otherwise); ``rows`` the headline rows, with ``run`` for matrix
-    stages. A stage in ``required`` with a missing file raises :class:`MissingMetricsError`.
-    """
-    unknown = sorted(set(required) - set(stages))
-    if unknown:
-        raise ValueError(f"required stage {unknown[0]!r} is not declared in dvc.yaml")
-    loaded = collect([r for r in stage_runs(stages, params) if r.stage != FIGURES_STAGE], root)
-    out: dict[str, Any] = {}
-    for r, files in loaded:
-        entry = out.setdefault(r.stage, {"status": "ok", "metrics": [], "missing": [],
-                                         "runs": [] if r.run else None, "rows": []})
-        if r.run:
-            entry["runs"].append(r.run)
-        for path, m in files.items():
-            if m is None:
-                entry["missing"].append(path)
-                continue
-            entry["metrics"].append(path)
-            rows = headline_rows(r.stage, m, r.item)
-            entry["rows"] += [{"run": r.run, **row} if r.run else row for row in rows]
-    for name, entry in out.items():
-        if entry["missing"]:
-            entry["status"] = "partial" if entry["metrics"] else "not run"
-            if name in required:
-                raise MissingMetricsError(f"{name}: required metrics missing: "
-                                          f"{entry['missing'][0]}")
-    return {"scale": params["base"].scale, "order": list(out), "stages": out,
-            "headline": headline_metrics(out)}
-
-
-def headline_metrics(stages: Mapping[str, Any]) -> dict[str, Any]:
-    """The brief rows' numbers as nested mappings, what ``dvc metrics show`` prints of the
-    summary: ``{stage: {key: ours}}``, ``{stage: {run: {key: ours}}}`` for a matrix stage
-    (rows without a number of ours are left out)."""
-    out: dict[str, Any] = {}
-    for name, entry in stages.items():
-        for r in entry["rows"]:
-            if not r["brief"] or not isinstance(r["ours"], int | float) \
-                    or isinstance(r["ours"], bool):
-                continue
-            into = out.setdefault(name, {})
-            if r.get("run"):
-                into = into.setdefault(r["run"], {})
-            into[r["key"]] = r["ours"]
-    return out
-
-
-def write_summary(path: str | Path, data: Mapping[str, Any]) -> None:
-    from attncert.io import write_json
-
-    write_json(path, data)
-
-
-# ------------------------------------------------------------------ README section
-def fmt(value: Any, unit: str) -> str:
-    """One number as the README and index.html show it (fractions as percentages; a missing
-    or NaN value, e.g. a verifier that failed on every point, is the papers' dash)."""
-    if value is None or (isinstance(value, float) and math.isnan(value)):
-        return "–"
-    if unit == "fraction":
-        return f"{100 * value:.1f}%"
-    if unit == "percent":
-        return f"{value:.1f}%"
-    if unit == "seconds":
-        return f"{value:.3g} s"
-    if unit == "count":
-        return f"{value:,}" if isinstance(value, int) else f"{value:g}"
-    return f"{value:.4g}"
-
-
-def _cell(row: Mapping) -> str:
-    ours = fmt(row["ours"], row["unit"])
-    return ours if row["paper"] is None else f"{ours} (paper {fmt(row['paper'], row['unit'])})"
-
-
-def _table(header: Sequence[str], body: Sequence[Sequence[str]]) -> list[str]:
-    def line(cells):
-        return "| " + " | ".join(str(c).replace("|", "\\|") for c in cells) + " |"
-
-    return [line(header), "|" + "---|" * len(header), *map(line, body)]
-
-
-def render_results(data: Mapping[str, Any]) -> str:
-    """Markdown of summary.json's brief rows: a table per stage, the paper's numbers beside."""
-    lines = [f"Scale `{data['scale']}`; generated from `reports/metrics/summary.json` by "
-             "`python -m attncert.report readme`. Accuracies in %; `paper` is the paper's "
-             "number for the same quantity (its own model and setting)."]
-    for name in data.get("order", data["stages"]):
-        entry = data["stages"][name]
-        lines += ["", f"**{name}**: {entry['status']}"
-                  + (f" (missing: `{entry['missing'][0]}`"
-                     + (f" and {len(entry['missing']) - 1} more" if len(entry["missing"]) > 1
-                        else "") + ")" if entry["missing"] else "")]
-        rows = [r for r in entry["rows"] if r["brief"]]
-        if not rows:
-            continue
-        lines.append("")
-        if entry["runs"] is not None:
-            labels = list(dict.fromkeys(r["label"] for r in rows))
-            cells = {(r["run"], r["label"]): _cell(r) for r in rows}
-            runs = [p for p in entry["runs"] if any(k[0] == p for k in cells)]
-            lines += _table(["run", *labels],
-                            [[p, *(cells.get((p, lab), "–") for lab in labels)] for p in runs])
-        else:
-            lines += _table(["quantity", "ours", "paper", "paper source"],
-                            [[r["label"], fmt(r["ours"], r["unit"]), fmt(r["paper"], r["unit"]),
-                              r["source"] or ""] for r in rows])
-    return "\n".join(lines)
-
-
-def replace_section(text: str, body: str, start: str = README_START,
-                    end: str = README_END) -> str:
-    """``text`` with everything between the two markers replaced by ``body``."""
-    if text.count(start) != 1 or text.count(end) != 1:
-        raise ValueError(f"expected exactly one {start} and one {end}")
-    head, rest = text.split(start)
-    if end not in rest:
-        raise ValueError(f"{end} comes before {start}")
-    _, tail = rest.split(end)
-    return f"{head}{start}\n{body.strip()}\n{end}{tail}"
-
-
-def update_readme(readme: str | Path, summary_path: str | Path) -> bool:
-    """Rewrite README's results section from summary.json; True when the file changed."""
-    readme = Path(readme)
-    text = readme.read_text()
-    new = replace_section(text, render_results(json.loads(Path(summary_path).read_text())))
-    if new != text:
-        readme.write_text(new)
-    return new != text
-
-
-# ------------------------------------------------------------------ HTML export
-#: lab's page without the scripts it pulls from CDNs (require.js, MathJax, mermaid, widgets):
-#: CSS is inlined by lab itself and output images are data URIs, so a page is one file.
-_OFFLINE_TEMPLATE = """{%- extends 'lab/index.html.j2' -%}
-{%- block html_head_js -%}{%- endblock html_head_js -%}
-{%- block jupyter_widgets -%}{%- endblock jupyter_widgets -%}
-{%- block html_head_js_mathjax -%}{%- endblock html_head_js_mathjax -%}
-{%- block html_head_js_mermaidjs -%}{%- endblock html_head_js_mermaidjs -%}
-"""
-_EXTERNAL = re.compile(
-    r"<(script|link|img|iframe|source)\b[^>]*?\b(?:src|href)\s*=\s*[\"']?((?:https?:)?//[^\"'\s>]+)",
-    re.IGNORECASE)
-
-
-def external_refs(page: str) -> list[str]:
-    """Every script/link/img/iframe/source tag of ``page`` that points off the page's host
-    (http://, https:// or protocol-relative //)."""
-    return [m.group(2) for m in _EXTERNAL.finditer(page)]
-
-
-def _exporter(folder: str):
-    from nbconvert import HTMLExporter
-
-    base = Path(folder) / "attncert_offline"
-    base.mkdir(exist_ok=True)
-    (base / "index.html.j2").write_text(_OFFLINE_TEMPLATE)
-    (base / "conf.json").write_text(json.dumps({"base_template": "lab"}))
-    return HTMLExporter(template_name="attncert_offline", extra_template_basedirs=[folder],
-                        embed_images=True, exclude_anchor_links=True)
-
-
-def notebook_html(path: str | Path, exporter=None) -> str:
-    """One executed notebook as a self-contained HTML page (no external script/link/img)."""
-    import nbformat
-
-    nb = nbformat.read(path, as_version=4)
-    if exporter is None:
-        with tempfile.TemporaryDirectory() as d:
-            return notebook_html(path, _exporter(d))
-    page, _ = exporter.from_notebook_node(
-        nb, resources={"metadata": {"name": describe(nb) or Path(path).stem,
-                                    "path": str(Path(path).parent)}})
-    refs = external_refs(page)
-    if refs:
-        raise RuntimeError(f"{path}: the HTML export references {refs[0]}")
-    return page
-
-
-def describe(nb) -> str:
-    """The notebook's title: the first line of its first markdown cell, without '#'."""
-    for cell in nb.cells:
-        if cell.cell_type == "markdown" and cell.source.strip():
-            return cell.source.strip().splitlines()[0].lstrip("#").strip()
-    return ""
-
-
-def _html_name(notebook: str) -> str:
-    p = Path(notebook)
-    try:
-        rel = p.relative_to(NOTEBOOK_DIR)
-    except ValueError:
-        rel = Path(p.name)
-    return rel.with_suffix(".html").as_posix()
-
-
-def index_html(entries: Sequence[Mapping[str, Any]], title: str = "attncert reports") -> str:
-    """The index page: one row per report (link or 'not run', description, headline numbers).
-
-    ``entries``: {"stage", "run", "href" (None when not run), "description", "headline"
-    (list of "label: value" strings)}."""
-    esc = html.escape
-    rows = []
-    for e in entries:
-        name = esc(e["stage"] + (f" @ {e['run']}" if e.get("run") else ""))
-        missing = "no executed notebook" if e.get("headline") else "not run"
-        link = f'<a href="{esc(e["href"])}">{name}</a>' if e.get("href") else \
-            f'{name} <span class="nr">{missing}</span>'
-        nums = "<br>".join(esc(h) for h in e.get("headline", []))
-        rows.append(f"<tr><td>{link}</td><td>{esc(e.get('description') or '')}</td>"
-                    f"<td class=\"num\">{nums}</td></tr>")
-    return "\n".join([
-        "<!DOCTYPE html>", '<html lang="en">', "<head>", '<meta charset="utf-8">',
-        f"<title>{esc(title)}</title>",
-        "<style>body{font-family:sans-serif;margin:2em;max-width:75em}"
-        "table{border-collapse:collapse;width:100%}td,th{border-bottom:1px solid #ccc;"
-        "padding:.4em .6em;text-align:left;vertical-align:top}.num{font-size:.9em}"
-        ".nr{color:#a00;font-size:.85em}</style>", "</head>", "<body>",
-        f"<h1>{esc(title)}</h1>",
-        "<p>Each report is an executed notebook of the pipeline, exported with its figures "
-        "embedded; numbers are the headline rows of reports/metrics/summary.json.</p>",
-        "<table>", "<tr><th>report</th><th>what it is</th><th>headline</th></tr>", *rows,
-        "</table>", "</body>", "</html>", ""])
-
-
-def _headline(data: Mapping[str, Any] | None, stage: str, run: str | None,
-              limit: int = 8) -> list[str]:
-    entry = (data or {}).get("stages", {}).get(stage)
-    if not entry:
-        return []
-    rows = [r for r in entry["rows"] if r["brief"] and r.get("run") == run]
-    return [f"{r['label']}: {_cell(r)}" for r in rows[:limit]]
-
-
-def html_export(runs: Sequence[StageRun], out_dir: str | Path, data: Mapping | None = None,
-                root: str | Path = ".", force: bool = False) -> list[Path]:
-    """Export every executed notebook of ``runs`` into ``out_dir`` and write index.html.
-
-    A page newer than its notebook is kept unless ``force``. ``data``: the summary (headline
-    numbers for the index). Returns the pages written."""
-    import nbformat
-
-    root, out_dir = Path(root), Path(root) / out_dir
-    written, entries = [], []
-    with tempfile.TemporaryDirectory() as d:
-        exporter = None
-        for r in runs:
-            if r.notebook is None:
-                continue
-            nb_path = root / r.notebook
-            entry = {"stage": r.stage, "run": r.run, "href": None, "description": "",
-                     "headline": _headline(data, r.stage, r.run)}
-            entries.append(entry)
-            if not nb_path.is_file():
-                continue
-            page = out_dir / _html_name(r.notebook)
-            entry["href"] = _html_name(r.notebook)
-            entry["description"] = describe(nbformat.read(nb_path, as_version=4))
-            if force or not page.is_file() or page.stat().st_mtime < nb_path.stat().st_mtime:
-                exporter = exporter or _exporter(d)
-                page.parent.mkdir(parents=True, exist_ok=True)
-                page.write_text(notebook_html(nb_path, exporter))
-                written.append(page)
-    index = out_dir / "index.html"
-    index.parent.mkdir(parents=True, exist_ok=True)
-    index.write_text(index_html(entries))
-    return [*written, index]
 
 
 # ------------------------------------------------------------------ CLI
@@ -531,7 +98,11 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     stages = read_stages(args.dvc)
     if args.command == "summary":
-        write_summary(fig.summary, summary(params, stages, required=fig.required))
+        # the figures stage builds the summary from this module's rows
+        from attncert.stages import figures as figures_stage
+
+        figures_stage.write_summary(fig.summary, figures_stage.summary(
+            params, stages, required=fig.required))
         print(f"wrote {fig.summary}")
         return 0
     data = json.loads(Path(fig.summary).read_text()) if Path(fig.summary).is_file() else None

@@ -7,7 +7,8 @@ A stage module owns everything about its stage that is not a reusable method:
 - ``run(...)``: the stage's plan, from the validated section(s) to the metrics file and
   artefacts it writes; it returns what the notebook shows;
 - ``headline_rows(metrics, item)``: the rows of its metrics file that the report and README
-  show (:mod:`attncert.headline`).
+  show (:mod:`attncert.headline`); ``figures``, whose metrics file is the summary of the
+  others' rows, has none.
 
 The stage's notebook only takes its sections (passed whole by :mod:`attncert.nbrun`), calls
 ``run`` and shows tables and figures. dvc.yaml lists the modules each stage imports

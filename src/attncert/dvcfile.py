@@ -1,0 +1,133 @@
+"""dvc.yaml resolved with params.yaml: every stage and grid point, its notebook, its metrics.
+
+Where things are comes from dvc.yaml, never from globbing: a stage's metrics files are its
+declared ``metrics`` (``${...}`` templates filled from params; a matrix stage expanded over its
+grid, each point named by :func:`attncert.runs.run_name`), its report is the notebook
+``nbrun`` writes. A metrics file that is missing reads as None.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import re
+import shlex
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from attncert.params import Params, read_yaml
+
+DVC_FILE = "dvc.yaml"
+#: executed notebooks live under here (dvc.yaml's nbrun outputs)
+NOTEBOOK_DIR = "reports/notebooks"
+
+__all__ = ["DVC_FILE", "NOTEBOOK_DIR", "StageRun", "resolve", "read_stages", "stage_runs",
+           "collect", "stage_metrics", "stage_items"]
+
+
+@dataclass(frozen=True)
+class StageRun:
+    """One stage, or one grid point of a matrix stage, as dvc.yaml declares it."""
+
+    stage: str
+    run: str | None            # the grid point's name (matrix stages), else None
+    item: Mapping[str, Any]    # the matrix item ({} for a plain stage)
+    notebook: str | None       # nbrun's executed notebook
+    metrics: tuple[str, ...]   # declared metrics files
+
+
+_TEMPLATE = re.compile(r"\$\{([^}]+)\}")
+
+
+def _lookup(ref: str, params: Params, item: Mapping[str, Any]) -> Any:
+    section, _, key = ref.strip().partition(".")
+    if section == "item":
+        return item[key]
+    return getattr(params[section], key)
+
+
+def resolve(text: str, params: Params, item: Mapping[str, Any] | None = None) -> str:
+    """Fill ``${section.key}`` and ``${item.key}`` templates as DVC does."""
+    return _TEMPLATE.sub(lambda m: str(_lookup(m.group(1), params, item or {})), text)
+
+
+def _matrix_items(matrix: Mapping[str, Any], params: Params) -> list[dict[str, Any]]:
+    keys = list(matrix)
+    values = []
+    for k in keys:
+        v = matrix[k]
+        whole = _TEMPLATE.fullmatch(v.strip()) if isinstance(v, str) else None
+        values.append(_lookup(whole.group(1), params, {}) if whole else v)
+    return [dict(zip(keys, combo, strict=True)) for combo in itertools.product(*values)]
+
+
+def _point_name(item: Mapping[str, Any]) -> str:
+    if set(item) == {"dataset", "depth", "heads", "gamma_vo"}:
+        from attncert.runs import run_name
+
+        return run_name(**item)
+    return "-".join(map(str, item.values()))
+
+
+def _paths(entries: Iterable[Any] | None) -> list[str]:
+    out: list[str] = []
+    for e in entries or []:
+        out.extend(e.keys() if isinstance(e, Mapping) else [e])
+    return out
+
+
+def _nbrun_output(cmd: str) -> str | None:
+    argv = shlex.split(cmd)
+    if "attncert.nbrun" not in argv:
+        return None
+    i = argv.index("attncert.nbrun")
+    return argv[i + 2] if len(argv) > i + 2 else None
+
+
+def read_stages(path: str | Path = DVC_FILE) -> dict[str, Any]:
+    """dvc.yaml's ``stages`` mapping."""
+    return read_yaml(path)["stages"]
+
+
+def stage_runs(stages: Mapping[str, Any], params: Params) -> list[StageRun]:
+    """Every stage and every grid point, in dvc.yaml's order, with paths resolved."""
+    out = []
+    for name, spec in stages.items():
+        items = _matrix_items(spec["matrix"], params) if "matrix" in spec else [{}]
+        for item in items:
+            nb = _nbrun_output(resolve(spec.get("cmd", ""), params, item))
+            out.append(StageRun(
+                stage=name, run=_point_name(item) if item else None, item=item, notebook=nb,
+                metrics=tuple(resolve(p, params, item) for p in _paths(spec.get("metrics")))))
+    return out
+
+
+def collect(runs: Sequence[StageRun], root: str | Path = ".") -> list[tuple[StageRun, dict]]:
+    """(run, {metrics path: parsed JSON or None when missing}) for every run."""
+    root = Path(root)
+    loaded = []
+    for r in runs:
+        files = {}
+        for p in r.metrics:
+            f = root / p
+            files[p] = json.loads(f.read_text()) if f.is_file() else None
+        loaded.append((r, files))
+    return loaded
+
+
+def stage_metrics(loaded: Sequence[tuple[StageRun, dict]], stage: str) -> dict[str, dict]:
+    """{run name (or stage name): metrics} of one stage's runs whose first metrics file exists.
+
+    For the figures: every grid point of a matrix stage, in grid order."""
+    out = {}
+    for r, files in loaded:
+        if r.stage == stage and r.metrics and files[r.metrics[0]] is not None:
+            out[r.run or r.stage] = files[r.metrics[0]]
+    return out
+
+
+def stage_items(runs: Sequence[StageRun], stage: str) -> dict[str, Mapping[str, Any]]:
+    """{grid point name: matrix item} of a matrix stage."""
+    return {r.run: r.item for r in runs if r.stage == stage and r.run}

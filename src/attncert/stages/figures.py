@@ -1,0 +1,171 @@
+"""The figures stage: the study's summary and its exports, from every stage's saved metrics.
+
+Nothing is recomputed: the metrics files are the ones dvc.yaml declares, resolved with
+params.yaml (:mod:`attncert.dvcfile`); each stage's headline rows come from its own reader
+(:func:`attncert.report.headline_rows`). A stage whose metrics are missing is "not run".
+:func:`run` writes summary.json (a DVC metric), the certified-accuracy table (a DVC plot) and
+the HTML export of every executed notebook (:mod:`attncert.htmlexport`); README's results
+section is rendered from summary.json by :mod:`attncert.readme`.
+
+This stage has no headline rows of its own: its metrics file is the summary of the others'.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+from attncert import report
+from attncert.dvcfile import (
+    DVC_FILE,
+    StageRun,
+    collect,
+    read_stages,
+    stage_items,
+    stage_metrics,
+    stage_runs,
+)
+from attncert.figures import summary as figs
+from attncert.htmlexport import html_export
+from attncert.io import atomic_path, write_json
+from attncert.params import PARAMS_FILE, load_params, param, unique
+from attncert.params import Params as AllParams
+
+#: this stage: it writes the summary, its own metrics are not summarised
+FIGURES_STAGE = "figures"
+
+
+class MissingMetricsError(FileNotFoundError):
+    """A stage listed as required has not written its metrics."""
+
+
+@dataclass(frozen=True)
+class Params:
+    """params.yaml ``figures``: the comparison figures, the study's summary and the HTML
+    export."""
+
+    required: list[str] = param(unique, doc="stages whose metrics must exist; any other "
+                                            "stage without metrics is reported 'not run'")
+    summary: str = param(doc="headline numbers of every stage (JSON, a DVC metric)")
+    certified_csv: str = param(doc="certified accuracy vs eps, every grid point (a DVC plot)")
+    html_dir: str = param(doc="every executed notebook as HTML, with index.html")
+
+
+def summary(params: AllParams, stages: Mapping[str, Any], root: str | Path = ".",
+            required: Sequence[str] = ()) -> dict[str, Any]:
+    """Headline numbers of every stage declared in ``stages`` (dvc.yaml), from its metrics.
+
+    Returns ``{"scale", "order", "stages": {name: {"status", "metrics", "missing", "runs",
+    "rows"}}, "headline"}`` (``order``: the stages in dvc.yaml's order; ``headline``:
+    :func:`headline_metrics`):
+    status "ok" (every metrics file there), "partial" (some grid points missing) or
+    "not run"; ``metrics``/``missing`` list the paths read / absent; ``runs`` the grid points
+    of a matrix stage (None otherwise); ``rows`` the headline rows, with ``run`` for matrix
+    stages. A stage in ``required`` with a missing file raises :class:`MissingMetricsError`.
+    """
+    unknown = sorted(set(required) - set(stages))
+    if unknown:
+        raise ValueError(f"required stage {unknown[0]!r} is not declared in dvc.yaml")
+    loaded = collect([r for r in stage_runs(stages, params) if r.stage != FIGURES_STAGE], root)
+    out: dict[str, Any] = {}
+    for r, files in loaded:
+        entry = out.setdefault(r.stage, {"status": "ok", "metrics": [], "missing": [],
+                                         "runs": [] if r.run else None, "rows": []})
+        if r.run:
+            entry["runs"].append(r.run)
+        for path, m in files.items():
+            if m is None:
+                entry["missing"].append(path)
+                continue
+            entry["metrics"].append(path)
+            rows = report.headline_rows(r.stage, m, r.item)
+            entry["rows"] += [{"run": r.run, **row} if r.run else row for row in rows]
+    for name, entry in out.items():
+        if entry["missing"]:
+            entry["status"] = "partial" if entry["metrics"] else "not run"
+            if name in required:
+                raise MissingMetricsError(f"{name}: required metrics missing: "
+                                          f"{entry['missing'][0]}")
+    return {"scale": params["base"].scale, "order": list(out), "stages": out,
+            "headline": headline_metrics(out)}
+
+
+def headline_metrics(stages: Mapping[str, Any]) -> dict[str, Any]:
+    """The brief rows' numbers as nested mappings, what ``dvc metrics show`` prints of the
+    summary: ``{stage: {key: ours}}``, ``{stage: {run: {key: ours}}}`` for a matrix stage
+    (rows without a number of ours are left out)."""
+    out: dict[str, Any] = {}
+    for name, entry in stages.items():
+        for r in entry["rows"]:
+            if not r["brief"] or not isinstance(r["ours"], int | float) \
+                    or isinstance(r["ours"], bool):
+                continue
+            into = out.setdefault(name, {})
+            if r.get("run"):
+                into = into.setdefault(r["run"], {})
+            into[r["key"]] = r["ours"]
+    return out
+
+
+def write_summary(path: str | Path, data: Mapping[str, Any]) -> None:
+    write_json(path, data)
+
+
+def stage_note(data: Mapping[str, Any], stage: str) -> str | None:
+    """A one-line note when ``stage`` has nothing to show (not declared, or not run)."""
+    entry = data["stages"].get(stage)
+    if entry is None:
+        return f"**{stage}**: stage not declared in dvc.yaml (not run)."
+    if entry["status"] == "not run":
+        return f"**{stage}**: stage not run (no `{entry['missing'][0]}`)."
+    return None
+
+
+@dataclass(frozen=True)
+class Result:
+    """What the notebook shows: every stage run of dvc.yaml, its metrics as read, the summary,
+    the certified-accuracy curves of the grid (the CSV's rows) and the pages written."""
+
+    runs: list[StageRun]
+    loaded: list[tuple[StageRun, dict]]
+    summary: dict[str, Any]
+    certified: pd.DataFrame
+    pages: list[Path]
+
+    def metrics(self, stage: str) -> dict[str, dict]:
+        """{run name (or stage name): metrics} of ``stage``'s runs that wrote them."""
+        return stage_metrics(self.loaded, stage)
+
+    def items(self, stage: str) -> dict[str, Mapping[str, Any]]:
+        """{grid point name: matrix item} of a matrix stage."""
+        return stage_items(self.runs, stage)
+
+    def note(self, stage: str) -> str | None:
+        """A one-line note when ``stage`` has nothing to show."""
+        return stage_note(self.summary, stage)
+
+    def rows(self, stage: str) -> list[dict]:
+        """``stage``'s headline rows in the summary."""
+        return self.summary["stages"][stage]["rows"]
+
+
+def run(p: Params, params_file: str | Path = PARAMS_FILE,
+        dvc_file: str | Path = DVC_FILE) -> Result:
+    """Read every stage's metrics as dvc.yaml declares them; write summary.json, the
+    certified-accuracy CSV and the HTML export of every executed notebook (this stage's own
+    page is written after its notebook finishes, by ``python -m attncert.report html``)."""
+    params = load_params(params_file)
+    stages = read_stages(dvc_file)
+    runs = stage_runs(stages, params)
+    loaded = collect(runs)
+    result = summary(params, stages, required=p.required)
+    write_summary(p.summary, result)
+    certified = figs.certified_frame(stage_metrics(loaded, "certify_vit"))
+    with atomic_path(p.certified_csv) as tmp:
+        figs.certified_csv_frame(certified).to_csv(tmp, index=False)
+    pages = html_export(runs, p.html_dir, result)
+    return Result(runs, loaded, result, certified, pages)
