@@ -146,13 +146,16 @@ def test_finetune_scopes(tmp_path, scope):
 def test_phase_fingerprint_resumes_only_the_same_start(tmp_path):
     model, cfg = tiny_vit(), TrainConfig(epochs=1)
 
-    def prepare(note=""):
-        fp = stage.phase_fingerprint(model, cfg, "mnist", "src", note)
+    def prepare(note="", precision="fp32"):
+        fp = stage.phase_fingerprint(model, cfg, "mnist", "src", note, precision)
         return prepare_checkpoint_dir(tmp_path / "c", fp)
 
     assert prepare() == "fresh"
     (tmp_path / "c" / "last.pt").write_bytes(b"x")
     assert prepare() == "resume"
+    assert prepare(precision="bf16").startswith("cleared"), "a phase trained at another precision"
+    (tmp_path / "c" / "last.pt").write_bytes(b"x")
+    assert prepare("", "bf16") == "resume"
     assert prepare("scope masked").startswith("cleared")
     (tmp_path / "c" / "last.pt").write_bytes(b"x")
     with torch.no_grad():

@@ -138,7 +138,7 @@ def finetune_run(source: str | Path, train_cfg: TrainConfig, data: Mapping[str, 
     precision = resolve_precision(precision, resolve_device(device))
     model, notes = pretrained_model(source, data, image_size, train_cfg.seed)
     fp = phase_fingerprint(model, train_cfg, dataset, data["source"],
-                           f"{source}; precision {precision}; " + "; ".join(notes))
+                           f"{source}; " + "; ".join(notes), precision)
     curves, status = train_resumable(model, data["train"], data["test"], train_cfg, ckpt_dir,
                                      device, fingerprint=fp, precision=precision,
                                      progress=False)

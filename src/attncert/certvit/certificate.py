@@ -232,10 +232,10 @@ def empirical_lipschitz(model: nn.Module, x: Tensor, steps: int = 20, radius: fl
     model.eval()
     with torch.no_grad():
         fx = model(x)
-        best = 0.0
+        best = torch.zeros((), dtype=fx.dtype, device=fx.device)  # on the device: one sync
         if len(x) > 1:
             num = (fx[1:] - fx[:-1]).flatten(1).norm(dim=1)
-            best = float((num / (x[1:] - x[:-1]).flatten(1).norm(dim=1)).max())
+            best = (num / (x[1:] - x[:-1]).flatten(1).norm(dim=1)).max()
     noise = torch.randn(x.shape, generator=generator, device=x.device, dtype=x.dtype)
     delta = noise * (radius / noise.flatten(1).norm(dim=1)).view(-1, *[1] * (x.dim() - 1))
     step = radius / 4
@@ -243,14 +243,14 @@ def empirical_lipschitz(model: nn.Module, x: Tensor, steps: int = 20, radius: fl
         delta.requires_grad_(True)
         ratio = ((model(x + delta) - fx).flatten(1).norm(dim=1)
                  / delta.flatten(1).norm(dim=1))
-        best = max(best, float(ratio.detach().max()))
+        best = torch.maximum(best, ratio.detach().max())
         if k == steps:
             break
         (grad,) = torch.autograd.grad(ratio.sum(), delta)
         with torch.no_grad():
             gn = grad.flatten(1).norm(dim=1).clamp_min(1e-12).view(-1, *[1] * (x.dim() - 1))
             delta = delta + step * grad / gn
-    return best
+    return float(best)
 
 
 def lipschitz_table(**bounds: GlobalBound):

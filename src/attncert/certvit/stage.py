@@ -179,15 +179,15 @@ def state_sha(model: nn.Module) -> str:
 
 
 def phase_fingerprint(model: ViT, config: TrainConfig, dataset: str, data_source: str,
-                      note: str = "") -> dict[str, Any]:
+                      note: str = "", precision: str | None = None) -> dict[str, Any]:
     """The fingerprint of one training phase (:func:`attncert.runs.fingerprint`), taken before
     it trains: its checkpoint folder (:func:`attncert.train.train_resumable`) is resumed only
     if it was written for the same model config, training config, dataset, starting weights
-    (their hash, :func:`state_sha`) and ``note`` (what else decides the phase, e.g. the
-    fine-tune scope); otherwise the folder is cleared.
+    (their hash, :func:`state_sha`), ``note`` (what else decides the phase, e.g. the fine-tune
+    scope) and resolved training ``precision`` (when given); otherwise the folder is cleared.
     """
     start = f"{data_source}; initial weights {state_sha(model)}" + (f"; {note}" if note else "")
-    return runs.fingerprint(model.config, config, dataset, start)
+    return runs.fingerprint(model.config, config, dataset, start, precision)
 
 
 def bound_parameters(model: ViT) -> list[str]:

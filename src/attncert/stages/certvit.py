@@ -42,6 +42,7 @@ from attncert.params import (
     unique,
     unit_interval,
 )
+from attncert.precision import resolve_precision
 from attncert.train import TrainConfig, train_resumable
 
 #: The fine-tune losses after constraining (``paper`` mode; ``spectral`` trains with the
@@ -170,10 +171,11 @@ class Configs:
 def _train(p: Params, base: BaseParams, r: Result, model, cfg: TrainConfig, folder: str,
            note: str = "") -> str:
     """One resumable training phase under ``work_dir/ckpt/folder``; its checkpoint status."""
-    fp = cv.phase_fingerprint(model, cfg, p.dataset, r.data["source"], note)
+    precision = resolve_precision(base.precision, r.device)
+    fp = cv.phase_fingerprint(model, cfg, p.dataset, r.data["source"], note, precision)
     _, status = train_resumable(model, r.data["train"], r.test, cfg,
                                 Path(p.work_dir) / "ckpt" / folder, r.device, fingerprint=fp,
-                                precision=base.precision)
+                                precision=precision)
     return status
 
 
