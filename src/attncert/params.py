@@ -45,20 +45,21 @@ class ParamsError(ValueError):
 Check = Callable[[str, Any], None]
 
 
-def _fail(key: str, msg: str) -> typing.NoReturn:
+def fail(key: str, msg: str) -> typing.NoReturn:
+    """Raise the one-line :class:`ParamsError` for ``key`` (a stage's own checks use it too)."""
     raise ParamsError(f"{key}: {msg}")
 
 
 def nonneg(key: str, v: Any) -> None:
     values = v if isinstance(v, list) else [v]
     if any(x < 0 for x in values):
-        _fail(key, f"must be >= 0, got {v!r}")
+        fail(key, f"must be >= 0, got {v!r}")
 
 
 def positive(key: str, v: Any) -> None:
     values = v if isinstance(v, list) else [v]
     if any(x <= 0 for x in values):
-        _fail(key, f"must be > 0, got {v!r}")
+        fail(key, f"must be > 0, got {v!r}")
 
 
 def one_of(*choices: str) -> Check:
@@ -66,7 +67,7 @@ def one_of(*choices: str) -> Check:
         values = v if isinstance(v, list) else [v]
         bad = [x for x in values if x not in choices]
         if bad:
-            _fail(key, f"unknown value {bad[0]!r}; choose from {', '.join(choices)}")
+            fail(key, f"unknown value {bad[0]!r}; choose from {', '.join(choices)}")
 
     return check
 
@@ -74,26 +75,26 @@ def one_of(*choices: str) -> Check:
 def one_of_numbers(*choices: float) -> Check:
     def check(key: str, v: Any) -> None:
         if v not in choices:
-            _fail(key, f"must be one of {', '.join(map(str, choices))}, got {v!r}")
+            fail(key, f"must be one of {', '.join(map(str, choices))}, got {v!r}")
 
     return check
 
 
 def unique(key: str, v: list) -> None:
     if len(set(v)) != len(v):
-        _fail(key, f"has duplicate entries: {v!r}")
+        fail(key, f"has duplicate entries: {v!r}")
 
 
 def nonempty(key: str, v: list) -> None:
     if not v:
-        _fail(key, "needs at least one entry")
+        fail(key, "needs at least one entry")
 
 
 def device_spec(key: str, v: str) -> None:
     if v not in ("auto", "cpu", "cuda", "mps") and not (
         v.startswith("cuda:") and v[5:].isdigit()
     ):
-        _fail(key, f"unknown device {v!r}; use auto, cpu, cuda, cuda:N or mps")
+        fail(key, f"unknown device {v!r}; use auto, cpu, cuda, cuda:N or mps")
 
 
 def dataclass_from_mapping(cls: type, d: Mapping[str, Any]) -> Any:
@@ -143,7 +144,7 @@ class VitGridParams:
 
 def unit_interval(key: str, v: float) -> None:
     if not 0 <= v < 1:
-        _fail(key, f"must be in [0, 1), got {v!r}")
+        fail(key, f"must be in [0, 1), got {v!r}")
 
 
 #: Every section of params.yaml, in file order: its dataclass, or ``"module:Class"`` for a
@@ -175,7 +176,7 @@ def _check_type(key: str, value: Any, tp: Any) -> Any:
     if origin in (list, tuple):
         (item_tp,) = typing.get_args(tp)[:1]
         if not isinstance(value, list):
-            _fail(key, f"expected a list of {_type_name(item_tp)}, got {value!r}")
+            fail(key, f"expected a list of {_type_name(item_tp)}, got {value!r}")
         return [_check_type(f"{key}[{i}]", v, item_tp) for i, v in enumerate(value)]
     if origin in (typing.Union, types.UnionType):
         for alt in typing.get_args(tp):
@@ -183,26 +184,26 @@ def _check_type(key: str, value: Any, tp: Any) -> Any:
                 return _check_type(key, value, alt)
             except ParamsError:
                 continue
-        _fail(key, f"expected {_type_name(tp)}, got {value!r}")
+        fail(key, f"expected {_type_name(tp)}, got {value!r}")
     if tp is type(None):
         if value is not None:
-            _fail(key, f"expected null, got {value!r}")
+            fail(key, f"expected null, got {value!r}")
         return value
     if tp is bool:
         if not isinstance(value, bool):
-            _fail(key, f"expected true/false, got {type(value).__name__} {value!r}")
+            fail(key, f"expected true/false, got {type(value).__name__} {value!r}")
         return value
     if tp is int:
         if isinstance(value, bool) or not isinstance(value, int):
-            _fail(key, f"expected int, got {type(value).__name__} {value!r}")
+            fail(key, f"expected int, got {type(value).__name__} {value!r}")
         return value
     if tp is float:
         if isinstance(value, bool) or not isinstance(value, (int, float)):
-            _fail(key, f"expected float, got {type(value).__name__} {value!r}")
+            fail(key, f"expected float, got {type(value).__name__} {value!r}")
         return float(value)
     if tp is str:
         if not isinstance(value, str):
-            _fail(key, f"expected string, got {type(value).__name__} {value!r}")
+            fail(key, f"expected string, got {type(value).__name__} {value!r}")
         return value
     raise TypeError(f"unsupported schema type {tp!r} for {key}")  # a bug in this module
 
@@ -210,17 +211,17 @@ def _check_type(key: str, value: Any, tp: Any) -> Any:
 def parse_section(name: str, raw: Any, cls: type) -> Any:
     """Validate one section's mapping against its dataclass; return the instance."""
     if not isinstance(raw, Mapping):
-        _fail(name, f"expected a mapping of parameters, got {raw!r}")
+        fail(name, f"expected a mapping of parameters, got {raw!r}")
     hints = typing.get_type_hints(cls)
     fields = {f.name: f for f in dataclasses.fields(cls)}
     unknown = sorted(set(raw) - set(fields))
     if unknown:
         close = _closest(unknown[0], fields)
         hint = f" (did you mean {close!r}?)" if close else ""
-        _fail(f"{name}.{unknown[0]}", f"unknown parameter{hint}")
+        fail(f"{name}.{unknown[0]}", f"unknown parameter{hint}")
     missing = [k for k in fields if k not in raw]
     if missing:
-        _fail(f"{name}.{missing[0]}", "missing (params.yaml must set every parameter)")
+        fail(f"{name}.{missing[0]}", "missing (params.yaml must set every parameter)")
     values = {}
     for key, f in fields.items():
         full = f"{name}.{key}"

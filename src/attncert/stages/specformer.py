@@ -33,7 +33,7 @@ from attncert.params import (
     IMAGE_DATASETS,
     VIT_BLOCKS,
     BaseParams,
-    _fail,
+    fail,
     nonempty,
     nonneg,
     one_of,
@@ -114,18 +114,18 @@ class Params:
     def __post_init__(self) -> None:
         for key in ("msvp_lambda", "cert_msvp_lambda"):
             if len(getattr(self, key)) != 3:
-                _fail(f"specformer.{key}", f"needs 3 values, got {getattr(self, key)!r}")
+                fail(f"specformer.{key}", f"needs 3 values, got {getattr(self, key)!r}")
         for key, dim, heads in (("heads", self.dim, self.heads),
                                 ("cert_heads", self.cert_dim, self.cert_heads)):
             if dim % heads:
-                _fail(f"specformer.{key}", f"{dim} is not divisible by {heads} heads")
+                fail(f"specformer.{key}", f"{dim} is not divisible by {heads} heads")
         if "vanilla" not in self.methods:
-            _fail("specformer.methods", "needs vanilla (the reference of the step-time ratios)")
+            fail("specformer.methods", "needs vanilla (the reference of the step-time ratios)")
         pretrained = [s for s in self.sources if s != sf.SCRATCH]
         for key in ("methods", "adv_methods"):
             bad = [m for m in getattr(self, key) if m not in sf.PRETRAINED_METHODS]
             if pretrained and bad:
-                _fail(f"specformer.{key}", f"the pre-trained weights of {pretrained[0]!r} do not "
+                fail(f"specformer.{key}", f"the pre-trained weights of {pretrained[0]!r} do not "
                       f"fit {', '.join(bad)} (the baselines change the ViT's attention or "
                       f"norms); with a pre-trained source use "
                       f"{', '.join(sf.PRETRAINED_METHODS)}, the baselines with "
