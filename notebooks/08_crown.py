@@ -11,8 +11,8 @@
 # %% [markdown]
 # # 08 · LoFAST vs CROWN, and LoFAST + CROWN (LoFAST Tables 1-2)
 #
-# One Lipschitz ViT per depth is trained here (stream blocks, 128-d features at the paper
-# scale). The first `n_test` test images are certified for their TRUE label at every l2 eps
+# One Lipschitz ViT per depth is trained here on each dataset of `datasets` (stream blocks,
+# 128-d features at the paper scale; CIFAR-10 and SVHN, LoFAST Table 2's rows). The first `n_test` test images are certified for their TRUE label at every l2 eps
 # (pixel space) by LoFAST (`lofast_variant`, pairwise test, one radius per point) and by CROWN
 # through auto_LiRPA 0.3 (`attncert.crown`: the compatibility patches, a graph equal to the ViT,
 # the pairwise margin specification). A CROWN bound that fails (time limit, memory, overflow,
@@ -28,6 +28,7 @@ crown = {}  # params.yaml `crown`, passed whole by attncert.nbrun
 processed_dir = "data/processed"
 
 # %%
+import pandas as pd
 from IPython.display import Markdown, display
 
 from attncert.crown import PATCHES
@@ -38,23 +39,27 @@ from attncert.stages import crown as stage
 b = parse_section("base", base, BaseParams)
 p = parse_section("crown", crown, stage.Params)
 res = stage.run(p, b, processed_dir)
-display(Markdown(f"**{b.scale} scale**: {p.dataset}, depths {p.depths}, {p.dim}-d, patch "
-                 f"{p.patch}, {res.n} test points, eps {p.cert_eps}; CROWN methods {p.methods} "
-                 f"in {p.bound_dtype} on {res.device} (time limit {p.time_limit:g} s per "
-                 f"bound).  \n**auto_LiRPA patches applied:** {', '.join(PATCHES)}"))
+parts = res.datasets
+display(Markdown(f"**{b.scale} scale**: {', '.join(p.datasets)}, depths {p.depths}, {p.dim}-d, "
+                 f"patch {p.patch}, {', '.join(f'{k}: {r.n}' for k, r in parts.items())} test "
+                 f"points, eps {p.cert_eps}; CROWN methods {p.methods} in {p.bound_dtype} on "
+                 f"{res.device} (time limit {p.time_limit:g} s per bound).  \n"
+                 f"**auto_LiRPA patches applied:** {', '.join(PATCHES)}"))
 
 # %% [markdown]
-# ## Training one ViT per depth
+# ## Training one ViT per depth and dataset
 
 # %%
-res.trained.round(2)
+pd.concat([r.trained.assign(dataset=k) for k, r in parts.items()]).set_index(
+    ["dataset", "depth"]).round(2)
 
 # %% [markdown]
 # ## Certifying the same points with LoFAST and CROWN
-# One row per (point, eps) and CROWN method; the count of each status per depth.
+# One row per (point, eps) and CROWN method; the count of each status per dataset and depth.
 
 # %%
-res.crown.groupby(["depth", "method", "status"]).size().unstack(fill_value=0)
+pd.concat([r.crown.assign(dataset=k) for k, r in parts.items()]).groupby(
+    ["dataset", "depth", "method", "status"]).size().unstack(fill_value=0)
 
 # %% [markdown]
 # ## Soundness audit
@@ -63,31 +68,39 @@ res.crown.groupby(["depth", "method", "status"]).size().unstack(fill_value=0)
 # that certifies fewer points than one of its methods).
 
 # %%
-display(res.audit[["depth", "eps", "attacked", "robust_acc"]
-                  + [c for c in res.audit if c.startswith("broken_")]])
-display(Markdown(f"**0 broken certificates** over {len(p.cert_eps)} eps and {len(p.depths)} "
-                 "depths; the combination certifies at least what either method does."))
+audit = pd.concat([r.audit.assign(dataset=k) for k, r in parts.items()])
+display(audit[["dataset", "depth", "eps", "attacked", "robust_acc"]
+              + [c for c in audit if c.startswith("broken_")]])
+display(Markdown(f"**0 broken certificates** over {len(p.datasets)} datasets, "
+                 f"{len(p.cert_eps)} eps and {len(p.depths)} depths; the combination certifies "
+                 "at least what either method does."))
 
 # %% [markdown]
 # ## LoFAST Table 1: certified accuracy (%) and seconds per sample
-# "-" (None): every CROWN bound at that eps failed. LoFAST's seconds cover its radius (every
-# eps at once); CROWN's are the mean of one (point, eps) bound.
+# One figure per dataset; the paper's numbers are CIFAR-10's. "-" (None): every CROWN bound at
+# that eps failed. LoFAST's seconds cover its radius (every eps at once); CROWN's are the mean
+# of one (point, eps) bound.
 
 # %%
-show(res.figures["table1"])
-stage.table1_with_paper(res.table1, p.dataset).round(3)
+for k, r in parts.items():
+    show(r.figures["table1"])
+    display(stage.table1_with_paper(r.table1, k).round(3))
 
 # %% [markdown]
 # ## LoFAST Table 2: CROWN alone vs LoFAST first, CROWN on the rest
+# One figure per dataset; the paper's rows (CIFAR-10, SVHN; 3 layers) below.
 
 # %%
-show(res.figures["table2"])
+for k, r in parts.items():
+    show(r.figures["table2"])
 display(stage.paper_table2())
-res.table2.round(3)
+pd.concat([r.table2.assign(dataset=k) for k, r in parts.items()]).set_index(
+    ["dataset", "depth", "eps", "method"]).round(3)
 
 # %% [markdown]
 # ## Speed ratio
 
 # %%
-display(Markdown("**CROWN / LoFAST seconds per sample**: "
-                 + ", ".join(f"L{d}: {r:.0f}x" for d, r in res.ratio.items())))
+display(Markdown("**CROWN / LoFAST seconds per sample**: " + "; ".join(
+    f"{k} " + ", ".join(f"L{d}: {x:.0f}x" for d, x in r.ratio.items())
+    for k, r in parts.items())))

@@ -89,8 +89,8 @@ if points:
 # %% [markdown]
 # ## Certification cost per sample
 # Seconds per sample of the whole certificate (radius by bisection), mean over the grid with
-# its range, and the crown stage's LoFAST and CROWN seconds per depth; LoFAST Table 1's
-# seconds for LoFAST and alpha,beta-CROWN beside (their GPU).
+# its range, and the crown stage's LoFAST and CROWN seconds per dataset and depth; LoFAST
+# Table 1's seconds for LoFAST and alpha,beta-CROWN beside (their GPU).
 
 # %%
 crown = res.metrics("crown").get("crown")
@@ -137,7 +137,7 @@ else:
 # %% [markdown]
 # ## LoFAST Tables 1-2: LoFAST vs CROWN, and LoFAST first with CROWN on the rest
 # Ours solid, the paper's dashed (its CIFAR-10 / SVHN ViTs and alpha,beta-CROWN; ours:
-# auto_LiRPA's CROWN on the crown stage's dataset).
+# auto_LiRPA's CROWN on each of the crown stage's datasets, one line style per dataset).
 
 # %%
 note = res.note("crown")

@@ -93,10 +93,16 @@ def _text_metrics() -> dict:
             "broken": 0, "seconds": 12.0}
 
 
-def _crown_metrics(dataset: str = "cifar10") -> dict:
+def _crown_metrics(*datasets: str) -> dict:
     """The crown stage's metrics file as notebooks/08_crown.py writes it (accuracies in %)."""
-    return {"dataset": dataset, "n": 3, "eps": [0.02, 0.05, 0.1], "depths": [3],
-            "crown_over_lofast_seconds": {"3": 120.0}, "broken": 0,
+    parts = {ds: _crown_part() for ds in datasets or ("cifar10", "svhn")}
+    return {"datasets": parts, "eps": [0.02, 0.05, 0.1], "depths": [3], "broken": 0,
+            "stage_seconds": 100.0}
+
+
+def _crown_part() -> dict:
+    """One dataset's entry of the crown metrics."""
+    return {"n": 3, "crown_over_lofast_seconds": {"3": 120.0}, "broken": 0,
             "table1": [{"depth": 3, "method": "LoFAST", "seconds_per_sample": 0.05,
                         "acc_0.02": 66.7, "acc_0.05": 33.3, "acc_0.1": 0.0},
                        {"depth": 3, "method": "CROWN", "seconds_per_sample": 6.0,
@@ -107,7 +113,7 @@ def _crown_metrics(dataset: str = "cifar10") -> dict:
                        for i, (e, a) in enumerate(((0.02, 66.6), (0.05, 0.0), (0.1, 0.0)))],
             "crown_status": {"L3": {"ok": 5, "timeout": 4}},
             "trained": [{"depth": 3, "test_acc": 80.5, "train_seconds": 10.0}],
-            "stage_seconds": 50.0}
+            "seconds": 50.0}
 
 
 @pytest.fixture
@@ -174,7 +180,9 @@ def _file_value(stage: str, m, key: str):
     parts = key.split("/")
     if stage == "specformer" and parts[0] == "certified":
         return _record(m["certified"], model=parts[1], variant=parts[2])[f"certified@{parts[3]}"]
-    if stage == "crown" and parts[0] in ("trained", "table1", "table2"):
+    if stage == "crown" and parts[0] == "datasets" and parts[2] in ("trained", "table1",
+                                                                    "table2"):
+        m, parts = m["datasets"][parts[1]], parts[2:]
         depth = int(parts[1].removeprefix("L"))
         if parts[0] == "trained":
             return _record(m["trained"], depth=depth)[parts[2]]
@@ -290,25 +298,36 @@ def test_text_rows_put_olsas_sst_radius_beside_every_3_layer_olsa():
 
 
 def test_crown_rows_follow_lofast_tables_1_and_2():
-    t1, t2 = paper.LOFAST_TABLE1, paper.LOFAST_TABLE2["cifar10"]
-    rows = {r["key"]: r for r in report.headline_rows("crown", _crown_metrics("cifar10"))}
-    assert rows["table1/L3/LoFAST/acc_0.02"]["paper"] == t1["lofast"][3][0]
-    assert rows["table1/L3/LoFAST/acc_0.02"]["unit"] == "percent"
-    assert rows["table1/L3/CROWN/acc_0.02"]["paper"] == t1["crown"][3][0]
-    assert rows["table1/L3/CROWN/acc_0.05"]["ours"] is None   # every bound failed: "-"
-    assert rows["table1/L3/CROWN/acc_0.1"]["paper"] is None   # the paper's "-"
-    assert rows["table1/L3/LoFAST/seconds_per_sample"]["paper"] == t1["lofast_seconds"][3]
-    assert rows["table1/L3/CROWN/seconds_per_sample"]["paper"] == t1["crown_seconds"][3]
-    assert rows["table2/L3/CROWN/0.05/combined_acc"]["paper"] == t2["CROWN+LoFAST"][1][0]
-    assert rows["table2/L3/CROWN/0.02/crown_seconds"]["paper"] == t2["CROWN"][0][1]
-    assert rows["table2/L3/CROWN/0.1/combined_acc"]["paper"] is None   # not in Table 2
-    assert rows["crown_over_lofast_seconds/3"]["paper"] == pytest.approx(
+    """Per dataset: Table 1's paper values beside CIFAR-10's rows only, Table 2's beside
+    CIFAR-10's and SVHN's (3 layers, eps 0.02 / 0.05), none beside another dataset's."""
+    t1 = paper.LOFAST_TABLE1
+    rows = {r["key"]: r for r in report.headline_rows("crown", _crown_metrics())}
+    c, s = "datasets/cifar10/", "datasets/svhn/"
+    assert rows[f"{c}table1/L3/LoFAST/acc_0.02"]["paper"] == t1["lofast"][3][0]
+    assert rows[f"{c}table1/L3/LoFAST/acc_0.02"]["unit"] == "percent"
+    assert rows[f"{c}table1/L3/LoFAST/acc_0.02"]["label"] == "cifar10 L3 LoFAST certified at " \
+        "eps 0.02"
+    assert rows[f"{c}table1/L3/CROWN/acc_0.02"]["paper"] == t1["crown"][3][0]
+    assert rows[f"{c}table1/L3/CROWN/acc_0.05"]["ours"] is None   # every bound failed: "-"
+    assert rows[f"{c}table1/L3/CROWN/acc_0.1"]["paper"] is None   # the paper's "-"
+    assert rows[f"{c}table1/L3/LoFAST/seconds_per_sample"]["paper"] == t1["lofast_seconds"][3]
+    assert rows[f"{c}table1/L3/CROWN/seconds_per_sample"]["paper"] == t1["crown_seconds"][3]
+    assert rows[f"{s}table1/L3/LoFAST/acc_0.02"]["paper"] is None   # Table 1 is CIFAR-10's
+    for ds in ("cifar10", "svhn"):
+        t2 = paper.LOFAST_TABLE2[ds]
+        k = f"datasets/{ds}/table2/L3/CROWN/"
+        assert rows[f"{k}0.05/combined_acc"]["paper"] == t2["CROWN+LoFAST"][1][0]
+        assert rows[f"{k}0.02/crown_seconds"]["paper"] == t2["CROWN"][0][1]
+        assert rows[f"{k}0.1/combined_acc"]["paper"] is None   # not in Table 2
+    assert paper.LOFAST_TABLE2["svhn"] != paper.LOFAST_TABLE2["cifar10"]
+    assert rows[f"{c}crown_over_lofast_seconds/3"]["paper"] == pytest.approx(
         t1["crown_seconds"][3] / t1["lofast_seconds"][3])
-    assert rows["trained/L3/test_acc"]["ours"] == 80.5
+    assert rows[f"{c}trained/L3/test_acc"]["ours"] == 80.5
+    assert rows["broken"]["ours"] == 0 and rows[f"{s}n"]["ours"] == 3
     # another dataset: the paper's accuracies and seconds are not the same quantity
     other = report.headline_rows("crown", _crown_metrics("mnist"))
     assert {r["key"] for r in other if r["paper"] is not None} == {
-        "crown_over_lofast_seconds/3"}
+        "datasets/mnist/crown_over_lofast_seconds/3"}
 
 
 def test_summary_paths_come_from_params_and_run_name():
@@ -399,7 +418,8 @@ def test_readme_numbers_are_the_metrics_files_numbers(metrics_tree):
             shown += 1
     assert shown > 30
     crown = {t["quantity"]: t for t in tables["crown"]}
-    assert crown["L3 LoFAST certified at eps 0.02"]["paper"] == "29.1%"   # LoFAST Table 1
+    assert crown["cifar10 L3 LoFAST certified at eps 0.02"]["paper"] == "29.1%"   # LoFAST Table 1
+    assert crown["svhn L3 LoFAST certified at eps 0.02"]["paper"] == "–"   # CIFAR-10 only
     text = {t["quantity"]: t for t in tables["text"]}
     assert text["olsa-L3-g2 average certified radius (global; 0 if wrong)"]["paper"] == "0.979"
 
@@ -437,12 +457,12 @@ def test_comparison_figures_draw_from_saved_metrics_with_the_papers_beside(metri
     m = {stage: dvcfile.stage_metrics(loaded, stage) for stage in STAGES}
     points, items = m["certify_vit"], dvcfile.stage_items(runs, "certify_vit")
     crown = figs.crown_frame(m["crown"]["crown"])
-    assert {"ours (cifar10)", "paper: LoFAST Table 1 (cifar10)", "paper: LoFAST Table 2 (svhn)"} \
-        <= set(crown["source"])
+    assert {"ours (cifar10)", "ours (svhn)", "paper: LoFAST Table 1 (cifar10)",
+            "paper: LoFAST Table 2 (svhn)"} <= set(crown["source"])
     assert crown["accuracy"].notna().all()   # a "-" is no point, not a 0
     cost = figs.cost_frame(points, m["crown"]["crown"])
-    assert {"LoFAST L=3 (crown stage)", "CROWN L=3 (crown stage)", "LoFAST L=3"} \
-        <= set(cost["method"])
+    assert {"LoFAST L=3 (crown stage, cifar10)", "CROWN L=3 (crown stage, svhn)",
+            "LoFAST L=3"} <= set(cost["method"])
     tradeoff = figs.paper_tradeoff_frame([items[run]["dataset"] for run in points])
     assert list(tradeoff["source"]) == ["paper: CertViT Table 1 (mnist)"]
     text = figs.text_certified_frame(m["text"]["text"])

@@ -128,19 +128,22 @@ def _crown_work(p, n_train_max: int, n_test_max: int) -> tuple[list[Work], float
     from attncert.stages import crown as crown_stage
 
     c_p = p["crown"]
-    _, _, _, n_tr, n_te = DATASETS[c_p.dataset]
-    n_tr, n_te = _n(c_p.max_train, _n(n_train_max, n_tr)), _n(n_test_max, n_te)
-    n = min(c_p.n_test, n_te)
-    out = []
-    for depth in c_p.depths:
-        cfg = crown_stage.vit_config(stand_in(c_p.dataset), c_p, depth)
-        c = vit_counts(cfg)
-        out += training_work("crown", f"L{depth}", c, n_tr, n_te, c_p.epochs, c_p.batch_size,
-                             500)
-        out += _certify_work("crown", f"L{depth} LoFAST", cfg, n, [c_p.lofast_variant], 1, 100)
-        out.append(audit_work("crown", f"L{depth}: PGD audit", c["attack"], n,
-                              len(c_p.cert_eps), c_p.attack_steps, c_p.attack_restarts, 100))
-    bounds = len(c_p.depths) * n * len(c_p.cert_eps) * len(c_p.methods)
+    out, bounds = [], 0
+    for dataset in c_p.datasets:
+        _, _, _, n_tr, n_te = DATASETS[dataset]
+        n_tr, n_te = _n(c_p.max_train, _n(n_train_max, n_tr)), _n(n_test_max, n_te)
+        n = min(c_p.n_test, n_te)
+        for depth in c_p.depths:
+            cfg = crown_stage.vit_config(stand_in(dataset), c_p, depth)
+            c = vit_counts(cfg)
+            out += training_work("crown", f"{dataset} L{depth}", c, n_tr, n_te, c_p.epochs,
+                                 c_p.batch_size, 500)
+            out += _certify_work("crown", f"{dataset} L{depth} LoFAST", cfg, n,
+                                 [c_p.lofast_variant], 1, 100)
+            out.append(audit_work("crown", f"{dataset} L{depth}: PGD audit", c["attack"], n,
+                                  len(c_p.cert_eps), c_p.attack_steps, c_p.attack_restarts,
+                                  100))
+        bounds += len(c_p.depths) * n * len(c_p.cert_eps) * len(c_p.methods)
     return out, bounds * c_p.time_limit
 
 

@@ -73,7 +73,8 @@ def cost_table(params, gpu: GPU, utilisation: float = UTILISATION) -> str:
     lines.append(f"| **total** | {sum(pflop.values()):.3g} | **{total:.3g}** | | |")
     c = params["crown"]
     lines.append(f"| crown: CROWN / alpha-CROWN bounds | - | at most {crown_seconds / 3600:.3g} "
-                 f"| time limit | {len(c.depths)} depths x {c.n_test} points x "
+                 f"| time limit | {len(c.datasets)} datasets x {len(c.depths)} depths x "
+                 f"{c.n_test} points x "
                  f"{len(c.cert_eps)} eps x {len(c.methods)} methods x {c.time_limit:g} s; "
                  "points LoFAST certifies skip CROWN |")
     head = (f"Scale `{params['base'].scale}`; one {gpu.name} at {utilisation:.0%} of its dense "

@@ -10,9 +10,9 @@ from matplotlib.figure import Figure
 __all__ = ["plot_table1", "plot_table2"]
 
 
-def plot_table1(table1: pd.DataFrame) -> Figure:
-    """LoFAST Table 1 as bars: certified accuracy per eps (one panel per depth), and seconds
-    per sample (log scale) per method and depth."""
+def plot_table1(table1: pd.DataFrame, dataset: str) -> Figure:
+    """LoFAST Table 1 on one dataset as bars: certified accuracy per eps (all depths), and
+    seconds per sample (log scale) per method and depth."""
     sns.set_theme(style="whitegrid", context="paper")
     acc = table1.melt(id_vars=["depth", "method"],
                       value_vars=[c for c in table1 if c.startswith("acc_")],
@@ -25,11 +25,13 @@ def plot_table1(table1: pd.DataFrame) -> Figure:
     sns.barplot(table1, x="depth", y="seconds_per_sample", hue="method", ax=axes[1],
                 errorbar=None)
     axes[1].set(yscale="log", ylabel="seconds per sample", title="cost per sample")
+    fig.suptitle(f"LoFAST Table 1 on {dataset}")
     return fig
 
 
-def plot_table2(table2: pd.DataFrame) -> Figure:
-    """LoFAST Table 2: CROWN alone vs LoFAST + CROWN, accuracy and seconds per sample by eps."""
+def plot_table2(table2: pd.DataFrame, dataset: str) -> Figure:
+    """LoFAST Table 2 on one dataset: CROWN alone vs LoFAST + CROWN, accuracy and seconds per
+    sample by eps."""
     sns.set_theme(style="whitegrid", context="paper")
     rows = []
     for _, r in table2.iterrows():
@@ -46,4 +48,5 @@ def plot_table2(table2: pd.DataFrame) -> Figure:
     axes[1].set(ylabel="seconds per sample", xlabel="")
     for ax in axes:
         ax.tick_params(axis="x", rotation=30)
+    fig.suptitle(f"LoFAST Table 2 on {dataset}")
     return fig

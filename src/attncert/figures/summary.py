@@ -198,13 +198,15 @@ def plot_tradeoff(df: pd.DataFrame, papers: pd.DataFrame | None = None) -> Figur
 # -- cost --------------------------------------------------------------------------------------
 def cost_frame(points: Mapping[str, Mapping], crown: Mapping | None = None) -> pd.DataFrame:
     """(run, method, seconds, source): seconds per sample of every certificate, every grid
-    point, the crown stage's LoFAST and CROWN seconds by depth (``crown``: its metrics), and
+    point, the crown stage's LoFAST and CROWN seconds by dataset and depth (``crown``: its
+    metrics), and
     LoFAST Table 1's LoFAST and alpha,beta-CROWN seconds (CIFAR-10, by depth)."""
     rows = [{"run": run, "method": key, "seconds": s, "source": OURS}
             for run, m in points.items() for key, s in m.get("seconds_per_sample", {}).items()]
-    rows += [{"run": None, "method": f"{r['method']} L={r['depth']} (crown stage)",
+    rows += [{"run": None, "method": f"{r['method']} L={r['depth']} (crown stage, {ds})",
               "seconds": r["seconds_per_sample"], "source": OURS}
-             for r in (crown or {}).get("table1", [])]
+             for ds, part in (crown or {}).get("datasets", {}).items()
+             for r in part.get("table1", [])]
     t1 = paper.LOFAST_TABLE1
     for name, key in (("LoFAST", "lofast_seconds"), ("alpha,beta-CROWN", "crown_seconds")):
         rows += [{"run": None, "method": f"{name} L={d}", "seconds": s,
@@ -278,17 +280,21 @@ def plot_text_certified(df: pd.DataFrame) -> Figure:
 
 # -- CROWN: LoFAST Tables 1-2 ------------------------------------------------------------------
 def crown_frame(m: Mapping) -> pd.DataFrame:
-    """(table, depth, method, eps, accuracy %, seconds, source) of the crown metrics (Table 1:
-    LoFAST and CROWN; Table 2: LoFAST first with CROWN on the rest) and LoFAST Tables 1-2's
+    """(table, depth, method, eps, accuracy %, seconds, source) of the crown metrics, each
+    dataset its own source (Table 1: LoFAST and CROWN; Table 2: LoFAST first with CROWN on the
+    rest) and LoFAST Tables 1-2's
     numbers (alpha,beta-CROWN in Table 1; a "-" of either is a missing row)."""
-    ours = f"{OURS} ({m.get('dataset')})"
-    rows = [{"table": "Table 1", "depth": r["depth"], "method": r["method"],
-             "eps": float(k[4:]), "accuracy": r[k], "seconds": r["seconds_per_sample"],
-             "source": ours}
-            for r in m.get("table1", []) for k in r if k.startswith("acc_")]
-    rows += [{"table": "Table 2", "depth": r["depth"], "method": f"LoFAST + {r['method']}",
-              "eps": float(r["eps"]), "accuracy": r["combined_acc"],
-              "seconds": r["combined_seconds"], "source": ours} for r in m.get("table2", [])]
+    rows = []
+    for ds, part in m.get("datasets", {}).items():
+        ours = f"{OURS} ({ds})"
+        rows += [{"table": "Table 1", "depth": r["depth"], "method": r["method"],
+                  "eps": float(k[4:]), "accuracy": r[k], "seconds": r["seconds_per_sample"],
+                  "source": ours}
+                 for r in part.get("table1", []) for k in r if k.startswith("acc_")]
+        rows += [{"table": "Table 2", "depth": r["depth"], "method": f"LoFAST + {r['method']}",
+                  "eps": float(r["eps"]), "accuracy": r["combined_acc"],
+                  "seconds": r["combined_seconds"], "source": ours}
+                 for r in part.get("table2", [])]
     t1 = paper.LOFAST_TABLE1
     for key, method in (("lofast", "LoFAST"), ("crown", "alpha,beta-CROWN")):
         rows += [{"table": "Table 1", "depth": d, "method": method, "eps": e, "accuracy": a,

@@ -38,6 +38,8 @@ from attncert.params import (
     VIT_POOLS,
     BaseParams,
     ParamsError,
+    fail,
+    nonempty,
     nonneg,
     one_of,
     param,
@@ -52,13 +54,22 @@ from attncert.train import TrainConfig, evaluate, resolve_device, train_resumabl
 LOFAST_VARIANTS = ("lofast_M", "lofast_xi")
 
 
+def image_datasets(key: str, v: list) -> None:
+    """Every entry an image dataset (the ViTs take images; a text dataset has no patches)."""
+    bad = [d for d in v if d not in IMAGE_DATASETS]
+    if bad:
+        fail(key, f"{bad[0]!r} is not an image dataset; choose from {', '.join(IMAGE_DATASETS)}")
+
+
 @dataclass(frozen=True)
 class Params:
     """params.yaml ``crown``: LoFAST vs CROWN / alpha-CROWN (auto_LiRPA) and their
     combination (LoFAST Tables 1-2): Lipschitz ViTs of each depth trained in the stage, l2
     balls in pixel space."""
 
-    dataset: str = param(one_of(*IMAGE_DATASETS))
+    datasets: list[str] = param(image_datasets, unique, nonempty,
+                                doc="image datasets, each with its own ViTs (LoFAST Table 2: "
+                                    "CIFAR-10, SVHN)")
     depths: list[int] = param(positive, unique, doc="one ViT per depth (LoFAST: 3, 4, 5)")
     patch: int = param(positive)
     dim: int = param(positive)
@@ -98,12 +109,11 @@ class Params:
 
 
 @dataclass
-class Result:
-    """What the notebook shows: the device, the number of points, the trained models, one row
-    per CROWN (point, eps), the PGD audit, Tables 1-2 (with their figures, saved as PNGs in
-    ``work_dir``) and the CROWN / LoFAST seconds ratio per depth."""
+class DatasetResult:
+    """One dataset's part: the number of points, the trained models, one row per CROWN
+    (point, eps), the PGD audit, Tables 1-2 (with their figures, saved as PNGs in
+    ``work_dir``), the CROWN / LoFAST seconds ratio per depth and its metrics entry."""
 
-    device: torch.device
     n: int
     trained: pd.DataFrame
     crown: pd.DataFrame
@@ -112,26 +122,55 @@ class Result:
     table2: pd.DataFrame
     ratio: dict[str, float]
     figures: dict[str, Figure]
+    metrics: dict[str, Any]
+
+
+@dataclass
+class Result:
+    """What the notebook shows: the device and each dataset's part, in ``datasets`` order."""
+
+    device: torch.device
+    datasets: dict[str, DatasetResult]
 
 
 # ------------------------------------------------------------------ the stage
 def run(p: Params, base: BaseParams, processed_dir: str) -> Result:
-    """Train one ViT per depth on ``base.device``, certify the first ``n_test`` test points by
-    LoFAST and every CROWN method, audit them with PGD (a broken certificate raises
-    :class:`attncert.soundness.UnsoundCertificateError`), write lofast.csv, crown.csv and the
-    tables' PNGs under ``work_dir`` and the metrics file."""
+    """For each dataset in turn (the same depths, settings and seed): train one ViT per depth
+    on ``base.device``, certify the first ``n_test`` test points by LoFAST and every CROWN
+    method, audit them with PGD (a broken certificate raises
+    :class:`attncert.soundness.UnsoundCertificateError`); write lofast.csv and crown.csv (one
+    ``dataset`` column), each dataset's tables as PNGs under ``work_dir`` and the metrics
+    file: ``{"datasets": {name: ...}, "eps", "depths", "broken", "stage_seconds"}``."""
     stage_t0 = time.perf_counter()
     dev = resolve_device(base.device)
     out = Path(p.work_dir)
-    data = load_processed(p.dataset, processed_dir)
+    parts, frames = {}, {"lofast.csv": [], "crown.csv": []}
+    for name in p.datasets:
+        parts[name] = run_dataset(p, base, name, processed_dir, dev, out, frames)
+    write_json(p.metrics, {
+        "datasets": {name: r.metrics for name, r in parts.items()},
+        "eps": p.cert_eps, "depths": p.depths,
+        "broken": sum(r.metrics["broken"] for r in parts.values()),
+        "stage_seconds": time.perf_counter() - stage_t0})
+    return Result(dev, parts)
+
+
+def run_dataset(p: Params, base: BaseParams, dataset: str, processed_dir: str,
+                dev: torch.device, out: Path, frames: dict[str, list]) -> DatasetResult:
+    """One dataset's part of :func:`run` (checkpoints in ``work_dir/ckpt/<dataset>/L<depth>``);
+    its rows are appended to ``frames`` (by CSV name) and every CSV is rewritten before the
+    soundness check, so a broken certificate can be inspected."""
+    t0 = time.perf_counter()
+    data = load_processed(dataset, processed_dir)
     n = min(p.n_test, len(data["test"]["y"]))
     x = as_float(data["test"]["x"][:n]).to(dev, torch.float64)
     y = data["test"]["y"][:n].to(dev)
 
     models, trained = {}, []
     for depth in p.depths:
-        model, acc, secs = train_model(data, p, depth, base.seed, out / "ckpt" / f"L{depth}",
-                                       dev, base.precision)
+        model, acc, secs = train_model(data, p, depth, base.seed,
+                                       out / "ckpt" / dataset / f"L{depth}", dev,
+                                       base.precision)
         models[depth] = model
         trained.append({"depth": depth, "test_acc": 100 * acc, "train_seconds": secs})
 
@@ -156,20 +195,23 @@ def run(p: Params, base: BaseParams, processed_dir: str) -> Result:
                                   p.attack_restarts, base.seed)
         audits += [dict(r, depth=depth) for r in rows_a]
     lofast_df, crown_df = pd.concat(lofast_all), pd.concat(crown_all)
-    for name, df in (("lofast.csv", lofast_df), ("crown.csv", crown_df)):
+    frames["lofast.csv"].append(lofast_df.assign(dataset=dataset))
+    frames["crown.csv"].append(crown_df.assign(dataset=dataset))
+    for name, dfs in frames.items():
         with atomic_path(out / name) as tmp:
-            df.to_csv(tmp, index=False)
+            pd.concat(dfs).to_csv(tmp, index=False)
     table1, table2, audit = pd.DataFrame(t1), pd.DataFrame(t2), pd.DataFrame(audits)
 
     broken = int(audit[[c for c in audit if c.startswith("broken_")]].to_numpy().sum())
-    soundness.require_sound({p.dataset: audits}, by=("depth",), see=str(out))
+    soundness.require_sound({dataset: audits}, by=("depth",), see=str(out))
     for r in t2:
         if r["combined_acc"] < max(r["crown_acc"], r["lofast_acc"]):
             raise RuntimeError(f"the combination certifies fewer points than one method: {r}")
 
-    figures = {"table1": figs.plot_table1(table1), "table2": figs.plot_table2(table2)}
+    figures = {"table1": figs.plot_table1(table1, dataset),
+               "table2": figs.plot_table2(table2, dataset)}
     for name, fig in figures.items():
-        with atomic_path(out / f"{name}.png") as tmp:
+        with atomic_path(out / f"{name}_{dataset}.png") as tmp:
             fig.savefig(tmp, format="png", dpi=120, bbox_inches="tight")
         plt.close(fig)  # shown once, by the notebook
 
@@ -177,15 +219,14 @@ def run(p: Params, base: BaseParams, processed_dir: str) -> Result:
     for d in p.depths:
         secs = table1[table1["depth"] == d].set_index("method")["seconds_per_sample"]
         ratio[str(d)] = float(secs.drop("LoFAST").iloc[0] / secs["LoFAST"])
-    write_json(p.metrics, {
-        "dataset": p.dataset, "n": n, "eps": p.cert_eps, "depths": p.depths,
-        "crown_over_lofast_seconds": ratio, "broken": broken,
+    metrics = {
+        "n": n, "crown_over_lofast_seconds": ratio, "broken": broken,
         "table1": table1.to_dict("records"), "table2": table2.to_dict("records"),
         "crown_status": {f"L{d}": status_counts(crown_df[crown_df["depth"] == d])
                          for d in p.depths},
-        "trained": trained, "stage_seconds": time.perf_counter() - stage_t0})
-    return Result(dev, n, pd.DataFrame(trained), crown_df, audit, table1, table2, ratio,
-                  figures)
+        "trained": trained, "seconds": time.perf_counter() - t0}
+    return DatasetResult(n, pd.DataFrame(trained), crown_df, audit, table1, table2, ratio,
+                         figures, metrics)
 
 
 # ------------------------------------------------------------------ models
@@ -343,13 +384,26 @@ def paper_table2() -> pd.DataFrame:
 
 # ------------------------------------------------------------------ headline
 def headline_rows(m: Mapping, item: Mapping) -> list[dict]:
-    """LoFAST Tables 1-2 as the stage writes them (accuracies in %), per depth: certified
-    accuracy and seconds per sample of LoFAST and CROWN, LoFAST first with CROWN on the rest,
-    the CROWN / LoFAST speed ratio; LoFAST's numbers beside where the dataset is the paper's."""
-    t1, t2 = paper.LOFAST_TABLE1, paper.LOFAST_TABLE2.get(m.get("dataset"), {})
-    cifar = m.get("dataset") == "cifar10"
+    """LoFAST Tables 1-2 as the stage writes them (accuracies in %), per dataset and depth:
+    certified accuracy and seconds per sample of LoFAST and CROWN, LoFAST first with CROWN on
+    the rest, the CROWN / LoFAST speed ratio; LoFAST's numbers beside where the dataset is the
+    paper's (Table 1: CIFAR-10; Table 2: CIFAR-10 and SVHN). Keys follow the metrics file
+    (``datasets/<name>/...``)."""
+    rows = []
+    for name, part in m.get("datasets", {}).items():
+        rows += dataset_rows(name, part)
+    if "broken" in m:
+        rows.append(row("broken", "broken certificates", m["broken"], "count"))
+    return rows
+
+
+def dataset_rows(dataset: str, m: Mapping) -> list[dict]:
+    """One dataset's headline rows (see :func:`headline_rows`)."""
+    t1, t2 = paper.LOFAST_TABLE1, paper.LOFAST_TABLE2.get(dataset, {})
+    cifar = dataset == "cifar10"
     crown_src = "LoFAST Table 1 (alpha,beta-CROWN)"
-    rows = [row(f"trained/L{t['depth']}/test_acc", f"L{t['depth']} clean accuracy",
+    key, lab = f"datasets/{dataset}/", f"{dataset} "
+    rows = [row(f"{key}trained/L{t['depth']}/test_acc", f"{lab}L{t['depth']} clean accuracy",
                 t["test_acc"], "percent") for t in m.get("trained", [])]
     for rec in m.get("table1", []):
         d, method = rec["depth"], rec["method"]
@@ -358,33 +412,34 @@ def headline_rows(m: Mapping, item: Mapping) -> list[dict]:
             i = eps_match(k[4:], t1["eps"])
             per_depth = t1["lofast" if lofast else "crown"].get(d) if cifar else None
             ref = per_depth[i] if per_depth and i is not None else None
-            rows.append(row(f"table1/L{d}/{method}/{k}", f"L{d} {method} certified at eps "
-                            f"{k[4:]}", rec[k], "percent", ref,
+            rows.append(row(f"{key}table1/L{d}/{method}/{k}", f"{lab}L{d} {method} certified "
+                            f"at eps {k[4:]}", rec[k], "percent", ref,
                             "LoFAST Table 1" if lofast else crown_src, brief=True))
         secs = t1["lofast_seconds" if lofast else "crown_seconds"].get(d) if cifar else None
-        rows.append(row(f"table1/L{d}/{method}/seconds_per_sample",
-                        f"L{d} {method} seconds per sample", rec["seconds_per_sample"],
+        rows.append(row(f"{key}table1/L{d}/{method}/seconds_per_sample",
+                        f"{lab}L{d} {method} seconds per sample", rec["seconds_per_sample"],
                         "seconds", secs, "LoFAST Table 1" if lofast else crown_src, brief=True))
     for rec in m.get("table2", []):
         d, eps = rec["depth"], f"{rec['eps']:g}"
         i = eps_match(eps, paper.LOFAST_TABLE_EPS[:2]) if d == 3 else None
-        for key, label, ref_key, unit, j in (
+        for k, label, ref_key, unit, j in (
                 ("crown_acc", f"{rec['method']} alone", "CROWN", "percent", 0),
                 ("crown_seconds", f"{rec['method']} alone seconds", "CROWN", "seconds", 1),
                 ("combined_acc", f"LoFAST + {rec['method']}", "CROWN+LoFAST", "percent", 0),
                 ("combined_seconds", f"LoFAST + {rec['method']} seconds", "CROWN+LoFAST",
                  "seconds", 1)):
             ref = t2[ref_key][i][j] if t2 and i is not None else None
-            rows.append(row(f"table2/L{d}/{rec['method']}/{eps}/{key}",
-                            f"L{d} {label} at eps {eps}", rec[key], unit, ref,
-                            "LoFAST Table 2", brief=key == "combined_acc"))
+            rows.append(row(f"{key}table2/L{d}/{rec['method']}/{eps}/{k}",
+                            f"{lab}L{d} {label} at eps {eps}", rec[k], unit, ref,
+                            "LoFAST Table 2", brief=k == "combined_acc"))
     for d, ratio in m.get("crown_over_lofast_seconds", {}).items():
         lo, cr = t1["lofast_seconds"].get(int(d)), t1["crown_seconds"].get(int(d))
-        rows.append(row(f"crown_over_lofast_seconds/{d}", f"L{d} CROWN / LoFAST seconds",
-                        ratio, "ratio", cr / lo if lo and cr else None,
+        rows.append(row(f"{key}crown_over_lofast_seconds/{d}",
+                        f"{lab}L{d} CROWN / LoFAST seconds", ratio, "ratio",
+                        cr / lo if lo and cr else None,
                         "LoFAST Table 1 (alpha,beta-CROWN / LoFAST seconds, CIFAR-10)",
                         brief=True))
-    for key, label in (("n", "certified test points"), ("broken", "broken certificates")):
-        if key in m:
-            rows.append(row(key, label, m[key], "count"))
+    for k, label in (("n", "certified test points"), ("broken", "broken certificates")):
+        if k in m:
+            rows.append(row(f"{key}{k}", f"{lab}{label}", m[k], "count"))
     return rows
