@@ -64,6 +64,22 @@ def test_table_has_every_stage_and_follows_the_params(smoke, tmp_path):
     assert train_vit_flops(_with(smoke, tmp_path, "train_vit", "patch", 14)) < base
 
 
+def test_crown_work_is_per_dataset(smoke, tmp_path):
+    """Each dataset of crown.datasets trains, certifies and audits its own models; CROWN's
+    time-limit bound counts every dataset's points."""
+    def crown(path):
+        work, seconds = cost.stage_work(load_params(path), ["crown"])
+        return {w.what for w in work}, sum(w.flops for w in work), seconds
+
+    names, flops, seconds = crown(smoke)
+    assert names and all(n.startswith("mnist L") for n in names)
+    two_names, two_flops, two_seconds = crown(_with(smoke, tmp_path, "crown", "datasets",
+                                                    ["mnist", "fashion_mnist"]))
+    assert two_names == names | {n.replace("mnist", "fashion_mnist", 1) for n in names}
+    assert two_flops == pytest.approx(2 * flops, rel=0.01)
+    assert two_seconds == pytest.approx(2 * seconds)
+
+
 def test_unknown_pretrained_source_is_a_clear_error(smoke, tmp_path):
     p = load_params(_with(smoke, tmp_path, "certvit", "source", "someone/vit-huge"))
     with pytest.raises(ValueError, match="HF_VITS"):
