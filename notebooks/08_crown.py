@@ -12,8 +12,9 @@
 # # 08 · LoFAST vs CROWN, and LoFAST + CROWN (LoFAST Tables 1-2)
 #
 # One Lipschitz ViT per depth is trained here on each dataset of `datasets` (stream blocks,
-# 128-d features at the paper scale; CIFAR-10 and SVHN, LoFAST Table 2's rows). The first `n_test` test images are certified for their TRUE label at every l2 eps
-# (pixel space) by LoFAST (`lofast_variant`, pairwise test, one radius per point) and by CROWN
+# 128-d features at the paper scale; CIFAR-10 and SVHN, LoFAST Table 2's rows). The first
+# `n_test` test images are certified for their TRUE label at every l2 eps (pixel space) by
+# LoFAST (`lofast_variant`, pairwise test, one radius per point) and by CROWN
 # through auto_LiRPA 0.3 (`attncert.crown`: the compatibility patches, a graph equal to the ViT,
 # the pairwise margin specification). A CROWN bound that fails (time limit, memory, overflow,
 # an unsupported operator, a bound outside an operator's domain) is a recorded "-", never a
@@ -91,7 +92,7 @@ for k, r in parts.items():
 # One figure per dataset; the paper's rows (CIFAR-10, SVHN; 3 layers) below.
 
 # %%
-for k, r in parts.items():
+for r in parts.values():
     show(r.figures["table2"])
 display(stage.paper_table2())
 pd.concat([r.table2.assign(dataset=k) for k, r in parts.items()]).set_index(
