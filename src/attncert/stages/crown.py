@@ -1,14 +1,14 @@
 """The crown stage: LoFAST vs CROWN on the same points (LoFAST Table 1) and LoFAST first with
 CROWN on what LoFAST left (Table 2), as read-outs of one row per point.
 
-On each dataset of ``datasets`` (LoFAST Table 2: CIFAR-10 and SVHN; Table 1 is CIFAR-10's),
-one Lipschitz ViT per depth is trained in the stage (stream blocks; the same settings and seed
-on every dataset). Both methods certify the TRUE label (a misclassified point is never
-certified). CROWN (:mod:`attncert.crown`) runs once per (point, eps), smallest eps first; a point it does not certify at an eps is not run at the
-larger ones (recorded "skipped", 0 s: it cannot be counted as certified there). Seconds per
-sample: LoFAST's certificate with its radius (valid for every eps at once), CROWN's mean time of
-one (point, eps) bound over the pairs it ran. Every certified point is then attacked with L2
-PGD: a broken certificate fails the stage.
+On each dataset of ``datasets`` (LoFAST Table 2: CIFAR-10 and SVHN; Table 1 is CIFAR-10's), one
+Lipschitz ViT per depth is trained in the stage (stream blocks; the same settings and seed on
+every dataset). Both methods certify the TRUE label (a misclassified point is never certified).
+CROWN (:mod:`attncert.crown`) runs once per (point, eps), smallest eps first; a point it does
+not certify at an eps is not run at the larger ones (recorded "skipped", 0 s: it cannot be
+counted as certified there). Seconds per sample: LoFAST's certificate with its radius (valid for
+every eps at once), CROWN's mean time of one (point, eps) bound over the pairs it ran. Every
+certified point is then attacked with L2 PGD: a broken certificate fails the stage.
 """
 
 from __future__ import annotations
