@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import dataclasses
 import importlib
-import io
 import types
 import typing
 from collections.abc import Callable, Mapping, Sequence
@@ -366,13 +365,3 @@ def section_class(name: str) -> type:
         module, _, attr = entry.partition(":")
         entry = getattr(importlib.import_module(module), attr)
     return entry
-
-
-def section_fields(name: str) -> list[str]:
-    return [f.name for f in dataclasses.fields(section_class(name))]
-
-
-def dump_yaml(data: Any) -> str:
-    buf = io.StringIO()
-    yaml_12("rt").dump(data, buf)
-    return buf.getvalue()
