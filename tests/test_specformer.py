@@ -281,6 +281,9 @@ def test_paper_scale_pretrained_code_path(dataset, num_classes, mirror, tmp_path
         assert train_cfg.msvp_lambda == ((1e-5,) * 3 if method == "specformer" else (0.0,) * 3)
         assert train_cfg.adversarial == ("pgd_linf" if training == "adversarial" else "none")
         assert train_cfg.grad_clip == 1.0
+        assert (train_cfg.optimizer, train_cfg.momentum, train_cfg.lr) == ("sgd", 0.9, 0.1)
+        assert (train_cfg.mixup_alpha, train_cfg.cutmix_alpha) == (0.8, 1.0)
+        assert train_cfg.mix_prob == (0.3 if training == "standard" else 0.0)
         model, curves, status = sf.finetune_run(src, train_cfg, data, dataset, p.image_size,
                                                 tmp_path / f"{label}-{training}-{method}")
         assert status == "fresh" and len(curves) == 1

@@ -8,17 +8,16 @@ import torch
 
 from attncert import runs
 from attncert.loop import cosine_schedule, lipschitz_diagnostics
+from attncert.losses import logit_margin, training_loss
 from attncert.models import ViTConfig, build_vit, load_vit, save_vit
 from attncert.train import (
     TrainConfig,
     augment_batch,
     evaluate,
-    logit_margin,
     resolve_device,
     step_loss,
     train,
     train_resumable,
-    training_loss,
 )
 
 MODEL = dict(image_size=8, channels=1, patch=4, dim=8, depth=1, heads=2, mlp_hidden=8,

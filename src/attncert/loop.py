@@ -1,4 +1,5 @@
-"""The epoch loop every training run shares: AdamW, a per-step cosine schedule with warmup,
+"""The epoch loop every training run shares: AdamW or SGD with momentum (:func:`optimizer`), a
+per-step cosine schedule with warmup,
 the forward pass and loss at the training precision, optional gradient clipping, an atomic
 checkpoint and the metrics file after every epoch, and resume from that checkpoint.
 
@@ -30,23 +31,25 @@ LOG_EVERY = 50  # steps between progress-bar loss read-outs (each one waits for 
 
 class Steps:
     """One run's batches and loss. Subclasses set ``n`` (training examples), ``params`` (what
-    AdamW updates and gradient clipping sees), ``states`` (extra checkpoint entries with
-    ``state_dict``/``load_state_dict``) and implement :meth:`plan`, :meth:`batch`,
+    the optimiser updates and gradient clipping sees), ``states`` (extra checkpoint entries
+    with ``state_dict``/``load_state_dict``) and implement :meth:`plan`, :meth:`batch`,
     :meth:`loss` and :meth:`evaluate`."""
 
     n: int
     params: list[nn.Parameter]
     states: Mapping[str, Any] = {}
 
-    def plan(self, epoch: int) -> Sequence[Tensor]:
-        """The index batches of ``epoch`` (1-based), in training order."""
+    def plan(self, epoch: int) -> Sequence[Any]:
+        """The batches of ``epoch`` (1-based) in training order, each as :meth:`batch` takes
+        it (an index tensor, or what else the subclass draws per batch)."""
         raise NotImplementedError
 
-    def batch(self, idx: Tensor) -> tuple[tuple[Tensor, ...], Tensor]:
-        """(model inputs, labels) of one index batch, on the device (outside autocast)."""
+    def batch(self, key: Any) -> tuple[tuple[Any, ...], Tensor]:
+        """(model inputs, labels) of one batch of :meth:`plan`, on the device (outside
+        autocast); the labels' count is the batch size."""
         raise NotImplementedError
 
-    def loss(self, inputs: tuple[Tensor, ...], y: Tensor, step: int) -> tuple[Tensor, Tensor]:
+    def loss(self, inputs: tuple[Any, ...], y: Tensor, step: int) -> tuple[Tensor, Tensor]:
         """(logits, loss) of one batch; ``step`` counts every step of the run from 0."""
         raise NotImplementedError
 
@@ -70,6 +73,22 @@ def cosine_schedule(total_steps: int, warmup_steps: int) -> Callable[[int], floa
         progress = (step - warmup_steps) / max(1, total_steps - warmup_steps)
         return 0.5 * (1.0 + math.cos(math.pi * min(progress, 1.0)))
     return factor
+
+
+OPTIMIZERS = ("adamw", "sgd")
+
+
+def optimizer(params: list[nn.Parameter], config: Any) -> torch.optim.Optimizer:
+    """``config.optimizer``: "adamw" (decoupled weight decay) or "sgd" (heavy-ball
+    ``config.momentum``, weight decay as L2 on the gradient, as torch.optim.SGD); a config
+    without an ``optimizer`` field (the text models') trains with AdamW."""
+    kind = getattr(config, "optimizer", "adamw")
+    if kind == "adamw":
+        return torch.optim.AdamW(params, lr=config.lr, weight_decay=config.weight_decay)
+    if kind == "sgd":
+        return torch.optim.SGD(params, lr=config.lr, momentum=config.momentum,
+                               weight_decay=config.weight_decay)
+    raise ValueError(f"optimizer {kind!r}: choose from {', '.join(OPTIMIZERS)}")
 
 
 def sum_dtype(device: torch.device) -> torch.dtype:
@@ -98,11 +117,12 @@ def run_epochs(model: nn.Module, steps: Steps, eval_data: Any, config: Any, ckpt
                ) -> list[dict[str, Any]]:
     """Train ``model`` (already on ``dev``) for ``config.epochs`` epochs, resuming from
     ``ckpt_path``; ``config``: a dataclass with epochs, batch_size, lr, weight_decay,
-    warmup_steps and grad_clip. Returns the per-epoch metrics rows."""
+    warmup_steps and grad_clip (and optionally optimizer and momentum, :func:`optimizer`).
+    Returns the per-epoch metrics rows."""
     from tqdm.auto import tqdm
 
     steps_per_epoch = math.ceil(steps.n / config.batch_size)
-    opt = torch.optim.AdamW(steps.params, lr=config.lr, weight_decay=config.weight_decay)
+    opt = optimizer(steps.params, config)
     sched = torch.optim.lr_scheduler.LambdaLR(
         opt, cosine_schedule(config.epochs * steps_per_epoch, config.warmup_steps))
     cfg_dict = dataclasses.asdict(config)
@@ -118,8 +138,8 @@ def run_epochs(model: nn.Module, steps: Steps, eval_data: Any, config: Any, ckpt
         bar = tqdm(batches, desc=f"epoch {epoch}/{config.epochs}", disable=not progress,
                    leave=False)
         with training_matmuls(precision, dev):
-            for i, idx in enumerate(bar):
-                inputs, yb = steps.batch(idx)
+            for i, key in enumerate(bar):
+                inputs, yb = steps.batch(key)
                 with autocast(precision, dev):
                     logits, loss = steps.loss(inputs, yb, (epoch - 1) * steps_per_epoch + i)
                 opt.zero_grad(set_to_none=True)

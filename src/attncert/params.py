@@ -146,6 +146,11 @@ def unit_interval(key: str, v: float) -> None:
         fail(key, f"must be in [0, 1), got {v!r}")
 
 
+def probability(key: str, v: float) -> None:
+    if not 0 <= v <= 1:
+        fail(key, f"must be in [0, 1], got {v!r}")
+
+
 #: Every section of params.yaml, in file order: its dataclass, or ``"module:Class"`` for a
 #: section owned by a stage module (``attncert.stages``), imported when params are validated
 #: (a stage module imports this one for its checks, so it is not imported here at load time).

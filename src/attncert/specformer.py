@@ -43,6 +43,7 @@ from attncert import attacks, rng, runs
 from attncert.certvit.load import load_model
 from attncert.certvit.stage import fit_to_dataset, phase_fingerprint
 from attncert.data import as_float, subset_indices
+from attncert.loop import optimizer
 from attncert.models import ViT, ViTConfig, build_vit
 from attncert.msvp import MSVP, exact_head_sigma, sigma_rows
 from attncert.precision import resolve_precision
@@ -156,17 +157,23 @@ def base_model_config(data: Mapping[str, Any], patch: int, dim: int, depth: int,
 
 def train_configs(*, epochs: int, adv_epochs: int, batch_size: int, lr: float,
                   weight_decay: float, warmup_steps: int, augment: str, eval_batch_size: int,
-                  adv_eps_255: float, adv_steps: int, seed: int, grad_clip: float = 0.0
-                  ) -> tuple[TrainConfig, TrainConfig]:
-    """(standard, adversarial): AdamW with a cosine schedule (gradients clipped to global norm
-    ``grad_clip``, 0 = off); the adversarial one is the same for ``adv_epochs`` with PGD
-    adversarial training at l_inf ``adv_eps_255`` / 255."""
+                  adv_eps_255: float, adv_steps: int, seed: int, grad_clip: float = 0.0,
+                  optimizer: str = "adamw", momentum: float = 0.9,
+                  mix: Mapping[str, float] | None = None) -> tuple[TrainConfig, TrainConfig]:
+    """(standard, adversarial): ``optimizer`` (adamw, or sgd with ``momentum``) with a cosine
+    schedule, gradients clipped to global norm ``grad_clip`` (0 = off); ``mix``: the
+    standard run's Mixup / CutMix fields of :class:`attncert.train.TrainConfig` (mixup_alpha,
+    cutmix_alpha, mix_prob, mix_switch_prob; None = off). The adversarial one is the same for
+    ``adv_epochs`` with PGD adversarial training at l_inf ``adv_eps_255`` / 255, unmixed
+    (PGD attacks the batch's own labels)."""
     standard = TrainConfig(epochs=epochs, batch_size=batch_size, lr=lr,
                            weight_decay=weight_decay, warmup_steps=warmup_steps,
                            augment=augment, eval_batch_size=eval_batch_size, seed=seed,
-                           grad_clip=grad_clip)
+                           grad_clip=grad_clip, optimizer=optimizer, momentum=momentum,
+                           **(mix or {}))
     adversarial = dataclasses.replace(standard, epochs=adv_epochs, adversarial="pgd_linf",
-                                      adv_eps=adv_eps_255 / 255, adv_steps=adv_steps)
+                                      adv_eps=adv_eps_255 / 255, adv_steps=adv_steps,
+                                      mix_prob=0.0)
     return standard, adversarial
 
 
@@ -338,8 +345,9 @@ def step_times(models: Mapping[str, tuple[nn.Module, TrainConfig]], x: Tensor, y
     """Seconds per training step of every method, measured side by side (interleaved).
 
     Each method trains a deep copy of its model (the originals are untouched) with its own
-    AdamW and, when its config enables it, its own MSVP. One step = :func:`step_loss`
-    (adversarial examples and MSVP included), backward, optimiser step, on the same batch
+    optimiser (:func:`attncert.loop.optimizer`) and, when its config enables it, its own
+    MSVP. One step = :func:`step_loss` (adversarial examples and MSVP included; batches are
+    never mixed here), backward, optimiser step, on the same batch
     ``x, y`` (on the models' device) for every method. After ``warmup`` steps each, ``rounds``
     rounds time ``steps`` steps of every method in turn (the starting method rotates per round),
     so a change of machine load hits every method alike. Returns (method, round,
@@ -352,7 +360,7 @@ def step_times(models: Mapping[str, tuple[nn.Module, TrainConfig]], x: Tensor, y
         m = copy.deepcopy(model).train()
         msvp = MSVP(m, *cfg.msvp_lambda, generator=rng.generator(cfg.seed, x.device)
                     ) if cfg.msvp_enabled else None
-        opt = torch.optim.AdamW(m.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
+        opt = optimizer(list(m.parameters()), cfg)
         state[name] = (m, cfg, msvp, opt, rng.generator(cfg.seed, x.device))
     device = x.device
 

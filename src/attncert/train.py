@@ -1,19 +1,8 @@
-"""Training loop: cross-entropy (+ an optional margin term), AdamW, per-step cosine schedule,
-seeded data order, an atomic checkpoint every epoch and resume from it.
+"""Training loop: cross-entropy (+ an optional margin term), AdamW or SGD, per-step cosine
+schedule, seeded data order, an atomic checkpoint every epoch and resume from it.
 
-Margin terms (on logits f, true class y, s = logit_scale):
-  "none": CE(s f, y);
-  "lmt":  CE(s (f + lmt_offset (1 - onehot(y))), y)  (LMT, Tsuzuku et al. 2018: the offset stands
-          for sqrt(2) c L, a fixed value here since dot-product attention has no global L);
-  "olsa": CE(s f, y) - olsa_gamma * mean(relu(M / sqrt(2))), M = f_y - max_{j != y} f_j
-          (OLSA's certificate regulariser, MATH.md section 7);
-  "radius": log(1 + sum_{j != y} exp(s (lmt_offset - (f_y - f_j) / ||w_y - w_j||))), w the
-          rows of ``model.head_weight()``: the pairwise certificate's own margin (each rival's
-          gap per unit of its head-row distance), so with features L-Lipschitz and
-          lmt_offset = L eps a term near 0 means a pairwise radius above eps. Unlike "lmt"'s one
-          offset for every rival it needs no assumption on the rows' distances, and rows drawn
-          together shrink the gaps and the distances alike (no gain in the loss).
-Optional terms, both off by default:
+The loss: :func:`attncert.losses.training_loss` (CE at ``logit_scale`` plus the ``margin``
+term). Optional terms, both off by default:
   msvp_lambda = (lam_q, lam_k, lam_v), any > 0: + SpecFormer's MSVP (eq. 12-14, MATH.md
           section 7; :class:`attncert.msvp.MSVP`, its power-iteration vectors saved in the
           checkpoint so a resumed run continues them exactly);
@@ -21,8 +10,9 @@ Optional terms, both off by default:
           Table 2): every batch is replaced by CE-PGD examples, ||x' - x||_inf <= adv_eps,
           adv_steps steps of 2.5 adv_eps / adv_steps from a random start drawn from the
           epoch's generator (resume stays exact); train_acc is then the adversarial accuracy.
-The scale s (a CE temperature) matters for Lipschitz models: their features have norm ~1, so
-unscaled CE wants a huge head; s changes the loss only, never the predictions or certificates.
+Mixup / CutMix (:mod:`attncert.mix`, off by default): with probability mix_prob a batch is
+mixed with itself reversed, and the loss is lam CE(s f, y) + (1 - lam) CE(s f, y_rev); only
+with margin "none" and without adversarial training. train_acc counts the batch's own labels.
 
 Speed: the training set moves to the device once (uint8 images stay uint8 there); each batch
 is indexed, converted and augmented on the device with the epoch's generator, which lives on
@@ -30,7 +20,7 @@ that device. The forward pass and loss run at ``precision`` (:mod:`attncert.prec
 autocast on CUDA by default, float32 on CPU); evaluation and everything after training run
 outside autocast.
 
-The epoch loop (AdamW, schedule, checkpoint, metrics file, resume) is :mod:`attncert.loop`,
+The epoch loop (optimiser, schedule, checkpoint, metrics file, resume) is :mod:`attncert.loop`,
 shared with the text models; :func:`train_resumable` adds the checkpoint folder's fingerprint
 check (:mod:`attncert.checkpoint`): a run whose settings changed starts over.
 """
@@ -47,16 +37,17 @@ import torch
 from torch import Tensor, nn
 from torch.nn import functional as F
 
+from attncert import mix as mixing
 from attncert import rng
 from attncert.attacks import pgd_linf
 from attncert.checkpoint import CHECKPOINT, FINGERPRINT, METRICS, prepare_checkpoint_dir
 from attncert.data import as_float
-from attncert.loop import Steps, run_epochs, sum_dtype
+from attncert.loop import OPTIMIZERS, Steps, run_epochs, sum_dtype
+from attncert.losses import MARGINS, training_loss
 from attncert.msvp import MSVP
 from attncert.params import dataclass_from_mapping
 from attncert.precision import resolve_precision
 
-MARGINS = ("none", "lmt", "olsa", "radius")
 AUGMENTS = ("none", "crop", "crop_flip")
 ADVERSARIAL = ("none", "pgd_linf")
 
@@ -81,6 +72,12 @@ class TrainConfig:
     adversarial: str = "none"  # "pgd_linf": PGD adversarial training (module docstring)
     adv_eps: float = 8 / 255  # l_inf radius in pixel space
     adv_steps: int = 10
+    optimizer: str = "adamw"  # adamw | sgd (attncert.loop.optimizer)
+    momentum: float = 0.9  # sgd only
+    mixup_alpha: float = 0.0  # Mixup / CutMix (attncert.mix); mix_prob 0 = off
+    cutmix_alpha: float = 0.0
+    mix_prob: float = 0.0
+    mix_switch_prob: float = 0.5
     seed: int = 0
 
     def __post_init__(self) -> None:
@@ -114,11 +111,28 @@ class TrainConfig:
         if isinstance(self.adv_eps, bool) or not isinstance(self.adv_eps, int | float) or not (
                 self.adv_eps > 0):
             raise ValueError(f"TrainConfig.adv_eps must be a number > 0, got {self.adv_eps!r}")
+        if isinstance(self.momentum, bool) or not isinstance(self.momentum, int | float) or (
+                not 0 <= self.momentum < 1):
+            raise ValueError(f"TrainConfig.momentum must be a number in [0, 1), got "
+                             f"{self.momentum!r}")
+        try:
+            spec = self.mix_spec
+        except ValueError as e:
+            raise ValueError(f"TrainConfig: {e}") from None
+        if spec.enabled and (self.margin != "none" or self.adversarial != "none"):
+            raise ValueError("TrainConfig: Mixup / CutMix (mix_prob > 0) needs margin 'none' "
+                             f"and adversarial 'none', got margin {self.margin!r}, "
+                             f"adversarial {self.adversarial!r}")
         for name, choices in (("margin", MARGINS), ("augment", AUGMENTS),
-                              ("adversarial", ADVERSARIAL)):
+                              ("adversarial", ADVERSARIAL), ("optimizer", OPTIMIZERS)):
             if getattr(self, name) not in choices:
                 raise ValueError(f"TrainConfig.{name} = {getattr(self, name)!r}: choose from "
                                  f"{', '.join(choices)}")
+
+    @property
+    def mix_spec(self) -> mixing.MixSpec:
+        return mixing.MixSpec(mixup_alpha=self.mixup_alpha, cutmix_alpha=self.cutmix_alpha,
+                              mix_prob=self.mix_prob, mix_switch_prob=self.mix_switch_prob)
 
     @property
     def msvp_enabled(self) -> bool:
@@ -202,47 +216,13 @@ def augment_batch(x: Tensor, mode: str, g: torch.Generator, pad: int = 4) -> Ten
 # -- loss and evaluation ---------------------------------------------------------------------
 
 
-def logit_margin(logits: Tensor, y: Tensor) -> Tensor:
-    """(B,): M = f_y - max_{j != y} f_j."""
-    true = logits.gather(1, y[:, None]).squeeze(1)
-    other = logits.masked_fill(F.one_hot(y, logits.shape[1]).bool(), -math.inf)
-    return true - other.max(dim=1).values
-
-
-def radius_loss(logits: Tensor, y: Tensor, head_weight: Tensor, offset: float,
-                scale: float) -> Tensor:
-    """The "radius" margin term (module docstring), averaged over the batch: rival j's gap
-    (f_y - f_j) / ||w_y - w_j|| below ``offset`` costs softplus-like, ``scale`` per unit."""
-    dist = torch.cdist(head_weight, head_weight).to(logits.dtype)[y]  # (B, C), 0 at y
-    gap = logits.gather(1, y[:, None]) - logits
-    z = scale * (offset - gap / dist.clamp_min(1e-6))
-    z = z.masked_fill(F.one_hot(y, logits.shape[1]).bool(), -math.inf)
-    return torch.logsumexp(torch.cat([z, torch.zeros_like(z[:, :1])], 1), 1).mean()
-
-
-def training_loss(logits: Tensor, y: Tensor, cfg: TrainConfig,
-                  head_weight: Tensor | None = None) -> Tensor:
-    """CE plus the configured margin term (module docstring); "radius" needs the head's rows
-    ``head_weight`` (C, d)."""
-    s = cfg.logit_scale
-    if cfg.margin == "radius":
-        if head_weight is None:
-            raise ValueError("margin 'radius' needs the head's rows (head_weight)")
-        return radius_loss(logits, y, head_weight, cfg.lmt_offset, s)
-    if cfg.margin == "lmt":
-        not_true = 1.0 - F.one_hot(y, logits.shape[1]).to(logits.dtype)
-        return F.cross_entropy(s * (logits + cfg.lmt_offset * not_true), y)
-    loss = F.cross_entropy(s * logits, y)
-    if cfg.margin == "olsa":
-        loss = loss - cfg.olsa_gamma * F.relu(logit_margin(logits, y) / math.sqrt(2)).mean()
-    return loss
-
-
 def step_loss(model: nn.Module, xb: Tensor, yb: Tensor, cfg: TrainConfig,
-              msvp: MSVP | None = None, generator: torch.Generator | None = None
-              ) -> tuple[Tensor, Tensor]:
+              msvp: MSVP | None = None, generator: torch.Generator | None = None,
+              partner: tuple[Tensor, float] | None = None) -> tuple[Tensor, Tensor]:
     """(logits, loss) of one training step: on PGD examples when ``cfg.adversarial`` is
-    "pgd_linf" (random starts from ``generator``), plus ``msvp()`` when given."""
+    "pgd_linf" (random starts from ``generator``), plus ``msvp()`` when given. ``partner``
+    = (y_rev, lam) for a mixed batch (:mod:`attncert.mix`): lam of the loss on ``yb``,
+    1 - lam on y_rev."""
     if cfg.adversarial == "pgd_linf":
         xb, _ = pgd_linf(model, xb, yb, cfg.adv_eps, cfg.adv_steps, generator=generator)
     logits = model(xb)
@@ -253,6 +233,9 @@ def step_loss(model: nn.Module, xb: Tensor, yb: Tensor, cfg: TrainConfig,
                              f"rows); {type(model).__name__} has none")
         head = model.head_weight()
     loss = training_loss(logits, yb, cfg, head)
+    if partner is not None:
+        y_rev, lam = partner
+        loss = lam * loss + (1.0 - lam) * training_loss(logits, y_rev, cfg, head)
     if msvp is not None:
         loss = loss + msvp()
     return logits, loss
@@ -284,8 +267,9 @@ def evaluate(model: nn.Module, data: Any, device: torch.device | str = "cpu",
 
 class ImageSteps(Steps):
     """Images: the training set on the device once; per epoch a seeded permutation, batches
-    converted and augmented there with the epoch's generator; the loss of :func:`step_loss`
-    (PGD examples and MSVP when configured, MSVP's vectors checkpointed)."""
+    converted and augmented there with the epoch's generator, then mixed as planned on the
+    host (:func:`attncert.mix.plan_epoch`); the loss of :func:`step_loss` (PGD examples and
+    MSVP when configured, MSVP's vectors checkpointed)."""
 
     def __init__(self, model: nn.Module, train_data: Any, config: TrainConfig,
                  device: torch.device):
@@ -301,17 +285,28 @@ class ImageSteps(Steps):
         self.states = {"msvp": self.msvp} if self.msvp is not None else {}
         self.g: torch.Generator | None = None
 
-    def plan(self, epoch: int) -> Sequence[Tensor]:
+    def plan(self, epoch: int) -> Sequence[tuple[Tensor, mixing.Mix | None]]:
         self.g = epoch_generator(self.config.seed, epoch, self.device)
         order = torch.randperm(self.n, generator=self.g, device=self.device)
         bs = self.config.batch_size
-        return [order[s * bs:(s + 1) * bs] for s in range(math.ceil(self.n / bs))]
+        n_batches = math.ceil(self.n / bs)
+        mixes = mixing.plan_epoch(self.config.mix_spec, n_batches, *self.x.shape[-2:],
+                                  self.config.seed, epoch)
+        return [(order[s * bs:(s + 1) * bs], mixes[s]) for s in range(n_batches)]
 
-    def batch(self, idx: Tensor) -> tuple[tuple[Tensor, ...], Tensor]:
-        return (augment_batch(_to_float(self.x[idx]), self.config.augment, self.g),), self.y[idx]
+    def batch(self, key: tuple[Tensor, mixing.Mix | None]
+              ) -> tuple[tuple[Tensor, tuple[Tensor, float] | None], Tensor]:
+        idx, mix = key
+        x, y = augment_batch(_to_float(self.x[idx]), self.config.augment, self.g), self.y[idx]
+        if mix is None:
+            return (x, None), y
+        x, y_rev = mixing.apply(x, y, mix)
+        return (x, (y_rev, mix.lam)), y
 
-    def loss(self, inputs: tuple[Tensor, ...], y: Tensor, step: int) -> tuple[Tensor, Tensor]:
-        return step_loss(self.model, inputs[0], y, self.config, self.msvp, self.g)
+    def loss(self, inputs: tuple[Tensor, tuple[Tensor, float] | None], y: Tensor, step: int
+             ) -> tuple[Tensor, Tensor]:
+        x, partner = inputs
+        return step_loss(self.model, x, y, self.config, self.msvp, self.g, partner)
 
     def evaluate(self, data: Any) -> dict[str, float]:
         return evaluate(self.model, data, self.device, self.config.eval_batch_size)

@@ -27,6 +27,7 @@ from attncert import specformer as sf
 from attncert.data import as_float, load_processed
 from attncert.headline import row
 from attncert.io import atomic_path, write_json
+from attncert.loop import OPTIMIZERS
 from attncert.models import ViTConfig
 from attncert.params import (
     AUGMENTS,
@@ -39,7 +40,9 @@ from attncert.params import (
     one_of,
     param,
     positive,
+    probability,
     unique,
+    unit_interval,
 )
 from attncert.train import TrainConfig
 
@@ -84,6 +87,14 @@ class Params:
     finetune_weight_decay: float = param(nonneg)
     finetune_warmup_steps: int = param(nonneg)
     finetune_grad_clip: float = param(nonneg, doc="max global gradient norm (0 = off)")
+    finetune_optimizer: str = param(one_of(*OPTIMIZERS), doc="adamw | sgd (heavy-ball)")
+    finetune_momentum: float = param(unit_interval, doc="sgd's momentum")
+    finetune_mixup_alpha: float = param(nonneg, doc="Mixup's Beta(alpha, alpha) (0 = none)")
+    finetune_cutmix_alpha: float = param(nonneg, doc="CutMix's Beta(alpha, alpha) (0 = none)")
+    finetune_mix_prob: float = param(probability, doc="share of standard fine-tune batches "
+                                                        "mixed (0 = off; attncert.mix)")
+    finetune_mix_switch_prob: float = param(probability, doc="CutMix's share of the mixed "
+                                                               "batches when both alphas > 0")
     n_eval: int = param(positive, doc="first n test images attacked")
     eval_batch_size: int = param(positive)
     std_eps_255: float = param(positive, doc="FGSM and PGD-2 radius (l_inf, x 1/255)")
@@ -160,11 +171,14 @@ def recipe(p: Params, seed: int, source: str) -> tuple[TrainConfig, TrainConfig]
         return sf.train_configs(epochs=p.epochs, adv_epochs=p.adv_epochs,
                                 batch_size=p.batch_size, lr=p.lr, weight_decay=p.weight_decay,
                                 warmup_steps=p.warmup_steps, **common)
+    mix = {"mixup_alpha": p.finetune_mixup_alpha, "cutmix_alpha": p.finetune_cutmix_alpha,
+           "mix_prob": p.finetune_mix_prob, "mix_switch_prob": p.finetune_mix_switch_prob}
     return sf.train_configs(epochs=p.finetune_epochs, adv_epochs=p.finetune_adv_epochs,
                             batch_size=p.finetune_batch_size, lr=p.finetune_lr,
                             weight_decay=p.finetune_weight_decay,
                             warmup_steps=p.finetune_warmup_steps,
-                            grad_clip=p.finetune_grad_clip, **common)
+                            grad_clip=p.finetune_grad_clip, optimizer=p.finetune_optimizer,
+                            momentum=p.finetune_momentum, mix=mix, **common)
 
 
 def certified_configs(p: Params, data: Mapping[str, Any], seed: int

@@ -90,8 +90,13 @@ def model_config(p: Params, point: GridPoint, data: Mapping[str, Any]) -> ViTCon
         gamma_vo=point.gamma_vo)
 
 
+#: TrainConfig fields the grid leaves at their defaults (AdamW, unmixed batches)
+FIXED = ("optimizer", "momentum", "mixup_alpha", "cutmix_alpha", "mix_prob", "mix_switch_prob")
+
+
 def train_config(p: Params, seed: int) -> TrainConfig:
-    """The grid's training settings (every TrainConfig field) with ``seed``."""
+    """The grid's training settings with ``seed``: every TrainConfig field but the optimiser
+    and mixing ones (:data:`FIXED`: AdamW, no Mixup / CutMix, LoFAST's recipe)."""
     return TrainConfig(
         epochs=p.epochs, batch_size=p.batch_size, lr=p.lr, weight_decay=p.weight_decay,
         warmup_steps=p.warmup_steps, margin=p.margin, lmt_offset=p.lmt_offset,
