@@ -13,7 +13,7 @@ from torch import nn
 
 from attncert.cost.counting import (
     VOCAB,
-    _images,
+    random_images,
     stand_in,
 )
 
@@ -41,7 +41,7 @@ def bench_models(params) -> dict[str, tuple[nn.Module, Callable[[int], tuple], s
                                 sfp.heads, sfp.mlp_hidden, sfp.block)
 
     def images(cfg):
-        return functools.partial(_images, cfg)
+        return functools.partial(random_images, cfg)
 
     def tokens(b):
         return (torch.randint(1, VOCAB, (b, t.max_len)),

@@ -121,7 +121,7 @@ def stand_in(dataset: str) -> dict[str, Any]:
             "mean": [0.5] * c, "std": [0.25] * c}
 
 
-def _images(cfg, b: int, dtype=torch.float32) -> tuple[Tensor, Tensor]:
+def random_images(cfg, b: int, dtype=torch.float32) -> tuple[Tensor, Tensor]:
     x = torch.rand(b, cfg.channels, cfg.image_size, cfg.image_size, dtype=dtype)
     return x, torch.zeros(b, dtype=torch.long)
 
@@ -179,7 +179,7 @@ def _vit_counts(cfg, train: bool = True, dtype=torch.float32, msvp_lambda=None):
 
     torch.manual_seed(0)
     model = build_vit(cfg).to(dtype)
-    batch = functools.partial(_images, cfg, dtype=dtype)
+    batch = functools.partial(random_images, cfg, dtype=dtype)
     out = {"forward": fit(forward(model, batch)), "attack": fit(attack_step(model, batch))}
     if train:
         msvp = MSVP(model, *msvp_lambda) if msvp_lambda and any(msvp_lambda) else None

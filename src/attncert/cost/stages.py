@@ -25,10 +25,10 @@ from attncert.cost.counting import (
     vit_counts,
     vit_forward64,
 )
-from attncert.cost.work import Work, _certify_work, _n, _steps, audit_work, training_work
+from attncert.cost.work import Work, audit_work, capped, certify_work, n_steps, training_work
 
 
-def _grid_work(p, n_train_max: int, n_test_max: int) -> list[Work]:
+def grid_work(p, n_train_max: int, n_test_max: int) -> list[Work]:
     from attncert.runs import GridPoint
     from attncert.stages import train_vit
 
@@ -36,7 +36,7 @@ def _grid_work(p, n_train_max: int, n_test_max: int) -> list[Work]:
     out = []
     for ds in g.dataset:
         _, _, _, n_tr, n_te = DATASETS[ds]
-        n_tr, n_te = _n(n_train_max, n_tr), _n(n_test_max, n_te)
+        n_tr, n_te = capped(n_train_max, n_tr), capped(n_test_max, n_te)
         for depth in g.depth:
             for heads in g.heads:
                 for vo in g.gamma_vo:
@@ -47,7 +47,7 @@ def _grid_work(p, n_train_max: int, n_test_max: int) -> list[Work]:
                     adv = s.adv_steps if s.adversarial != "none" else 0
                     out += training_work("train_vit", name, c, n_tr, n_te, s.epochs,
                                          s.batch_size, s.eval_batch_size, adv)
-                    out += _certify_work("certify_vit", name, cfg, min(cv.n_test, n_te),
+                    out += certify_work("certify_vit", name, cfg, min(cv.n_test, n_te),
                                          cv.variants, len(cv.tests), cv.cert_batch_size)
                     out.append(audit_work("certify_vit", f"{name}: PGD audit", c["attack"],
                                           min(cv.n_test, n_te), len(cv.cert_eps),
@@ -56,7 +56,7 @@ def _grid_work(p, n_train_max: int, n_test_max: int) -> list[Work]:
     return out
 
 
-def _tightness_work(p) -> list[Work]:
+def tightness_work(p) -> list[Work]:
     t = p["tightness"]
     setup, step = layer_pgd_counts(t.n_tokens, t.dim, t.heads)
     lc = layer_certificate_counts(t.n_tokens, t.dim, t.heads, "lofast_M")
@@ -74,7 +74,7 @@ def _tightness_work(p) -> list[Work]:
                  f"PGD-{t.attack_steps} x {t.attack_restarts} and LoFAST", "fp64", flops, kernels)]
 
 
-def _specformer_work(p, n_train_max: int, n_test_max: int) -> list[Work]:
+def specformer_work(p, n_train_max: int, n_test_max: int) -> list[Work]:
     from attncert import specformer as sf
     from attncert.stages.specformer import certified_configs
 
@@ -82,7 +82,7 @@ def _specformer_work(p, n_train_max: int, n_test_max: int) -> list[Work]:
     out = []
     for ds, src in ((ds, src) for ds in s.datasets for src in s.sources):
         channels, _, k, n_tr, n_te = DATASETS[ds]
-        n_tr, n_te = _n(s.max_train, _n(n_train_max, n_tr)), _n(n_test_max, n_te)
+        n_tr, n_te = capped(s.max_train, capped(n_train_max, n_tr)), capped(n_test_max, n_te)
         if src == sf.SCRATCH:
             base = sf.base_model_config(stand_in(ds), s.patch, s.dim, s.depth, s.heads,
                                         s.mlp_hidden, s.block)
@@ -113,32 +113,32 @@ def _specformer_work(p, n_train_max: int, n_test_max: int) -> list[Work]:
     # the certified pair: two Lipschitz ViTs (with and without MSVP), certified by two bounds
     ds = s.datasets[0]
     _, _, _, n_tr, n_te = DATASETS[ds]
-    n_tr, n_te = _n(s.max_train, _n(n_train_max, n_tr)), _n(n_test_max, n_te)
+    n_tr, n_te = capped(s.max_train, capped(n_train_max, n_tr)), capped(n_test_max, n_te)
     cfg = certified_configs(s, stand_in(ds), 0)[0]
     for label, lam in (("without MSVP", None), ("with MSVP", tuple(s.cert_msvp_lambda))):
         c = vit_counts(cfg, lam)
         out += training_work("specformer", f"certified pair, {label}", c, n_tr, n_te,
                              s.cert_epochs, s.batch_size, s.eval_batch_size)
-        out += _certify_work("specformer", f"certified pair, {label}", cfg,
+        out += certify_work("specformer", f"certified pair, {label}", cfg,
                              min(s.cert_n_test, n_te), ["lofast_M", "specformer"], 1, 100)
     return out
 
 
-def _crown_work(p, n_train_max: int, n_test_max: int) -> tuple[list[Work], float]:
+def crown_work(p, n_train_max: int, n_test_max: int) -> tuple[list[Work], float]:
     from attncert.stages import crown as crown_stage
 
     c_p = p["crown"]
     out, bounds = [], 0
     for dataset in c_p.datasets:
         _, _, _, n_tr, n_te = DATASETS[dataset]
-        n_tr, n_te = _n(c_p.max_train, _n(n_train_max, n_tr)), _n(n_test_max, n_te)
+        n_tr, n_te = capped(c_p.max_train, capped(n_train_max, n_tr)), capped(n_test_max, n_te)
         n = min(c_p.n_test, n_te)
         for depth in c_p.depths:
             cfg = crown_stage.vit_config(stand_in(dataset), c_p, depth)
             c = vit_counts(cfg)
             out += training_work("crown", f"{dataset} L{depth}", c, n_tr, n_te, c_p.epochs,
                                  c_p.batch_size, 500)
-            out += _certify_work("crown", f"{dataset} L{depth} LoFAST", cfg, n,
+            out += certify_work("crown", f"{dataset} L{depth} LoFAST", cfg, n,
                                  [c_p.lofast_variant], 1, 100)
             out.append(audit_work("crown", f"{dataset} L{depth}: PGD audit", c["attack"], n,
                                   len(c_p.cert_eps), c_p.attack_steps, c_p.attack_restarts,
@@ -150,7 +150,7 @@ def _crown_work(p, n_train_max: int, n_test_max: int) -> tuple[list[Work], float
 _TEXT_COUNTS: dict[tuple, dict[str, Counts]] = {}
 
 
-def _text_work(p) -> list[Work]:
+def text_work(p) -> list[Work]:
     from attncert.text.models import (
         LipschitzTextTransformer,
         OLSAClassifier,
@@ -159,9 +159,9 @@ def _text_work(p) -> list[Work]:
     from attncert.text.standard import StandardTextTransformer
 
     t = p["text"]
-    n_tr = _n(t.max_train, SST2["train"])
-    n_ev = _n(t.max_eval, SST2["dev"]) + _n(t.max_eval, SST2["test"])
-    n_cert = min(t.n_test, _n(t.max_eval, SST2["test"]))
+    n_tr = capped(t.max_train, SST2["train"])
+    n_ev = capped(t.max_eval, SST2["dev"]) + capped(t.max_eval, SST2["test"])
+    n_cert = min(t.n_test, capped(t.max_eval, SST2["test"]))
 
     def batch(b):
         return (torch.randint(1, VOCAB, (b, t.max_len)),
@@ -214,7 +214,7 @@ def _text_work(p) -> list[Work]:
                 out += training_work("text", name, c, n_tr, n_ev, t.lofast_epochs,
                                      t.batch_size, t.cert_batch_size)
                 lc = layer_certificate_counts(t.max_len, t.lofast_dim, H, "lofast_M")
-                b = _steps(n_cert, t.cert_batch_size)
+                b = n_steps(n_cert, t.cert_batch_size)
                 out.append(Work("text", f"{name}: certificates", "fp64",
                                 len(t.lofast_variants) * L * b * lc.flops(t.cert_batch_size),
                                 len(t.lofast_variants) * L * b * lc.kernels))
@@ -224,14 +224,14 @@ def _text_work(p) -> list[Work]:
     # OLSA over a frozen encoder: the encoder's forward on every step and evaluation sentence
     hidden, layers, heads, inter = ENCODERS[t.frozen_source]
     enc = _encoder_forward(hidden, layers, heads, inter, t.max_len)
-    n_fr = _n(t.frozen_max_train, SST2["train"])  # drawn from the whole split
-    steps = t.frozen_epochs * _steps(n_fr, t.batch_size)
-    ev = t.frozen_epochs * _steps(n_ev, t.cert_batch_size)
+    n_fr = capped(t.frozen_max_train, SST2["train"])  # drawn from the whole split
+    steps = t.frozen_epochs * n_steps(n_fr, t.batch_size)
+    ev = t.frozen_epochs * n_steps(n_ev, t.cert_batch_size)
     out.append(Work("text", f"frozen-olsa ({t.frozen_source} encoder forward)", "bf16",
                     steps * enc.flops(t.batch_size), steps * enc.kernels))
     out.append(Work("text", "frozen-olsa: evaluation and audit forwards", "fp32",
                     (ev + len(t.cert_eps) * t.attack_steps * t.attack_restarts
-                     * _steps(n_cert, t.cert_batch_size)) * 3 * enc.flops(t.cert_batch_size),
+                     * n_steps(n_cert, t.cert_batch_size)) * 3 * enc.flops(t.cert_batch_size),
                     ev * enc.kernels))
     return out
 
@@ -251,12 +251,12 @@ def _encoder_forward(hidden: int, layers: int, heads: int, inter: int, max_len: 
         return fit(make)
 
 
-def _certvit_work(p, n_train_max: int, n_test_max: int) -> list[Work]:
+def certvit_work(p, n_train_max: int, n_test_max: int) -> list[Work]:
     from attncert.certvit import stage
 
     cv = p["certvit"]
     _, size, _, n_tr, n_te = DATASETS[cv.dataset]
-    n_tr, n_te = _n(n_train_max, n_tr), _n(n_test_max, n_te)
+    n_tr, n_te = capped(n_train_max, n_tr), capped(n_test_max, n_te)
     if cv.source == stage.PIPELINE:
         arch = dict(patch=cv.patch, dim=cv.dim, depth=cv.depth, heads=cv.heads,
                     mlp_hidden=cv.mlp_hidden)
@@ -290,8 +290,8 @@ def _certvit_work(p, n_train_max: int, n_test_max: int) -> list[Work]:
     n = min(cv.n_test, n_te)
     f64 = vit_forward64(cfg)
     out.append(Work("certvit", "global certificate (float64 forwards)", "fp64",
-                    _steps(n, cv.eval_batch_size) * f64.flops(cv.eval_batch_size),
-                    _steps(n, cv.eval_batch_size) * f64.kernels))
+                    n_steps(n, cv.eval_batch_size) * f64.flops(cv.eval_batch_size),
+                    n_steps(n, cv.eval_batch_size) * f64.kernels))
     out.append(audit_work("certvit", "PGD audit", c["attack"], n, len(cv.cert_eps),
                           cv.attack_steps, cv.attack_restarts, cv.eval_batch_size))
     return out

@@ -8,12 +8,12 @@ from attncert.cost.counting import (
     UTILISATION,
 )
 from attncert.cost.stages import (
-    _certvit_work,
-    _crown_work,
-    _grid_work,
-    _specformer_work,
-    _text_work,
-    _tightness_work,
+    certvit_work,
+    crown_work,
+    grid_work,
+    specformer_work,
+    text_work,
+    tightness_work,
 )
 from attncert.cost.work import Work
 
@@ -29,17 +29,17 @@ def stage_work(params, stages=STAGES) -> tuple[list[Work], float]:
     if "data" in stages:
         work.append(Work("data", "downloads and conversion on the CPU", "fp32", 0.0, 0.0))
     if "tightness" in stages:
-        work += _tightness_work(params)
+        work += tightness_work(params)
     if {"train_vit", "certify_vit"} & set(stages):
-        work += _grid_work(params, d.max_train, d.max_test)
+        work += grid_work(params, d.max_train, d.max_test)
     if "specformer" in stages:
-        work += _specformer_work(params, d.max_train, d.max_test)
+        work += specformer_work(params, d.max_train, d.max_test)
     if "text" in stages:
-        work += _text_work(params)
+        work += text_work(params)
     if "certvit" in stages:
-        work += _certvit_work(params, d.max_train, d.max_test)
+        work += certvit_work(params, d.max_train, d.max_test)
     if "crown" in stages:
-        crown, crown_seconds = _crown_work(params, d.max_train, d.max_test)
+        crown, crown_seconds = crown_work(params, d.max_train, d.max_test)
         work += crown
     if "figures" in stages:
         work.append(Work("figures", "tables and figures from saved metrics (CPU)", "fp32",

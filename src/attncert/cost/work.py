@@ -31,7 +31,8 @@ class Work:
                    self.kernels * KERNEL_SECONDS)
 
 
-def _steps(n: int, batch: int) -> int:
+def n_steps(n: int, batch: int) -> int:
+    """Batches of ``batch`` that cover ``n`` examples."""
     return math.ceil(n / batch)
 
 
@@ -39,10 +40,10 @@ def training_work(stage: str, what: str, c: Mapping[str, Counts], n_train: int, 
                   epochs: int, batch: int, eval_batch: int, attack_steps: int = 0) -> list[Work]:
     """``epochs`` of training (+ PGD adversarial examples of ``attack_steps`` per step) and a
     forward pass over ``n_eval`` evaluation images after every epoch."""
-    steps = epochs * _steps(n_train, batch)
+    steps = epochs * n_steps(n_train, batch)
     flops = steps * (c["train"].flops(batch) + attack_steps * c["attack"].flops(batch))
     kernels = steps * (c["train"].kernels + attack_steps * c["attack"].kernels)
-    ev = epochs * _steps(n_eval, eval_batch)
+    ev = epochs * n_steps(n_eval, eval_batch)
     return [Work(stage, what, "bf16", flops, kernels),
             Work(stage, f"{what}: evaluation", "fp32",
                  ev * c["forward"].flops(eval_batch), ev * c["forward"].kernels)]
@@ -51,20 +52,21 @@ def training_work(stage: str, what: str, c: Mapping[str, Counts], n_train: int, 
 def audit_work(stage: str, what: str, c: Counts, n: int, eps: int, steps: int, restarts: int,
                batch: int) -> Work:
     """L2 PGD on every point at every eps (no early stop: an upper bound), float32 + TF32."""
-    calls = eps * steps * restarts * _steps(n, batch)
+    calls = eps * steps * restarts * n_steps(n, batch)
     return Work(stage, what, "tf32", calls * c.flops(batch), calls * c.kernels)
 
 
-def _n(max_n: int, full: int) -> int:
+def capped(max_n: int, full: int) -> int:
+    """``full`` examples cut to a params cap ``max_n`` (0 = no cap)."""
     return min(max_n, full) if max_n else full
 
 
-def _certify_work(stage: str, name: str, cfg, n: int, variants, tests: int, batch: int
-                  ) -> list[Work]:
+def certify_work(stage: str, name: str, cfg, n: int, variants, tests: int, batch: int
+                 ) -> list[Work]:
     """Certificates in float64: per batch one forward and each variant's per-layer terms."""
     f64 = vit_forward64(cfg)
     tokens = (cfg.image_size // cfg.patch) ** 2 + (cfg.pool == "cls")
-    batches = _steps(n, batch)
+    batches = n_steps(n, batch)
     flops = kernels = 0.0
     for v in variants:
         flops += batches * f64.flops(batch)

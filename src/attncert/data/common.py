@@ -28,7 +28,7 @@ def resolve_mirror(param: str) -> Path | None:
     return Path(value).expanduser() if value else None
 
 
-def _copy_tree_decompressing(src: Path, dst: Path) -> None:
+def copy_tree_decompressing(src: Path, dst: Path) -> None:
     """Copy ``src`` into ``dst``: ``.gz`` files are decompressed, archives extracted."""
     from torchvision.datasets.utils import extract_archive
 
@@ -36,7 +36,7 @@ def _copy_tree_decompressing(src: Path, dst: Path) -> None:
     for entry in sorted(src.iterdir()):
         target = dst / entry.name
         if entry.is_dir():
-            _copy_tree_decompressing(entry, target)
+            copy_tree_decompressing(entry, target)
         elif entry.name.endswith((".tar.gz", ".tgz", ".tar", ".zip")):
             extract_archive(str(entry), str(dst))
         elif entry.suffix == ".gz":
@@ -46,18 +46,21 @@ def _copy_tree_decompressing(src: Path, dst: Path) -> None:
             shutil.copyfile(entry, target)
 
 
-def _mark(folder: Path, source: str) -> str:
+def mark_source(folder: Path, source: str) -> str:
+    """Record where ``folder``'s raw files came from (read back by :func:`marked_source`)."""
     (folder / SOURCE_MARKER).write_text(source + "\n")
     return source
 
 
-def _marked_source(folder: Path) -> str | None:
+def marked_source(folder: Path) -> str | None:
+    """The source :func:`mark_source` recorded for ``folder``, or None."""
     marker = folder / SOURCE_MARKER
     return marker.read_text().strip() if marker.is_file() else None
 
 
-def _unavailable(name: str, mirror_dir: Path | None, download_error: str | None,
-                 layout: str = "torchvision's layout") -> DataUnavailable:
+def unavailable_error(name: str, mirror_dir: Path | None, download_error: str | None,
+                      layout: str = "torchvision's layout") -> DataUnavailable:
+    """The error naming both routes that failed and how to provide ``name``."""
     where = str(mirror_dir) if mirror_dir else "no mirror configured"
     dl = download_error if download_error else "downloads disabled (data.download: false)"
     return DataUnavailable(
@@ -68,7 +71,7 @@ def _unavailable(name: str, mirror_dir: Path | None, download_error: str | None,
     )
 
 
-def _first_line(exc: BaseException, limit: int = 300) -> str:
+def first_line(exc: BaseException, limit: int = 300) -> str:
     """The exception as one line (torchvision's download errors span several)."""
     text = " ".join(str(exc).split())
     text = text if len(text) <= limit else text[: limit - 3] + "..."

@@ -13,11 +13,11 @@ import torch
 
 from attncert.data.common import (
     TEXT_FOLDER,
-    _first_line,
-    _mark,
-    _marked_source,
-    _unavailable,
+    first_line,
+    mark_source,
+    marked_source,
     subset_indices,
+    unavailable_error,
 )
 
 
@@ -125,7 +125,7 @@ def fetch_hub_text(name: str, raw_dir: Path, mirror: Path | None, download: bool
     """
     spec = HUB_TEXT_DATASETS[name]
     local = raw_dir / spec.folder / "raw"
-    cached = _marked_source(local)
+    cached = marked_source(local)
     if cached and set(spec.hub_splits) <= set(_hub_text_files(spec, local)):
         return cached
     mirror_dir = mirror / spec.folder if mirror else None
@@ -133,7 +133,7 @@ def fetch_hub_text(name: str, raw_dir: Path, mirror: Path | None, download: bool
         local.mkdir(parents=True, exist_ok=True)
         for path in _hub_text_files(spec, mirror_dir).values():
             shutil.copyfile(path, local / path.name)
-        return _mark(local, f"mirror {mirror_dir}")
+        return mark_source(local, f"mirror {mirror_dir}")
     error = None
     if download:
         cache = raw_dir / spec.folder / "hub-cache"
@@ -144,11 +144,11 @@ def fetch_hub_text(name: str, raw_dir: Path, mirror: Path | None, download: bool
             _write_hub_text(spec, hub, local)
             shutil.rmtree(cache, ignore_errors=True)  # the files above are the raw copy
             where = spec.hub_id + (f" {spec.hub_config}" if spec.hub_config else "")
-            return _mark(local, f"download (Hugging Face datasets: {where})")
+            return mark_source(local, f"download (Hugging Face datasets: {where})")
         except Exception as exc:  # ImportError, network and hub errors
-            error = _first_line(exc)
+            error = first_line(exc)
     layout = ", ".join(f"{spec.folder}/{spec.files[split]}" for split in spec.hub_splits)
-    raise _unavailable(name, mirror_dir, error, layout=f"their original layout ({layout})")
+    raise unavailable_error(name, mirror_dir, error, layout=f"their original layout ({layout})")
 
 
 def process_hub_text(name: str, raw_dir: Path, max_train: int, max_test: int, seed: int,

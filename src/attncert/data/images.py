@@ -11,13 +11,13 @@ from typing import Any
 import torch
 
 from attncert.data.common import (
-    _copy_tree_decompressing,
-    _first_line,
-    _mark,
-    _marked_source,
-    _unavailable,
     channel_stats,
+    copy_tree_decompressing,
+    first_line,
+    mark_source,
+    marked_source,
     subset_indices,
+    unavailable_error,
 )
 
 
@@ -61,26 +61,26 @@ def fetch_image(name: str, raw_dir: Path, mirror: Path | None, download: bool) -
     """Make the raw files of ``name`` loadable from ``raw_dir``; return the source used."""
     spec = IMAGE_DATASETS[name]
     local = raw_dir / spec.folder / "raw"
-    cached = _marked_source(local)
-    if cached and _loads(spec, raw_dir):
+    cached = marked_source(local)
+    if cached and loads_from(spec, raw_dir):
         return cached
     mirror_dir = mirror / spec.folder / "raw" if mirror else None
     if mirror_dir and mirror_dir.is_dir():
-        _copy_tree_decompressing(mirror_dir, local)
-        if _loads(spec, raw_dir):
-            return _mark(local, f"mirror {mirror_dir}")
+        copy_tree_decompressing(mirror_dir, local)
+        if loads_from(spec, raw_dir):
+            return mark_source(local, f"mirror {mirror_dir}")
     error = None
     if download:
         try:
             for split in ("train", "test"):
                 spec.load_split(raw_dir, split, download=True)
-            return _mark(local, "download (torchvision)")
+            return mark_source(local, "download (torchvision)")
         except Exception as exc:  # network errors come in many types
-            error = _first_line(exc)
-    raise _unavailable(name, mirror_dir, error)
+            error = first_line(exc)
+    raise unavailable_error(name, mirror_dir, error)
 
 
-def _loads(spec: ImageDataset, raw_dir: Path) -> bool:
+def loads_from(spec: ImageDataset, raw_dir: Path) -> bool:
     try:
         for split in ("train", "test"):
             spec.load_split(raw_dir, split)
@@ -89,7 +89,7 @@ def _loads(spec: ImageDataset, raw_dir: Path) -> bool:
         return False
 
 
-def _to_uint8_nchw(ds) -> tuple[torch.Tensor, torch.Tensor]:
+def to_uint8_nchw(ds) -> tuple[torch.Tensor, torch.Tensor]:
     """Pixels and labels of a torchvision dataset as uint8 (N, C, H, W) and int64 (N,)."""
     data = ds.data
     x = torch.as_tensor(data) if not isinstance(data, torch.Tensor) else data
@@ -109,7 +109,7 @@ def process_image(name: str, raw_dir: Path, max_train: int, max_test: int, seed:
     out: dict[str, Any] = {"name": name, "kind": "image", "source": source}
     for split, k in (("train", max_train), ("test", max_test)):
         ds = spec.load_split(raw_dir, split)
-        x, y = _to_uint8_nchw(ds)
+        x, y = to_uint8_nchw(ds)
         idx = subset_indices(len(y), k, seed)
         out[split] = {"x": x[idx].clone(), "y": y[idx].clone()}
         if split == "train":

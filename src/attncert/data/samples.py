@@ -12,7 +12,7 @@ from attncert.data.common import (
     DataUnavailable,
     channel_stats,
 )
-from attncert.data.images import IMAGE_DATASETS, _loads, _to_uint8_nchw
+from attncert.data.images import IMAGE_DATASETS, loads_from, to_uint8_nchw
 
 SAMPLE_FOLDERS = {"cifar10_sample": "CIFAR10-sample", "imagenet_sample": "ImageNet-sample"}
 
@@ -43,8 +43,8 @@ def load_sample(name: str, mirror: Path | None, raw_dir: Path,
         x = torch.stack(imgs)
         y = torch.tensor([label for _, label in files], dtype=torch.int64)
         source = f"mirror {folder}"
-    elif name == "cifar10_sample" and raw_dir and _loads(IMAGE_DATASETS["cifar10"], raw_dir):
-        x, y = _to_uint8_nchw(IMAGE_DATASETS["cifar10"].load_split(raw_dir, "test"))
+    elif name == "cifar10_sample" and raw_dir and loads_from(IMAGE_DATASETS["cifar10"], raw_dir):
+        x, y = to_uint8_nchw(IMAGE_DATASETS["cifar10"].load_split(raw_dir, "test"))
         x, y, source = x[:20], y[:20], "first 20 CIFAR-10 test images (download route)"
     else:
         raise DataUnavailable(

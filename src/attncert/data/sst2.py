@@ -12,11 +12,11 @@ import torch
 
 from attncert.data.common import (
     TEXT_FOLDER,
-    _first_line,
-    _mark,
-    _marked_source,
-    _unavailable,
+    first_line,
+    mark_source,
+    marked_source,
     subset_indices,
+    unavailable_error,
 )
 
 SST2_GLUE_URL = "https://dl.fbaipublicfiles.com/glue/data/SST-2.zip"
@@ -49,7 +49,7 @@ def _sst2_splits(folder: Path) -> dict[str, Path]:
 
 def fetch_sst2(raw_dir: Path, mirror: Path | None, download: bool) -> str:
     local = raw_dir / TEXT_FOLDER["sst2"] / "raw"
-    cached = _marked_source(local)
+    cached = marked_source(local)
     if cached and {"train", "dev"} <= set(_sst2_splits(local)):
         return cached
     mirror_dir = mirror / TEXT_FOLDER["sst2"] if mirror else None
@@ -57,7 +57,7 @@ def fetch_sst2(raw_dir: Path, mirror: Path | None, download: bool) -> str:
         local.mkdir(parents=True, exist_ok=True)
         for path in _sst2_splits(mirror_dir).values():
             shutil.copyfile(path, local / path.name)
-        return _mark(local, f"mirror {mirror_dir}")
+        return mark_source(local, f"mirror {mirror_dir}")
     error = None
     if download:
         try:
@@ -66,10 +66,10 @@ def fetch_sst2(raw_dir: Path, mirror: Path | None, download: bool) -> str:
             download_and_extract_archive(SST2_GLUE_URL, download_root=str(local))
             for path in _sst2_splits(local / "SST-2").values():
                 shutil.move(str(path), local / path.name)
-            return _mark(local, f"download ({SST2_GLUE_URL})")
+            return mark_source(local, f"download ({SST2_GLUE_URL})")
         except Exception as exc:
-            error = _first_line(exc)
-    raise _unavailable("sst2", mirror_dir, error)
+            error = first_line(exc)
+    raise unavailable_error("sst2", mirror_dir, error)
 
 
 def process_sst2(raw_dir: Path, max_train: int, max_test: int, seed: int,

@@ -71,7 +71,7 @@ class Block(nn.Module):
             self.norm_mlp = LayerProject(cfg.stream_radius)
             self.mlp = SLLResidual(cfg.dim, cfg.mlp_hidden)
         else:
-            self.norm_attn, self.norm_mlp = _norm(cfg), _norm(cfg)
+            self.norm_attn, self.norm_mlp = standard_norm(cfg), standard_norm(cfg)
             self.mlp = MLP(cfg.dim, cfg.mlp_hidden)
         self.attn = _attention(cfg)
         # the plain dot-product residual F(X) = H X + sum_l P_l X A_l that the bounds know
@@ -103,7 +103,7 @@ class Block(nn.Module):
         return x + self._scaled(self.scale_mlp, self.mlp(self.norm_mlp(x)))
 
     def components(self, prefix: str) -> list[Component]:
-        norm_kind, norm_l = _norm_component(self.norm_attn)
+        norm_kind, norm_l = norm_component(self.norm_attn)
         out = []
         if not self.dot_residual:  # a baseline's attention: no local bound, no constant claimed
             if self.form == "stream":
@@ -124,12 +124,12 @@ class Block(nn.Module):
         return out
 
 
-def _norm(cfg: ViTConfig) -> nn.Module:
+def standard_norm(cfg: ViTConfig) -> nn.Module:
     """The standard ViT's norm: LayerNorm, or LipsFormer's CenterNorm."""
     return CenterNorm(cfg.dim) if cfg.norm == "center" else nn.LayerNorm(cfg.dim)
 
 
-def _norm_component(norm: nn.Module) -> tuple[str, float]:
+def norm_component(norm: nn.Module) -> tuple[str, float]:
     """(component kind, Lipschitz constant) of a norm: LayerNorm has none (math.inf)."""
     if isinstance(norm, LayerProject):
         return "project", LayerProject.lipschitz

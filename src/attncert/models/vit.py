@@ -46,7 +46,7 @@ from attncert.layers import (
     project_local_lipschitz,
     spectral_norm_exact,
 )
-from attncert.models.blocks import MLP, Block, Component, _norm, _norm_component
+from attncert.models.blocks import MLP, Block, Component, norm_component, standard_norm
 from attncert.models.config import ATTENTIONS, BLOCKS, KINDS, NORMS, POOLS, ViTConfig
 
 __all__ = ["ATTENTIONS", "BLOCKS", "KINDS", "MLP", "NORMS", "POOLS", "Block", "Component", "ViT",
@@ -66,7 +66,7 @@ class ViT(nn.Module):
         self.pos = nn.Parameter(torch.zeros(1, cfg.n_tokens, cfg.dim))
         nn.init.trunc_normal_(self.pos, std=0.02)
         self.blocks = nn.ModuleList(Block(cfg) for _ in range(cfg.depth))
-        self.norm = LayerProject(cfg.stream_radius) if lip else _norm(cfg)
+        self.norm = LayerProject(cfg.stream_radius) if lip else standard_norm(cfg)
         self.head = nn.Linear(cfg.dim, cfg.num_classes)
 
     def tokens(self, x: Tensor) -> Tensor:
@@ -128,7 +128,7 @@ class ViT(nn.Module):
         ]
         for i, block in enumerate(self.blocks):
             out += block.components(f"blocks.{i}")
-        out.append(Component("norm", *_norm_component(self.norm), self.norm))
+        out.append(Component("norm", *norm_component(self.norm), self.norm))
         pool_l = 1.0 if cfg.pool == "cls" else 1.0 / math.sqrt(cfg.n_tokens)
         out.append(Component("pool", "pool", pool_l, None))
         w = self.head_weight().detach()
