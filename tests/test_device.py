@@ -22,7 +22,7 @@ from attncert.certvit import DRConfig, adapt, constrain, empirical_lipschitz
 from attncert.certvit.certificate import certify as certify_global
 from attncert.models.vit import ViTConfig, build_vit
 from attncert.msvp import MSVP
-from attncert.train import TrainConfig, resolve_device
+from attncert.train import ImageSteps, TrainConfig, resolve_device
 
 F64 = torch.float64
 
@@ -263,6 +263,37 @@ def test_specformer_attacks_and_step_times_on_the_device():
         times = sf.step_times({"specformer": (spec_model.to(sim.device), cfg)},
                               x.to(sim.device), y.to(sim.device), steps=1, rounds=1, warmup=0)
     assert sim.draws_on_device > 0 and rows == ref and len(times) == 1
+
+
+def test_mixed_training_batches_on_the_device():
+    """An epoch of crop-flip + Mixup / CutMix batches and their losses: no host tensor or
+    host sync enters (the mix plan is Python numbers), and the values are the CPU values."""
+    g = torch.Generator().manual_seed(0)
+    data = {"x": torch.randint(0, 256, (24, 1, 8, 8), generator=g, dtype=torch.uint8),
+            "y": torch.randint(0, 3, (24,), generator=g)}
+    cfg = TrainConfig(batch_size=8, augment="crop_flip", mixup_alpha=0.8, cutmix_alpha=1.0,
+                      mix_prob=1.0, seed=3)
+    torch.manual_seed(0)
+    model = build_vit(BASE)
+
+    def epoch(device):
+        steps = ImageSteps(model.to(device), data, cfg, device)
+        keys = steps.plan(1)
+        out = []
+        for key in keys:
+            inputs, y = steps.batch(key)
+            out.append(steps.loss(inputs, y, 0)[1].detach())
+        return keys, out
+
+    ref_keys, ref = epoch(torch.device("cpu"))
+    assert all(m is not None for _, m in ref_keys)
+    with simulated_device() as sim:
+        keys = ImageSteps(model.to(sim.device), data, cfg, sim.device).plan(1)
+        syncs = sim.host_syncs
+        _, got = epoch(sim.device)
+        assert sim.host_syncs == syncs and sim.draws_on_device > 0
+    assert [m for _, m in keys] == [m for _, m in ref_keys]
+    assert [float(_host(v)) for v in got] == [float(v) for v in ref]
 
 
 # -- base.device ------------------------------------------------------------------------------
