@@ -107,3 +107,16 @@ def test_bench_times_a_training_step_of_every_model_kind(smoke):
     assert [r["model"] for r in rows] == list(cost.bench_models(load_params(smoke)))
     assert len(rows) == 6 and all(r["ms_per_step"] > 0 and r["precision"] == "fp32"
                                   for r in rows)
+
+
+def test_text_work_counts_every_model_the_stage_trains(smoke):
+    """The text estimate trains exactly the stage's models (attncert.stages.text.jobs), the
+    frozen encoder's head through the encoder's forward."""
+    from attncert.cost.counting import VOCAB
+    from attncert.stages.text import jobs
+
+    p = load_params(smoke)
+    work = cost.stage_work(p, ["text"])[0]
+    trained = {w.what for w in work if ":" not in w.what and "(" not in w.what}
+    assert trained == set(jobs(p["text"], VOCAB)) - {"frozen-olsa"}
+    assert any(w.what.startswith("frozen-olsa") for w in work)

@@ -151,12 +151,9 @@ _TEXT_COUNTS: dict[tuple, dict[str, Counts]] = {}
 
 
 def text_work(p) -> list[Work]:
-    from attncert.text.models import (
-        LipschitzTextTransformer,
-        OLSAClassifier,
-        TextTransformerConfig,
-    )
-    from attncert.text.standard import StandardTextTransformer
+    """The text stage's models as :func:`attncert.stages.text.jobs` lists them (the frozen
+    encoder's head counted through the encoder's forward below)."""
+    from attncert.stages.text import jobs
 
     t = p["text"]
     n_tr = capped(t.max_train, SST2["train"])
@@ -182,45 +179,23 @@ def text_work(p) -> list[Work]:
                                  "attack": fit(attack_step(model, emb_batch(model)))}
         return _TEXT_COUNTS[key]
 
-    deep = max(t.olsa_depths)
-    olsa = dict(vocab_size=VOCAB, max_len=t.max_len, dim=t.hidden, heads=t.heads)
-    jobs = {f"olsa-L{d}-g{t.gamma:g}": (OLSAClassifier, dict(olsa, depth=d), t.epochs)
-            for d in t.olsa_depths}
-    jobs |= {f"olsa-L{deep}-g{g:g}": (OLSAClassifier, dict(olsa, depth=deep), t.epochs)
-             for g in t.gamma_ablation}
-    jobs[f"kim-l2-L{deep}"] = (OLSAClassifier, dict(olsa, depth=deep, attention="l2"), t.epochs)
-    jobs[f"vanilla-L{deep}"] = (StandardTextTransformer,
-                                dict(vocab_size=VOCAB, max_len=t.max_len, dim=t.hidden,
-                                     depth=deep, heads=t.heads, mlp_hidden=2 * t.hidden),
-                                t.epochs)
     out = []
-    for name, (cls, kw, epochs) in jobs.items():
+    for name, job in jobs(t, VOCAB).items():
+        if name == "frozen-olsa":
+            continue
         torch.manual_seed(0)
-        c = counts(cls(**kw))
-        out += training_work("text", name, c, n_tr, n_ev, epochs, t.batch_size,
+        c = counts(job.cls(**job.kwargs))
+        out += training_work("text", name, c, n_tr, n_ev, job.train["epochs"], t.batch_size,
                              t.cert_batch_size)
+        if job.family == "lofast":
+            cfg = job.kwargs["config"]
+            lc = layer_certificate_counts(t.max_len, cfg.dim, cfg.heads, "lofast_M")
+            b = n_steps(n_cert, t.cert_batch_size)
+            out.append(Work("text", f"{name}: certificates", "fp64",
+                            len(t.lofast_variants) * cfg.depth * b * lc.flops(t.cert_batch_size),
+                            len(t.lofast_variants) * cfg.depth * b * lc.kernels))
         out.append(audit_work("text", f"{name}: PGD audit", c["attack"], n_cert, len(t.cert_eps),
                               t.attack_steps, t.attack_restarts, t.cert_batch_size))
-    for L in t.lofast_layers:
-        for H in t.lofast_heads:
-            for vo in t.lofast_gamma_vo:
-                name = f"lofast-L{L}-H{H}-vo{vo:g}"
-                cfg = TextTransformerConfig(vocab_size=VOCAB, max_len=t.max_len, dim=t.lofast_dim,
-                                            depth=L, heads=H, mlp_hidden=t.lofast_mlp_hidden,
-                                            radius_attn=t.lofast_radius_attn,
-                                            gamma_qk=t.lofast_gamma_qk, gamma_vo=vo)
-                torch.manual_seed(0)
-                c = counts(LipschitzTextTransformer(cfg))
-                out += training_work("text", name, c, n_tr, n_ev, t.lofast_epochs,
-                                     t.batch_size, t.cert_batch_size)
-                lc = layer_certificate_counts(t.max_len, t.lofast_dim, H, "lofast_M")
-                b = n_steps(n_cert, t.cert_batch_size)
-                out.append(Work("text", f"{name}: certificates", "fp64",
-                                len(t.lofast_variants) * L * b * lc.flops(t.cert_batch_size),
-                                len(t.lofast_variants) * L * b * lc.kernels))
-                out.append(audit_work("text", f"{name}: PGD audit", c["attack"], n_cert,
-                                      len(t.cert_eps), t.attack_steps, t.attack_restarts,
-                                      t.cert_batch_size))
     # OLSA over a frozen encoder: the encoder's forward on every step and evaluation sentence
     hidden, layers, heads, inter = ENCODERS[t.frozen_source]
     enc = _encoder_forward(hidden, layers, heads, inter, t.max_len)
