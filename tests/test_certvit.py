@@ -341,6 +341,26 @@ def test_certified_points_survive_pgd_at_their_radius():
     assert fooled_far.any()
 
 
+def test_the_audit_attacks_the_first_n_attack_points_and_reports_them_alike():
+    model = adapt(tiny_vit(pool="mean"))
+    x = pixels(12)
+    with torch.no_grad():
+        y = model(x).argmax(1)
+    y[0] = (y[0] + 1) % model.config.num_classes  # one misclassified point among the attacked
+    full = certify(model, x, y, [0.01, 0.05], attack_steps=3, seed=1)
+    part = certify(model, x, y, [0.01, 0.05], attack_steps=3, seed=1, n_attack=5)
+    assert full["n_attacked"] == 12 and part["n_attacked"] == 5
+    assert part["certified_acc"] == full["certified_acc"]  # certified on every point
+    assert torch.equal(part["radius"], full["radius"])
+    for e in (0.01, 0.05):  # PGD and its certified twin count the same five points
+        assert part["attacked_certified_acc"][e] == pytest.approx(float(
+            (part["correct"][:5] & (part["radius"][:5] >= e)).double().mean()))
+        assert part["pgd_acc"][e] <= float(part["correct"][:5].double().mean())
+    assert full["attacked_certified_acc"] == full["certified_acc"]
+    with pytest.raises(ValueError, match="n_attack"):
+        certify(model, x, y, [0.01], attack_steps=1, n_attack=0)
+
+
 def test_lipschitz_table_compares_bounds():
     model = adapt(tiny_vit())
     before = global_bound(model)

@@ -183,7 +183,8 @@ def test_step_log_metrics_table1_and_figures():
 
     report = {"correct": torch.ones(4, dtype=torch.bool), "clean_acc": 1.0,
               "certified_acc": {0.1: 0.5, 1.58: 0.0}, "pgd_acc": {0.1: 0.75, 1.58: 0.25},
-              "broken": 0, "radius": torch.tensor([0.0, 0.05, 0.2, 0.3]),
+              "broken": 0, "radius": torch.tensor([0.0, 0.05, 0.2, 0.3]), "n_attacked": 4,
+              "attacked_certified_acc": {0.1: 0.5, 1.58: 0.0},
               "seconds_per_sample": 1e-3}
     m = steps.stage_metrics(log, {"adapt_finetuned": b0, "constrained": b1}, report,
                             {"certify": 3.0})
@@ -298,8 +299,8 @@ def test_the_stage_runs_every_mode_and_writes_its_files(tmp_path):
         source=stage.PIPELINE, dataset="mnist", processed_dir=str(processed), patch=4, dim=16,
         depth=1, heads=2, mlp_hidden=16, pretrain_epochs=1, batch_size=16, warmup_steps=2,
         adapt_epochs=1, dr_iterations=1, dr_projection_steps=2, dr_max_pairs=64,
-        dr_batch_size=32, dr_images=16, finetune_epochs=1, spectral_epochs=1, n_test=8,
-        eval_batch_size=64, cert_eps=[0.1, 1.58], attack_steps=2, attack_restarts=1,
+        dr_batch_size=32, dr_images=16, finetune_epochs=1, spectral_epochs=1, n_test=0,
+        n_attack=5, eval_batch_size=64, cert_eps=[0.1, 1.58], attack_steps=2, attack_restarts=1,
         work_dir=str(tmp_path / "work"), metrics=str(tmp_path / "metrics.json"))
     res = certvit_stage.run(p, base, torch.device("cpu"))
     work = tmp_path / "work"
@@ -307,8 +308,10 @@ def test_the_stage_runs_every_mode_and_writes_its_files(tmp_path):
         "adapt", "finetune", "linear", "pretrain", "spectral_adapt", "spectral_finetune"]
     for name in ("dr.csv", "lipschitz.csv", "samples.csv"):
         assert (work / name).is_file()
-    assert len(pd.read_csv(work / "samples.csv")) == 2 * 8
+    n_test = len(res.test["y"])  # n_test 0: the whole test split, attacked on the first 5
+    assert len(pd.read_csv(work / "samples.csv")) == 2 * n_test
     m = json.loads((tmp_path / "metrics.json").read_text())
+    assert m["n_test"] == n_test > 5 and m["n_attacked"] == m["linear_baseline"]["n_attacked"] == 5
     assert m["headline_mode"] == res.headline == "spectral" and set(m["modes"]) == set(res.modes)
     assert m["broken"] == 0 and m["linear_baseline"]["broken"] == 0
     assert m["imagenet_smoke"] == "skipped: no route"
@@ -319,6 +322,7 @@ def test_the_stage_runs_every_mode_and_writes_its_files(tmp_path):
     assert res.paper_table("mnist", "pipeline", p.cert_eps).shape == (4, 3)
     rows = {r["key"]: r for r in certvit_stage.headline_rows(m, {})}
     assert rows["certified_acc/1.58"]["paper"] == CERTVIT_MNIST["certified"] / 100
+    assert "first 5 test images" in rows["pgd_acc/1.58"]["label"]
 
 
 def test_the_imagenet_route_certifies_a_tiny_hf_vit_in_every_mode(tmp_path):

@@ -120,8 +120,7 @@ def stage_metrics(log: StepLog, bounds: Mapping[str, GlobalBound], report: Mappi
         "n_test": len(report["correct"]),
         "test_clean_acc": report["clean_acc"],
         "certified_acc": {str(e): a for e, a in report["certified_acc"].items()},
-        "pgd_acc": {str(e): a for e, a in report["pgd_acc"].items()},
-        "broken": int(report["broken"]),
+        **_attacked(report),
         "median_radius": float(report["radius"].median()),
         "seconds_per_sample": report["seconds_per_sample"],
     }
@@ -132,8 +131,17 @@ def baseline_metrics(report: Mapping[str, Any], train_seconds: float) -> dict[st
     report and its training seconds)."""
     return {"clean_acc": report["clean_acc"],
             "certified_acc": {str(e): a for e, a in report["certified_acc"].items()},
+            **_attacked(report), "train_seconds": train_seconds}
+
+
+def _attacked(report: Mapping[str, Any]) -> dict[str, Any]:
+    """The audit's part of a metrics entry: how many points PGD attacked (the first ones),
+    PGD accuracy and the certified accuracy on those points, broken certificates."""
+    return {"n_attacked": int(report["n_attacked"]),
             "pgd_acc": {str(e): a for e, a in report["pgd_acc"].items()},
-            "broken": int(report["broken"]), "train_seconds": train_seconds}
+            "attacked_certified_acc": {str(e): a for e, a
+                                       in report["attacked_certified_acc"].items()},
+            "broken": int(report["broken"])}
 
 
 def samples_frame(reports: Mapping[str, Mapping[str, Any]], y: torch.Tensor) -> pd.DataFrame:

@@ -262,11 +262,14 @@ def certvit_work(p, n_train_max: int, n_test_max: int) -> list[Work]:
     out.append(Work("certvit", "Douglas-Rachford (from its matrix sizes)", "fp32",
                     maps * passes * per_pass,
                     maps * passes * 20))
-    n = min(cv.n_test, n_te)
+    # every mode's final model is certified on n_test images and attacked on n_attack
+    n = n_te if cv.n_test == 0 else min(cv.n_test, n_te)
     f64 = vit_forward64(cfg)
-    out.append(Work("certvit", "global certificate (float64 forwards)", "fp64",
-                    n_steps(n, cv.eval_batch_size) * f64.flops(cv.eval_batch_size),
-                    n_steps(n, cv.eval_batch_size) * f64.kernels))
-    out.append(audit_work("certvit", "PGD audit", c["attack"], n, len(cv.cert_eps),
-                          cv.attack_steps, cv.attack_restarts, cv.eval_batch_size))
+    for mode in cv.constrain:
+        out.append(Work("certvit", f"{mode}: global certificate (float64 forwards)", "fp64",
+                        n_steps(n, cv.eval_batch_size) * f64.flops(cv.eval_batch_size),
+                        n_steps(n, cv.eval_batch_size) * f64.kernels))
+        out.append(audit_work("certvit", f"{mode}: PGD audit", c["attack"],
+                              min(cv.n_attack, n), len(cv.cert_eps), cv.attack_steps,
+                              cv.attack_restarts, cv.eval_batch_size))
     return out

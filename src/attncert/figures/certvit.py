@@ -94,12 +94,13 @@ def plot_dr_sites(diagnostics: pd.DataFrame) -> Figure:
     return fig
 
 
-def plot_certified_modes(certified: dict, pgd: dict) -> Figure:
+def plot_certified_modes(certified: dict, pgd: dict, pgd_note: str = "") -> Figure:
     """Certified (solid) and L2 PGD (dashed) accuracy against eps, one colour per mode.
 
     ``certified``, ``pgd``: {mode: {eps: fraction}} (``attncert.certvit.certify``'s
     ``certified_acc`` and ``pgd_acc``). PGD accuracy is an upper bound on the robust accuracy,
     certified accuracy a lower bound: the gap is what the certificate leaves open.
+    ``pgd_note`` follows the PGD legend entries (e.g. the points attacked, when fewer).
     """
     _style()
     fig, ax = plt.subplots(figsize=(6, 3.4), constrained_layout=True)
@@ -110,7 +111,7 @@ def plot_certified_modes(certified: dict, pgd: dict) -> Figure:
         if mode in pgd:
             pe = sorted(pgd[mode])
             ax.plot(pe, [100 * pgd[mode][e] for e in pe], "s--", color=f"C{i}", alpha=0.7,
-                    label=f"{mode}: L2 PGD")
+                    label=f"{mode}: L2 PGD{pgd_note}")
     ax.set(xscale="log", xlabel="eps (pixel-space l2)", ylabel="accuracy (%)", ylim=(0, 100),
            title="Certified and PGD accuracy of each mode's final model")
     ax.legend(fontsize=7)
