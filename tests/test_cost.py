@@ -116,7 +116,27 @@ def test_text_work_counts_every_model_the_stage_trains(smoke):
     from attncert.stages.text import jobs
 
     p = load_params(smoke)
+    t = p["text"]
+    assert t.datasets == ["sst2", "yelp_polarity", "qqp"] and "qqp" in t.frozen_datasets
     work = cost.stage_work(p, ["text"])[0]
     trained = {w.what for w in work if ":" not in w.what and "(" not in w.what}
-    assert trained == set(jobs(p["text"], VOCAB)) - {"frozen-olsa"}
-    assert any(w.what.startswith("frozen-olsa") for w in work)
+    assert trained == {f"{d} {name}" for d in t.datasets for name in jobs(t, VOCAB, d)
+                       if name != "frozen-olsa"}
+    assert {w.what.split()[0] for w in work if "frozen-olsa (" in w.what} == set(
+        t.frozen_datasets)
+
+
+def test_text_sizes_follow_the_stage_s_draws(smoke):
+    """Certified and attacked counts as the stage draws them (n_test 0: the whole reported
+    split), Yelp's dev held out of its training split, QQP reported on dev."""
+    import dataclasses
+
+    from attncert.cost.stages import text_sizes
+
+    t = dataclasses.replace(load_params(smoke)["text"], max_train=0, max_eval=0, n_test=0,
+                            n_attack=1000, frozen_max_train=0)
+    yelp = text_sizes(t, cost.TEXT_SIZES["yelp_polarity"])
+    assert yelp == {"train": 560000 - 38000, "eval": 2 * 38000, "frozen_train": 522000,
+                    "certified": 38000, "attacked": 1000}
+    qqp = text_sizes(t, cost.TEXT_SIZES["qqp"])
+    assert qqp["certified"] == qqp["eval"] // 2 == 40430 and qqp["train"] == 363846

@@ -110,7 +110,8 @@ def _pickle(path: Path, obj: dict) -> None:
 
 
 def write_standins(mirror: Path) -> None:
-    """CIFAR-10/100 (python pickles), SVHN (.mat) and SST-2 (GLUE TSVs) in their raw layouts."""
+    """CIFAR-10/100 (python pickles), SVHN (.mat), SST-2 and QQP (GLUE TSVs) and Yelp polarity
+    (its CSV release) in their raw layouts."""
     from scipy.io import savemat
 
     base = mirror / "CIFAR10" / "raw" / "cifar-10-batches-py"
@@ -150,6 +151,20 @@ def write_standins(mirror: Path) -> None:
         (sst / f"{split}.tsv").write_text("sentence\tlabel\n" + "\n".join(rows) + "\n")
     rows = [f"{i}\t{sentence()}" for i in range(16)]  # GLUE's public test split: no labels
     (sst / "test.tsv").write_text("index\tsentence\n" + "\n".join(rows) + "\n")
+
+    yelp = mirror / "YelpPolarity"  # the original CSV release: "class","text", class 1 or 2
+    yelp.mkdir()
+    for split, n in (("train", 128), ("test", 16)):
+        rows = [f'"{1 + i % 2}","{sentence()}"' for i in range(n)]
+        (yelp / f"{split}.csv").write_text("\n".join(rows) + "\n")
+    qqp = mirror / "QQP"  # GLUE's TSVs: the test split has no labels
+    qqp.mkdir()
+    for split, n in (("train", 128), ("dev", 16)):
+        rows = [f"{i}\t{i}\t{i + n}\t{sentence()}?\t{sentence()}?\t{i % 2}" for i in range(n)]
+        (qqp / f"{split}.tsv").write_text("id\tqid1\tqid2\tquestion1\tquestion2\tis_duplicate\n"
+                                          + "\n".join(rows) + "\n")
+    rows = [f"{i}\t{sentence()}?\t{sentence()}?" for i in range(8)]
+    (qqp / "test.tsv").write_text("id\tquestion1\tquestion2\n" + "\n".join(rows) + "\n")
 
 
 SITECUSTOMIZE = '''\
@@ -236,7 +251,7 @@ def _metrics(dry, rel: str) -> dict:
 def test_data(dry):
     _repro(dry, "data")
     m = _metrics(dry, "reports/metrics/data.json")
-    for name in ("cifar10", "cifar100", "svhn", "sst2"):
+    for name in ("cifar10", "cifar100", "svhn", "sst2", "yelp_polarity", "qqp"):
         assert m[name]["source"].startswith("mirror "), m[name]
     assert m["cifar100"]["n_train"] == N_TRAIN and m["svhn"]["n_test"] == 10
     assert m["cifar10"]["shape"] == m["svhn"]["shape"] == "3x32x32"
@@ -262,10 +277,18 @@ def test_specformer(dry):
 
 
 def test_text(dry):
-    """GLUE's SST-2 has no labelled test split: dev is the reported evaluation set."""
+    """GLUE's SST-2 has no labelled test split: dev is the reported evaluation set. OLSA at
+    the paper's depth on Yelp (dev held out of training) and QQP (pairs, reported on dev),
+    the frozen-encoder head on QQP."""
     _repro(dry, "text")
     m = _metrics(dry, "reports/metrics/text.json")
-    assert m["reported_split"] == "dev"
+    assert m["reported_split"] == "dev" and m["broken"] == 0
+    depth = COUNTS["text"]["olsa_depths"][0]
+    yelp, qqp = m["datasets"]["yelp_polarity"], m["datasets"]["qqp"]
+    assert yelp["dev_held_out"] and yelp["reported_split"] == "test"
+    assert qqp["pairs"] and qqp["reported_split"] == "dev"
+    assert set(yelp["models"]) == {f"olsa-L{depth}-g2"}
+    assert set(qqp["models"]) == {f"olsa-L{depth}-g2", "frozen-olsa"}
 
 
 def test_certvit(dry):

@@ -35,6 +35,7 @@ from attncert.cost.counting import (
     HF_VITS,
     KERNEL_SECONDS,
     SST2,
+    TEXT_SIZES,
     UTILISATION,
     VOCAB,
     Counts,
@@ -53,7 +54,7 @@ from attncert.cost.table import STAGES, cost_table, stage_work
 from attncert.cost.work import Work, audit_work, training_work
 
 __all__ = [
-    "DATASETS", "ENCODERS", "GPU", "GPUS", "HF_VITS", "KERNEL_SECONDS", "MARKERS", "SST2",
+    "DATASETS", "ENCODERS", "GPU", "GPUS", "HF_VITS", "KERNEL_SECONDS", "MARKERS", "SST2", "TEXT_SIZES",
     "STAGES", "UTILISATION", "VOCAB", "Counts", "Work", "attack_step", "audit_work",
     "bench_models", "bench_training", "cost_table", "count", "fit", "forward",
     "layer_certificate_counts", "layer_pgd_counts", "main", "stage_work", "stand_in",

@@ -26,6 +26,10 @@ DATASETS = {
     "svhn": (3, 32, 10, 73257, 26032),
 }
 SST2 = {"train": 67349, "dev": 872, "test": 1821}
+#: the text stage's datasets: labelled examples per split (Yelp polarity has no dev split,
+#: QQP's GLUE test split no labels)
+TEXT_SIZES = {"sst2": SST2, "yelp_polarity": {"train": 560000, "test": 38000},
+              "qqp": {"train": 363846, "dev": 40430}}
 #: Hugging Face ViTs the certvit stage may load: the project's standard-ViT shape of each
 HF_VITS = {
     "google/vit-base-patch16-224": dict(image_size=224, patch=16, dim=768, depth=12, heads=12,

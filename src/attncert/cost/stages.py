@@ -12,7 +12,7 @@ from attncert.cost.counting import (
     DATASETS,
     ENCODERS,
     HF_VITS,
-    SST2,
+    TEXT_SIZES,
     VOCAB,
     Counts,
     attack_step,
@@ -150,15 +150,29 @@ def crown_work(p, n_train_max: int, n_test_max: int) -> tuple[list[Work], float]
 _TEXT_COUNTS: dict[tuple, dict[str, Counts]] = {}
 
 
+def text_sizes(t, sizes: dict[str, int]) -> dict[str, int]:
+    """The text stage's counts on one dataset of ``sizes`` (labelled examples per split), as
+    :func:`attncert.text.train_text.select_splits` draws them: train, dev + reported (the
+    evaluation each epoch), the frozen head's training subset, certified, attacked."""
+    if "dev" in sizes:
+        n_dev, pool = capped(t.max_eval, sizes["dev"]), sizes["train"]
+    else:  # a dev split held out of training
+        n_dev = max(1, min(capped(t.max_eval, sizes["test"]), sizes["train"] // 10))
+        pool = sizes["train"] - n_dev
+    n_rep = capped(t.max_eval, sizes["test"]) if "test" in sizes else n_dev
+    n_cert = capped(t.n_test, n_rep)
+    return {"train": capped(t.max_train, pool), "eval": n_dev + n_rep,
+            "frozen_train": capped(t.frozen_max_train, pool), "certified": n_cert,
+            "attacked": min(t.n_attack, n_cert)}
+
+
 def text_work(p) -> list[Work]:
-    """The text stage's models as :func:`attncert.stages.text.jobs` lists them (the frozen
-    encoder's head counted through the encoder's forward below)."""
+    """The text stage's models as :func:`attncert.stages.text.jobs` lists them on every
+    dataset of ``text.datasets`` (the frozen encoder's head counted through the encoder's
+    forward below)."""
     from attncert.stages.text import jobs
 
     t = p["text"]
-    n_tr = capped(t.max_train, SST2["train"])
-    n_ev = capped(t.max_eval, SST2["dev"]) + capped(t.max_eval, SST2["test"])
-    n_cert = min(t.n_test, capped(t.max_eval, SST2["test"]))
 
     def batch(b):
         return (torch.randint(1, VOCAB, (b, t.max_len)),
@@ -180,34 +194,41 @@ def text_work(p) -> list[Work]:
         return _TEXT_COUNTS[key]
 
     out = []
-    for name, job in jobs(t, VOCAB).items():
-        if name == "frozen-olsa":
-            continue
-        torch.manual_seed(0)
-        c = counts(job.cls(**job.kwargs))
-        out += training_work("text", name, c, n_tr, n_ev, job.train["epochs"], t.batch_size,
-                             t.cert_batch_size)
-        if job.family == "lofast":
-            cfg = job.kwargs["config"]
-            lc = layer_certificate_counts(t.max_len, cfg.dim, cfg.heads, "lofast_M")
-            b = n_steps(n_cert, t.cert_batch_size)
-            out.append(Work("text", f"{name}: certificates", "fp64",
-                            len(t.lofast_variants) * cfg.depth * b * lc.flops(t.cert_batch_size),
-                            len(t.lofast_variants) * cfg.depth * b * lc.kernels))
-        out.append(audit_work("text", f"{name}: PGD audit", c["attack"], n_cert, len(t.cert_eps),
-                              t.attack_steps, t.attack_restarts, t.cert_batch_size))
-    # OLSA over a frozen encoder: the encoder's forward on every step and evaluation sentence
     hidden, layers, heads, inter = ENCODERS[t.frozen_source]
     enc = _encoder_forward(hidden, layers, heads, inter, t.max_len)
-    n_fr = capped(t.frozen_max_train, SST2["train"])  # drawn from the whole split
-    steps = t.frozen_epochs * n_steps(n_fr, t.batch_size)
-    ev = t.frozen_epochs * n_steps(n_ev, t.cert_batch_size)
-    out.append(Work("text", f"frozen-olsa ({t.frozen_source} encoder forward)", "bf16",
-                    steps * enc.flops(t.batch_size), steps * enc.kernels))
-    out.append(Work("text", "frozen-olsa: evaluation and audit forwards", "fp32",
-                    (ev + len(t.cert_eps) * t.attack_steps * t.attack_restarts
-                     * n_steps(n_cert, t.cert_batch_size)) * 3 * enc.flops(t.cert_batch_size),
-                    ev * enc.kernels))
+    for dataset in t.datasets:
+        n = text_sizes(t, TEXT_SIZES[dataset])
+        for name, job in jobs(t, VOCAB, dataset).items():
+            if job.cls.__name__ == "FrozenEncoderOLSA":
+                continue
+            torch.manual_seed(0)
+            c = counts(job.cls(**job.kwargs))
+            out += training_work("text", f"{dataset} {name}", c, n["train"], n["eval"],
+                                 job.train["epochs"], t.batch_size, t.cert_batch_size)
+            if job.family == "lofast":
+                cfg = job.kwargs["config"]
+                lc = layer_certificate_counts(t.max_len, cfg.dim, cfg.heads, "lofast_M")
+                b = n_steps(n["certified"], t.cert_batch_size)
+                out.append(Work("text", f"{dataset} {name}: certificates", "fp64",
+                                len(t.lofast_variants) * cfg.depth * b
+                                * lc.flops(t.cert_batch_size),
+                                len(t.lofast_variants) * cfg.depth * b * lc.kernels))
+            out.append(audit_work("text", f"{dataset} {name}: PGD audit", c["attack"],
+                                  n["attacked"], len(t.cert_eps), t.attack_steps,
+                                  t.attack_restarts, t.cert_batch_size))
+        if dataset not in t.frozen_datasets:
+            continue
+        # OLSA over a frozen encoder: the encoder's forward on every step and evaluation
+        # sentence (its states are computed once per sentence; counted per epoch: an upper
+        # bound), the audit's forwards
+        steps = t.frozen_epochs * n_steps(n["frozen_train"], t.batch_size)
+        ev = t.frozen_epochs * n_steps(n["eval"], t.cert_batch_size)
+        out.append(Work("text", f"{dataset} frozen-olsa ({t.frozen_source} encoder forward)",
+                        "bf16", steps * enc.flops(t.batch_size), steps * enc.kernels))
+        out.append(Work("text", f"{dataset} frozen-olsa: evaluation and audit forwards", "fp32",
+                        (ev + len(t.cert_eps) * t.attack_steps * t.attack_restarts
+                         * n_steps(n["attacked"], t.cert_batch_size))
+                        * 3 * enc.flops(t.cert_batch_size), ev * enc.kernels))
     return out
 
 

@@ -23,7 +23,7 @@ import pandas as pd
 import torch
 
 from attncert import paper
-from attncert.data import load_processed
+from attncert.data import dataset_skipped, load_processed
 from attncert.headline import row
 from attncert.io import atomic_path, write_json
 from attncert.params import BaseParams, ParamsError, nonneg, one_of, param, positive, unique
@@ -42,6 +42,11 @@ from attncert.train import resolve_device
 
 #: Bound variants of attncert.certify usable on LoFAST's text transformer (pairwise test).
 LOFAST_VARIANTS = ("lofast_M", "lofast_xi", "naive", "global")
+#: The stage's datasets: SST-2 carries the whole study; on the others (Yelp polarity, QQP as
+#: sentence pairs) OLSA trains from scratch at every depth, and the frozen-encoder head where
+#: listed.
+TEXT_DATASETS = ("sst2", "yelp_polarity", "qqp")
+STUDY = "sst2"
 
 
 @dataclass(frozen=True)
@@ -50,6 +55,13 @@ class Params:
     transformer of the same size, LoFAST's small-BERT grid and OLSA over a frozen pre-trained
     encoder; eps is l2 in each model's embedding space."""
 
+    datasets: list[str] = param(one_of(*TEXT_DATASETS), unique,
+                                doc="sst2 (the whole study; required), then every dataset "
+                                    "OLSA also trains on from scratch at each olsa_depths "
+                                    "(one the data stage skipped is reported unavailable)")
+    frozen_datasets: list[str] = param(one_of(*TEXT_DATASETS), unique,
+                                       doc="the datasets (each in datasets) of the OLSA head "
+                                           "over the frozen encoder")
     tokenizer: str = param(doc="'minilm-package' (offline), a hub id or a save_pretrained folder")
     max_len: int = param(positive)
     max_train: int = param(nonneg, doc="seeded subset of the training split (0 = all)")
@@ -104,6 +116,12 @@ class Params:
         def fail(key: str, msg: str):
             raise ParamsError(f"text.{key}: {msg}")
 
+        if STUDY not in self.datasets:
+            fail("datasets", f"must include {STUDY!r} (the study every other part of the stage "
+                             f"reports), got {self.datasets}")
+        stray = [d for d in self.frozen_datasets if d not in self.datasets]
+        if stray:
+            fail("frozen_datasets", f"{stray} not in text.datasets {self.datasets}")
         if self.hidden % self.heads:
             fail("heads", f"hidden = {self.hidden} is not divisible by {self.heads}")
         for h in self.lofast_heads:
@@ -131,15 +149,28 @@ class Job(NamedTuple):
     train: dict[str, Any]
 
 
-def jobs(p: Params, vocab: int) -> dict[str, Job]:
-    """Every model of the stage by name (the names the report reads: "olsa-L<depth>-g<gamma>"
-    and so on)."""
+def jobs(p: Params, vocab: int, dataset: str = STUDY, sep_token_id: int | None = None
+         ) -> dict[str, Job]:
+    """Every model of the stage on ``dataset`` by name (the names the report reads:
+    "olsa-L<depth>-g<gamma>" and so on): on SST-2 the whole study, elsewhere OLSA at every
+    depth; "frozen-olsa" on the frozen datasets (``sep_token_id``: the frozen encoder's [SEP],
+    for the segment ids of sentence pairs)."""
     deep = max(p.olsa_depths)
     g = p.gamma
     olsa_layer = dict(alpha1=p.olsa_alpha1, residual=p.olsa_residual,
                       residual_init=p.olsa_residual_init)
     olsa = dict(vocab_size=vocab, max_len=p.max_len, dim=p.hidden, heads=p.heads, **olsa_layer)
     olsa_train = dict(epochs=p.epochs, lr=p.lr, gamma=g)
+    frozen = {}
+    if dataset in p.frozen_datasets:
+        pair = {} if sep_token_id is None else {"sep_token_id": sep_token_id}
+        frozen["frozen-olsa"] = Job("olsa", FrozenEncoderOLSA,
+                                    dict(source=p.frozen_source, heads=p.heads, max_len=p.max_len,
+                                         **olsa_layer, **pair),
+                                    dict(epochs=p.frozen_epochs, lr=p.lr, gamma=0.0))
+    if dataset != STUDY:
+        return {f"olsa-L{d}-g{g:g}": Job("olsa", OLSAClassifier, dict(olsa, depth=d), olsa_train)
+                for d in p.olsa_depths} | frozen
     out = {f"olsa-L{d}-g{g:g}": Job("olsa", OLSAClassifier, dict(olsa, depth=d), olsa_train)
            for d in (0, *p.olsa_depths)}
     out |= {f"olsa-L{deep}-g{a:g}": Job("olsa", OLSAClassifier, dict(olsa, depth=deep),
@@ -167,11 +198,7 @@ def jobs(p: Params, vocab: int) -> dict[str, Job]:
         dict(epochs=p.lofast_epochs, lr=p.lofast_lr, gamma=0.0,
              logit_scale=p.lofast_logit_scale))
         for L in p.lofast_layers for H in p.lofast_heads for vo in p.lofast_gamma_vo}
-    out["frozen-olsa"] = Job("olsa", FrozenEncoderOLSA,
-                             dict(source=p.frozen_source, heads=p.heads, max_len=p.max_len,
-                                  **olsa_layer),
-                             dict(epochs=p.frozen_epochs, lr=p.lr, gamma=0.0))
-    return out
+    return out | frozen
 
 
 @dataclass
@@ -190,12 +217,141 @@ class Result:
     paper_vs_ours: pd.DataFrame
     ablation: pd.DataFrame
     figures: dict[str, Any]
+    datasets: dict[str, dict[str, Any]]  # Yelp, QQP: their metrics entry or why unavailable
+    datasets_table: pd.DataFrame  # :func:`datasets_table`
     seconds: float
 
 
+class Fitted(NamedTuple):
+    """The models of one dataset, trained and evaluated: metrics per model, the curve rows,
+    the audit rows per model."""
+
+    results: dict[str, dict[str, Any]]
+    curves: list[dict[str, Any]]
+    audits: dict[str, list[dict[str, Any]]]
+
+
+def _fit(todo: Mapping[str, Job], splits: Mapping[str, Mapping], frozen_splits: Mapping | None,
+         folder: Path, common: Mapping[str, Any], evaluation: Mapping[str, Any], reported: str,
+         base: BaseParams, batch_size: int, label: str = "") -> Fitted:
+    """Train (resumably, in ``folder/<name>``) and evaluate every job on one dataset's encoded
+    splits; the frozen-encoder head on its own splits' encoder states."""
+    dev_ = evaluation["device"]
+    results, curves, audits = {}, [], {}
+    for name, job in todo.items():
+        torch.manual_seed(base.seed)
+        model = job.cls(**job.kwargs)
+        spec = {"class": job.cls.__name__, **{k: str(v) for k, v in job.kwargs.items()}}
+        data = splits
+        if job.cls is FrozenEncoderOLSA:  # the encoder runs once per sentence; the head reads
+            t0 = time.perf_counter()       # its states
+            data = {s: frozen_states(model, frozen_splits[s], dev_, batch_size)
+                    for s in ("train", "dev", "test")}
+            print(f"{label}{name}: encoder outputs of {len(data['train']['y'])} training, "
+                  f"{len(data['dev']['y'])} dev and {len(data['test']['y'])} {reported} "
+                  f"sentences in {time.perf_counter() - t0:.0f} s")
+        history = train_model(model, spec, data["train"], data["dev"],
+                              TextTrainConfig(**(common | job.train)), folder / name,
+                              dev_, base.precision)
+        train_seconds = sum(r["seconds"] for r in history)  # every epoch, resumed or not
+        metrics, curve, audits[name] = evaluate_model(name, model, job.family, data["dev"],
+                                                      data["test"], **evaluation)
+        results[name] = metrics | {"train_seconds": train_seconds, "epochs": job.train["epochs"],
+                                   "gamma": job.train["gamma"]}
+        curves += curve
+        best = max(metrics["avg_radius"], key=metrics["avg_radius"].get)
+        print(f"{label}{name}: dev {metrics['dev_acc']:.3f} {reported} "
+              f"{metrics['test_acc']:.3f} avg radius {metrics['avg_radius'][best]:.3f} "
+              f"(correct only {metrics['avg_radius_correct'][best]:.3f}) "
+              f"({train_seconds:.0f} s training)")
+    return Fitted(results, curves, audits)
+
+
+def _frozen_tokenizer(p: Params, tok):
+    return tok if p.frozen_source == p.tokenizer else load_tokenizer(p.frozen_source)
+
+
+def _other_dataset(p: Params, base: BaseParams, name: str, processed_dir: str, tok,
+                   common: Mapping[str, Any], evaluation: Mapping[str, Any], folder: Path
+                   ) -> tuple[dict[str, Any], Fitted | None]:
+    """OLSA from scratch at every depth (and the frozen-encoder head where listed) on Yelp
+    polarity or QQP: (the dataset's metrics entry, the fitted models). A dataset the data
+    stage skipped gives ({"unavailable": why}, None): reported, never fatal."""
+    skipped = dataset_skipped(name, processed_dir)
+    if skipped is not None:
+        print(f"{name}: unavailable ({skipped})")
+        return {"unavailable": skipped}, None
+    ds = load_processed(name, processed_dir)
+    raw, reported = select_splits(ds, p.max_train, p.max_eval, base.seed)
+    splits = {s: encode_split(v, tok, p.max_len) for s, v in raw.items()}
+    pairs = "text_pair" in raw["train"]
+    frozen_splits, frozen_tok = None, None
+    if name in p.frozen_datasets:
+        frozen_tok = _frozen_tokenizer(p, tok)
+        frozen_raw, _ = select_splits(ds, p.frozen_max_train, p.max_eval, base.seed)
+        frozen_splits = {s: encode_split(v, frozen_tok, p.max_len) for s, v in frozen_raw.items()}
+    todo = jobs(p, tok.vocab_size, name,
+                frozen_tok.sep_token_id if pairs and frozen_tok is not None else None)
+    fitted = _fit(todo, splits, frozen_splits, folder, common, evaluation, reported, base,
+                  p.cert_batch_size, label=f"{name} ")
+    n_cert = (len(raw["test"]["y"]) if p.n_test == 0
+              else min(p.n_test, len(raw["test"]["y"])))
+    entry = {"source": ds["source"], "pairs": pairs, "reported_split": reported,
+             "dev_held_out": "dev" not in ds, "train_sentences": len(raw["train"]["y"]),
+             "dev_sentences": len(raw["dev"]["y"]),
+             "frozen_train_sentences": (len(frozen_splits["train"]["y"])
+                                        if frozen_splits else 0),
+             "n_reported": len(raw["test"]["y"]), "n_certified": n_cert,
+             "n_attacked": min(p.n_attack, n_cert), "models": fitted.results,
+             "broken": sum(r["broken"] for r in fitted.results.values())}
+    return entry, fitted
+
+
+def paper_reference(dataset: str, model: str, olsa_depth: int | None) -> tuple[float, str] | None:
+    """OLSA's abstract number for a model of the stage on ``dataset`` (average radius, its
+    own embedding space), or None: the 3-layer OLSA on Yelp, the OLSA head over frozen BERT-base
+    on QQP (SST-2's 3-layer OLSA: :func:`headline_rows`)."""
+    if dataset == "yelp_polarity" and olsa_depth == OLSA_PAPER_DEPTH:
+        return (paper.OLSA_AVG_RADIUS["yelp"],
+                f"OLSA abstract ({OLSA_PAPER_DEPTH}-layer OLSA, Yelp; softmax constant "
+                f"{paper.OLSA_SOFTMAX_LIPSCHITZ:g}: unsound, ours 1/2; Shi et al.: "
+                f"{paper.OLSA_SHI_AVG_RADIUS['yelp']:g})")
+    if dataset == "qqp" and model == "frozen-olsa":
+        return (paper.OLSA_FROZEN_BERT_QQP["olsa"],
+                "OLSA abstract (OLSA head over frozen BERT-base, QQP, BERT's embedding space; "
+                f"Shi et al.: {paper.OLSA_FROZEN_BERT_QQP['shi']:g})")
+    return None
+
+
+def datasets_table(entries: Mapping[str, Mapping[str, Any]]) -> pd.DataFrame:
+    """One row per model of every dataset beyond SST-2: accuracy on the reported split, the
+    average radius (both rules; best variant), certified accuracy per eps, broken
+    certificates, OLSA's number beside where it reports one; one row per unavailable
+    dataset saying why."""
+    rows = []
+    for dataset, e in entries.items():
+        if "unavailable" in e:
+            rows.append({"dataset": dataset, "model": "-", "status": f"unavailable: "
+                                                                      f"{e['unavailable']}"})
+            continue
+        for name, r in e["models"].items():
+            match = _OLSA_NAME.match(name)
+            ref = paper_reference(dataset, name, int(match.group(1)) if match else None)
+            best = max(r["avg_radius"], key=r["avg_radius"].get)
+            rows.append({"dataset": dataset, "model": name, "status": "run",
+                         "split": e["reported_split"], "test_acc": r["test_acc"],
+                         "avg_radius": r["avg_radius"][best],
+                         "avg_radius_correct": r["avg_radius_correct"][best],
+                         **{f"cert@{k}": v for k, v in r["certified_acc"].items()},
+                         "broken": r["broken"],
+                         "paper_avg_radius": ref[0] if ref else None})
+    return pd.DataFrame(rows)
+
+
 def run(p: Params, base: BaseParams, processed_dir: str) -> Result:
-    """Train and evaluate every model of :func:`jobs`; write ``results_dir`` (models.csv,
-    curves.csv, the figures) and the metrics file; return what the notebook shows."""
+    """Train and evaluate every model of :func:`jobs` on every dataset; write ``results_dir``
+    (models.csv, curves.csv, datasets.csv, the figures) and the metrics file; return what the
+    notebook shows."""
     import matplotlib.pyplot as plt
 
     from attncert.figures import text as figs  # seaborn: not on the path of params checks
@@ -204,7 +360,7 @@ def run(p: Params, base: BaseParams, processed_dir: str) -> Result:
     torch.manual_seed(base.seed)
     dev_ = resolve_device(base.device)
     out = Path(p.results_dir)
-    sst2 = load_processed("sst2", processed_dir)
+    sst2 = load_processed(STUDY, processed_dir)
     tok = load_tokenizer(p.tokenizer)
     raw, reported = select_splits(sst2, p.max_train, p.max_eval, base.seed)
     splits = {name: encode_split(s, tok, p.max_len) for name, s in raw.items()}
@@ -218,37 +374,21 @@ def run(p: Params, base: BaseParams, processed_dir: str) -> Result:
     todo = jobs(p, tok.vocab_size)
     # the frozen head's own seeded subset of the whole training split (its cost is the
     # encoder's forward pass once per sentence, not training steps); dev and test are the same
-    frozen_raw, _ = select_splits(sst2, p.frozen_max_train, p.max_eval, base.seed)
-    frozen_tok = tok if p.frozen_source == p.tokenizer else load_tokenizer(p.frozen_source)
-    frozen_splits = {name: encode_split(s, frozen_tok, p.max_len)
-                     for name, s in frozen_raw.items()}
-
-    results, curves, audits = {}, [], {}
-    for name, job in todo.items():
-        torch.manual_seed(base.seed)
-        model = job.cls(**job.kwargs)
-        spec = {"class": job.cls.__name__, **{k: str(v) for k, v in job.kwargs.items()}}
-        data = splits
-        if job.cls is FrozenEncoderOLSA:  # the encoder runs once per sentence; the head reads
-            t0 = time.perf_counter()       # its states
-            data = {s: frozen_states(model, frozen_splits[s], dev_, p.cert_batch_size)
-                    for s in ("train", "dev", "test")}
-            print(f"{name}: encoder outputs of {len(data['train']['y'])} training, "
-                  f"{len(data['dev']['y'])} dev and {len(data['test']['y'])} {reported} "
-                  f"sentences in {time.perf_counter() - t0:.0f} s")
-        history = train_model(model, spec, data["train"], data["dev"],
-                              TextTrainConfig(**(common | job.train)), out / "ckpt" / name,
-                              dev_, base.precision)
-        train_seconds = sum(r["seconds"] for r in history)  # every epoch, resumed or not
-        metrics, curve, audits[name] = evaluate_model(name, model, job.family, data["dev"],
-                                                      data["test"], **evaluation)
-        results[name] = metrics | {"train_seconds": train_seconds, "epochs": job.train["epochs"],
-                                   "gamma": job.train["gamma"]}
-        curves += curve
-        best = max(metrics["avg_radius"], key=metrics["avg_radius"].get)
-        print(f"{name}: dev {metrics['dev_acc']:.3f} {reported} {metrics['test_acc']:.3f} avg "
-              f"radius {metrics['avg_radius'][best]:.3f} (correct only "
-              f"{metrics['avg_radius_correct'][best]:.3f}) ({train_seconds:.0f} s training)")
+    frozen_splits = None
+    if "frozen-olsa" in todo:
+        frozen_raw, _ = select_splits(sst2, p.frozen_max_train, p.max_eval, base.seed)
+        frozen_tok = _frozen_tokenizer(p, tok)
+        frozen_splits = {name: encode_split(s, frozen_tok, p.max_len)
+                         for name, s in frozen_raw.items()}
+    results, curves, audits = _fit(todo, splits, frozen_splits, out / "ckpt", common,
+                                   evaluation, reported, base, p.cert_batch_size)
+    others = {}
+    for name in p.datasets:
+        if name != STUDY:
+            others[name], fitted = _other_dataset(p, base, name, processed_dir, tok, common,
+                                                  evaluation, out / "ckpt" / name)
+            if fitted is not None:
+                audits |= {f"{name}/{m}": rows for m, rows in fitted.audits.items()}
     curves = pd.DataFrame(curves)
     table = attention_table(results)
     deep = max(p.olsa_depths)
@@ -289,10 +429,14 @@ def run(p: Params, base: BaseParams, processed_dir: str) -> Result:
         table.to_csv(tmp, index=False)
     with atomic_path(out / "curves.csv") as tmp:
         curves.to_csv(tmp, index=False)
+    other_table = datasets_table(others)
+    with atomic_path(out / "datasets.csv") as tmp:
+        other_table.to_csv(tmp, index=False)
     n_attack = min(p.n_attack, n_cert)
     write_json(p.metrics, {
         "scale": base.scale, "train_sentences": len(raw["train"]["y"]),
-        "frozen_train_sentences": len(frozen_splits["train"]["y"]), "reported_split": reported,
+        "frozen_train_sentences": len(frozen_splits["train"]["y"]) if frozen_splits else 0,
+        "reported_split": reported,
         "n_certified": n_cert, "n_attacked": n_attack, "eps": p.cert_eps,
         "depth0": depth0, "models": results,
         "attention_vs_depth0": {
@@ -302,7 +446,9 @@ def run(p: Params, base: BaseParams, processed_dir: str) -> Result:
         "paper": {"olsa_sst_avg_radius": paper.OLSA_AVG_RADIUS["sst"],
                   "olsa_softmax_lipschitz": paper.OLSA_SOFTMAX_LIPSCHITZ,
                   "shi_sst_avg_radius": paper.OLSA_SHI_AVG_RADIUS["sst"]},
-        "broken": int(table["broken"].sum()), "seconds": time.perf_counter() - t_stage})
+        "datasets": others,
+        "broken": int(table["broken"].sum()) + sum(e.get("broken", 0) for e in others.values()),
+        "seconds": time.perf_counter() - t_stage})
     audit = pd.DataFrame([{"model": name, **r} for name, rows in audits.items() for r in rows])
     return Result(
         data={"source": sst2["source"], "train": len(raw["train"]["y"]),
@@ -313,7 +459,7 @@ def run(p: Params, base: BaseParams, processed_dir: str) -> Result:
                             **j.train} for name, j in todo.items()]),
         table=table, audit=audit, audits=audits, versus=versus, verdict=verdict,
         paper_vs_ours=paper_vs_ours, ablation=ablation, figures=figures,
-        seconds=time.perf_counter() - t_stage)
+        datasets=others, datasets_table=other_table, seconds=time.perf_counter() - t_stage)
 
 
 def _versus_depth0(olsa_rows: pd.DataFrame, depth0: str, reported: str
@@ -403,6 +549,19 @@ def headline_rows(m: Mapping, item: Mapping) -> list[dict]:
                              f"{name} certification seconds per batch of "
                              f"{r.get('cert_batch_size', '?')}", r["cert_seconds_per_batch"],
                              "seconds"))
+    for dataset, e in m.get("datasets", {}).items():
+        for name, r in e.get("models", {}).items():  # none when the dataset is unavailable
+            base = f"datasets/{dataset}/models/{name}"
+            where = f"{dataset} {name}"
+            rows.append(row(f"{base}/test_acc", f"{where} {e['reported_split']} accuracy",
+                             r["test_acc"], "fraction", brief=True))
+            match = _OLSA_NAME.match(name)
+            ref = paper_reference(dataset, name, int(match.group(1)) if match else None)
+            radii = r.get("avg_radius", {})
+            for variant, radius in radii.items():
+                rows.append(row(f"{base}/avg_radius/{variant}",
+                                 f"{where} average certified radius ({variant}; 0 if wrong)",
+                                 radius, "value", *(ref or (None, None)), brief=True))
     for key, label in (("n_certified", f"certified {split} sentences"),
                        ("n_attacked", "attacked sentences (PGD audit)"),
                        ("broken", "broken certificates")):

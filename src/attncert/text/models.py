@@ -55,7 +55,7 @@ from .olsa import (
     normalize_tokens,
     sqrt_mean_pool,
 )
-from .tokenize import PACKAGE_SOURCE, load_encoder
+from .tokenize import PACKAGE_SOURCE, load_encoder, segments
 
 
 def _full_mask(x: Tensor) -> Tensor:
@@ -171,13 +171,15 @@ class FrozenEncoderOLSA(_OLSAStack):
                  depth: int = 1, max_len: int = 32, token_norm: float = 2.0,
                  alpha1: float = 4.0, group_size: int = 2, iters: int = 1,
                  residual: str = "averaged", residual_init: float = 0.5,
-                 encoder: nn.Module | None = None):
+                 encoder: nn.Module | None = None, sep_token_id: int | None = None):
         encoder = load_encoder(source) if encoder is None else encoder
         super().__init__(encoder.config.hidden_size, depth, heads, num_classes, token_norm,
                          "olsa", max_len, alpha1, group_size, iters, residual, residual_init)
         self.token_norm = float(token_norm)
         self.embed_dim = encoder.config.hidden_size
         self.encoder = encoder.requires_grad_(False).eval()
+        # sentence pairs: BERT's segment ids from the [SEP] positions (None: all segment 0)
+        self.sep_token_id = sep_token_id
 
     def train(self, mode: bool = True) -> FrozenEncoderOLSA:
         super().train(mode)
@@ -191,7 +193,10 @@ class FrozenEncoderOLSA(_OLSAStack):
         :func:`attncert.text.evaluate.frozen_states`) and returned unchanged."""
         if ids.is_floating_point():
             return ids
-        states = self.encoder(input_ids=ids, attention_mask=mask.long()).last_hidden_state
+        types = (None if self.sep_token_id is None
+                 else segments(ids, mask, self.sep_token_id))
+        states = self.encoder(input_ids=ids, attention_mask=mask.long(),
+                              token_type_ids=types).last_hidden_state
         return normalize_tokens(states, self.token_norm)
 
 

@@ -79,15 +79,28 @@ def load_encoder(source: str = PACKAGE_SOURCE):
     return _from_pretrained(AutoModel.from_pretrained, source, "encoder").eval()
 
 
-def encode(sentences: Sequence[str], tokenizer, max_len: int = 32) -> tuple[Tensor, Tensor]:
+def encode(sentences: Sequence[str], tokenizer, max_len: int = 32,
+           pairs: Sequence[str] | None = None) -> tuple[Tensor, Tensor]:
     """WordPiece ids ``(N, max_len)`` long and the padding mask ``(N, max_len)`` bool.
 
-    [CLS] sentence [SEP], truncated to ``max_len`` (the [SEP] kept), padded with [PAD] (id 0
+    [CLS] sentence [SEP] (with ``pairs``: [CLS] sentence [SEP] pair [SEP], the longer of the
+    two truncated first), truncated to ``max_len`` (the [SEP]s kept), padded with [PAD] (id 0
     for BERT vocabularies); mask is True on real tokens.
     """
-    enc = tokenizer(list(sentences), padding="max_length", truncation=True, max_length=max_len,
-                    return_tensors="pt")
+    second = None if pairs is None else list(pairs)
+    if second is not None and len(second) != len(sentences):
+        raise ValueError(f"{len(sentences)} sentences but {len(second)} pairs")
+    enc = tokenizer(list(sentences), second, padding="max_length", truncation="longest_first",
+                    max_length=max_len, return_tensors="pt")
     return enc["input_ids"].to(torch.long), enc["attention_mask"].to(torch.bool)
+
+
+def segments(ids: Tensor, mask: Tensor, sep_token_id: int) -> Tensor:
+    """BERT's token type ids for :func:`encode`'s rows: 0 up to and including the first
+    [SEP], 1 after it (a pair's second text and its [SEP]), 0 on padding; all 0 for single
+    sentences."""
+    sep = ids == sep_token_id
+    return (((sep.cumsum(1) - sep.long()) > 0) & mask).long()
 
 
 def decode(ids: Tensor, mask: Tensor, tokenizer) -> list[str]:

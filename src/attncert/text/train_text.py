@@ -38,6 +38,7 @@ import torch
 from torch import Tensor, nn
 from torch.nn import functional as F
 
+from attncert import rng
 from attncert.loop import Steps
 from attncert.params import dataclass_from_mapping
 from attncert.precision import require_full_precision, resolve_precision
@@ -101,36 +102,56 @@ class TextTrainConfig:
 
 
 def encode_split(split: Mapping[str, Any], tokenizer, max_len: int = 32) -> dict[str, Tensor]:
-    """A processed SST-2 split {"text": [str], "y": (N,)} -> {"ids", "mask", "y"}."""
-    ids, mask = encode(split["text"], tokenizer, max_len)
+    """A processed text split {"text": [str], "y": (N,)} (sentence pairs: and "text_pair")
+    -> {"ids", "mask", "y"} (:func:`attncert.text.tokenize.encode`)."""
+    ids, mask = encode(split["text"], tokenizer, max_len, split.get("text_pair"))
     return {"ids": ids, "mask": mask, "y": torch.as_tensor(split["y"], dtype=torch.long)}
 
 
-def select_splits(sst2: Mapping[str, Any], max_train: int, max_eval: int, seed: int
+def select_splits(dataset: Mapping[str, Any], max_train: int, max_eval: int, seed: int
                   ) -> tuple[dict[str, dict[str, Any]], str]:
-    """({"train", "dev", "test": {"text", "y"}}, the name of the reported split).
+    """({"train", "dev", "test": {"text", ["text_pair",] "y"}}, the name of the reported
+    split) of a processed text dataset (SST-2, Yelp polarity, QQP).
 
     Seeded subsets (:func:`attncert.data.subset_indices`; 0 = all). "test" is the split the
-    stage reports on: the labelled test split when the processed SST-2 has one, otherwise
-    (GLUE's download route, whose public test split has no labels) the dev split, which then
-    serves both model selection and the report; the second value says which.
+    stage reports on: the labelled test split when the dataset has one, otherwise (GLUE's
+    SST-2 download and QQP, whose public test splits have no labels) the dev split, which then
+    serves both model selection and the report; the second value says which. A dataset
+    without a dev split (Yelp polarity) gets one held out of its training split: a seeded
+    draw as large as the reported split (at most ``max_eval``, at most a tenth of training),
+    disjoint from the training sentences.
     """
     from attncert.data import subset_indices
 
-    for split in ("train", "dev"):
-        if split not in sst2:
-            raise ValueError(f"the processed SST-2 has no labelled {split!r} split (splits: "
-                             f"{sorted(k for k in ('train', 'dev', 'test') if k in sst2)})")
-    reported = "test" if "test" in sst2 else "dev"
+    have = sorted(k for k in ("train", "dev", "test") if k in dataset)
+    name = dataset.get("name", "text dataset")
+    if "train" not in dataset or not {"dev", "test"} & set(have):
+        raise ValueError(f"the processed {name} needs a labelled train split and a labelled "
+                         f"dev or test split (splits: {have})")
+    reported = "test" if "test" in dataset else "dev"
 
-    def take(split: str, k: int) -> dict[str, Any]:
-        idx = subset_indices(len(sst2[split]["y"]), k, seed)
-        return {"text": [sst2[split]["text"][i] for i in idx.tolist()],
-                "y": sst2[split]["y"][idx]}
+    def take(split: str, idx: torch.Tensor) -> dict[str, Any]:
+        rows = dataset[split]
+        out = {key: [rows[key][i] for i in idx.tolist()] for key in ("text", "text_pair")
+               if key in rows}
+        return out | {"y": rows["y"][idx]}
 
-    dev = take("dev", max_eval)
-    return {"train": take("train", max_train), "dev": dev,
-            "test": take("test", max_eval) if reported == "test" else dev}, reported
+    n_train = len(dataset["train"]["y"])
+    pool = torch.arange(n_train)
+    if "dev" in dataset:
+        dev = take("dev", subset_indices(len(dataset["dev"]["y"]), max_eval, seed))
+    else:
+        n_dev = len(dataset["test"]["y"]) if max_eval == 0 else min(
+            max_eval, len(dataset["test"]["y"]))
+        n_dev = max(1, min(n_dev, n_train // 10))
+        # host indices into host data: a CPU generator by design
+        perm = torch.randperm(n_train, generator=rng.generator(seed, "cpu"))
+        dev = take("train", perm[:n_dev].sort().values)
+        pool = perm[n_dev:].sort().values
+    train = take("train", pool[subset_indices(len(pool), max_train, seed)])
+    test = (take("test", subset_indices(len(dataset["test"]["y"]), max_eval, seed))
+            if reported == "test" else dev)
+    return {"train": train, "dev": dev, "test": test}, reported
 
 
 def train_model(model: nn.Module, spec: Mapping[str, Any], train: Mapping[str, Tensor],
