@@ -57,9 +57,20 @@ def test_the_section_takes_the_library_s_choices():
         params.parse_section("certvit", {**raw, "cert_eps": [0.1]}, certvit_stage.Params)
     for key, bad in (("norm", "layernorm"), ("finetune_scope", "all"),
                      ("finetune_margin", "radius"), ("radius_quantile", 1.0),
-                     ("dr_relaxation", 2.0), ("heads", 3)):
+                     ("dr_relaxation", 2.0), ("heads", 3), ("table1_heads", 3),
+                     ("table1_datasets", ["imagenet"])):
         with pytest.raises(params.ParamsError, match=f"certvit.{key}"):
             params.parse_section("certvit", {**raw, key: bad}, certvit_stage.Params)
+    # Table 1's datasets need their CertViT eps on the grid; the grid must split the image
+    with pytest.raises(params.ParamsError, match="0.1412.*cifar100"):
+        params.parse_section("certvit", {**raw, "cert_eps": [1.58], "table1_datasets":
+                                         ["mnist", "cifar100"]}, certvit_stage.Params)
+    p = params.parse_section("certvit", raw, certvit_stage.Params)
+    assert p.table1("cifar10", 32).patch == 8 and p.table1("mnist", 28).patch == 7
+    with pytest.raises(params.ParamsError, match="table1_grid"):
+        p.table1("svhn", 30)
+    assert (certvit_stage.table1_eps("cifar100") == certvit_stage.table1_eps("cifar10")
+            == 0.1412)
 
 
 def test_pipeline_source_is_a_seeded_standard_vit():
@@ -301,6 +312,8 @@ def test_the_stage_runs_every_mode_and_writes_its_files(tmp_path):
         adapt_epochs=1, dr_iterations=1, dr_projection_steps=2, dr_max_pairs=64,
         dr_batch_size=32, dr_images=16, finetune_epochs=1, spectral_epochs=1, n_test=0,
         n_attack=5, eval_batch_size=64, cert_eps=[0.1, 1.58], attack_steps=2, attack_restarts=1,
+        table1_datasets=["mnist"], table1_grid=2, table1_dim=8, table1_depth=1, table1_heads=2,
+        table1_mlp_hidden=8, table1_pretrain_epochs=1, table1_batch_size=16, table1_lr=1e-3,
         work_dir=str(tmp_path / "work"), metrics=str(tmp_path / "metrics.json"))
     res = certvit_stage.run(p, base, torch.device("cpu"))
     work = tmp_path / "work"
@@ -323,6 +336,21 @@ def test_the_stage_runs_every_mode_and_writes_its_files(tmp_path):
     rows = {r["key"]: r for r in certvit_stage.headline_rows(m, {})}
     assert rows["certified_acc/1.58"]["paper"] == CERTVIT_MNIST["certified"] / 100
     assert "first 5 test images" in rows["pgd_acc/1.58"]["label"]
+    # CertViT Table 1: the same steps on a small ViT trained here, in its own folder
+    sub = res.table1["mnist"]
+    assert sub.pretrained.config.dim == 8 and sub.pretrained.config.patch == 4
+    t1 = work / "table1" / "mnist"
+    assert (t1 / "ckpt" / "spectral_finetune").is_dir() and (t1 / "samples.csv").is_file()
+    assert json.loads((t1 / "metrics.json").read_text())["table1"] == {}
+    entry = m["table1"]["mnist"]
+    assert entry["source"] == stage.PIPELINE and set(entry["modes"]) == set(res.modes)
+    assert entry["modes"]["spectral"]["lipschitz_pairwise"] == pytest.approx(
+        sub.bounds["spectral"]["final"].pairwise)
+    frame = certvit_stage.table1_frame(res)
+    assert list(frame["model"]) == [*res.modes, "linear baseline (pixels)"]
+    assert set(frame["eps"]) == {1.58} and frame["paper clean (%)"].iloc[0] == 97.8
+    assert rows["table1/mnist/modes/spectral/certified_acc/1.58"]["paper"] == 0.545
+    assert m["total_seconds"] > entry["total_seconds"] > 0
 
 
 def test_the_imagenet_route_certifies_a_tiny_hf_vit_in_every_mode(tmp_path):

@@ -62,7 +62,8 @@ COUNTS: dict[str, dict] = {
     "certvit": {"pretrain_epochs": 1, "batch_size": 128, "warmup_steps": 1, "adapt_epochs": 1,
                 "dr_iterations": 1, "dr_projection_steps": 2, "dr_batch_size": 32,
                 "dr_max_pairs": 64, "dr_images": 4, "eval_batch_size": 8, "finetune_epochs": 1,
-                "n_test": 2, "cert_eps": [1.58], "attack_steps": 2, "attack_restarts": 1},
+                "n_test": 2, "n_attack": 2, "attack_steps": 2, "attack_restarts": 1,
+                "table1_pretrain_epochs": 1, "table1_batch_size": 128},
     "crown": {"depths": [3], "max_train": 32, "epochs": 1, "batch_size": 16, "warmup_steps": 1,
               "n_test": 1, "cert_eps": [0.02], "alpha_iterations": 1, "time_limit": 5.0,
               "attack_steps": 2, "attack_restarts": 1},
@@ -296,6 +297,11 @@ def test_certvit(dry):
     _repro(dry, "certvit")
     m = _metrics(dry, "reports/metrics/certvit.json")
     assert m["source"].endswith("hf-vit") and m["broken"] == 0
+    # CertViT Table 1: the paper's small ViTs (6 layers, d 128) on every dataset it lists
+    assert list(m["table1"]) == ["mnist", "cifar10", "cifar100"]
+    for entry in m["table1"].values():
+        assert entry["source"] == "pipeline" and entry["n_test"] == 2
+        assert all(mm["broken"] == 0 for mm in entry["modes"].values())
 
 
 def test_crown(dry):

@@ -174,6 +174,7 @@ class Result:
     imagenet: dict | str = ""  # mode -> the smoke path's numbers, or why it was skipped
     imagenet_model: str = ""
     metrics: dict | None = None
+    table1: dict[str, Result] = field(default_factory=dict)  # CertViT Table 1: dataset -> run
 
     @property
     def headline(self) -> str:

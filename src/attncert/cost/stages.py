@@ -248,9 +248,22 @@ def _encoder_forward(hidden: int, layers: int, heads: int, inter: int, max_len: 
 
 
 def certvit_work(p, n_train_max: int, n_test_max: int) -> list[Work]:
+    """The certvit stage: its own run, then one run per CertViT Table 1 dataset (a small ViT
+    trained here: ``Params.table1``)."""
+    cv = p["certvit"]
+    out = _certvit_run_work(cv, n_train_max, n_test_max, "")
+    for d in cv.table1_datasets:
+        out += _certvit_run_work(cv.table1(d, DATASETS[d][1]), n_train_max, n_test_max,
+                                 f"Table 1 {d}: ")
+    return out
+
+
+def _certvit_run_work(cv, n_train_max: int, n_test_max: int, label: str) -> list[Work]:
+    """One run of the certvit steps: pre-training (or fine-tuning the loaded ViT), then per
+    mode the adaptation fine-tune, Douglas-Rachford, the final fine-tune (``spectral``: its
+    projected fine-tune), the certificate and the PGD audit."""
     from attncert.certvit import stage
 
-    cv = p["certvit"]
     _, size, _, n_tr, n_te = DATASETS[cv.dataset]
     n_tr, n_te = capped(n_train_max, n_tr), capped(n_test_max, n_te)
     if cv.source == stage.PIPELINE:
@@ -268,29 +281,29 @@ def certvit_work(p, n_train_max: int, n_test_max: int) -> list[Work]:
         raise ValueError(f"certvit.source {cv.source!r}: its shape is unknown here; add it to "
                          "attncert.cost.HF_VITS")
     c = vit_counts(cfg)
-    out = []
-    for phase, epochs in (("pre-train / fine-tune", cv.pretrain_epochs),
-                          ("adaptation fine-tune", cv.adapt_epochs),
-                          ("final fine-tune", cv.finetune_epochs)):
-        out += training_work("certvit", phase, c, n_tr, n_te, epochs, cv.batch_size,
-                             cv.eval_batch_size)
+    out = training_work("certvit", f"{label}pre-train / fine-tune", c, n_tr, n_te,
+                        cv.pretrain_epochs, cv.batch_size, cv.eval_batch_size)
     # Douglas-Rachford: per linear map, dr_iterations x dr_projection_steps passes over its
     # recorded pairs (a matrix product each), plus recording the pairs (forwards)
     maps = cfg.depth * 6 + 2
     per_pass = 2 * 2 * cv.dr_max_pairs * cfg.dim * max(cfg.mlp_hidden, cfg.dim)
     passes = cv.dr_iterations * cv.dr_projection_steps * math.ceil(cv.dr_max_pairs
                                                                    / cv.dr_batch_size)
-    out.append(Work("certvit", "Douglas-Rachford (from its matrix sizes)", "fp32",
-                    maps * passes * per_pass,
-                    maps * passes * 20))
     # every mode's final model is certified on n_test images and attacked on n_attack
     n = n_te if cv.n_test == 0 else min(cv.n_test, n_te)
     f64 = vit_forward64(cfg)
     for mode in cv.constrain:
-        out.append(Work("certvit", f"{mode}: global certificate (float64 forwards)", "fp64",
-                        n_steps(n, cv.eval_batch_size) * f64.flops(cv.eval_batch_size),
+        final = cv.finetune_epochs if mode == "paper" else cv.spectral_epochs
+        for phase, epochs in (("adaptation fine-tune", cv.adapt_epochs),
+                              ("final fine-tune", final)):
+            out += training_work("certvit", f"{label}{mode}: {phase}", c, n_tr, n_te, epochs,
+                                 cv.batch_size, cv.eval_batch_size)
+        out.append(Work("certvit", f"{label}{mode}: Douglas-Rachford (from its matrix sizes)",
+                        "fp32", maps * passes * per_pass, maps * passes * 20))
+        out.append(Work("certvit", f"{label}{mode}: global certificate (float64 forwards)",
+                        "fp64", n_steps(n, cv.eval_batch_size) * f64.flops(cv.eval_batch_size),
                         n_steps(n, cv.eval_batch_size) * f64.kernels))
-        out.append(audit_work("certvit", f"{mode}: PGD audit", c["attack"],
+        out.append(audit_work("certvit", f"{label}{mode}: PGD audit", c["attack"],
                               min(cv.n_attack, n), len(cv.cert_eps), cv.attack_steps,
                               cv.attack_restarts, cv.eval_batch_size))
     return out

@@ -52,6 +52,14 @@ MARGINS = ("none", "lmt")
 PAPER_EPS = CERTVIT_MNIST["eps"]
 
 
+def table1_eps(dataset: str) -> float:
+    """The eps CertViT's Table 1 reports ``dataset`` at: 1.58 on MNIST, 36/255 on CIFAR-10
+    and CIFAR-100 (its normalised input space; ours is pixel space, see the report); MNIST's
+    for any other dataset."""
+    ref = certvit_table1("cifar10" if dataset == "cifar100" else dataset)
+    return ref[0]["eps"] if ref else PAPER_EPS
+
+
 @dataclass(frozen=True)
 class Params:
     """params.yaml ``certvit``: a pre-trained standard ViT, adapted (L2 attention, Lipschitz
@@ -114,6 +122,20 @@ class Params:
     cert_eps: list[float] = param(positive, unique)
     attack_steps: int = param(positive)
     attack_restarts: int = param(positive)
+    table1_datasets: list[str] = param(one_of(*IMAGE_DATASETS), unique,
+                                       doc="CertViT Table 1: per dataset a small standard ViT "
+                                           "trained here (the table1_* shape and schedule), "
+                                           "then every step above (empty: none)")
+    table1_grid: int = param(positive, doc="Table 1 ViTs: patches per image side (patch = "
+                                           "image size / grid)")
+    table1_dim: int = param(positive)
+    table1_depth: int = param(positive)
+    table1_heads: int = param(positive)
+    table1_mlp_hidden: int = param(positive)
+    table1_pretrain_epochs: int = param(positive, doc="Table 1 ViTs: training from scratch")
+    table1_batch_size: int = param(positive)
+    table1_lr: float = param(positive, doc="Table 1 ViTs: training and the adaptation "
+                                           "fine-tune")
     imagenet_smoke: bool = param(doc="a tiny HF ViT through the same loader on the ImageNet "
                                      "sample")
     work_dir: str = param()
@@ -131,6 +153,27 @@ class Params:
         if PAPER_EPS not in self.cert_eps:
             raise ParamsError(f"certvit.cert_eps: must include {PAPER_EPS} (CertViT's MNIST "
                               "eps, compared in the report)")
+        if self.table1_dim % self.table1_heads:
+            raise ParamsError(f"certvit.table1_heads: table1_dim = {self.table1_dim} is not "
+                              f"divisible by table1_heads = {self.table1_heads}")
+        for d in self.table1_datasets:
+            if table1_eps(d) not in self.cert_eps:
+                raise ParamsError(f"certvit.cert_eps: must include {table1_eps(d)} (CertViT's "
+                                  f"eps for {d}) while table1_datasets lists {d!r}")
+
+    def table1(self, dataset: str, image_size: int) -> Params:
+        """The section for the Table 1 run on ``dataset`` (images of ``image_size`` pixels):
+        a small ViT trained here, its own folder and metrics file, no further runs."""
+        if image_size % self.table1_grid:
+            raise ParamsError(f"certvit.table1_grid: {dataset}'s {image_size}-pixel images do "
+                              f"not split into {self.table1_grid} patches per side")
+        work = Path(self.work_dir) / "table1" / dataset
+        return dataclasses.replace(
+            self, source=cv.PIPELINE, dataset=dataset, patch=image_size // self.table1_grid,
+            dim=self.table1_dim, depth=self.table1_depth, heads=self.table1_heads,
+            mlp_hidden=self.table1_mlp_hidden, pretrain_epochs=self.table1_pretrain_epochs,
+            batch_size=self.table1_batch_size, lr=self.table1_lr, table1_datasets=[],
+            imagenet_smoke=False, work_dir=str(work), metrics=str(work / "metrics.json"))
 
 
 @dataclass(frozen=True)
@@ -181,10 +224,12 @@ def _train(p: Params, base: BaseParams, r: Result, model, cfg: TrainConfig, fold
     return status
 
 
-def run(p: Params, base: BaseParams, device: torch.device) -> Result:
+def run(p: Params, base: BaseParams, device: torch.device, table1_run: bool = False) -> Result:
     """The stage: every step of every mode, the certificates and their audit (raises
     :class:`attncert.soundness.UnsoundCertificateError` on a broken one), the ImageNet smoke
-    path; writes ``work_dir``'s dr.csv, lipschitz.csv and samples.csv and the metrics file."""
+    path, then the same for CertViT Table 1's small ViTs (``Result.table1``; each in
+    ``work_dir/table1/<dataset>``); writes ``work_dir``'s dr.csv, lipschitz.csv and
+    samples.csv and the metrics file. ``table1_run``: this is one of those runs."""
     torch.manual_seed(base.seed)
     data = load_processed(p.dataset, p.processed_dir)
     architecture = dict(patch=p.patch, dim=p.dim, depth=p.depth, heads=p.heads,
@@ -231,6 +276,12 @@ def run(p: Params, base: BaseParams, device: torch.device) -> Result:
     seconds, linear_seconds = _certify(p, base, r, cfg, final)
     # 6. the ImageNet smoke path
     _imagenet_smoke(p, base, r, cfg, seconds)
+    # 7. CertViT Table 1: the same steps on a small ViT trained here, per dataset
+    if not table1_run:
+        (work / "table1").mkdir(parents=True, exist_ok=True)  # a DVC output, even when empty
+    r.table1 = {d: run(p.table1(d, int(load_processed(d, p.processed_dir)["train"]["x"]
+                                       .shape[-1])), base, device, table1_run=True)
+                for d in p.table1_datasets}
     r.metrics = _metrics(p, base, r, seconds, pre_seconds, linear_seconds)
     write_json(p.metrics, r.metrics)
     return r
@@ -341,11 +392,48 @@ def _metrics(p: Params, base: BaseParams, r: Result, seconds: Mapping[str, Mappi
     out = {"source": p.source, "dataset": p.dataset, "scale": base.scale,
            "headline_mode": r.headline, **per_mode[r.headline], "modes": per_mode,
            "linear_baseline": baseline_metrics(r.baseline, linear_seconds),
-           "imagenet_smoke": r.imagenet}
+           "imagenet_smoke": r.imagenet,
+           "table1": {d: table1_entry(sub.metrics) for d, sub in r.table1.items()}}
     # the pre-training is shared by the modes: counted once
     out["total_seconds"] = sum(v["total_seconds"] for v in per_mode.values()) - (
-        (len(r.modes) - 1) * pre_seconds) + linear_seconds
+        (len(r.modes) - 1) * pre_seconds) + linear_seconds + sum(
+        sub.metrics["total_seconds"] for sub in r.table1.values())
     return out
+
+
+def table1_entry(m: Mapping[str, Any]) -> dict[str, Any]:
+    """A Table 1 run's part of the stage's metrics: its setting, and per mode (and the linear
+    baseline) clean, certified and PGD accuracy by eps and the certificate's constant."""
+    keep = ("test_clean_acc", "certified_acc", "pgd_acc", "attacked_certified_acc",
+            "n_attacked", "broken", "total_seconds")
+    return {"source": m["source"], "dataset": m["dataset"], "n_test": m["n_test"],
+            "modes": {mode: {k: mm[k] for k in keep if k in mm}
+                      | {"lipschitz_pairwise": mm["lipschitz_pairwise"]["final"]}
+                      for mode, mm in m["modes"].items()},
+            "linear_baseline": m["linear_baseline"], "total_seconds": m["total_seconds"]}
+
+
+def table1_frame(r: Result) -> pd.DataFrame:
+    """One row per Table 1 dataset and mode (and the linear baseline): clean, PGD and
+    certified accuracy (%) at the dataset's CertViT eps (:func:`table1_eps`), the
+    certificate's constant, and CertViT's Table 1 numbers beside where it reports the
+    dataset."""
+    rows = []
+    for d, sub in r.table1.items():
+        ref, name = certvit_table1(d) or ({}, None)
+        e = table1_eps(d)
+        for label, rep in sub.with_baseline().items():
+            bound = (sub.bounds[label]["final"].pairwise if label in sub.bounds
+                     else rep.get("lipschitz"))
+            rows.append({"dataset": d, "model": label, "eps": e,
+                         "clean (%)": 100 * rep["clean_acc"],
+                         "PGD (%)": 100 * rep["pgd_acc"][e],
+                         "certified (%)": 100 * rep["certified_acc"][e],
+                         "constant": bound, "paper": name,
+                         "paper clean (%)": ref.get("clean"), "paper PGD (%)": ref.get("pgd"),
+                         "paper certified (%)": ref.get("certified"),
+                         "paper constant": ref.get("lipschitz")})
+    return pd.DataFrame(rows)
 
 
 def _at_paper_eps(dataset: str | None, eps: str) -> bool:
@@ -404,6 +492,24 @@ def headline_rows(m: Mapping, item: Mapping) -> list[dict]:
                             "fraction", brief=_at_paper_eps(dataset, eps)))
         rows.append(row("linear_baseline/broken", "linear baseline (pixels): broken "
                         "certificates", base.get("broken"), "count"))
+    for d, t in m.get("table1", {}).items():  # CertViT Table 1: a small ViT trained here
+        ref, name = certvit_table1(d) or ({}, None)
+        e = str(table1_eps(d))
+        for mode, mm in t["modes"].items():
+            where = f"Table 1 {d}, {mode} mode"
+            rows.append(row(f"table1/{d}/modes/{mode}/test_clean_acc", f"{where}: clean accuracy",
+                            mm.get("test_clean_acc"), "fraction",
+                            ref["clean"] / 100 if ref else None, name, brief=True))
+            for what, label, key in (("certified_acc", "certified accuracy", "certified"),
+                                     ("pgd_acc", "L2 PGD accuracy", "pgd")):
+                if e in mm.get(what, {}):
+                    rows.append(row(f"table1/{d}/modes/{mode}/{what}/{e}",
+                                    f"{where}: {label} at eps {e}", mm[what][e], "fraction",
+                                    ref[key] / 100 if ref else None, name, brief=True))
+            rows.append(row(f"table1/{d}/modes/{mode}/lipschitz_pairwise",
+                            f"{where}: Lipschitz bound of the final model",
+                            mm["lipschitz_pairwise"], "value",
+                            ref.get("lipschitz") if ref else None, name, brief=True))
     units = {"broken": "count", "n_test": "count", "n_attacked": "count",
              "median_radius": "value",
              "total_seconds": "seconds"}
