@@ -303,6 +303,7 @@ def test_the_stage_runs_every_mode_and_writes_its_files(tmp_path):
     processed.mkdir()
     torch.save(dataset(n=48, classes=3), processed / "mnist.pt")
     torch.save({"skipped": "no route"}, processed / "imagenet_sample.pt")
+    torch.save({"skipped": "no images"}, processed / "imagenet_val.pt")
     raw = params.read_yaml(params.PARAMS_FILE)
     base = params.parse_section("base", {**raw["base"], "device": "cpu"}, params.BaseParams)
     p = dataclasses.replace(
@@ -327,7 +328,7 @@ def test_the_stage_runs_every_mode_and_writes_its_files(tmp_path):
     assert m["n_test"] == n_test > 5 and m["n_attacked"] == m["linear_baseline"]["n_attacked"] == 5
     assert m["headline_mode"] == res.headline == "spectral" and set(m["modes"]) == set(res.modes)
     assert m["broken"] == 0 and m["linear_baseline"]["broken"] == 0
-    assert m["imagenet_smoke"] == "skipped: no route"
+    assert m["imagenet"] == "skipped: no images; no route"
     assert m["lipschitz_pairwise"]["final"] == pytest.approx(
         res.bounds["spectral"]["final"].pairwise)
     assert list(res.logs["paper"].frame()["step"]) == [
@@ -354,19 +355,30 @@ def test_the_stage_runs_every_mode_and_writes_its_files(tmp_path):
 
 
 def test_the_imagenet_route_certifies_a_tiny_hf_vit_in_every_mode(tmp_path):
-    from attncert.certvit import smoke
+    """CertViT Table 2's route with the tiny random HF ViT: calibration and certification on
+    disjoint images, the loaded model's accuracy beside, audited; a saved folder loads the
+    same way as a hub id."""
+    from attncert.certvit import imagenet
     from attncert.certvit.spectral import Budgets
 
     g = torch.Generator().manual_seed(0)
-    sample = {"test": {"x": torch.randint(0, 256, (2, 3, 224, 224), generator=g,
-                                          dtype=torch.uint8), "y": torch.tensor([1, 2])}}
+    sample = {"test": {"x": torch.randint(0, 256, (5, 3, 224, 224), generator=g,
+                                          dtype=torch.uint8), "y": torch.tensor([1, 2, 0, 3, 4])}}
     budgets = Budgets(embed=0.9, q=0.4, v=0.5, o=0.8, fc1=0.9, fc2=0.7, gain=1.0)
     dr = DRConfig(threshold=0.5, eta=0.2, iterations=3, projection_steps=2, max_pairs=64,
                   batch_size=32)
-    out, what = smoke.route(sample, tmp_path / "hf", stage.MODES, "project", 0.1, dr, budgets,
-                            [0.1], 2, 1, 8, 0, "cpu")
+    args = (stage.MODES, "project", 0.1, dr, budgets)
+    out, what = imagenet.table2(sample, imagenet.TINY, tmp_path / "hf", *args, 10, [0.1], 2, 1,
+                                8, 0, "cpu", n_attack=2)
     assert set(out) == set(stage.MODES) and str(tmp_path / "hf") in what
     for m in stage.MODES:
-        assert out[m]["images"] == 2 and out[m]["broken"] == 0
-        assert set(out[m]["certified_acc"]) == {"0.1"}
+        assert (out[m]["images"], out[m]["calibration_images"], out[m]["n_attacked"]) == (3, 2, 2)
+        assert out[m]["broken"] == 0 and set(out[m]["certified_acc"]) == {"0.1"}
         assert out[m]["lipschitz_constrained"] > 0
+        assert 0 <= out[m]["pretrained_clean_acc"] <= 1
+    again, _ = imagenet.table2(sample, str(tmp_path / "hf"), tmp_path / "unused", *args, 1,
+                               [0.1], 2, 1, 8, 0, "cpu")
+    assert again["paper"]["images"] == 4 and again["paper"]["calibration_images"] == 1
+    with pytest.raises(ValueError, match="at least 2 images"):
+        imagenet.table2({"test": {"x": sample["test"]["x"][:1], "y": torch.tensor([1])}},
+                        imagenet.TINY, tmp_path / "hf", *args, 1, [0.1], 2, 1, 8, 0, "cpu")

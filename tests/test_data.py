@@ -110,6 +110,38 @@ def test_missing_samples_are_explained(tmp_path):
         data.load_sample("cifar10_sample", None, tmp_path)
 
 
+def test_imagenet_validation_images_the_user_provides(tmp_path):
+    """The ImageFolder layout of the 1000 WordNet ids under <raw_dir>/ImageNet/val: labels
+    are the sorted ids' positions, images get the evaluation crop, a seeded subset is kept;
+    a wrong layout or none is explained (and the data stage records it as skipped)."""
+    from torchvision.io import write_png
+
+    raw = tmp_path / "raw"
+    val = raw / "ImageNet" / "val"
+    wnids = [f"n{1440764 + 7 * k:08d}" for k in range(1000)]
+    for w in wnids:
+        (val / w).mkdir(parents=True)
+    g = torch.Generator().manual_seed(0)
+    for k in (0, 3, 999):
+        img = torch.randint(0, 256, (3, 300, 260), generator=g, dtype=torch.uint8)
+        write_png(img, str(val / wnids[k] / f"ILSVRC2012_val_{k:08d}.png"))
+    got = data.load_imagenet_val(None, raw, 0, 0)
+    assert got["test"]["x"].shape == (3, 3, 224, 224) and got["test"]["x"].dtype == torch.uint8
+    assert got["test"]["y"].tolist() == [0, 3, 999] and len(got["classes"]) == 1000
+    assert got["source"] == f"user-provided {val} (3 of 3 images)"
+    sub = data.load_imagenet_val(None, raw, 2, 0)
+    assert len(sub["test"]["y"]) == 2 and set(sub["test"]["y"].tolist()) <= {0, 3, 999}
+    rows = data.prepare([], ["imagenet_val"], "", str(raw), str(tmp_path / "out"),
+                        download=False, max_train=0, max_test=0, subset_seed=0,
+                        imagenet_val_images=2, progress=False)
+    assert {r["dataset"]: r for r in rows}["imagenet_val"]["n_test"] == 2
+    (val / wnids[5]).rename(val / "extra")
+    with pytest.raises(data.DataUnavailable, match="expected the 1000 WordNet ids"):
+        data.load_imagenet_val(None, raw, 0, 0)
+    with pytest.raises(data.DataUnavailable, match="no public download route"):
+        data.load_imagenet_val(None, tmp_path / "elsewhere", 0, 0)
+
+
 def test_samples_without_a_route_are_skipped_and_recorded(mirror, tmp_path, monkeypatch):
     """A mirror with MNIST but neither sample: the stage writes MNIST and a record of each
     sample's skip; a stage asking for the images gets the reason, not a missing file."""
@@ -122,7 +154,8 @@ def test_samples_without_a_route_are_skipped_and_recorded(mirror, tmp_path, monk
                         str(tmp_path / "raw"), str(out), download=False, max_train=10,
                         max_test=10, subset_seed=0, progress=False)
     by_name = {r["dataset"]: r for r in rows}
-    assert set(by_name) == {"mnist", "cifar10_sample", "imagenet_sample"}
+    assert set(by_name) == {"mnist", "cifar10_sample", "imagenet_sample", "imagenet_val"}
+    assert by_name["imagenet_val"]["skipped"] == "not listed in data.samples"
     assert "skipped" not in by_name["mnist"] and by_name["mnist"]["n_train"] == 10
     assert "no public download route" in by_name["imagenet_sample"]["skipped"]
     assert "add cifar10 to data.datasets" in by_name["cifar10_sample"]["skipped"]

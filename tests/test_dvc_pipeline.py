@@ -110,10 +110,11 @@ def test_samples_without_a_route_are_skipped_and_reported(tmp_path, venv_env, mi
     assert "`cifar10_sample`: " in shown and "`imagenet_sample`: " in shown
 
     cert = json.loads((repo / "reports/metrics/certvit.json").read_text())
-    assert cert["imagenet_smoke"].startswith("skipped: imagenet_sample: not found")
+    assert cert["imagenet"].startswith("skipped: imagenet_val: not listed in data.samples; "
+                                       "imagenet_sample: not found")
     report = nbformat.read(repo / "reports/notebooks/07_certvit.ipynb", 4)
-    assert "ImageNet smoke path skipped" in str(report.cells)
-    assert not (repo / "runs/certvit/imagenet_smoke").exists()
+    assert "ImageNet route skipped" in str(report.cells)
+    assert not (repo / "runs/certvit/imagenet").exists()
 
     again = _sh(["dvc", "repro", "certvit"], repo, venv_env)
     assert "Running stage" not in again

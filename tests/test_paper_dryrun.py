@@ -226,6 +226,7 @@ def dry(tmp_path_factory, mirror):
     params = _merge(yaml.load((repo / "params.yaml").read_text()), COUNTS)
     params = _merge(params, OFFLINE)
     params["certvit"]["source"] = str(hf)
+    params["certvit"]["imagenet_source"] = str(hf)  # Table 2: google/vit-base-patch16-224's class
     # the hub's ViT-S/16 and DeiT-Ti are the same class at the same input size
     params["specformer"]["sources"] = [str(hf)]
     validate(params, "dry-run params")
@@ -298,10 +299,16 @@ def test_certvit(dry):
     m = _metrics(dry, "reports/metrics/certvit.json")
     assert m["source"].endswith("hf-vit") and m["broken"] == 0
     # CertViT Table 1: the paper's small ViTs (6 layers, d 128) on every dataset it lists
-    assert list(m["table1"]) == ["mnist", "cifar10", "cifar100"]
+    assert set(m["table1"]) == {"mnist", "cifar10", "cifar100"}
     for entry in m["table1"].values():
         assert entry["source"] == "pipeline" and entry["n_test"] == 2
         assert all(mm["broken"] == 0 for mm in entry["modes"].values())
+    # CertViT Table 2's route: the loaded ViT on the ImageNet sample (no validation images here)
+    assert m["imagenet"]["images"] == "imagenet_sample" and m["imagenet"]["source"] == str(
+        dry[0].parent / "hf-vit")
+    assert "imagenet_val" in m["imagenet"]["skipped_images"]
+    assert all(mm["broken"] == 0 and mm["calibration_images"] == 10
+               for mm in m["imagenet"]["modes"].values())
 
 
 def test_crown(dry):

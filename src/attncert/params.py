@@ -31,7 +31,7 @@ IMAGE_DATASETS = ("mnist", "fashion_mnist", "cifar10", "cifar100", "svhn")
 TEXT_DATASETS = ("sst2", "yelp_polarity", "qqp")
 DATASETS = IMAGE_DATASETS + TEXT_DATASETS
 #: Small real evaluation sets shipped with the offline mirror.
-SAMPLE_SETS = ("cifar10_sample", "imagenet_sample")
+SAMPLE_SETS = ("cifar10_sample", "imagenet_sample", "imagenet_val")
 #: Training precisions (``attncert.precision``); certificates are always float64.
 PRECISIONS = ("auto", "bf16", "tf32", "fp32")
 

@@ -42,7 +42,12 @@ from attncert.data.processed import (
     load_processed,
     sample_skipped,
 )
-from attncert.data.samples import SAMPLE_FOLDERS, load_sample, sample_classes
+from attncert.data.samples import (
+    SAMPLE_FOLDERS,
+    load_imagenet_val,
+    load_sample,
+    sample_classes,
+)
 from attncert.data.sst2 import SST2_GLUE_URL, fetch_sst2, process_sst2, read_sst2_tsv
 from attncert.data.stage import fetch, prepare, skipped_dataset, skipped_sample, summary_row
 
@@ -50,8 +55,8 @@ __all__ = [
     "HUB_TEXT_DATASETS", "IMAGE_DATASETS", "MIRROR_ENV", "QQP_COLUMNS", "SAMPLE_FOLDERS",
     "SOURCE_MARKER", "SST2_GLUE_URL", "TEXT_FOLDER", "DataUnavailable", "HubTextDataset",
     "ImageDataset", "as_float", "channel_stats", "dataset_skipped", "fetch", "fetch_hub_text",
-    "fetch_image", "fetch_sst2", "load_processed", "load_sample", "prepare", "process_hub_text",
-    "process_image", "process_sst2", "read_qqp_tsv", "read_sst2_tsv", "read_yelp_csv",
+    "fetch_image", "fetch_sst2", "load_imagenet_val", "load_processed", "load_sample", "prepare",
+    "process_hub_text", "process_image", "process_sst2", "read_qqp_tsv", "read_sst2_tsv", "read_yelp_csv",
     "resolve_mirror", "sample_classes", "sample_skipped", "skipped_dataset", "skipped_sample",
     "subset_indices", "summary_row",
 ]

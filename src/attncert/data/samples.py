@@ -1,5 +1,6 @@
-"""The small real evaluation sets (20 CIFAR-10 or ImageNet images) with labels from their file
-names, and their class names."""
+"""The real evaluation sets beside the datasets: 20 CIFAR-10 or ImageNet images with labels
+from their file names, ImageNet validation images the user provides (:func:`load_imagenet_val`),
+and their class names."""
 
 from __future__ import annotations
 
@@ -14,7 +15,64 @@ from attncert.data.common import (
 )
 from attncert.data.images import IMAGE_DATASETS, loads_from, to_uint8_nchw
 
-SAMPLE_FOLDERS = {"cifar10_sample": "CIFAR10-sample", "imagenet_sample": "ImageNet-sample"}
+SAMPLE_FOLDERS = {"cifar10_sample": "CIFAR10-sample", "imagenet_sample": "ImageNet-sample",
+                  "imagenet_val": "ImageNet/val"}
+#: ImageNet-1k: its classes are the sorted WordNet ids, the label order of every ImageNet model
+IMAGENET_CLASSES = 1000
+IMAGE_SUFFIXES = (".jpeg", ".jpg", ".png")
+
+
+def _imagenet_crop(image: torch.Tensor) -> torch.Tensor:
+    """The standard ViT evaluation crop: shorter side 256, centre 224 x 224."""
+    from torchvision.transforms import v2
+
+    return v2.Compose([v2.Resize(256, antialias=True), v2.CenterCrop(224)])(image)
+
+
+def load_imagenet_val(mirror: Path | None, raw_dir: Path, max_images: int, seed: int,
+                      progress: bool = False) -> dict[str, Any]:
+    """ImageNet validation images as uint8 tensors (the evaluation crop), a seeded subset of
+    ``max_images`` (0 = all), labels from their folders.
+
+    ImageNet has no public download route: the user provides the validation images in the
+    ImageFolder layout ``<raw_dir>/ImageNet/val/<wnid>/<image>.JPEG`` (the 1000 WordNet-id
+    folders, as torchvision's ``ImageNet`` writes them; the mirror's ``ImageNet/val`` is read
+    when ``raw_dir`` has none). Label k is the k-th WordNet id in sorted order, the index of
+    ImageNet-1k models (``google/vit-base-patch16-224`` included).
+    """
+    from torchvision.io import ImageReadMode, decode_image
+    from tqdm.auto import tqdm
+
+    from attncert.data.common import subset_indices
+
+    where = [raw_dir / SAMPLE_FOLDERS["imagenet_val"]]
+    if mirror:
+        where.append(mirror / SAMPLE_FOLDERS["imagenet_val"])
+    folder = next((w for w in where if w.is_dir()), None)
+    if folder is None:
+        raise DataUnavailable(
+            "imagenet_val: ImageNet validation images have no public download route: put them "
+            f"at {where[0]}/<wnid>/*.JPEG (the 1000 WordNet-id folders; torchvision's ImageNet "
+            "writes this layout from the official archives)")
+    wnids = sorted(d.name for d in folder.iterdir() if d.is_dir())
+    if len(wnids) != IMAGENET_CLASSES or not all(
+            w.startswith("n") and w[1:].isdigit() for w in wnids):
+        raise DataUnavailable(
+            f"imagenet_val: {folder} holds {len(wnids)} class folders; expected the "
+            f"{IMAGENET_CLASSES} WordNet ids (n01440764 ...): labels are their sorted order")
+    files = [(f, k) for k, w in enumerate(wnids) for f in sorted((folder / w).iterdir())
+             if f.suffix.lower() in IMAGE_SUFFIXES]
+    if not files:
+        raise DataUnavailable(f"imagenet_val: no images under {folder}/<wnid>/")
+    idx = subset_indices(len(files), max_images, seed).tolist()
+    x = torch.stack([_imagenet_crop(decode_image(str(files[i][0]), mode=ImageReadMode.RGB))
+                     for i in tqdm(idx, desc="imagenet_val", disable=not progress)])
+    y = torch.tensor([files[i][1] for i in idx], dtype=torch.int64)
+    mean, std = channel_stats(x)
+    return {"name": "imagenet_val", "kind": "image",
+            "source": f"user-provided {folder} ({len(idx)} of {len(files)} images)",
+            "test": {"x": x, "y": y}, "mean": mean, "std": std, "shape": list(x.shape[1:]),
+            "classes": sample_classes("imagenet_sample")}
 
 
 def _sample_files(folder: Path, prefix: str) -> list[tuple[Path, int]]:
@@ -30,7 +88,6 @@ def load_sample(name: str, mirror: Path | None, raw_dir: Path,
     full dataset was fetched; ImageNet validation images have no public download route.
     """
     from torchvision.io import ImageReadMode, decode_image
-    from torchvision.transforms import v2
 
     folder = mirror / SAMPLE_FOLDERS[name] if mirror else None
     prefix = name.removesuffix("_sample")
@@ -38,8 +95,7 @@ def load_sample(name: str, mirror: Path | None, raw_dir: Path,
     if files:
         imgs = [decode_image(str(f), mode=ImageReadMode.RGB) for f, _ in files]
         if name == "imagenet_sample":  # the standard ViT evaluation crop
-            tf = v2.Compose([v2.Resize(256, antialias=True), v2.CenterCrop(224)])
-            imgs = [tf(im) for im in imgs]
+            imgs = [_imagenet_crop(im) for im in imgs]
         x = torch.stack(imgs)
         y = torch.tensor([label for _, label in files], dtype=torch.int64)
         source = f"mirror {folder}"

@@ -13,14 +13,14 @@ from attncert.data.common import (
 )
 from attncert.data.hub_text import HUB_TEXT_DATASETS, fetch_hub_text, process_hub_text
 from attncert.data.images import IMAGE_DATASETS, fetch_image, process_image
-from attncert.data.samples import SAMPLE_FOLDERS, load_sample
+from attncert.data.samples import SAMPLE_FOLDERS, load_imagenet_val, load_sample
 from attncert.data.sst2 import fetch_sst2, process_sst2
 from attncert.io import torch_save
 
 
 def prepare(datasets: list[str], samples: list[str], mirror: str, raw_dir: str,
             processed_dir: str, download: bool, max_train: int, max_test: int,
-            subset_seed: int, optional: Sequence[str] = (),
+            subset_seed: int, optional: Sequence[str] = (), imagenet_val_images: int = 0,
             progress: bool = True) -> list[dict[str, Any]]:
     """Fetch, process and save every requested dataset; return one summary row each.
 
@@ -28,7 +28,8 @@ def prepare(datasets: list[str], samples: list[str], mirror: str, raw_dir: str,
     stage in seconds, naming both routes. A sample without a route is skipped: its file holds
     the reason (see :func:`skipped_sample`) and its row has a ``skipped`` entry. A dataset in
     ``optional`` is skipped the same way (:func:`skipped_dataset`) when no route provides it
-    or when it is not in ``datasets``.
+    or when it is not in ``datasets``. ``imagenet_val_images``: the seeded subset of the
+    user's ImageNet validation images kept (0 = all; :func:`load_imagenet_val`).
     """
     from tqdm.auto import tqdm
 
@@ -55,7 +56,9 @@ def prepare(datasets: list[str], samples: list[str], mirror: str, raw_dir: str,
             loaded.append(skipped_sample(name, "not listed in data.samples"))
             continue
         try:
-            loaded.append(load_sample(name, mirror_path, raw))
+            loaded.append(load_imagenet_val(mirror_path, raw, imagenet_val_images, subset_seed,
+                                            progress) if name == "imagenet_val"
+                          else load_sample(name, mirror_path, raw))
         except DataUnavailable as exc:
             loaded.append(skipped_sample(name, str(exc)))
 

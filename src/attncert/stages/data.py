@@ -33,6 +33,8 @@ class Params:
     max_train: int = param(nonneg, doc="0 keeps the full split")
     max_test: int = param(nonneg, doc="0 keeps the full split")
     subset_seed: int = param(nonneg)
+    imagenet_val_images: int = param(nonneg, doc="seeded subset of the user's ImageNet "
+                                                 "validation images kept (0 = all 50000)")
     grid_per_class: int = param(positive)
     metrics: str = param()
 
@@ -41,7 +43,7 @@ def run(p: Params) -> list[dict[str, Any]]:
     """Prepare every dataset; write the metrics file (one row per dataset); return the rows."""
     summary = data.prepare(p.datasets, p.samples, p.mirror, p.raw_dir, p.processed_dir,
                            p.download, p.max_train, p.max_test, p.subset_seed,
-                           optional=p.optional)
+                           optional=p.optional, imagenet_val_images=p.imagenet_val_images)
     write_json(p.metrics, {r["dataset"]: r for r in summary})
     return summary
 
