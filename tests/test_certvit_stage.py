@@ -328,7 +328,7 @@ def test_the_stage_runs_every_mode_and_writes_its_files(tmp_path):
     assert m["n_test"] == n_test > 5 and m["n_attacked"] == m["linear_baseline"]["n_attacked"] == 5
     assert m["headline_mode"] == res.headline == "spectral" and set(m["modes"]) == set(res.modes)
     assert m["broken"] == 0 and m["linear_baseline"]["broken"] == 0
-    assert m["imagenet"] == "skipped: no images; no route"
+    assert m["imagenet"] == "skipped: imagenet_val: no images; imagenet_sample: no route"
     assert m["lipschitz_pairwise"]["final"] == pytest.approx(
         res.bounds["spectral"]["final"].pairwise)
     assert list(res.logs["paper"].frame()["step"]) == [

@@ -50,11 +50,12 @@ def test_smoke_pipeline_runs_offline_and_is_incremental(smoke_repo, env):
     assert pngs >= 4, "the data report shows sample grids, class balance and lengths"
     metrics = json.loads((smoke_repo / "reports/metrics/data.json").read_text())
     assert set(metrics) == {"mnist", "fashion_mnist", "sst2", "cifar10_sample", "imagenet_sample",
-                            "yelp_polarity", "qqp"}
+                            "imagenet_val", "yelp_polarity", "qqp"}
     assert all(metrics[name]["skipped"] == "not listed in data.datasets"
                for name in ("yelp_polarity", "qqp")), "optional datasets are recorded"
+    assert metrics["imagenet_val"]["skipped"] == "not listed in data.samples"
     assert all(m["source"].startswith("mirror ") for name, m in metrics.items()
-               if name not in ("yelp_polarity", "qqp"))
+               if name not in ("yelp_polarity", "qqp", "imagenet_val"))
     assert metrics["mnist"]["n_train"] == 2000
 
     # the ViT grid point was trained, certified with every variant and audited

@@ -386,7 +386,8 @@ def _imagenet(p: Params, base: BaseParams, r: Result, cfg: Configs,
         if reasons[images] is None:
             break
     else:
-        r.imagenet = "skipped: " + "; ".join(reasons.values())
+        r.imagenet = "skipped: " + "; ".join(why if why.startswith(name) else f"{name}: {why}"
+                                             for name, why in reasons.items())
         return
     t0 = time.perf_counter()
     modes, r.imagenet_model = imagenet.table2(
