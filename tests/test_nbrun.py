@@ -24,6 +24,7 @@ processed_dir = ""
 optional = []
 samples = []
 subset_seed = 0
+imagenet_val_images = 0
 grid_per_class = 1
 metrics = ""
 
