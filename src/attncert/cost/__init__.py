@@ -54,8 +54,8 @@ from attncert.cost.table import STAGES, cost_table, stage_work
 from attncert.cost.work import Work, audit_work, training_work
 
 __all__ = [
-    "DATASETS", "ENCODERS", "GPU", "GPUS", "HF_VITS", "KERNEL_SECONDS", "MARKERS", "SST2", "TEXT_SIZES",
-    "STAGES", "UTILISATION", "VOCAB", "Counts", "Work", "attack_step", "audit_work",
+    "DATASETS", "ENCODERS", "GPU", "GPUS", "HF_VITS", "KERNEL_SECONDS", "MARKERS", "SST2",
+    "TEXT_SIZES", "STAGES", "UTILISATION", "VOCAB", "Counts", "Work", "attack_step", "audit_work",
     "bench_models", "bench_training", "cost_table", "count", "fit", "forward",
     "layer_certificate_counts", "layer_pgd_counts", "main", "stage_work", "stand_in",
     "train_step", "training_work", "vit_counts", "vit_forward64", "write_readme",

@@ -56,7 +56,7 @@ __all__ = [
     "SOURCE_MARKER", "SST2_GLUE_URL", "TEXT_FOLDER", "DataUnavailable", "HubTextDataset",
     "ImageDataset", "as_float", "channel_stats", "dataset_skipped", "fetch", "fetch_hub_text",
     "fetch_image", "fetch_sst2", "load_imagenet_val", "load_processed", "load_sample", "prepare",
-    "process_hub_text", "process_image", "process_sst2", "read_qqp_tsv", "read_sst2_tsv", "read_yelp_csv",
-    "resolve_mirror", "sample_classes", "sample_skipped", "skipped_dataset", "skipped_sample",
+    "process_hub_text", "process_image", "process_sst2", "read_qqp_tsv", "read_sst2_tsv",
+    "read_yelp_csv", "resolve_mirror", "sample_classes", "sample_skipped", "skipped_dataset", "skipped_sample",
     "subset_indices", "summary_row",
 ]

@@ -403,7 +403,7 @@ def _imagenet(p: Params, base: BaseParams, r: Result, cfg: Configs,
 def _metrics(p: Params, base: BaseParams, r: Result, seconds: Mapping[str, Mapping],
              pre_seconds: float, linear_seconds: float) -> dict[str, Any]:
     """The metrics file: the headline mode's numbers at the top level, every mode's under
-    ``modes``, the linear baseline and the ImageNet smoke path."""
+    ``modes``, the linear baseline, CertViT Table 2's ImageNet route and the Table 1 runs."""
     per_mode = {m: stage_metrics(r.logs[m], r.bounds[m], r.reports[m], seconds[m])
                 for m in r.modes}
     out = {"source": p.source, "dataset": p.dataset, "scale": base.scale,
