@@ -57,6 +57,6 @@ __all__ = [
     "ImageDataset", "as_float", "channel_stats", "dataset_skipped", "fetch", "fetch_hub_text",
     "fetch_image", "fetch_sst2", "load_imagenet_val", "load_processed", "load_sample", "prepare",
     "process_hub_text", "process_image", "process_sst2", "read_qqp_tsv", "read_sst2_tsv",
-    "read_yelp_csv", "resolve_mirror", "sample_classes", "sample_skipped", "skipped_dataset", "skipped_sample",
-    "subset_indices", "summary_row",
+    "read_yelp_csv", "resolve_mirror", "sample_classes", "sample_skipped", "skipped_dataset",
+    "skipped_sample", "subset_indices", "summary_row",
 ]
