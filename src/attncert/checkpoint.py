@@ -85,13 +85,25 @@ def save_checkpoint(path: Path, config: Mapping[str, Any], states: Mapping[str, 
 
 
 def _rng_state() -> dict[str, Any]:
+    """The host's random state and the current CUDA device's (only that device: a run uses
+    one device, and a resume may see another set of devices)."""
     state = {"torch": torch.get_rng_state()}
     if torch.cuda.is_available():
-        state["cuda"] = torch.cuda.get_rng_state_all()
+        state["cuda"] = torch.cuda.get_rng_state()
     return state
 
 
 def _set_rng_state(state: Mapping[str, Any]) -> None:
+    """Restore :func:`_rng_state`'s state. The CUDA state goes to the current device; a state
+    saved on a CPU-only machine (or a GPU state resumed on one) leaves the other side alone.
+    Checkpoints of earlier versions hold a list with every device's state: the first one
+    (the current device of a one-device run) is taken."""
     torch.set_rng_state(state["torch"])
-    if "cuda" in state and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(state["cuda"])
+    cuda = state.get("cuda")
+    if cuda is None or not torch.cuda.is_available():
+        return
+    if isinstance(cuda, (list, tuple)):
+        if not cuda:
+            return
+        cuda = cuda[0]
+    torch.cuda.set_rng_state(cuda)

@@ -9,7 +9,8 @@ are passed to papermill with their real Python types: a section whose name the n
 ``parameters`` cell declares as one dict (the stage module parses it back into its
 dataclass), any other entry field by field. Everything is checked before the kernel starts:
 the params file, and that the notebook's ``parameters`` cell declares exactly what is passed.
-Errors are one line on stderr, exit status 2.
+Errors are one line on stderr, exit status 2; so is a paper-scale stage that would run on the
+CPU (:func:`attncert.doctor.require_device`).
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ import sys
 import tempfile
 from pathlib import Path
 
+from attncert.doctor import DeviceError, require_device
 from attncert.params import PARAMS_FILE, ParamsError, load_params
 
 KERNEL = "python3"
@@ -83,6 +85,8 @@ def parse_items(pairs: list[str]) -> dict[str, str]:
 def run(notebook: str, output: str, sections: list[str], params_file: str = PARAMS_FILE,
         cwd: str | None = None, items: list[str] | None = None) -> None:
     params = load_params(params_file)
+    base = params["base"]
+    require_device(base.scale, base.device, sections)
     nb = read_notebook(notebook)
     values = params.notebook_parameters(sections, declared_parameters(nb),
                                         parse_items(items or []))
@@ -130,7 +134,7 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     try:
         run(args.notebook, args.output, args.section, args.params, items=args.item)
-    except (ParamsError, NotebookError) as exc:
+    except (ParamsError, NotebookError, DeviceError) as exc:
         print(f"nbrun: error: {exc}", file=sys.stderr)
         return 2
     except Exception as exc:

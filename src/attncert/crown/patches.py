@@ -31,8 +31,12 @@ from __future__ import annotations
 
 import sys
 import types
+import warnings
+from typing import Any
 
 _APPLIED: list[str] = []
+#: torch 2.13's warning for torch.jit.script, which auto_LiRPA calls at import
+JIT_DEPRECATION = r".*torch\.jit\.script. is deprecated"
 
 
 def _numpy_arraysetops() -> None:
@@ -150,9 +154,26 @@ def _domain_guards() -> None:
 def apply() -> list[str]:
     """Apply every patch once; return their names (in order)."""
     if not _APPLIED:
-        # 1-3 must precede the first import of auto_LiRPA (it imports these names at load)
-        for patch in (_numpy_arraysetops, _onnx_opset_version, _node_getitem,
-                      _named_members_keyword, _softmax_without_max, _domain_guards):
-            patch()
-            _APPLIED.append(patch.__name__.lstrip("_"))
+        # auto_LiRPA's import calls warnings.simplefilter("once") (for the whole process) and
+        # scripts one helper with torch.jit.script (deprecated in torch 2.13): its filter change
+        # stays inside this block, and the deprecation (harmless, at every stage start) is
+        # silenced for this import alone
+        with warnings.catch_warnings():
+            simplefilter = warnings.simplefilter
+
+            def keep_jit_silenced(*args: Any, **kwargs: Any) -> None:
+                simplefilter(*args, **kwargs)
+                warnings.filterwarnings("ignore", message=JIT_DEPRECATION,
+                                        category=DeprecationWarning)
+
+            warnings.simplefilter = keep_jit_silenced
+            try:
+                keep_jit_silenced("default")
+                # 1-3 must precede the first import of auto_LiRPA (it imports these at load)
+                for patch in (_numpy_arraysetops, _onnx_opset_version, _node_getitem,
+                              _named_members_keyword, _softmax_without_max, _domain_guards):
+                    patch()
+                    _APPLIED.append(patch.__name__.lstrip("_"))
+            finally:
+                warnings.simplefilter = simplefilter
     return list(_APPLIED)

@@ -1,0 +1,87 @@
+"""The paper scale never lands on the CPU silently; GPU ids are checked; the doctor report."""
+
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from attncert import doctor
+from attncert.doctor import ALLOW_CPU_ENV, DeviceError, check_gpu_ids, require_device
+
+NO_GPU = not torch.cuda.is_available()
+
+
+@pytest.mark.skipif(not NO_GPU, reason="the refusal needs a machine without a usable GPU")
+@pytest.mark.parametrize("device", ["auto", "cpu"])
+def test_paper_scale_refuses_the_cpu(device):
+    with pytest.raises(DeviceError, match="paper scale would run on the CPU") as exc:
+        require_device("paper", device, ["train_vit"], env={})
+    assert "\n" not in str(exc.value) and "SCALE=cpu" in str(exc.value)
+
+
+def test_other_scales_stages_and_the_override_pass():
+    require_device("cpu", "cpu", ["train_vit"], env={})
+    require_device("smoke", "auto", ["text"], env={})
+    require_device("paper", "cpu", ["data"], env={})  # data and figures need no device
+    require_device("paper", "cpu", ["base.scale", "figures"], env={})
+    require_device("paper", "cpu", ["crown"], env={ALLOW_CPU_ENV: "1"})
+
+
+def test_nbrun_refuses_before_the_kernel_starts(tmp_path, venv_env):
+    """The runner's one-line refusal, exit 2, at the committed paper params on this CPU."""
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    (tmp_path / "params.yaml").write_text((root / "params.yaml").read_text()
+                                          .replace("device: auto ", "device: cpu  ", 1))
+    (tmp_path / "nb.py").write_text('# %% tags=["parameters"]\ncrown = {}\n')
+    env = {k: v for k, v in venv_env.items() if k != ALLOW_CPU_ENV}
+    proc = subprocess.run([sys.executable, "-m", "attncert.nbrun", "nb.py", "out.ipynb",
+                           "--section", "crown"], cwd=tmp_path, env=env, capture_output=True,
+                          text=True, timeout=300)
+    assert proc.returncode == 2, proc.stderr
+    assert proc.stderr.strip().count("\n") == 0
+    assert "paper scale would run on the CPU" in proc.stderr
+    assert not (tmp_path / "out.ipynb").exists()
+
+
+def test_gpu_ids_are_checked():
+    visible = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    with pytest.raises(DeviceError, match="not visible"):
+        check_gpu_ids([str(visible)], "paper", env={})
+    if not visible:  # below the paper scale a machine without GPUs runs the workers on the CPU
+        assert "CPU" in check_gpu_ids(["0", "1"], "smoke", env={})
+    with pytest.raises(DeviceError, match="indices"):
+        check_gpu_ids(["cuda:0"])
+    with pytest.raises(DeviceError, match="repeat"):
+        check_gpu_ids(["0", "0"])
+    assert doctor.main(["--gpus", str(visible + 3)]) == 2  # the committed (paper) params
+
+
+def test_doctor_reports_and_steps_every_model_kind():
+    rows = dict(doctor.report())
+    assert rows["torch"] == torch.__version__
+    assert "GPUs" in rows or "cuda:0" in rows
+    steps = doctor.model_steps(_smoke_params(), "cpu", batch=2)
+    assert {r["model"] for r in steps} >= {"lipschitz ViT (train_vit)", "OLSA text",
+                                          "SpecFormer (MSVP)", "LoFAST text"}
+    assert all(r["ms_per_step"] > 0 and r["device"] == "cpu" for r in steps)
+
+
+def _smoke_params():
+    """The smoke profile's shapes (the doctor's steps at the paper shapes take minutes here)."""
+    from pathlib import Path
+
+    from attncert import profile
+    from attncert.params import read_yaml, validate
+
+    root = Path(__file__).resolve().parents[1]
+    tree = read_yaml(root / "params.yaml")
+    for key, value in profile.flatten(profile.overrides("smoke", root)).items():
+        *parents, leaf = key.split(".")
+        node = tree
+        for part in parents:
+            node = node[part]
+        node[leaf] = value
+    return validate(tree, "smoke params")
