@@ -205,8 +205,8 @@ def test_the_stage_plans_every_model_by_the_names_the_report_reads():
     p = load_params(Path(__file__).resolve().parents[1] / "params.yaml")["text"]
     jobs = stage.jobs(p, vocab=30)
     deep, g = max(p.olsa_depths), p.gamma
-    expect = {f"olsa-L{d}-g{g:g}" for d in (0, *p.olsa_depths)}
-    expect |= {f"olsa-L{deep}-g{a:g}" for a in p.gamma_ablation}
+    expect = {f"olsa-L{d}-g{g:g}" for d in (0, *p.olsa_depths, *p.olsa_deep_depths)}
+    expect |= {f"olsa-L{min(p.olsa_depths)}-g{a:g}" for a in p.gamma_ablation}  # Table 2
     expect |= {f"olsa-L{deep}-g{g:g}-alpha1-{a:g}" for a in p.attention_alpha1}
     expect |= {f"kim-l2-L{deep}-g{g:g}", f"vanilla-L{deep}", "frozen-olsa"}
     expect |= {f"lofast-L{L}-H{H}-vo{vo:g}" for L in p.lofast_layers for H in p.lofast_heads
@@ -219,6 +219,12 @@ def test_the_stage_plans_every_model_by_the_names_the_report_reads():
         olsa = name.startswith("olsa-") and "-alpha1-" not in name
         assert bool(stage._OLSA_NAME.match(name)) == olsa
         assert {"epochs", "lr", "gamma"} <= set(job.train)
+    assert jobs[f"olsa-L{deep}-g{g:g}"].train["epochs"] == p.epochs["sst2"]
+    yelp = stage.jobs(p, vocab=30, dataset="yelp_polarity")  # OLSA Table 1: depths 1-3
+    assert set(yelp) == {f"olsa-L{d}-g{g:g}" for d in p.olsa_depths} | {"frozen-olsa"}
+    assert {j.train["epochs"] for n, j in yelp.items() if n != "frozen-olsa"} == {
+        p.epochs["yelp_polarity"]}
+    assert set(stage.jobs(p, vocab=30, dataset="qqp")) == {"frozen-olsa"}  # not from scratch
 
 
 def test_an_inflated_certificate_is_counted_broken_and_fails_the_check(monkeypatch):
@@ -346,7 +352,8 @@ def test_the_stage_trains_yelp_and_qqp_and_reports_a_skipped_dataset(tmp_path, m
     p = dataclasses.replace(
         params.parse_section("text", raw["text"], stage.Params), tokenizer="minilm-package",
         frozen_source="minilm-package", max_len=12, olsa_depths=[1, 2], gamma_ablation=[],
-        attention_alpha1=[], hidden=16, heads=2, epochs=1, batch_size=16, warmup_steps=1,
+        attention_alpha1=[], hidden=16, heads=2, epochs={"sst2": 1, "yelp_polarity": 1},
+        olsa_deep_depths=[3], batch_size=16, warmup_steps=1,
         lofast_layers=[1], lofast_heads=[2], lofast_gamma_vo=[0.5], lofast_dim=8,
         lofast_mlp_hidden=8, lofast_epochs=1, frozen_epochs=1, n_test=0, n_attack=3,
         cert_batch_size=8, cert_eps=[0.1], attack_steps=1, attack_restarts=1,
@@ -359,11 +366,12 @@ def test_the_stage_trains_yelp_and_qqp_and_reports_a_skipped_dataset(tmp_path, m
         m = json.loads((tmp_path / "text.json").read_text())
         assert set(m["datasets"]) == {"yelp_polarity", "qqp"} and m["broken"] == 0
         y = m["datasets"]["yelp_polarity"]
-        assert set(y["models"]) == {"olsa-L1-g2", "olsa-L2-g2"}
+        assert set(y["models"]) == {"olsa-L1-g2", "olsa-L2-g2", "frozen-olsa"}
         assert y["dev_held_out"] and y["reported_split"] == "test" and not y["pairs"]
         assert (y["train_sentences"], y["dev_sentences"], y["n_certified"]) == (36, 4, 6)
         assert (tmp_path / "results" / "ckpt" / "yelp_polarity" / "olsa-L2-g2").is_dir()
-        assert set(r.audits) >= {"yelp_polarity/olsa-L1-g2", "olsa-L0-g2", "frozen-olsa"}
+        assert set(r.audits) >= {"yelp_polarity/olsa-L1-g2", "olsa-L0-g2", "olsa-L3-g2",
+                                 "frozen-olsa"}
         rows = {row["key"]: row for row in stage.headline_rows(m, {})}
         assert rows["datasets/yelp_polarity/models/olsa-L1-g2/test_acc"]["ours"] == (
             y["models"]["olsa-L1-g2"]["test_acc"])
@@ -373,7 +381,7 @@ def test_the_stage_trains_yelp_and_qqp_and_reports_a_skipped_dataset(tmp_path, m
             assert "unavailable: no route offline" in set(r.datasets_table["status"])
             continue
         assert q["pairs"] and q["reported_split"] == "dev" and not q["dev_held_out"]
-        assert set(q["models"]) == {"olsa-L1-g2", "olsa-L2-g2", "frozen-olsa"}
+        assert set(q["models"]) == {"frozen-olsa"}  # QQP: the frozen head only (OLSA 5.1)
         assert q["frozen_train_sentences"] == 40 and q["n_attacked"] == 3
         frozen = rows["datasets/qqp/models/frozen-olsa/avg_radius/global"]
         assert frozen["paper"] == paper.OLSA_FROZEN_BERT_QQP["olsa"]
@@ -393,8 +401,8 @@ def test_the_text_section_refuses_unknown_or_inconsistent_datasets():
     for change, match in (({"datasets": ["yelp_polarity"], "frozen_datasets": []},
                            "must include 'sst2'"),
                           ({"datasets": ["sst2", "imdb"]}, "imdb"),
-                          ({"datasets": ["sst2"], "frozen_datasets": ["sst2", "qqp"]},
-                           r"\['qqp'\] not in")):
+                          ({"epochs": {"sst2": 5}}, r"needs an entry for \['yelp_polarity'\]"),
+                          ({"olsa_deep_depths": [3, 4]}, r"\[3\] already in")):
         with pytest.raises(params.ParamsError, match=match):
             params.parse_section("text", {**raw, **change}, stage.Params)
 

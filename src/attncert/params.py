@@ -182,6 +182,13 @@ def _check_type(key: str, value: Any, tp: Any) -> Any:
         if not isinstance(value, list):
             fail(key, f"expected a list of {_type_name(item_tp)}, got {value!r}")
         return [_check_type(f"{key}[{i}]", v, item_tp) for i, v in enumerate(value)]
+    if origin is dict:
+        key_tp, item_tp = typing.get_args(tp)
+        if not isinstance(value, Mapping):
+            fail(key, f"expected a mapping of {_type_name(key_tp)} to {_type_name(item_tp)}, "
+                      f"got {value!r}")
+        return {_check_type(f"{key} key", k, key_tp): _check_type(f"{key}.{k}", v, item_tp)
+                for k, v in value.items()}
     if origin in (typing.Union, types.UnionType):
         for alt in typing.get_args(tp):
             try:

@@ -168,9 +168,9 @@ def text_sizes(t, sizes: dict[str, int]) -> dict[str, int]:
 
 def text_work(p) -> list[Work]:
     """The text stage's models as :func:`attncert.stages.text.jobs` lists them on every
-    dataset of ``text.datasets`` (the frozen encoder's head counted through the encoder's
-    forward below)."""
-    from attncert.stages.text import jobs
+    dataset of ``text.datasets`` and ``text.frozen_datasets`` (the frozen encoder's head
+    counted through the encoder's forward below)."""
+    from attncert.stages.text import jobs, text_datasets
 
     t = p["text"]
 
@@ -196,7 +196,7 @@ def text_work(p) -> list[Work]:
     out = []
     hidden, layers, heads, inter = ENCODERS[t.frozen_source]
     enc = _encoder_forward(hidden, layers, heads, inter, t.max_len)
-    for dataset in t.datasets:
+    for dataset in text_datasets(t):
         n = text_sizes(t, TEXT_SIZES[dataset])
         for name, job in jobs(t, VOCAB, dataset).items():
             if job.cls.__name__ == "FrozenEncoderOLSA":

@@ -1,10 +1,11 @@
 """The text stage: sentiment transformers on SST-2, every one certified in the same space of
 word embeddings of norm 2 (the frozen-encoder head in its encoder's output space).
 
-One job per model: OLSA at depth 0 (no attention) and at every depth, the gamma ablation and
-the attention sweep of the deepest OLSA (and OLSA's averaged residual when the main runs use
-the gated one), Kim et al.'s L2 attention, a standard transformer of the same size, LoFAST's
-small-BERT grid and an OLSA head over a frozen encoder. Each trains resumably in
+One job per model: OLSA at depth 0 (no attention) and at every depth (``olsa_depths``, OLSA
+Table 1; ``olsa_deep_depths`` on SST-2 only, its Table 9), the gamma ablation of the shallowest
+OLSA (its Table 2), the attention sweep of the deepest (and OLSA's averaged residual when the
+main runs use the gated one), Kim et al.'s L2 attention, a standard transformer of the same
+size, LoFAST's small-BERT grid and an OLSA head over a frozen encoder. Each trains resumably in
 ``results_dir/ckpt/<name>`` and gets the same read-out
 (:func:`attncert.text.evaluate.evaluate_model`); the PGD audit's rows are returned, shown by
 the notebook, then checked by :func:`attncert.soundness.require_sound`.
@@ -42,9 +43,9 @@ from attncert.train import resolve_device
 
 #: Bound variants of attncert.certify usable on LoFAST's text transformer (pairwise test).
 LOFAST_VARIANTS = ("lofast_M", "lofast_xi", "naive", "global")
-#: The stage's datasets: SST-2 carries the whole study; on the others (Yelp polarity, QQP as
-#: sentence pairs) OLSA trains from scratch at every depth, and the frozen-encoder head where
-#: listed.
+#: The stage's datasets: SST-2 carries the whole study; on the others OLSA trains from scratch
+#: at every ``olsa_depths`` where listed in ``datasets`` (OLSA section 5.1: Yelp), and the
+#: frozen-encoder head where listed in ``frozen_datasets`` (QQP as sentence pairs).
 TEXT_DATASETS = ("sst2", "yelp_polarity", "qqp")
 STUDY = "sst2"
 
@@ -60,19 +61,24 @@ class Params:
                                     "OLSA also trains on from scratch at each olsa_depths "
                                     "(one the data stage skipped is reported unavailable)")
     frozen_datasets: list[str] = param(one_of(*TEXT_DATASETS), unique,
-                                       doc="the datasets (each in datasets) of the OLSA head "
-                                           "over the frozen encoder")
+                                       doc="the datasets of the OLSA head over the frozen "
+                                           "encoder (need not be trained from scratch)")
     tokenizer: str = param(doc="'minilm-package' (offline), a hub id or a save_pretrained folder")
     max_len: int = param(positive)
     max_train: int = param(nonneg, doc="seeded subset of the training split (0 = all)")
     max_eval: int = param(nonneg, doc="seeded subset of the dev and test splits (0 = all)")
-    olsa_depths: list[int] = param(positive, unique)
+    olsa_depths: list[int] = param(positive, unique,
+                                   doc="OLSA from scratch on every dataset (OLSA Table 1)")
+    olsa_deep_depths: list[int] = param(positive, unique,
+                                        doc="deeper OLSA on SST-2 only (OLSA Table 9)")
     heads: int = param(positive, doc="OLSA, Kim-L2, the standard transformer, the frozen head")
     hidden: int = param(positive)
     gamma: float = param(nonneg, doc="certificate regulariser after its ramp (OLSA: 2.0)")
     gamma_ramp: float = param(nonneg, doc="fraction of all steps gamma grows over (<= 1)")
-    gamma_ablation: list[float] = param(nonneg, unique, doc="gammas of the deepest OLSA")
-    epochs: int = param(positive)
+    gamma_ablation: list[float] = param(nonneg, unique,
+                                        doc="gammas of the shallowest OLSA (OLSA Table 2)")
+    epochs: dict[str, int] = param(doc="training epochs per dataset of datasets (Kim-L2 and "
+                                       "the standard transformer: SST-2's)")
     batch_size: int = param(positive)
     lr: float = param(positive, doc="OLSA-family models (OLSA, Kim-L2, the frozen head)")
     vanilla_lr: float = param(positive, doc="the standard transformer")
@@ -119,9 +125,15 @@ class Params:
         if STUDY not in self.datasets:
             fail("datasets", f"must include {STUDY!r} (the study every other part of the stage "
                              f"reports), got {self.datasets}")
-        stray = [d for d in self.frozen_datasets if d not in self.datasets]
-        if stray:
-            fail("frozen_datasets", f"{stray} not in text.datasets {self.datasets}")
+        lacking = [d for d in self.datasets if d not in self.epochs]
+        if lacking:
+            fail("epochs", f"needs an entry for {lacking} (one per dataset of text.datasets "
+                           f"{self.datasets}), got {sorted(self.epochs)}")
+        if any(e <= 0 for e in self.epochs.values()):
+            fail("epochs", f"must be > 0, got {self.epochs}")
+        both = sorted(set(self.olsa_depths) & set(self.olsa_deep_depths))
+        if both:
+            fail("olsa_deep_depths", f"{both} already in text.olsa_depths")
         if self.hidden % self.heads:
             fail("heads", f"hidden = {self.hidden} is not divisible by {self.heads}")
         for h in self.lofast_heads:
@@ -149,18 +161,26 @@ class Job(NamedTuple):
     train: dict[str, Any]
 
 
+def text_datasets(p: Params) -> list[str]:
+    """Every dataset the stage reads, SST-2 first: the from-scratch ones, then frozen-only."""
+    return [*p.datasets, *(d for d in p.frozen_datasets if d not in p.datasets)]
+
+
 def jobs(p: Params, vocab: int, dataset: str = STUDY, sep_token_id: int | None = None
          ) -> dict[str, Job]:
     """Every model of the stage on ``dataset`` by name (the names the report reads:
-    "olsa-L<depth>-g<gamma>" and so on): on SST-2 the whole study, elsewhere OLSA at every
-    depth; "frozen-olsa" on the frozen datasets (``sep_token_id``: the frozen encoder's [SEP],
-    for the segment ids of sentence pairs)."""
-    deep = max(p.olsa_depths)
+    "olsa-L<depth>-g<gamma>" and so on): on SST-2 the whole study, on the other datasets of
+    ``datasets`` OLSA at every ``olsa_depths``; "frozen-olsa" on the frozen datasets
+    (``sep_token_id``: the frozen encoder's [SEP], for the segment ids of sentence pairs).
+    The controls (Kim-L2, the standard transformer, the averaged residual and the alpha1
+    sweep) are at the deepest of ``olsa_depths``, the gamma ablation at the shallowest (OLSA
+    Table 2: one layer)."""
+    deep, shallow = max(p.olsa_depths), min(p.olsa_depths)
     g = p.gamma
     olsa_layer = dict(alpha1=p.olsa_alpha1, residual=p.olsa_residual,
                       residual_init=p.olsa_residual_init)
     olsa = dict(vocab_size=vocab, max_len=p.max_len, dim=p.hidden, heads=p.heads, **olsa_layer)
-    olsa_train = dict(epochs=p.epochs, lr=p.lr, gamma=g)
+    olsa_train = dict(epochs=p.epochs.get(dataset, 0), lr=p.lr, gamma=g)
     frozen = {}
     if dataset in p.frozen_datasets:
         pair = {} if sep_token_id is None else {"sep_token_id": sep_token_id}
@@ -169,12 +189,13 @@ def jobs(p: Params, vocab: int, dataset: str = STUDY, sep_token_id: int | None =
                                          **olsa_layer, **pair),
                                     dict(epochs=p.frozen_epochs, lr=p.lr, gamma=0.0))
     if dataset != STUDY:
+        scratch = p.olsa_depths if dataset in p.datasets else []
         return {f"olsa-L{d}-g{g:g}": Job("olsa", OLSAClassifier, dict(olsa, depth=d), olsa_train)
-                for d in p.olsa_depths} | frozen
+                for d in scratch} | frozen
     out = {f"olsa-L{d}-g{g:g}": Job("olsa", OLSAClassifier, dict(olsa, depth=d), olsa_train)
-           for d in (0, *p.olsa_depths)}
-    out |= {f"olsa-L{deep}-g{a:g}": Job("olsa", OLSAClassifier, dict(olsa, depth=deep),
-                                        dict(olsa_train, gamma=a))
+           for d in (0, *p.olsa_depths, *p.olsa_deep_depths)}
+    out |= {f"olsa-L{shallow}-g{a:g}": Job("olsa", OLSAClassifier, dict(olsa, depth=shallow),
+                                           dict(olsa_train, gamma=a))
             for a in p.gamma_ablation}
     if p.olsa_residual != "averaged":
         out[f"olsa-L{deep}-g{g:g}-averaged"] = Job(
@@ -188,7 +209,7 @@ def jobs(p: Params, vocab: int, dataset: str = STUDY, sep_token_id: int | None =
     out[f"vanilla-L{deep}"] = Job("none", StandardTextTransformer,
                                   dict(vocab_size=vocab, max_len=p.max_len, dim=p.hidden,
                                        depth=deep, heads=p.heads, mlp_hidden=2 * p.hidden),
-                                  dict(epochs=p.epochs, lr=p.vanilla_lr, gamma=0.0))
+                                  dict(epochs=p.epochs[STUDY], lr=p.vanilla_lr, gamma=0.0))
     out |= {f"lofast-L{L}-H{H}-vo{vo:g}": Job(
         "lofast", LipschitzTextTransformer,
         dict(config=TextTransformerConfig(vocab_size=vocab, max_len=p.max_len, dim=p.lofast_dim,
@@ -383,7 +404,7 @@ def run(p: Params, base: BaseParams, processed_dir: str) -> Result:
     results, curves, audits = _fit(todo, splits, frozen_splits, out / "ckpt", common,
                                    evaluation, reported, base, p.cert_batch_size)
     others = {}
-    for name in p.datasets:
+    for name in text_datasets(p):
         if name != STUDY:
             others[name], fitted = _other_dataset(p, base, name, processed_dir, tok, common,
                                                   evaluation, out / "ckpt" / name)
@@ -391,7 +412,7 @@ def run(p: Params, base: BaseParams, processed_dir: str) -> Result:
                 audits |= {f"{name}/{m}": rows for m, rows in fitted.audits.items()}
     curves = pd.DataFrame(curves)
     table = attention_table(results)
-    deep = max(p.olsa_depths)
+    deep, shallow = max(p.olsa_depths), min(p.olsa_depths)
     depth0 = f"olsa-L0-g{p.gamma:g}"
     olsa_rows = table[table["family"] == "olsa"].set_index("model")
     versus, attention_models, verdict = _versus_depth0(olsa_rows, depth0, reported)
@@ -403,9 +424,10 @@ def run(p: Params, base: BaseParams, processed_dir: str) -> Result:
            "avg_radius": olsa_rows.loc[name, "avg_radius"],
            "avg_radius_correct": olsa_rows.loc[name, "avg_radius_correct"],
            "test_acc": olsa_rows.loc[name, "test_acc"]}
-          for name in (f"olsa-L{d}-g{p.gamma:g}" for d in (0, *p.olsa_depths))]])
-    ablation = olsa_rows.loc[[f"olsa-L{deep}-g{g:g}" for g in sorted({*p.gamma_ablation,
-                                                                      p.gamma})],
+          for name in (f"olsa-L{d}-g{p.gamma:g}"
+                       for d in (0, *p.olsa_depths, *p.olsa_deep_depths))]])
+    ablation = olsa_rows.loc[[f"olsa-L{shallow}-g{g:g}" for g in sorted({*p.gamma_ablation,
+                                                                         p.gamma})],
                              ["dev_acc", "test_acc", "avg_radius", "avg_radius_correct"]]
     sweep = olsa_rows.loc[[depth0, f"olsa-L{deep}-g{p.gamma:g}",
                            *[n for n in olsa_rows.index if "-alpha1-" in n or

@@ -1,0 +1,288 @@
+"""The fidelity record: how the paper scale relates to each table and figure of the four papers.
+
+``fidelity.yaml`` (beside ``params.yaml``) holds, per paper:
+
+- ``items``: every table and figure of the paper, where the text states it, the stage that
+  reproduces it (or none) and a status: ``reproduced`` | ``partly`` | ``not_reproduced``, with
+  ``why`` unless reproduced;
+- ``settings``: every ``params.yaml`` key that reproduces (or claims) a paper setting: the
+  paper's value, where the text states it, and a status: ``same`` (params.yaml runs exactly the
+  paper's value: :func:`check_params` fails otherwise) | ``deviates`` | ``not_stated`` (ours) |
+  ``not_reproduced``, with ``why`` unless same. ``params_value`` gives the params spelling of
+  the paper's value where the two differ in form (``null`` for the paper's sqrt(d)).
+
+Our value is never written in the record: it is read from ``params.yaml`` when the record is
+rendered (``docs/fidelity.md``, the README summary) or checked, so the two cannot drift.
+
+    python -m attncert.fidelity check       # the record's schema and every "same" row
+    python -m attncert.fidelity docs        # rewrite docs/fidelity.md and the README summary
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+import sys
+from collections import Counter
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+FIDELITY_FILE = "fidelity.yaml"
+DOCS_FILE = "docs/fidelity.md"
+PAPERS = {"lofast": "LoFAST", "olsa": "OLSA", "specformer": "SpecFormer", "certvit": "CertViT"}
+ITEM_STATUS = ("reproduced", "partly", "not_reproduced")
+SETTING_STATUS = ("same", "deviates", "not_stated", "not_reproduced")
+MARKERS = ("<!-- fidelity:start -->", "<!-- fidelity:end -->")
+_UNSET = object()
+
+
+class FidelityError(ValueError):
+    """The record is malformed, or params.yaml departs from a row marked "same"."""
+
+
+@dataclass(frozen=True)
+class Item:
+    id: str
+    paper: str
+    what: str
+    where: str
+    stage: str | None
+    status: str
+    why: str
+
+
+@dataclass(frozen=True)
+class Setting:
+    key: str
+    item: str
+    paper: Any
+    where: str
+    status: str
+    why: str
+    params_value: Any = _UNSET
+
+    @property
+    def expected(self) -> Any:
+        """The value params.yaml must hold for a "same" row."""
+        return self.paper if self.params_value is _UNSET else self.params_value
+
+
+@dataclass(frozen=True)
+class Record:
+    items: list[Item]
+    settings: list[Setting]
+
+    def item(self, item_id: str) -> Item:
+        return next(i for i in self.items if i.id == item_id)
+
+
+def _text(row: Mapping, name: str, where: str, required: bool = True) -> str:
+    value = row.get(name)
+    if value is None and not required:
+        return ""
+    if not isinstance(value, str) or not value.strip():
+        raise FidelityError(f"{where}: '{name}' must be a non-empty string")
+    return value.strip()
+
+
+def parse(raw: Any, source: str = FIDELITY_FILE) -> Record:
+    """The record from its YAML tree, with one-line errors for every malformed row."""
+    if not isinstance(raw, Mapping) or set(raw) - set(PAPERS):
+        raise FidelityError(f"{source}: expected one mapping per paper ({', '.join(PAPERS)})")
+    items: list[Item] = []
+    settings: list[Setting] = []
+    for paper, body in raw.items():
+        if not isinstance(body, Mapping) or set(body) - {"items", "settings"}:
+            raise FidelityError(f"{source}: {paper}: expected 'items' and 'settings'")
+        for n, row in enumerate(body.get("items") or []):
+            where = f"{source}: {paper}.items[{n}]"
+            status = _text(row, "status", where)
+            if status not in ITEM_STATUS:
+                raise FidelityError(f"{where}: status {status!r} not in {ITEM_STATUS}")
+            item_id = _text(row, "id", where)
+            if not item_id.startswith(f"{paper}/"):
+                raise FidelityError(f"{where}: id {item_id!r} must start with '{paper}/'")
+            why = _text(row, "why", where, required=status != "reproduced")
+            items.append(Item(item_id, paper, _text(row, "what", where),
+                              _text(row, "where", where), row.get("stage"), status, why))
+        for n, row in enumerate(body.get("settings") or []):
+            where = f"{source}: {paper}.settings[{n}]"
+            status = _text(row, "status", where)
+            if status not in SETTING_STATUS:
+                raise FidelityError(f"{where}: status {status!r} not in {SETTING_STATUS}")
+            if "paper" not in row:
+                raise FidelityError(f"{where}: 'paper' is missing (null when not stated)")
+            if status == "same" and row["paper"] is None:
+                raise FidelityError(f"{where}: a 'same' row needs the paper's value")
+            settings.append(Setting(_text(row, "key", where), _text(row, "item", where),
+                                    row["paper"], _text(row, "where", where), status,
+                                    _text(row, "why", where, required=status != "same"),
+                                    row.get("params_value", _UNSET)))
+    ids = Counter(i.id for i in items)
+    twice = [i for i, n in ids.items() if n > 1]
+    if twice:
+        raise FidelityError(f"{source}: item ids given twice: {twice}")
+    stray = sorted({s.item for s in settings} - set(ids))
+    if stray:
+        raise FidelityError(f"{source}: settings name unknown items: {stray}")
+    return Record(items, settings)
+
+
+def load(path: str | Path = FIDELITY_FILE) -> Record:
+    from attncert.params import read_yaml
+
+    path = Path(path)
+    if not path.is_file():
+        raise FidelityError(f"{path}: not found")
+    return parse(read_yaml(path), str(path))
+
+
+def lookup(tree: Mapping, key: str) -> Any:
+    """The value of a dotted ``key`` in a params tree (:class:`FidelityError` if absent)."""
+    node: Any = tree
+    for part in key.split("."):
+        if not isinstance(node, Mapping) or part not in node:
+            raise FidelityError(f"{key}: not a params.yaml key")
+        node = node[part]
+    return node
+
+
+def _same(a: Any, b: Any) -> bool:
+    if isinstance(a, bool) or isinstance(b, bool):
+        return a is b
+    if isinstance(a, (int, float)) and isinstance(b, (int, float)):
+        return float(a) == float(b)
+    if isinstance(a, (list, tuple)) and isinstance(b, (list, tuple)):
+        return len(a) == len(b) and all(_same(x, y) for x, y in zip(a, b, strict=True))
+    if isinstance(a, Mapping) and isinstance(b, Mapping):
+        return set(a) == set(b) and all(_same(a[k], b[k]) for k in a)
+    return a == b
+
+
+def check_params(record: Record, params: Mapping) -> list[str]:
+    """Every departure of ``params`` (a params.yaml tree) from the record: a key it lacks, and
+    a value that differs from a row marked "same"."""
+    problems = []
+    for s in record.settings:
+        try:
+            ours = lookup(params, s.key)
+        except FidelityError as exc:
+            problems.append(str(exc))
+            continue
+        if s.status == "same" and not _same(ours, s.expected):
+            problems.append(f"{s.key}: params.yaml has {ours!r}, the paper ({s.where}) "
+                            f"{s.expected!r}; the row is marked same")
+    return problems
+
+
+def _fmt(value: Any) -> str:
+    if value is None:
+        return "–"
+    if isinstance(value, (list, tuple)):
+        return "[" + ", ".join(_fmt(v) for v in value) + "]"
+    if isinstance(value, Mapping):
+        return "{" + ", ".join(f"{k}: {_fmt(v)}" for k, v in value.items()) + "}"
+    if isinstance(value, float):
+        return f"{value:g}"
+    return str(value)
+
+
+def _cell(text: str) -> str:
+    return re.sub(r"\s+", " ", text.replace("|", "\\|")).strip()
+
+
+STATUS_LABEL = {"same": "same", "deviates": "deviates", "not_stated": "ours (not stated)",
+                "not_reproduced": "not reproduced", "reproduced": "reproduced",
+                "partly": "partly", "not_reproduced_item": "not reproduced"}
+
+
+def render_docs(record: Record, params: Mapping) -> str:
+    """docs/fidelity.md: per paper, its tables and figures, then every setting."""
+    out = ["# Fidelity: the paper scale against the four papers", "",
+           f"Generated from `{FIDELITY_FILE}` and `params.yaml` by `python -m attncert.fidelity "
+           "docs`; do not edit by hand. \"where\" is the section, table or appendix of the paper's "
+           "full text that states the value. \"ours\" is `params.yaml` at the paper scale; a row "
+           "marked *same* is checked by the tests (`tests/test_fidelity.py`). The cpu and smoke "
+           "scales (`profiles/`) are budget versions and claim no paper setting.", ""]
+    for paper, title in PAPERS.items():
+        items = [i for i in record.items if i.paper == paper]
+        if not items:
+            continue
+        out += [f"## {title}", "", "| item | where | stage | status | why |",
+                "|---|---|---|---|---|"]
+        out += [f"| {_cell(i.what)} | {_cell(i.where)} | {i.stage or '–'} | "
+                f"{STATUS_LABEL[i.status]} | {_cell(i.why) or '–'} |" for i in items]
+        rows = [s for s in record.settings if s.item in {i.id for i in items}]
+        out += ["", f"### {title}: settings", "",
+                "| key | item | paper | where | ours | status | why |",
+                "|---|---|---|---|---|---|---|"]
+        for s in rows:
+            try:
+                ours = _fmt(lookup(params, s.key))
+            except FidelityError:
+                ours = "(missing)"
+            out.append(f"| `{s.key}` | {s.item.split('/', 1)[1]} | {_cell(_fmt(s.paper))} | "
+                       f"{_cell(s.where)} | {_cell(ours)} | {STATUS_LABEL[s.status]} | "
+                       f"{_cell(s.why) or '–'} |")
+        out.append("")
+    return "\n".join(out)
+
+
+def render_summary(record: Record) -> str:
+    """The README's short summary: per paper, counts of items and settings by status."""
+    out = ["| paper | tables and figures: reproduced / partly / not | settings: same / deviates "
+           "/ ours (not stated) / not reproduced |", "|---|---|---|"]
+    for paper, title in PAPERS.items():
+        ic = Counter(i.status for i in record.items if i.paper == paper)
+        ids = {i.id for i in record.items if i.paper == paper}
+        sc = Counter(s.status for s in record.settings if s.item in ids)
+        out.append(f"| {title} | {ic['reproduced']} / {ic['partly']} / {ic['not_reproduced']} | "
+                   f"{sc['same']} / {sc['deviates']} / {sc['not_stated']} / "
+                   f"{sc['not_reproduced']} |")
+    return "\n".join(out)
+
+
+def write_readme(summary: str, readme: str | Path = "README.md") -> None:
+    path = Path(readme)
+    text = path.read_text()
+    start, end = MARKERS
+    if start not in text or end not in text:
+        raise FidelityError(f"{path}: the markers {start} / {end} are missing")
+    pattern = re.compile(re.escape(start) + r".*?" + re.escape(end), re.S)
+    path.write_text(pattern.sub(lambda _: f"{start}\n{summary}\n{end}", text, count=1))
+
+
+def main(argv: list[str] | None = None) -> int:
+    from attncert.params import PARAMS_FILE, read_yaml
+
+    ap = argparse.ArgumentParser(prog="python -m attncert.fidelity",
+                                 description=__doc__.splitlines()[0])
+    ap.add_argument("command", choices=["check", "docs"])
+    ap.add_argument("--record", default=FIDELITY_FILE)
+    ap.add_argument("--params", default=PARAMS_FILE)
+    args = ap.parse_args(argv)
+    try:
+        record = load(args.record)
+        params = read_yaml(args.params)
+        problems = check_params(record, params)
+        if args.command == "docs":
+            Path(DOCS_FILE).parent.mkdir(exist_ok=True)
+            Path(DOCS_FILE).write_text(render_docs(record, params))
+            write_readme(render_summary(record))
+            print(f"wrote {DOCS_FILE} and the README summary")
+        for p in problems:
+            print(f"fidelity: {p}", file=sys.stderr)
+        if problems:
+            return 1
+        print(f"fidelity: {len(record.items)} tables and figures, {len(record.settings)} "
+              "settings; params.yaml matches every row marked same")
+    except FidelityError as exc:
+        print(f"fidelity: error: {exc}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
