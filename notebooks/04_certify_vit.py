@@ -31,7 +31,6 @@ from IPython.display import Markdown, display
 
 from attncert.figures import show
 from attncert.figures import vit as figs
-from attncert.paper import CERTVIT_MNIST
 from attncert.params import BaseParams, parse_section
 from attncert.runs import GridPoint
 from attncert.stages import certify_vit as stage
@@ -72,18 +71,6 @@ result.audit[["eps", "attacked", "robust_acc"]
 show(result.figure)
 result.long.pivot_table(index=["variant", "test"], columns="eps",
                         values="accuracy").mul(100).round(1)
-
-# %% [markdown]
-# ### Beside CertViT's MNIST claim
-# CertViT (Table 1) reports a ViT on MNIST with clean 97.8%, PGD 64.2% and 54.5% certified
-# at eps = 1.58. Our eps is an l2 radius in pixel space [0, 1] with the normalisation inside
-# the model; CertViT's code applies the eps after normalisation, so its number overstates the
-# pixel-space certificate (MATH.md section 5).
-
-# %%
-comparison = stage.certvit_comparison(result)
-display(comparison if comparison is not None else Markdown(
-    f"(CertViT's MNIST row needs dataset mnist and eps {CERTVIT_MNIST['eps']} in cert_eps.)"))
 
 # %% [markdown]
 # ## Cost of each certificate

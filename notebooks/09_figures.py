@@ -72,8 +72,7 @@ long = res.certified
 if note:
     display(Markdown(note))
 if points:
-    papers = figs.paper_certified_frame(res.items("certify_vit"))
-    show(figs.plot_certified_grid(long, papers))
+    show(figs.plot_certified_grid(long))  # LoFAST Figure 2 prints no numbers to set beside
     display(long[long.test != "logit"].pivot_table(index=["run", "variant"], columns="eps",
                                                    values="accuracy").mul(100).round(1))
 
@@ -83,8 +82,7 @@ if points:
 # %%
 items = res.items("certify_vit")
 if points:
-    show(figs.plot_tradeoff(figs.tradeoff_frame(points), figs.paper_tradeoff_frame(
-        [items[run]["dataset"] for run in points])))
+    show(figs.plot_tradeoff(figs.tradeoff_frame(points)))
 
 # %% [markdown]
 # ## Certification cost per sample

@@ -1,6 +1,7 @@
 """The CertViT stage (attncert.stages.certvit), the methods it plans with
 (attncert.certvit.stage), the record of its steps (attncert.certvit.steps) and its figures."""
 
+import dataclasses
 import math
 
 import matplotlib
@@ -53,24 +54,30 @@ def test_the_section_takes_the_library_s_choices():
     raw = params.read_yaml(params.PARAMS_FILE)["certvit"]
     params.parse_section("certvit", raw, certvit_stage.Params)
     assert params.section_class("certvit") is certvit_stage.Params
-    with pytest.raises(params.ParamsError, match="1.58"):
+    with pytest.raises(params.ParamsError, match="0.4867"):  # CertViT's MNIST 1.58 in pixels
         params.parse_section("certvit", {**raw, "cert_eps": [0.1]}, certvit_stage.Params)
     for key, bad in (("norm", "layernorm"), ("finetune_scope", "all"),
                      ("finetune_margin", "radius"), ("radius_quantile", 1.0),
-                     ("dr_relaxation", 2.0), ("heads", 3), ("table1_heads", 3),
+                     ("dr_relaxation", 2.0), ("heads", 3),
+                     ("table1_heads", {"mnist": 3, "cifar10": 3, "cifar100": 3}),
+                     ("table1_depth", {"mnist": 6}),
                      ("table1_datasets", ["imagenet"])):
         with pytest.raises(params.ParamsError, match=f"certvit.{key}"):
             params.parse_section("certvit", {**raw, key: bad}, certvit_stage.Params)
     # Table 1's datasets need their CertViT eps on the grid; the grid must split the image
-    with pytest.raises(params.ParamsError, match="0.1412.*cifar100"):
-        params.parse_section("certvit", {**raw, "cert_eps": [1.58], "table1_datasets":
+    with pytest.raises(params.ParamsError, match="0.0361.*cifar100"):
+        params.parse_section("certvit", {**raw, "cert_eps": [0.4867], "table1_datasets":
                                          ["mnist", "cifar100"]}, certvit_stage.Params)
     p = params.parse_section("certvit", raw, certvit_stage.Params)
-    assert p.table1("cifar10", 32).patch == 8 and p.table1("mnist", 28).patch == 7
+    # CertViT Table 4's shapes per dataset: patch 7 on MNIST, patch 4 and d 192 on CIFAR
+    assert p.table1("cifar10", 32).patch == 4 and p.table1("mnist", 28).patch == 7
+    assert (p.table1("cifar100", 32).depth, p.table1("cifar10", 32).dim) == (12, 192)
     with pytest.raises(params.ParamsError, match="table1_grid"):
-        p.table1("svhn", 30)
-    assert (certvit_stage.table1_eps("cifar100") == certvit_stage.table1_eps("cifar10")
-            == 0.1412)
+        dataclasses.replace(p, table1_grid={**p.table1_grid, "cifar10": 5}).table1("cifar10", 32)
+    # its eps (normalised input) as the pixel radius it covers: eps x min(std), rounded down
+    assert certvit_stage.table1_eps("mnist") == 0.4867 == pytest.approx(1.58 * 0.3081, abs=1e-4)
+    assert (certvit_stage.table1_eps("cifar10"), certvit_stage.table1_eps("cifar100")) == (
+        0.0281, 0.0361)
 
 
 def test_pipeline_source_is_a_seeded_standard_vit():
@@ -206,13 +213,10 @@ def test_step_log_metrics_table1_and_figures():
     with pytest.raises(ValueError, match="no bound"):
         steps.stage_metrics(log, {"constrained": b1}, report)
 
-    row, name = steps.paper_row("mnist", [0.1, 1.58])
-    assert row is CERTVIT_MNIST and name == "ViT on MNIST"
-    assert steps.paper_row("cifar10", [0.1412, 1.58])[0] is CERTVIT_CIFAR10
-    assert steps.paper_row("cifar10", [1.58])[0] is CERTVIT_MNIST  # its eps is not in the grid
-    t1 = steps.table1(row, name, 0.9, 0.25, 0.0, b1.logits, "ours")
-    assert t1.loc["clean (%)", "ours"] == pytest.approx(90.0)
-    assert t1.iloc[2, 0] == CERTVIT_MNIST["certified"]
+    row, name = steps.paper_row("mnist")
+    assert row is CERTVIT_MNIST and "1.58 normalised = 0.4867 pixel" in name
+    assert steps.paper_row("cifar10")[0] is CERTVIT_CIFAR10
+    assert steps.paper_row("svhn")[0] is CERTVIT_MNIST  # a dataset CertViT does not report
 
     table = lipschitz_table(adapt_finetuned=b0, constrained=b1)
     diag = [{"site": "a", "sigma_before": 2.0, "sigma_after": 1.0, "sparsity": 0.5},
@@ -312,9 +316,11 @@ def test_the_stage_runs_every_mode_and_writes_its_files(tmp_path):
         depth=1, heads=2, mlp_hidden=16, pretrain_epochs=1, batch_size=16, warmup_steps=2,
         adapt_epochs=1, dr_iterations=1, dr_projection_steps=2, dr_max_pairs=64,
         dr_batch_size=32, dr_images=16, finetune_epochs=1, spectral_epochs=1, n_test=0,
-        n_attack=5, eval_batch_size=64, cert_eps=[0.1, 1.58], attack_steps=2, attack_restarts=1,
-        table1_datasets=["mnist"], table1_grid=2, table1_dim=8, table1_depth=1, table1_heads=2,
-        table1_mlp_hidden=8, table1_pretrain_epochs=1, table1_batch_size=16, table1_lr=1e-3,
+        n_attack=5, eval_batch_size=64, cert_eps=[0.1, 0.4867], attack_steps=2,
+        attack_restarts=1, table1_datasets=["mnist"], table1_grid={"mnist": 2},
+        table1_dim={"mnist": 8}, table1_depth={"mnist": 1}, table1_heads={"mnist": 2},
+        table1_mlp_hidden={"mnist": 8}, table1_pretrain_epochs={"mnist": 1},
+        table1_batch_size=16, table1_lr=1e-3,
         work_dir=str(tmp_path / "work"), metrics=str(tmp_path / "metrics.json"))
     res = certvit_stage.run(p, base, torch.device("cpu"))
     work = tmp_path / "work"
@@ -333,10 +339,11 @@ def test_the_stage_runs_every_mode_and_writes_its_files(tmp_path):
         res.bounds["spectral"]["final"].pairwise)
     assert list(res.logs["paper"].frame()["step"]) == [
         "pretrained", "adapted", "adapt_finetuned", "constrained", "finetuned"]
-    assert res.paper_table("mnist", "pipeline", p.cert_eps).shape == (4, 3)
     rows = {r["key"]: r for r in certvit_stage.headline_rows(m, {})}
-    assert rows["certified_acc/1.58"]["paper"] == CERTVIT_MNIST["certified"] / 100
-    assert "first 5 test images" in rows["pgd_acc/1.58"]["label"]
+    # the section's own run is not CertViT Table 1's setting: no paper number beside it
+    assert all(r["paper"] is None for k, r in rows.items() if not k.startswith("table1/"))
+    assert rows["certified_acc/0.4867"]["brief"]
+    assert "first 5 test images" in rows["pgd_acc/0.4867"]["label"]
     # CertViT Table 1: the same steps on a small ViT trained here, in its own folder
     sub = res.table1["mnist"]
     assert sub.pretrained.config.dim == 8 and sub.pretrained.config.patch == 4
@@ -349,8 +356,8 @@ def test_the_stage_runs_every_mode_and_writes_its_files(tmp_path):
         sub.bounds["spectral"]["final"].pairwise)
     frame = certvit_stage.table1_frame(res)
     assert list(frame["model"]) == [*res.modes, "linear baseline (pixels)"]
-    assert set(frame["eps"]) == {1.58} and frame["paper clean (%)"].iloc[0] == 97.8
-    assert rows["table1/mnist/modes/spectral/certified_acc/1.58"]["paper"] == 0.545
+    assert set(frame["eps"]) == {0.4867} and frame["paper clean (%)"].iloc[0] == 97.8
+    assert rows["table1/mnist/modes/spectral/certified_acc/0.4867"]["paper"] == 0.545
     assert m["total_seconds"] > entry["total_seconds"] > 0
 
 

@@ -3,7 +3,7 @@
 * :class:`StepLog`: accuracy, Lipschitz bound and seconds through the steps (pretrained,
   adapted, adapt-finetuned, constrained, finetuned), one log per constraining mode;
   :func:`mode_steps` puts the modes side by side;
-* :func:`paper_row` and :func:`table1`: CertViT's Table 1 row beside ours;
+* :func:`paper_row`: CertViT's Table 1 row for a dataset;
 * :func:`stage_metrics`: one mode's part of the stage's metrics file (:func:`baseline_metrics`:
   the linear baseline's); :func:`samples_frame`:
   the certificate of every point;
@@ -12,7 +12,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -25,7 +25,7 @@ from attncert.certvit.certificate import GlobalBound
 from attncert.train import evaluate
 
 __all__ = ["Result", "StepLog", "baseline_metrics", "mode_steps", "paper_row", "samples_frame",
-           "stage_metrics", "table1"]
+           "stage_metrics"]
 
 
 def mode_steps(logs: Mapping[str, StepLog]):
@@ -72,27 +72,10 @@ class StepLog:
         return {r["step"]: r[key] for r in self.rows}
 
 
-def paper_row(dataset: str, eps_grid: Sequence[float]) -> tuple[Mapping[str, float], str]:
-    """CertViT's Table 1 row to show beside a run, and its name: the CIFAR-10 row for CIFAR-10
-    when its eps (36/255) is in ``eps_grid``, else the MNIST row (eps 1.58)."""
-    if dataset == "cifar10" and paper.CERTVIT_CIFAR10["eps"] in eps_grid:
-        return paper.CERTVIT_CIFAR10, "ViT on CIFAR-10"
-    return paper.CERTVIT_MNIST, "ViT on MNIST"
-
-
-def table1(row: Mapping[str, float], name: str, clean: float, pgd: float, certified: float,
-           lipschitz: float, label: str):
-    """CertViT's Table 1 ``row`` (:func:`paper_row`) beside ours at its eps.
-
-    Accuracies are fractions here and percentages in the table; pandas DataFrame, one column
-    per model.
-    """
-    rows = ["clean (%)", "PGD (%)", f"certified at eps {row['eps']} (%)", "Lipschitz bound"]
-    return pd.DataFrame({
-        f"CertViT (Table 1, {name})": [row["clean"], row["pgd"], row["certified"],
-                                       row["lipschitz"]],
-        label: [100 * clean, 100 * pgd, 100 * certified, lipschitz],
-    }, index=rows)
+def paper_row(dataset: str) -> tuple[Mapping[str, float], str]:
+    """CertViT's Table 1 ViT row for ``dataset`` (MNIST's for a dataset it does not report)
+    and its label (:func:`attncert.paper.certvit_table1`)."""
+    return paper.certvit_table1(dataset) or paper.certvit_table1("mnist")
 
 
 def stage_metrics(log: StepLog, bounds: Mapping[str, GlobalBound], report: Mapping[str, Any],
@@ -188,17 +171,6 @@ class Result:
     def with_baseline(self) -> dict[str, dict]:
         """Every mode's certificate report and the linear baseline's."""
         return {**self.reports, "linear baseline (pixels)": self.baseline}
-
-    def paper_table(self, dataset: str, source: str, eps_grid: Sequence[float]) -> pd.DataFrame:
-        """CertViT's Table 1 row (:func:`paper_row`) beside every mode's final model."""
-        ref, name = paper_row(dataset, eps_grid)
-        e = ref["eps"]
-        t = pd.concat([table1(ref, name, self.reports[m]["clean_acc"],
-                              self.reports[m]["pgd_acc"][e], self.reports[m]["certified_acc"][e],
-                              self.bounds[m]["final"].pairwise,
-                              f"ours, {m} ({dataset}, {source}, pixel-space eps)")
-                       for m in self.modes], axis=1)
-        return t.loc[:, ~t.columns.duplicated()]
 
     def pairwise(self) -> pd.DataFrame:
         """The certificate's constant (features x max ||w_j - w_k||) per step and mode."""

@@ -18,8 +18,7 @@ from attncert import paper
 
 __all__ = ["tightness_frame", "plot_tightness", "ablation_frames", "plot_ablations",
            "certified_frame", "certified_csv_frame",
-           "paper_certified_frame", "plot_certified_grid", "tradeoff_frame",
-           "paper_tradeoff_frame", "plot_tradeoff", "cost_frame", "plot_cost",
+           "plot_certified_grid", "tradeoff_frame", "plot_tradeoff", "cost_frame", "plot_cost",
            "specformer_frame", "plot_specformer", "text_certified_frame",
            "plot_text_certified", "crown_frame", "plot_crown", "headline_frame", "plot_headline"]
 
@@ -116,25 +115,14 @@ def certified_csv_frame(long: pd.DataFrame) -> pd.DataFrame:
     return long.assign(variant=variant)[["run", "variant", "eps", "accuracy"]]
 
 
-def paper_certified_frame(items: Mapping[str, Mapping]) -> pd.DataFrame:
-    """(run, eps, accuracy, source): the papers' certified accuracies for the grid points they
-    describe: LoFAST Table 1 (CIFAR-10, depth 3-5) and CertViT's MNIST claim."""
-    t1, cv = paper.LOFAST_TABLE1, paper.CERTVIT_MNIST
-    rows = []
-    for run, item in items.items():
-        if item.get("dataset") == "cifar10" and item.get("depth") in t1["lofast"]:
-            rows += [{"run": run, "eps": e, "accuracy": a / 100,
-                      "source": f"paper: LoFAST Table 1 (L={item['depth']})"}
-                     for e, a in zip(t1["eps"], t1["lofast"][item["depth"]], strict=True)]
-        if item.get("dataset") == "mnist":
-            rows.append({"run": run, "eps": cv["eps"], "accuracy": cv["certified"] / 100,
-                         "source": "paper: CertViT Table 1 claim"})
-    return pd.DataFrame(rows, columns=["run", "eps", "accuracy", "source"])
-
-
-def plot_certified_grid(long: pd.DataFrame, papers: pd.DataFrame, col_wrap: int = 4) -> Figure:
+def plot_certified_grid(long: pd.DataFrame, papers: pd.DataFrame | None = None,
+                        col_wrap: int = 4) -> Figure:
     """Certified accuracy vs eps, one facet per grid point: every bound variant (pairwise
-    solid, logit dashed), the PGD accuracy, and the papers' numbers as labelled stars."""
+    solid, logit dashed), the PGD accuracy, and ``papers``' (run, eps, accuracy, source)
+    numbers as labelled stars where a paper reports a model of that point's setting (LoFAST
+    Figure 2 prints none: the grid has none by default)."""
+    papers = pd.DataFrame(columns=["run", "eps", "accuracy", "source"]) if papers is None \
+        else papers
     _style()
     df = long.assign(accuracy=100 * long["accuracy"])
     g = sns.relplot(df, x="eps", y="accuracy", hue="variant", style="test", col="run",
@@ -160,16 +148,6 @@ def tradeoff_frame(points: Mapping[str, Mapping], test: str = "pairwise") -> pd.
             for run, m in points.items() for key, accs in m["certified_acc"].items()
             if key.rsplit("_", 1)[1] == test for e, a in accs.items()]
     return pd.DataFrame(rows, columns=["run", "dataset", "variant", "eps", "clean", "certified"])
-
-
-def paper_tradeoff_frame(datasets: Sequence[str]) -> pd.DataFrame:
-    """(dataset, eps, clean, certified, source): CertViT Table 1's (clean, certified) pair of
-    every dataset in ``datasets`` it reports (MNIST, CIFAR-10; accuracies as fractions)."""
-    refs = {"mnist": paper.CERTVIT_MNIST, "cifar10": paper.CERTVIT_CIFAR10}
-    rows = [{"dataset": ds, "eps": refs[ds]["eps"], "clean": refs[ds]["clean"] / 100,
-             "certified": refs[ds]["certified"] / 100, "source": f"paper: CertViT Table 1 ({ds})"}
-            for ds in dict.fromkeys(datasets) if ds in refs]
-    return pd.DataFrame(rows, columns=["dataset", "eps", "clean", "certified", "source"])
 
 
 def plot_tradeoff(df: pd.DataFrame, papers: pd.DataFrame | None = None) -> Figure:

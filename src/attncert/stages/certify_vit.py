@@ -19,10 +19,10 @@ import matplotlib.pyplot as plt
 import pandas as pd
 import torch
 
-from attncert import certify, paper, soundness
+from attncert import certify, soundness
 from attncert.data import as_float, load_processed
 from attncert.figures import vit as figs
-from attncert.headline import eps_match, row
+from attncert.headline import row
 from attncert.io import atomic_path, write_json
 from attncert.models import ViTConfig
 from attncert.models.vit import load_vit
@@ -62,15 +62,6 @@ class Certified:
     samples: Path  # samples.csv
 
 
-def certvit_reference(dataset: str) -> dict[str, Any] | None:
-    """CertViT's MNIST claim, labelled for the certified-accuracy figure (MNIST only)."""
-    if dataset != "mnist":
-        return None
-    c = paper.CERTVIT_MNIST
-    return {**c, "label": f"CertViT claim: {c['certified']}% at eps {c['eps']} "
-                          f"(its eps is not pixel-space)"}
-
-
 def run(p: Params, base: BaseParams, point: GridPoint, processed_dir: str,
         device: torch.device) -> Certified:
     """Certify, attack and audit the point's model; write its results (a broken certificate
@@ -101,8 +92,7 @@ def run(p: Params, base: BaseParams, point: GridPoint, processed_dir: str,
                              for k, accs in summary["certified_acc"].items()},
                             see=str(samples))
     long = certify.long_certified_accuracy(summary)
-    fig = figs.plot_certified(long, f"{point.name}: certified accuracy",
-                              certvit_reference(point.dataset))
+    fig = figs.plot_certified(long, f"{point.name}: certified accuracy")
     with atomic_path(out_dir / "certified.png") as tmp:
         fig.savefig(tmp, format="png", dpi=120, bbox_inches="tight")
     plt.close(fig)  # shown once, by the notebook
@@ -110,57 +100,22 @@ def run(p: Params, base: BaseParams, point: GridPoint, processed_dir: str,
                      summary, long, fig, samples)
 
 
-def certvit_comparison(c: Certified) -> pd.DataFrame | None:
-    """CertViT's MNIST row (clean, PGD, certified at its eps, in percent) beside ours; None
-    unless the point is MNIST and its eps is among ``cert_eps``."""
-    e_cv = str(paper.CERTVIT_MNIST["eps"])
-    if c.dataset != "mnist" or e_cv not in c.summary["pgd_acc"]:
-        return None
-    ours = {"clean": 100 * c.summary["clean_acc"], "pgd": 100 * c.summary["pgd_acc"][e_cv]}
-    ours.update({f"certified {k}": 100 * v[e_cv]
-                 for k, v in c.summary["certified_acc"].items()})
-    cv = paper.CERTVIT_MNIST
-    return pd.DataFrame({"CertViT (paper, ViT)": pd.Series({
-        "clean": cv["clean"], "pgd": cv["pgd"], "certified (its test)": cv["certified"]}),
-        f"ours ({c.name})": pd.Series(ours)}).round(1)
-
-
-def _lofast_table1(item: Mapping, eps: str) -> float | None:
-    t1 = paper.LOFAST_TABLE1
-    i = eps_match(eps, t1["eps"])
-    if item.get("dataset") != "cifar10" or item.get("depth") not in t1["lofast"] or i is None:
-        return None
-    return t1["lofast"][item["depth"]][i] / 100
-
-
-def _certvit_claim(dataset: str | None, eps: str) -> tuple[Mapping, str] | None:
-    """CertViT's Table 1 row for ``dataset`` (MNIST or CIFAR-10) and its name, if ``eps`` is
-    its eps."""
-    ref = {"mnist": (paper.CERTVIT_MNIST, "CertViT Table 1 (MNIST)"),
-           "cifar10": (paper.CERTVIT_CIFAR10, "CertViT Table 1 (CIFAR-10)")}.get(dataset or "")
-    return ref if ref and eps_match(eps, [ref[0]["eps"]]) is not None else None
-
-
 def headline_rows(m: Mapping, item: Mapping) -> list[dict]:
-    """Clean, PGD and certified accuracy per eps (LoFAST(M) pairwise beside LoFAST Table 1
-    or CertViT's claim), seconds per sample, cost per forward pass, broken certificates."""
+    """Clean, PGD and certified accuracy per eps, seconds per sample, cost per forward pass,
+    broken certificates. The grid is LoFAST Figure 2's (384-d ViTs), which prints no numbers:
+    LoFAST Table 1's are of 128-d models (the crown stage) and CertViT's of its own ViTs (the
+    certvit stage), so no paper number stands beside a grid point."""
     rows = [row("clean_acc", "clean accuracy", m["clean_acc"], "fraction", brief=True)]
     for eps, acc in m.get("pgd_acc", {}).items():
         rows.append(row(f"pgd_acc/{eps}", f"L2 PGD accuracy at eps {eps}", acc, "fraction"))
     for key, accs in m.get("certified_acc", {}).items():
         headline = key == "lofast_M_pairwise"
         for eps, acc in accs.items():
-            ref, src = (_lofast_table1(item, eps), "LoFAST Table 1") if headline else (None, None)
-            claim = _certvit_claim(item.get("dataset"), eps) if headline else None
-            if ref is None and claim is not None:
-                ref, src = claim[0]["certified"] / 100, claim[1]
             rows.append(row(f"certified_acc/{key}/{eps}", f"certified {key} at eps {eps}", acc,
-                             "fraction", ref, src, brief=headline))
-    depth_ref = paper.LOFAST_TABLE1["lofast_seconds"].get(item.get("depth"))
+                             "fraction", brief=headline))
     for key, s in m.get("seconds_per_sample", {}).items():
-        ref = depth_ref if key == "lofast_M_pairwise" and item.get("dataset") == "cifar10" else None
         rows.append(row(f"seconds_per_sample/{key}", f"seconds per sample {key}", s, "seconds",
-                         ref, "LoFAST Table 1", brief=key == "lofast_M_pairwise"))
+                         brief=key == "lofast_M_pairwise"))
     for key, c in m.get("cost_vs_forward", {}).items():
         rows.append(row(f"cost_vs_forward/{key}", f"cost / forward pass {key}", c, "ratio"))
     if "broken" in m:
