@@ -370,22 +370,27 @@ def test_the_imagenet_route_certifies_a_tiny_hf_vit_in_every_mode(tmp_path):
 
     g = torch.Generator().manual_seed(0)
     sample = {"test": {"x": torch.randint(0, 256, (5, 3, 224, 224), generator=g,
-                                          dtype=torch.uint8), "y": torch.tensor([1, 2, 0, 3, 4])}}
+                                          dtype=torch.uint8), "y": torch.tensor([1, 2, 0, 3, 0])}}
     budgets = Budgets(embed=0.9, q=0.4, v=0.5, o=0.8, fc1=0.9, fc2=0.7, gain=1.0)
     dr = DRConfig(threshold=0.5, eta=0.2, iterations=3, projection_steps=2, max_pairs=64,
                   batch_size=32)
     args = (stage.MODES, "project", 0.1, dr, budgets)
-    out, what = imagenet.table2(sample, imagenet.TINY, tmp_path / "hf", *args, 10, [0.1], 2, 1,
+    out, what = imagenet.table3(sample, imagenet.TINY, tmp_path / "hf", *args, 10, [0.1], 2, 1,
                                 8, 0, "cpu", n_attack=2)
     assert set(out) == set(stage.MODES) and str(tmp_path / "hf") in what
     for m in stage.MODES:
-        assert (out[m]["images"], out[m]["calibration_images"], out[m]["n_attacked"]) == (3, 2, 2)
+        # one image per class of the 3 left after calibration: classes 0 and 3
+        assert (out[m]["images"], out[m]["classes"], out[m]["calibration_images"],
+                out[m]["n_attacked"]) == (2, 2, 2, 2)
         assert out[m]["broken"] == 0 and set(out[m]["certified_acc"]) == {"0.1"}
         assert out[m]["lipschitz_constrained"] > 0
         assert 0 <= out[m]["pretrained_clean_acc"] <= 1
-    again, _ = imagenet.table2(sample, str(tmp_path / "hf"), tmp_path / "unused", *args, 1,
+    again, _ = imagenet.table3(sample, str(tmp_path / "hf"), tmp_path / "unused", *args, 1,
                                [0.1], 2, 1, 8, 0, "cpu")
-    assert again["paper"]["images"] == 4 and again["paper"]["calibration_images"] == 1
+    assert again["paper"]["images"] == 3 and again["paper"]["calibration_images"] == 1
+    assert imagenet.one_per_class(torch.tensor([5, 1, 1, 2, 1, 2]), 1, seed=0).tolist() in (
+        [1, 3], [1, 5], [2, 3], [2, 5], [3, 4], [4, 5])
+    assert imagenet.folder_name("google/vit-base-patch16-224") == "google_vit-base-patch16-224"
     with pytest.raises(ValueError, match="at least 2 images"):
-        imagenet.table2({"test": {"x": sample["test"]["x"][:1], "y": torch.tensor([1])}},
+        imagenet.table3({"test": {"x": sample["test"]["x"][:1], "y": torch.tensor([1])}},
                         imagenet.TINY, tmp_path / "hf", *args, 1, [0.1], 2, 1, 8, 0, "cpu")

@@ -127,7 +127,7 @@ def test_imagenet_validation_images_the_user_provides(tmp_path):
         write_png(img, str(val / wnids[k] / f"ILSVRC2012_val_{k:08d}.png"))
     got = data.load_imagenet_val(None, raw, 0, 0)
     assert got["test"]["x"].shape == (3, 3, 224, 224) and got["test"]["x"].dtype == torch.uint8
-    assert got["test"]["y"].tolist() == [0, 3, 999] and len(got["classes"]) == 1000
+    assert sorted(got["test"]["y"].tolist()) == [0, 3, 999] and len(got["classes"]) == 1000
     assert got["source"] == f"user-provided {val} (3 of 3 images)"
     sub = data.load_imagenet_val(None, raw, 2, 0)
     assert len(sub["test"]["y"]) == 2 and set(sub["test"]["y"].tolist()) <= {0, 3, 999}
@@ -140,6 +140,19 @@ def test_imagenet_validation_images_the_user_provides(tmp_path):
         data.load_imagenet_val(None, raw, 0, 0)
     with pytest.raises(data.DataUnavailable, match="no public download route"):
         data.load_imagenet_val(None, tmp_path / "elsewhere", 0, 0)
+
+
+def test_a_stratified_subset_spreads_over_the_classes_in_a_mixed_order():
+    from attncert.data.common import stratified_indices
+
+    labels = [k % 10 for k in range(1000)]  # 100 images of each of 10 classes
+    idx = stratified_indices(labels, 55, seed=3)
+    assert len(set(idx.tolist())) == 55
+    counts = torch.bincount(torch.tensor([labels[i] for i in idx]), minlength=10)
+    assert counts.min() >= 5 and counts.sum() == 55
+    assert len({labels[i] for i in idx[:10]}) > 3   # a prefix mixes the classes
+    assert torch.equal(idx, stratified_indices(labels, 55, seed=3))
+    assert sorted(stratified_indices(labels, 0, seed=3).tolist()) == list(range(1000))
 
 
 def test_samples_without_a_route_are_skipped_and_recorded(mirror, tmp_path, monkeypatch):

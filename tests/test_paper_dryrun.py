@@ -228,7 +228,7 @@ def dry(tmp_path_factory, mirror):
     params = _merge(yaml.load((repo / "params.yaml").read_text()), COUNTS)
     params = _merge(params, OFFLINE)
     params["certvit"]["source"] = str(hf)
-    params["certvit"]["imagenet_source"] = str(hf)  # Table 2: google/vit-base-patch16-224's class
+    params["certvit"]["imagenet_sources"] = [str(hf)]  # Table 3: the hub ViTs' class
     # the hub's ViT-S/16 and DeiT-Ti are the same class at the same input size
     params["specformer"]["sources"] = [str(hf)]
     validate(params, "dry-run params")
@@ -309,12 +309,14 @@ def test_certvit(dry):
     for entry in m["table1"].values():
         assert entry["source"] == "pipeline" and entry["n_test"] == 2
         assert all(mm["broken"] == 0 for mm in entry["modes"].values())
-    # CertViT Table 2's route: the loaded ViT on the ImageNet sample (no validation images here)
-    assert m["imagenet"]["images"] == "imagenet_sample" and m["imagenet"]["source"] == str(
-        dry[0].parent / "hf-vit")
+    # CertViT Table 3's route: the loaded ViT on the ImageNet sample (no validation images
+    # here), one image per class of those left after calibration
+    assert m["imagenet"]["images"] == "imagenet_sample"
+    assert list(m["imagenet"]["models"]) == [str(dry[0].parent / "hf-vit")]
     assert "imagenet_val" in m["imagenet"]["skipped_images"]
+    modes = next(iter(m["imagenet"]["models"].values()))["modes"]
     assert all(mm["broken"] == 0 and mm["calibration_images"] == 10
-               for mm in m["imagenet"]["modes"].values())
+               and mm["images"] == mm["classes"] for mm in modes.values())
 
 
 def test_crown(dry):

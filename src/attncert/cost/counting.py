@@ -38,6 +38,8 @@ HF_VITS = {
                                             heads=6, mlp_hidden=1536),
     "facebook/deit-tiny-patch16-224": dict(image_size=224, patch=16, dim=192, depth=12,
                                            heads=3, mlp_hidden=768),
+    "WinKawaks/vit-tiny-patch16-224": dict(image_size=224, patch=16, dim=192, depth=12,
+                                           heads=3, mlp_hidden=768),
 }
 #: BERT-family encoders the text stage may freeze: (hidden, layers, heads, intermediate)
 ENCODERS = {"bert-base-uncased": (768, 12, 12, 3072), "minilm-package": (384, 6, 12, 1536)}

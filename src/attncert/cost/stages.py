@@ -255,30 +255,34 @@ def certvit_work(p, n_train_max: int, n_test_max: int) -> list[Work]:
     for d in cv.table1_datasets:
         out += _certvit_run_work(cv.table1(d, DATASETS[d][1]), n_train_max, n_test_max,
                                  f"Table 1 {d}: ")
-    if cv.imagenet_source in HF_VITS:  # Table 2: the user's validation images (none: 0 here)
+    for source in cv.imagenet_sources:  # Table 3: the user's validation images
+        if source not in HF_VITS:
+            continue
         from attncert.models import ViTConfig
 
         cfg = ViTConfig(channels=3, num_classes=1000, kind="standard", block="prenorm",
-                        pool="cls", attn_bias=True, **HF_VITS[cv.imagenet_source])
+                        pool="cls", attn_bias=True, **HF_VITS[source])
         c = vit_counts(cfg)
         n_val = p["data"].imagenet_val_images or 50000
-        n = n_val - min(cv.imagenet_calibration, n_val // 2)
+        # one image per class of those left after calibration (at most ImageNet's 1000)
+        n = min(1000, n_val - min(cv.imagenet_calibration, n_val // 2))
         maps = cfg.depth * 6 + 2
         per_pass = 2 * 2 * cv.dr_max_pairs * cfg.dim * max(cfg.mlp_hidden, cfg.dim)
         passes = cv.dr_iterations * cv.dr_projection_steps * math.ceil(cv.dr_max_pairs
                                                                        / cv.dr_batch_size)
         f64 = vit_forward64(cfg)
         for mode in cv.constrain:  # accuracy forwards (loaded, adapted), DR, certificate, audit
-            out.append(Work("certvit", f"Table 2 ImageNet {mode}: accuracy forwards", "fp32",
+            what = f"Table 3 ImageNet {source} {mode}"
+            out.append(Work("certvit", f"{what}: accuracy forwards", "fp32",
                             2 * n_steps(n, cv.eval_batch_size)
                             * c["forward"].flops(cv.eval_batch_size),
                             2 * n_steps(n, cv.eval_batch_size) * c["forward"].kernels))
-            out.append(Work("certvit", f"Table 2 ImageNet {mode}: Douglas-Rachford", "fp32",
+            out.append(Work("certvit", f"{what}: Douglas-Rachford", "fp32",
                             maps * passes * per_pass, maps * passes * 20))
-            out.append(Work("certvit", f"Table 2 ImageNet {mode}: global certificate", "fp64",
+            out.append(Work("certvit", f"{what}: global certificate", "fp64",
                             n_steps(n, cv.eval_batch_size) * f64.flops(cv.eval_batch_size),
                             n_steps(n, cv.eval_batch_size) * f64.kernels))
-            out.append(audit_work("certvit", f"Table 2 ImageNet {mode}: PGD audit", c["attack"],
+            out.append(audit_work("certvit", f"{what}: PGD audit", c["attack"],
                                   min(cv.n_attack, n), len(cv.cert_eps), cv.attack_steps,
                                   cv.attack_restarts, cv.eval_batch_size))
     return out

@@ -7,6 +7,7 @@ from __future__ import annotations
 import gzip
 import os
 import shutil
+from collections.abc import Sequence
 from pathlib import Path
 
 import torch
@@ -84,6 +85,28 @@ def subset_indices(n: int, k: int, seed: int) -> torch.Tensor:
         return torch.arange(n)
     # host indices into host data: a CPU generator by design
     return torch.randperm(n, generator=rng.generator(seed, "cpu"))[:k].sort().values
+
+
+def stratified_indices(labels: Sequence[int], k: int, seed: int) -> torch.Tensor:
+    """``k`` distinct indices spread evenly over the classes of ``labels`` (k // classes of
+    each, seeded; the remainder from the rest at random), in a seeded random order (so any
+    prefix mixes the classes); all of them, in that order, if k = 0 or k >= len(labels)."""
+    g = rng.generator(seed, "cpu")  # host indices into host data
+    n = len(labels)
+    order = torch.randperm(n, generator=g)
+    if 0 < k < n:
+        classes = sorted(set(labels))
+        per, taken, rest = k // len(classes), {c: 0 for c in classes}, []
+        chosen = []
+        for i in order.tolist():
+            if taken[labels[i]] < per:
+                taken[labels[i]] += 1
+                chosen.append(i)
+            else:
+                rest.append(i)
+        chosen += rest[:k - len(chosen)]
+        order = torch.tensor(chosen)[torch.randperm(len(chosen), generator=g)]
+    return order
 
 
 def channel_stats(x: torch.Tensor) -> tuple[list[float], list[float]]:

@@ -32,7 +32,9 @@ def _imagenet_crop(image: torch.Tensor) -> torch.Tensor:
 def load_imagenet_val(mirror: Path | None, raw_dir: Path, max_images: int, seed: int,
                       progress: bool = False) -> dict[str, Any]:
     """ImageNet validation images as uint8 tensors (the evaluation crop), a seeded subset of
-    ``max_images`` (0 = all), labels from their folders.
+    ``max_images`` (0 = all) spread evenly over the classes, in a seeded random order (any
+    prefix mixes the classes: the certvit stage calibrates on the first images and certifies
+    one per class of the rest), labels from their folders.
 
     ImageNet has no public download route: the user provides the validation images in the
     ImageFolder layout ``<raw_dir>/ImageNet/val/<wnid>/<image>.JPEG`` (the 1000 WordNet-id
@@ -43,7 +45,7 @@ def load_imagenet_val(mirror: Path | None, raw_dir: Path, max_images: int, seed:
     from torchvision.io import ImageReadMode, decode_image
     from tqdm.auto import tqdm
 
-    from attncert.data.common import subset_indices
+    from attncert.data.common import stratified_indices
 
     where = [raw_dir / SAMPLE_FOLDERS["imagenet_val"]]
     if mirror:
@@ -64,7 +66,7 @@ def load_imagenet_val(mirror: Path | None, raw_dir: Path, max_images: int, seed:
              if f.suffix.lower() in IMAGE_SUFFIXES]
     if not files:
         raise DataUnavailable(f"imagenet_val: no images under {folder}/<wnid>/")
-    idx = subset_indices(len(files), max_images, seed).tolist()
+    idx = stratified_indices([k for _, k in files], max_images, seed).tolist()
     x = torch.stack([_imagenet_crop(decode_image(str(files[i][0]), mode=ImageReadMode.RGB))
                      for i in tqdm(idx, desc="imagenet_val", disable=not progress)])
     y = torch.tensor([files[i][1] for i in idx], dtype=torch.int64)
