@@ -538,3 +538,17 @@ def test_linear_baseline_checkpoints_like_a_phase(tmp_path):
     assert prepare_checkpoint_dir(tmp_path / "lin", fp) == "fresh"
     assert model.config.to_dict() == {"kind": "pixel_linear", "in_features": 36,
                                       "num_classes": 2}
+
+
+def test_a_checkpoint_missing_weights_is_refused(tmp_path):
+    """from_pretrained would fill missing weights at random and only log it."""
+    from safetensors.torch import load_file, save_file
+
+    path = tiny_hf_vit(tmp_path / "hf", hidden_size=16, num_layers=1)
+    weights = path / "model.safetensors"
+    state = load_file(weights)
+    dropped = next(k for k in state if k.endswith("attention.query.weight"))
+    save_file({k: v for k, v in state.items() if k != dropped}, weights,
+              metadata={"format": "pt"})
+    with pytest.raises(ValueError, match="lacks"):
+        load_model(path)

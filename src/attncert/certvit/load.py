@@ -163,7 +163,8 @@ def load_model(source: str | Path, revision: str | None = None,
     ``kind="standard"`` ViT); a folder, or a string that is no local path, goes through
     ``ViTForImageClassification.from_pretrained`` and :func:`vit_from_hf`. Without hub
     access (offline machines) a hub id fails with :class:`CheckpointUnavailable`.
-    Note: a save_vit checkpoint does not store the LayerNorm eps (``nn.LayerNorm``'s 1e-5
+    A checkpoint that lacks weights (which ``from_pretrained`` would fill at random) is an
+    error. Note: a save_vit checkpoint does not store the LayerNorm eps (``nn.LayerNorm``'s 1e-5
     comes back), so an HF model saved that way differs slightly from the HF original.
     """
     path = Path(source)
@@ -175,8 +176,9 @@ def load_model(source: str | Path, revision: str | None = None,
     from transformers import ViTForImageClassification
 
     try:
-        hf = ViTForImageClassification.from_pretrained(str(source), revision=revision,
-                                                       local_files_only=local_files_only)
+        hf, info = ViTForImageClassification.from_pretrained(
+            str(source), revision=revision, local_files_only=local_files_only,
+            output_loading_info=True)
         mean, std = hf_normalization(source, revision, local_files_only)
     except OSError as exc:
         where = "local folder" if path.is_dir() else "Hugging Face hub id"
@@ -184,6 +186,14 @@ def load_model(source: str | Path, revision: str | None = None,
             f"cannot load {str(source)!r} as a {where}: {str(exc).splitlines()[0]}. Offline, "
             "pass a folder written by save_pretrained (see tiny_hf_vit) or a save_vit "
             "checkpoint file") from exc
+    # from_pretrained fills weights a checkpoint lacks with random ones and only logs it: a
+    # certified model of random weights is no result, so a missing weight is an error
+    missing = [*info.get("missing_keys", []), *(k for k, *_ in info.get("mismatched_keys", []))]
+    if missing:
+        raise ValueError(f"{source}: the checkpoint lacks (or has other shapes for) "
+                         f"{len(missing)} weight(s) of ViTForImageClassification, e.g. "
+                         f"{sorted(missing)[:3]}; pass a complete ViTForImageClassification "
+                         "checkpoint")
     return vit_from_hf(hf.eval(), mean, std)
 
 
