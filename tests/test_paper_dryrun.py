@@ -53,7 +53,8 @@ COUNTS: dict[str, dict] = {
                    "epochs": 1, "adv_epochs": 1, "batch_size": 8, "eval_batch_size": 8,
                    "warmup_steps": 1, "adv_steps": 1, "n_eval": 2, "attack_steps": 1,
                    "attack_eps": [0.5], "timing_steps": 1, "timing_rounds": 1, "timing_warmup": 0,
-                   "cert_epochs": 1, "cert_n_test": 2, "cert_eps": [0.1]},
+                   "cert_epochs": 1, "cert_n_test": 2, "cert_eps": [0.1],
+                   "msvp_lambda_ablation": [[1.0e-4, 0.0, 0.0]]},  # one of Table 5's rows
     "text": {"max_train": 64, "max_eval": 16, "olsa_depths": [3], "gamma_ablation": [2.0],
              "olsa_deep_depths": [4], "epochs": {"sst2": 1, "yelp_polarity": 1},
              "batch_size": 32, "warmup_steps": 1, "lofast_layers": [6],

@@ -358,3 +358,28 @@ def test_msvp_sees_the_pretrained_heads(tiny_pretrained):
         for which in "qkv":
             assert model.get_submodule(f"{name}.{which}").weight.grad.abs().sum() > 0
     assert model.head.weight.grad is None
+
+
+def test_table5_and_table3_stand_beside_their_own_runs():
+    """Table 5's row beside the CIFAR-10 ViT-S ablation run with the same triple and training,
+    Table 3's ratios beside each training's step-time ratio; nothing beside another run."""
+    from attncert import paper
+    from attncert.stages import specformer as stage
+
+    lam = "0.0001,0,0"
+    m = {"table5_run": stage.TABLE1_RUN,
+         "msvp_ablation": {f"{lam}/standard/PGD-2 2/255": 0.3,
+                           f"{lam}/adversarial/CW-20 8/255": 0.31, "9,9,9/standard/clean": 0.8},
+         "step_time_ratio": {"vanilla": 1.0, "specformer": 1.2, "l2former": 2.0},
+         "step_time_ratio_adversarial": {"vanilla": 1.0, "specformer": 1.1}}
+    rows = {r["key"]: r for r in stage.headline_rows(m, {})}
+    assert rows[f"msvp_ablation/{lam}/standard/PGD-2 2/255"]["paper"] == pytest.approx(0.3532)
+    assert rows[f"msvp_ablation/{lam}/adversarial/CW-20 8/255"]["paper"] == pytest.approx(0.3147)
+    assert rows["msvp_ablation/9,9,9/standard/clean"]["paper"] is None
+    assert rows["step_time_ratio/specformer"]["paper"] == paper.SPECFORMER_STEP_RATIO
+    assert rows["step_time_ratio/l2former"]["paper"] == 2.5
+    adv = rows["step_time_ratio_adversarial/specformer"]
+    assert adv["paper"] == paper.SPECFORMER_STEP_RATIO_ADV
+    assert "step_time_ratio/vanilla" not in rows
+    other = {r["key"]: r for r in stage.headline_rows({**m, "table5_run": "fashion_mnist"}, {})}
+    assert all(r["paper"] is None for k, r in other.items() if k.startswith("msvp_ablation"))
