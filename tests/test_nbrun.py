@@ -84,6 +84,7 @@ pathlib.Path(data["metrics"]).write_text(json.dumps({"data": data, "vit_grid": v
 def test_a_declared_section_is_passed_whole(project, venv_env):
     """A notebook that declares a section's name gets the section as one dict (real types);
     a grid point's list fields hold the chosen item."""
+    venv_env = {**venv_env, "ATTNCERT_ALLOW_CPU_PAPER": "1"}  # the paper params on this CPU
     _set(project, "metrics: reports/metrics/data.json", "metrics: seen.json")
     (project / "nb.py").write_text(WHOLE)
     proc, _ = _run(project, venv_env, "--section", "vit_grid", "--item", "dataset=svhn",

@@ -20,7 +20,7 @@ from typing import Any
 
 import torch
 
-from attncert import soundness
+from attncert import rng, soundness
 from attncert.certvit import stage as cv
 from attncert.certvit.adapt import adapt, calibrate_radii
 from attncert.certvit.certificate import certify, global_bound
@@ -36,7 +36,7 @@ TINY = "tiny"
 def one_per_class(labels: torch.Tensor, start: int, seed: int) -> torch.Tensor:
     """Indices (sorted) of one image per class among ``labels[start:]``, each drawn at random
     with ``seed`` (CertViT sec. 4.2's evaluation set: its 1000 classes, one image each)."""
-    g = torch.Generator().manual_seed(int(seed))
+    g = rng.generator(seed, "cpu")  # host indices into host data
     rest = torch.arange(start, len(labels))
     order = rest[torch.randperm(len(rest), generator=g)]
     seen: dict[int, int] = {}
