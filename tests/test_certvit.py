@@ -552,3 +552,24 @@ def test_a_checkpoint_missing_weights_is_refused(tmp_path):
               metadata={"format": "pt"})
     with pytest.raises(ValueError, match="lacks"):
         load_model(path)
+
+
+def test_the_certificate_forward_pass_is_float64(monkeypatch):
+    """CertViT's radii come from float64 logits of a float64 copy; the model stays float32."""
+    from attncert.certvit import certificate
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(12, 3))
+    seen = []
+    real = torch.nn.Linear.forward
+
+    def spy(self, x):
+        seen.append(x.dtype)
+        return real(self, x)
+
+    monkeypatch.setattr(torch.nn.Linear, "forward", spy)
+    x, y = torch.rand(5, 3, 2, 2), torch.tensor([0, 1, 2, 0, 1])
+    out = certificate.certify_pairwise(model, x, y, model[1].weight, 1.0, [0.1])
+    assert seen and set(seen) == {torch.float64}
+    assert next(model.parameters()).dtype == torch.float32
+    assert out["radius"].dtype == torch.float64

@@ -199,3 +199,47 @@ def test_device_batches_match_the_cpu_draws():
         want = padded[i, :, dy[i]:dy[i] + 4, dx[i]:dx[i] + 4]
         want = want.flip(-1) if flip[i] else want
         assert torch.equal(out[i], want)
+
+
+def test_olsa_orthogonalisation_stays_float32_under_bf16_autocast():
+    """Newton-Schulz in bfloat16 leaves W far from orthogonal; the layer computes W in
+    float32 outside autocast whatever the training precision."""
+    from attncert.text.orthogonal import OrthogonalLinear, newton_orthogonalize
+
+    torch.manual_seed(0)
+    layer = OrthogonalLinear(64, iters=1)
+    with torch.no_grad():
+        layer.v.add_(0.01 * torch.randn(64, 64))
+    layer.reproject_(10)
+    eye = torch.eye(64)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        w = layer.weight_effective()
+        loose = newton_orthogonalize(layer.v, 1)  # what autocast alone would compute
+        y = layer(torch.randn(3, 64))
+    assert w.dtype == torch.float32 and y.dtype == torch.bfloat16
+    assert (w @ w.T - eye).abs().max() < 1e-5
+    assert (loose.float() @ loose.float().T - eye).abs().max() > 1e-3
+
+
+def test_the_bf16_training_path_trains_an_olsa_text_model(tmp_path):
+    """The text training loop at bf16 (CPU autocast): finite losses, the orthogonal maps
+    re-projected in float32, and a resolved precision recorded for the resume check."""
+    from attncert.text.models import OLSAClassifier
+    from attncert.text.orthogonal import OrthogonalLinear
+    from attncert.text.train_text import TextTrainConfig, train_model
+
+    g = torch.Generator().manual_seed(0)
+    n, length, vocab = 48, 8, 30
+    ids = torch.randint(1, vocab, (n, length), generator=g)
+    data = {"ids": ids, "mask": torch.ones(n, length, dtype=torch.bool),
+            "y": (ids[:, 0] % 2).long()}
+    model = OLSAClassifier(vocab_size=vocab, max_len=length, dim=16, depth=1, heads=2)
+    rows = train_model(model, {"name": "olsa-bf16"}, data, data,
+                       TextTrainConfig(epochs=1, batch_size=16, logit_scale=5.0), tmp_path,
+                       "cpu", precision="bf16")
+    assert len(rows) == 1 and all(torch.isfinite(torch.tensor(r["train_loss"])) for r in rows)
+    for m in model.modules():
+        if isinstance(m, OrthogonalLinear):
+            w = m.weight_effective()
+            assert (w @ w.T - torch.eye(w.shape[0])).abs().max() < 1e-5
+    assert "bf16" in (tmp_path / "spec.json").read_text()

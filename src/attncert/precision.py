@@ -67,6 +67,24 @@ def autocast(precision: str, device: torch.device | str) -> contextlib.AbstractC
     return torch.autocast(torch.device(device).type, dtype=torch.bfloat16)
 
 
+@contextlib.contextmanager
+def full_precision(device: torch.device | str) -> Iterator[None]:
+    """float32 (or wider) arithmetic inside a training step: autocast off on ``device``'s type
+    and IEEE float32 matmuls (TF32 off), both restored after. For the few computations that
+    reduced precision breaks, such as OLSA's orthogonalisation (a bfloat16 Newton-Schulz step
+    leaves ||W W^T - I|| near 1e-2 instead of 1e-7)."""
+    kind = torch.device(device).type
+    before = torch.get_float32_matmul_precision()
+    off = (torch.autocast(kind, enabled=False) if kind in AUTOCAST_DEVICES
+           else contextlib.nullcontext())  # a device type without autocast has none to undo
+    with off:
+        torch.set_float32_matmul_precision("highest")
+        try:
+            yield
+        finally:
+            torch.set_float32_matmul_precision(before)
+
+
 def require_full_precision(what: str) -> None:
     """Raise unless autocast is off on every device type and float32 matmuls are IEEE.
 

@@ -34,6 +34,7 @@ Certificate (the pairwise last-layer test, MATH.md section 6): with logits f = W
 
 from __future__ import annotations
 
+import copy
 import math
 import time
 from collections.abc import Sequence
@@ -168,7 +169,11 @@ def certified_radius(logits: Tensor, head_weight: Tensor, features_lipschitz: fl
 
 @torch.no_grad()
 def _logits(model: nn.Module, x: Tensor, batch_size: int) -> Tensor:
-    return torch.cat([model(x[i:i + batch_size]) for i in range(0, len(x), batch_size)])
+    """The certificate's forward pass in float64 (a float64 copy of ``model``; the model
+    itself is left as it is), batch by batch."""
+    model64 = copy.deepcopy(model).double()
+    return torch.cat([model64(x[i:i + batch_size].double())
+                      for i in range(0, len(x), batch_size)])
 
 
 def certify(model: ViT, x: Tensor, y: Tensor, eps_grid: Sequence[float],

@@ -8,6 +8,8 @@ import torch
 from torch import Tensor, nn
 from torch.nn import functional as F
 
+from attncert.precision import full_precision
+
 
 def newton_orthogonalize(v: Tensor, iters: int) -> Tensor:
     """(..., d, d) -> the orthogonal polar factor W = (V V^T)^{-1/2} V by Newton-Schulz.
@@ -28,6 +30,11 @@ def newton_orthogonalize(v: Tensor, iters: int) -> Tensor:
     return x
 
 
+def _at_least_float32(t: Tensor) -> Tensor:
+    """``t`` in float32, or as it is when wider (a float64 certificate model stays float64)."""
+    return t.to(torch.promote_types(t.dtype, torch.float32))
+
+
 class OrthogonalLinear(nn.Module):
     """y = W x (+ b), W = newton_orthogonalize(V, iters) (dim x dim), V the free parameter.
 
@@ -44,8 +51,10 @@ class OrthogonalLinear(nn.Module):
         self.bias = nn.Parameter(torch.zeros(dim)) if bias else None
 
     def weight_effective(self) -> Tensor:
-        """(dim, dim): the (nearly) orthogonal matrix applied."""
-        return newton_orthogonalize(self.v, self.iters)
+        """(dim, dim): the (nearly) orthogonal matrix applied, computed in float32 outside
+        autocast and TF32 whatever the training precision (:func:`full_precision`)."""
+        with full_precision(self.v.device):
+            return newton_orthogonalize(_at_least_float32(self.v), self.iters)
 
     def forward(self, x: Tensor) -> Tensor:
         return F.linear(x, self.weight_effective(), self.bias)
@@ -54,7 +63,8 @@ class OrthogonalLinear(nn.Module):
     def reproject_(self, iters: int = 5) -> None:
         """V <- its polar factor (W unchanged): keeps V near-orthogonal between optimiser steps,
         so the few forward iterations converge (a step moves the singular values little)."""
-        self.v.copy_(newton_orthogonalize(self.v, iters))
+        with full_precision(self.v.device):
+            self.v.copy_(newton_orthogonalize(_at_least_float32(self.v), iters))
 
 
 def reproject_orthogonal_(model: nn.Module) -> None:
