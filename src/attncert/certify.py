@@ -29,6 +29,7 @@ import torch
 from torch import Tensor
 
 from attncert import bounds, rng
+from attncert.batching import in_batches
 from attncert.models.vit import Component, propagate
 from attncert.precision import require_full_precision
 
@@ -277,18 +278,23 @@ def audit(model, x: Tensor, y: Tensor, radii: Mapping[str, Tensor], eps_grid: Se
 
     g = rng.generator(seed, x.device)
     with torch.no_grad():
-        correct = torch.cat([model(x[i:i + batch_size]).argmax(1) == y[i:i + batch_size]
-                             for i in range(0, len(y), batch_size)]).cpu()
+        correct = torch.cat(in_batches(
+            len(y), batch_size, lambda a, b: model(x[a:b]).argmax(1) == y[a:b],
+            "audit forward")).cpu()
     idx = correct.nonzero().flatten()
     attacker = attack_copy(model)
     rows, broken_all = [], []
     for e in tqdm(eps_grid, desc="PGD audit", disable=not progress):
         success = ~correct  # misclassified points count as attacked successfully
-        for j in range(0, len(idx), batch_size):
-            sub = idx[j:j + batch_size]
-            _, ok = verified_pgd_l2(model, x[sub.to(x.device)], y[sub.to(y.device)], float(e),
-                                    steps, restarts, generator=g, attack_model=attacker)
-            success[sub] = ok.cpu()
+
+        def attack(a: int, b: int, e: float = float(e)) -> Tensor:
+            sub = idx[a:b]
+            return verified_pgd_l2(model, x[sub.to(x.device)], y[sub.to(y.device)], e, steps,
+                                   restarts, generator=g, attack_model=attacker)[1].cpu()
+
+        broken = in_batches(len(idx), batch_size, attack, f"PGD audit at eps {e}")
+        if broken:
+            success[idx] = torch.cat(broken)
         row = {"eps": float(e), "attacked": int(len(idx)),
                "robust_acc": float((~success).double().mean())}
         for name, r in radii.items():

@@ -43,6 +43,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor, nn
 
+from attncert.batching import in_batches
 from attncert.bounds import GELU_LIPSCHITZ, spectral_norm
 from attncert.certvit.adapt import norm_lipschitz, output_radius, pool_lipschitz
 from attncert.layers import L2MultiHeadAttention, MultiHeadAttention
@@ -172,8 +173,8 @@ def _logits(model: nn.Module, x: Tensor, batch_size: int) -> Tensor:
     """The certificate's forward pass in float64 (a float64 copy of ``model``; the model
     itself is left as it is), batch by batch."""
     model64 = copy.deepcopy(model).double()
-    return torch.cat([model64(x[i:i + batch_size].double())
-                      for i in range(0, len(x), batch_size)])
+    return torch.cat(in_batches(len(x), batch_size, lambda a, b: model64(x[a:b].double()),
+                                "certificate forward"))
 
 
 def certify(model: ViT, x: Tensor, y: Tensor, eps_grid: Sequence[float],
