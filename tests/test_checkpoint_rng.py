@@ -54,3 +54,24 @@ def test_saved_state_names_one_device(monkeypatch):
                         lambda: (_ for _ in ()).throw(AssertionError("every device saved")))
     state = checkpoint._rng_state()
     assert torch.equal(state["cuda"], torch.ones(4))
+
+
+def test_an_evaluation_batch_change_resumes_the_run(tmp_path):
+    """Lowering eval_batch_size (say after an out-of-memory error) keeps the checkpoint; a
+    training setting still clears it."""
+    from attncert.checkpoint import prepare_checkpoint_dir
+
+    fp = {"model": {"dim": 8}, "train": {"lr": 1.0, "eval_batch_size": 500}, "sha": "a"}
+    ckpt = tmp_path / "run"
+    assert prepare_checkpoint_dir(ckpt, fp) == "fresh"
+    (ckpt / "ckpt.pt").write_text("state")
+    smaller = {**fp, "train": {"lr": 1.0, "eval_batch_size": 125}, "sha": "b"}
+    assert prepare_checkpoint_dir(ckpt, smaller) == "resume"
+    assert (ckpt / "ckpt.pt").exists()
+    other = {**fp, "train": {"lr": 0.5, "eval_batch_size": 125}, "sha": "c"}
+    assert prepare_checkpoint_dir(ckpt, other).startswith("cleared: train")
+    path = tmp_path / "ckpt.pt"
+    save_checkpoint(path, {"lr": 1.0, "eval_batch_size": 500}, {"model": nn.Linear(2, 2)}, 2, [])
+    _, epoch, _ = load_checkpoint(path, {"lr": 1.0, "eval_batch_size": 64},
+                                  {"model": nn.Linear(2, 2)})
+    assert epoch == 2

@@ -24,13 +24,28 @@ METRICS = "metrics.json"
 FINGERPRINT = "run.json"
 
 
+#: training-config fields that change no weight (evaluation between epochs): a checkpoint
+#: resumes whatever their value, so lowering one to get past an out-of-memory error keeps the run
+EVALUATION_ONLY = ("eval_batch_size",)
+
+
+def _decisive(record: Mapping[str, Any]) -> dict[str, Any]:
+    """``record`` without what decides no weight: ``sha`` and the evaluation-only fields (at the
+    top level and in a ``train`` sub-record)."""
+    out = {k: v for k, v in record.items() if k != "sha" and k not in EVALUATION_ONLY}
+    if isinstance(out.get("train"), Mapping):
+        out["train"] = _decisive(out["train"])
+    return out
+
+
 def prepare_checkpoint_dir(ckpt_dir: str | Path, fingerprint: Mapping[str, Any],
                            marker: str = FINGERPRINT) -> str:
     """Keep a checkpoint written for the same run (resume); clear one written for another.
 
     ``fingerprint``: a JSON-able record of what decides the run, compared as stored (tuples
     become lists) with ``ckpt_dir/marker``; a key ``sha`` (a hash of the rest) is not named as
-    a change. Returns what happened ("fresh", "resume" or "cleared: <keys> changed").
+    a change, and neither are the :data:`EVALUATION_ONLY` fields (the stored record is
+    updated). Returns what happened ("fresh", "resume" or "cleared: <keys> changed").
     """
     ckpt_dir = Path(ckpt_dir)
     fp = json.loads(json.dumps(dict(fingerprint)))
@@ -39,6 +54,9 @@ def prepare_checkpoint_dir(ckpt_dir: str | Path, fingerprint: Mapping[str, Any],
     if ckpt_dir.exists() and any(ckpt_dir.iterdir()):
         old = _read_json(path)
         if old == fp:
+            return "resume"
+        if old and _decisive(old) == _decisive(fp):
+            write_json(path, fp)
             return "resume"
         changed = sorted(k for k in set(old) | set(fp) if k != "sha" and old.get(k) != fp.get(k))
         status = f"cleared: {', '.join(changed) or 'no fingerprint'} changed"
@@ -66,7 +84,7 @@ def load_checkpoint(path: Path, config: Mapping[str, Any],
     if not path.is_file():
         return [], 0, {}
     ckpt = torch.load(path, map_location="cpu", weights_only=True)
-    if ckpt["config"] != dict(config):
+    if _decisive(ckpt["config"]) != _decisive(dict(config)):
         raise ValueError(f"{path} was written with another training config "
                          f"({ckpt['config']}); delete it to start over")
     for key, obj in states.items():
