@@ -371,3 +371,45 @@ def test_text_lengths_count_both_sentences_of_a_pair():
     lengths = figs.sentence_lengths(obj)
     assert lengths["words"].tolist() == [5, 4, 2]
     assert lengths["label"].tolist() == ["duplicate", "not_duplicate", "not_duplicate"]
+
+
+def test_a_transient_hub_error_is_retried_and_never_recorded_as_a_skip(tmp_path, monkeypatch):
+    """Timeouts and server errors are retried; one that outlasts the retries fails the stage
+    without a skip record; no route (offline, no library) is a skip at once."""
+    import types
+
+    from attncert.data import hub_text
+
+    monkeypatch.setattr(hub_text, "RETRY_DELAYS", (0.0, 0.0))
+    monkeypatch.setattr(hub_text.time, "sleep", lambda s: None)
+    rows = [{"label": i % 2, "text": f"review {i}"} for i in range(6)]
+    calls = []
+
+    def flaky(fail_times, error):
+        def load_dataset(*args, **kwargs):
+            calls.append(args)
+            if len(calls) <= fail_times:
+                raise error
+            return {"train": rows, "test": rows}
+        return types.SimpleNamespace(load_dataset=load_dataset)
+
+    monkeypatch.setitem(sys.modules, "datasets",
+                        flaky(2, TimeoutError("Read timed out. (read timeout=10)")))
+    source = hub_text.fetch_hub_text("yelp_polarity", tmp_path / "a", None, download=True)
+    assert source.startswith("download") and len(calls) == 3
+    calls.clear()
+    monkeypatch.setitem(sys.modules, "datasets", flaky(9, OSError("502 Server Error")))
+    with pytest.raises(hub_text.DownloadFailed, match="failed 3 times"):
+        hub_text.fetch_hub_text("yelp_polarity", tmp_path / "b", None, download=True)
+    out = tmp_path / "out"
+    with pytest.raises(hub_text.DownloadFailed):  # an optional dataset too
+        data.prepare(["yelp_polarity"], [], "", str(tmp_path / "c"), str(out), download=True,
+                     max_train=0, max_test=0, subset_seed=0, optional=["yelp_polarity"],
+                     progress=False)
+    assert not (out / "yelp_polarity.pt").exists(), "a transient failure records no skip"
+    calls.clear()
+    monkeypatch.setitem(sys.modules, "datasets", flaky(9, ConnectionError(
+        "Couldn't reach 'yelp_polarity' on the Hub (ConnectionError)")))
+    with pytest.raises(data.DataUnavailable, match="Couldn't reach"):
+        hub_text.fetch_hub_text("yelp_polarity", tmp_path / "d", None, download=True)
+    assert len(calls) == 1  # no route: not retried

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import csv
 import shutil
+import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -116,6 +118,55 @@ def _write_hub_text(spec: HubTextDataset, hub: Any, folder: Path) -> None:
                             f"{_one_line(row['question2'])}\t{int(row['label'])}\n")
 
 
+#: seconds to wait before each retry of a download that failed for a transient reason
+RETRY_DELAYS = (10.0, 60.0)
+#: what an exception (or its cause) says when there is no route at all (offline, no host):
+#: recorded as a skip; any other download error is retried, then fails the stage
+_NO_ROUTE = ("couldn't reach", "name or service not known", "temporary failure in name "
+             "resolution", "network is unreachable", "connection refused", "offline",
+             "no address associated", "nodename nor servname", "failed to resolve")
+
+
+class DownloadFailed(RuntimeError):
+    """A download that failed for a transient reason after every retry: the stage fails and
+    records no skip (the next run tries again)."""
+
+
+def no_route(exc: BaseException) -> bool:
+    """Whether ``exc`` means the download has no route here (the library is missing, the hub
+    is unreachable or offline mode is on), as opposed to a transient failure worth a retry."""
+    seen: BaseException | None = exc
+    while seen is not None:
+        if isinstance(seen, ImportError):
+            return True
+        text = f"{type(seen).__name__}: {seen}".lower()
+        if any(marker in text for marker in _NO_ROUTE):
+            return True
+        seen = seen.__cause__ or seen.__context__
+    return False
+
+
+def _with_retries(download: Callable[[], str], what: str) -> str:
+    """``download()``, retried after each of :data:`RETRY_DELAYS` on a transient error; an
+    error meaning no route (:func:`no_route`) propagates at once (the caller records the
+    skip); a transient one that outlasts the retries raises :class:`DownloadFailed`: the stage
+    fails and nothing is recorded, so the next run tries again."""
+    for attempt, delay in enumerate((*RETRY_DELAYS, None), start=1):
+        try:
+            return download()
+        except Exception as exc:  # network, hub and library errors
+            if no_route(exc):
+                raise
+            if delay is None:
+                raise DownloadFailed(f"{what}: download failed {attempt} times "
+                                     f"({first_line(exc)}); not recorded as skipped: run the "
+                                     "data stage again") from exc
+            print(f"{what}: download failed ({first_line(exc)}); retrying in {delay:g} s",
+                  flush=True)
+            time.sleep(delay)
+    raise AssertionError("unreachable")
+
+
 def fetch_hub_text(name: str, raw_dir: Path, mirror: Path | None, download: bool) -> str:
     """Make Yelp polarity or QQP readable from ``raw_dir``; return the source used.
 
@@ -137,7 +188,8 @@ def fetch_hub_text(name: str, raw_dir: Path, mirror: Path | None, download: bool
     error = None
     if download:
         cache = raw_dir / spec.folder / "hub-cache"
-        try:
+
+        def fetch() -> str:
             from datasets import load_dataset
 
             hub = load_dataset(spec.hub_id, spec.hub_config, cache_dir=str(cache))
@@ -145,7 +197,12 @@ def fetch_hub_text(name: str, raw_dir: Path, mirror: Path | None, download: bool
             shutil.rmtree(cache, ignore_errors=True)  # the files above are the raw copy
             where = spec.hub_id + (f" {spec.hub_config}" if spec.hub_config else "")
             return mark_source(local, f"download (Hugging Face datasets: {where})")
-        except Exception as exc:  # ImportError, network and hub errors
+
+        try:
+            return _with_retries(fetch, name)
+        except DownloadFailed:
+            raise
+        except Exception as exc:  # no route: the library is missing, or the hub unreachable
             error = first_line(exc)
     layout = ", ".join(f"{spec.folder}/{spec.files[split]}" for split in spec.hub_splits)
     raise unavailable_error(name, mirror_dir, error, layout=f"their original layout ({layout})")
