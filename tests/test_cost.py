@@ -140,3 +140,22 @@ def test_text_sizes_follow_the_stage_s_draws(smoke):
                     "certified": 38000, "attacked": 1000}
     qqp = text_sizes(t, cost.TEXT_SIZES["qqp"])
     assert qqp["certified"] == qqp["eval"] // 2 == 40430 and qqp["train"] == 363846
+
+
+def test_the_multi_gpu_plan_schedules_units_longest_first(smoke):
+    from attncert.cost import plan
+    from attncert.cost.counting import GPUS
+
+    assert plan.makespan([5, 4, 3, 3, 3], 2) == 10  # LPT (the optimum 9: within 4/3)
+    assert plan.makespan([5, 4, 3, 3, 3], 1) == 18 and plan.makespan([7, 1], 8) == 7
+    with pytest.raises(ValueError):
+        plan.makespan([1.0], 0)
+    p = load_params(smoke)
+    hours = plan.unit_hours(p, GPUS["h100"])
+    g = p["vit_grid"]
+    grid = [u for u in hours if u.startswith("grid ")]
+    assert len(grid) == len(g.dataset) * len(g.depth) * len(g.heads) * len(g.gamma_vo)
+    assert {"specformer", "text", "certvit", "crown"} <= set(hours)
+    assert not set(hours) & {"tightness", "figures", "data"}
+    table = plan.plan_table(p, GPUS["h100"], [1, 2])
+    assert "| 1 |" in table and "1.00x" in table and "longest unit" in table

@@ -1,6 +1,6 @@
 """Cost of the study at the scale of a params file: GPU-hours per stage, and training step times.
 
-The command line (``python -m attncert.cost table | readme | bench``) and the README block it
+The command line (``python -m attncert.cost table | readme | bench | plan``) and the README block it
 rewrites between the cost markers.
 """
 
@@ -39,13 +39,15 @@ def main(argv: list[str] | None = None) -> int:
 
     ap = argparse.ArgumentParser(prog="python -m attncert.cost",
                                  description=__doc__.splitlines()[0])
-    ap.add_argument("command", choices=["table", "readme", "bench"])
+    ap.add_argument("command", choices=["table", "readme", "bench", "plan"])
     ap.add_argument("--params", default="params.yaml")
     ap.add_argument("--gpu", default="h100", choices=sorted(GPUS))
     ap.add_argument("--utilisation", type=float, default=UTILISATION)
     ap.add_argument("--batch", type=int, default=32, help="bench: batch size")
     ap.add_argument("--steps", type=int, default=5, help="bench: timed steps per model")
     ap.add_argument("--device", default="auto", help="bench: auto | cpu | cuda ...")
+    ap.add_argument("--gpus", type=int, nargs="+", default=[1, 2, 4, 8],
+                    help="plan: GPU counts to schedule the units on")
     args = ap.parse_args(argv)
     if not 0 < args.utilisation <= 1:
         ap.error("--utilisation must be in (0, 1]")
@@ -60,6 +62,11 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{r['model']:>34} {r['ms_per_step']:9.1f} {r['parameters']:11,}  {r['shape']}")
         return 0
     torch.set_num_threads(max(1, min(torch.get_num_threads(), 2)))
+    if args.command == "plan":
+        from attncert.cost.plan import plan_table
+
+        print(plan_table(params, GPUS[args.gpu], args.gpus, args.utilisation))
+        return 0
     table = cost_table(params, GPUS[args.gpu], args.utilisation)
     if args.command == "readme":
         write_readme(table)

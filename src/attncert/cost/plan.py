@@ -1,0 +1,65 @@
+"""The multi-GPU schedule: the paper scale's units of work, longest first on N GPUs.
+
+A unit is what ``scripts/repro-gpus`` hands one GPU: a grid point (its ``train_vit`` and
+``certify_vit`` stages) or a stage that needs only the data (``specformer``, ``text``,
+``certvit``, ``crown``); ``tightness`` and ``figures`` run after every unit. Each unit's hours
+come from the same per-work estimate as the cost table. Longest-processing-time-first list
+scheduling gives the makespan on N GPUs (within 4/3 of the optimum); the speed-up over one GPU
+cannot exceed total / longest unit, so a stage that is one unit bounds it.
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections import defaultdict
+
+from attncert.cost.counting import GPU, UTILISATION
+from attncert.cost.table import stage_work
+
+#: stages that run after every unit (they read the grid's models and every stage's metrics)
+AFTER = ("tightness", "figures")
+
+
+def unit_hours(params, gpu: GPU, utilisation: float = UTILISATION) -> dict[str, float]:
+    """Estimated GPU-hours of every unit (a grid point, or a stage), CROWN at its time limit."""
+    work, crown_seconds = stage_work(params)
+    hours: dict[str, float] = defaultdict(float)
+    for w in work:
+        if w.stage in ("train_vit", "certify_vit"):
+            unit = "grid " + w.what.split(":")[0]
+        elif w.stage in ("data", *AFTER):
+            continue
+        else:
+            unit = w.stage
+        hours[unit] += w.seconds(gpu, utilisation) / 3600
+    if "crown" in hours or crown_seconds:
+        hours["crown"] += crown_seconds / 3600
+    return dict(hours)
+
+
+def makespan(hours: list[float], gpus: int) -> float:
+    """Longest-processing-time-first list scheduling of ``hours`` on ``gpus`` machines."""
+    if gpus < 1:
+        raise ValueError(f"gpus must be >= 1, got {gpus}")
+    loads = [0.0] * gpus
+    heapq.heapify(loads)
+    for h in sorted(hours, reverse=True):
+        heapq.heappush(loads, heapq.heappop(loads) + h)
+    return max(loads)
+
+
+def plan_table(params, gpu: GPU, gpus: list[int], utilisation: float = UTILISATION) -> str:
+    """Per N: the makespan and its speed-up over one GPU, then the longest units."""
+    hours = unit_hours(params, gpu, utilisation)
+    total = sum(hours.values())
+    longest = sorted(hours.items(), key=lambda kv: -kv[1])
+    lines = [f"{len(hours)} units, {total:.3g} GPU-hours in all (one {gpu.name} at "
+             f"{utilisation:.0%}; CROWN at its time limit); longest unit {longest[0][0]} "
+             f"{longest[0][1]:.3g} h bounds the speed-up at {total / longest[0][1]:.2g}x",
+             "", "| GPUs | makespan (h) | speed-up over 1 GPU |", "|---|---|---|"]
+    for n in gpus:
+        span = makespan(list(hours.values()), n)
+        lines.append(f"| {n} | {span:.3g} | {total / span:.2f}x |")
+    lines += ["", "| longest units | hours |", "|---|---|"]
+    lines += [f"| {name} | {h:.3g} |" for name, h in longest[:6]]
+    return "\n".join(lines)
