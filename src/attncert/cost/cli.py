@@ -1,7 +1,7 @@
 """Cost of the study at the scale of a params file: GPU-hours per stage, and training step times.
 
-The command line (``python -m attncert.cost table | readme | bench | plan``) and the README block it
-rewrites between the cost markers.
+The command line (``python -m attncert.cost table | readme | bench | plan | order``) and the
+README block it rewrites between the cost markers.
 """
 
 from __future__ import annotations
@@ -39,7 +39,7 @@ def main(argv: list[str] | None = None) -> int:
 
     ap = argparse.ArgumentParser(prog="python -m attncert.cost",
                                  description=__doc__.splitlines()[0])
-    ap.add_argument("command", choices=["table", "readme", "bench", "plan"])
+    ap.add_argument("command", choices=["table", "readme", "bench", "plan", "order"])
     ap.add_argument("--params", default="params.yaml")
     ap.add_argument("--gpu", default="h100", choices=sorted(GPUS))
     ap.add_argument("--utilisation", type=float, default=UTILISATION)
@@ -66,6 +66,14 @@ def main(argv: list[str] | None = None) -> int:
         from attncert.cost.plan import plan_table
 
         print(plan_table(params, GPUS[args.gpu], args.gpus, args.utilisation))
+        return 0
+    if args.command == "order":  # scripts/repro-gpus: its units (stdin) longest first
+        import sys
+
+        from attncert.cost.plan import order
+
+        units = [line.strip() for line in sys.stdin if line.strip()]
+        print("\n".join(order(units, params, GPUS[args.gpu], args.utilisation)))
         return 0
     table = cost_table(params, GPUS[args.gpu], args.utilisation)
     if args.command == "readme":

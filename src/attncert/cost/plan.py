@@ -63,3 +63,22 @@ def plan_table(params, gpu: GPU, gpus: list[int], utilisation: float = UTILISATI
     lines += ["", "| longest units | hours |", "|---|---|"]
     lines += [f"| {name} | {h:.3g} |" for name, h in longest[:6]]
     return "\n".join(lines)
+
+
+def dvc_unit_hours(unit: str, hours: dict[str, float]) -> float:
+    """The hours of a ``scripts/repro-gpus`` unit (its dvc stage names, space-separated): a
+    grid point's ``train_vit@<dataset>-<depth>-<heads>-<gamma_vo>`` or a stage's name; 0 for
+    a unit the estimate does not know."""
+    from attncert.runs import run_name
+
+    first = unit.split()[0]
+    if first.startswith("train_vit@"):
+        dataset, depth, heads, vo = first.split("@", 1)[1].rsplit("-", 3)
+        return hours.get("grid " + run_name(dataset, int(depth), int(heads), float(vo)), 0.0)
+    return hours.get(first, 0.0)
+
+
+def order(units: list[str], params, gpu: GPU, utilisation: float = UTILISATION) -> list[str]:
+    """``units`` longest first by their estimated hours (ties keep their order)."""
+    hours = unit_hours(params, gpu, utilisation)
+    return sorted(units, key=lambda u: -dvc_unit_hours(u, hours))

@@ -1,0 +1,44 @@
+"""scripts/repro-gpus: units longest first to a pool of one worker per GPU; a failing unit
+does not stop the others, and the run exits non-zero naming it."""
+
+import os
+import subprocess
+from pathlib import Path
+
+from checkout import commit_all, copy_worktree
+
+from attncert import profile
+
+FAKE_DVC = """#!/usr/bin/env bash
+echo "CUDA_VISIBLE_DEVICES=$CUDA_VISIBLE_DEVICES $*" >>"$DVC_LOG"
+case "$*" in
+  "stage list --name-only")
+    printf 'data\\ntrain_vit@mnist-1-2-0.5\\ncertify_vit@mnist-1-2-0.5\\nspecformer\\ntext\\n'
+    printf 'certvit\\ncrown\\ntightness\\nfigures\\n' ;;
+  *"--single-item specformer"*) echo "specformer: simulated failure" >&2; exit 1 ;;
+esac
+"""
+
+
+def test_a_failing_unit_does_not_stop_the_others(tmp_path, venv_env):
+    repo = copy_worktree(tmp_path / "repo")
+    commit_all(repo, "snapshot")
+    profile.apply("smoke", repo)  # no GPU here: below the paper scale the workers use the CPU
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "dvc").write_text(FAKE_DVC)
+    (bin_dir / "dvc").chmod(0o755)
+    log = tmp_path / "dvc.log"
+    env = {**venv_env, "PATH": f"{bin_dir}{os.pathsep}{venv_env['PATH']}", "DVC_LOG": str(log)}
+    proc = subprocess.run(["bash", "scripts/repro-gpus", "0", "1"], cwd=repo, env=env,
+                          capture_output=True, text=True, timeout=900)
+    assert proc.returncode == 1, proc.stderr
+    assert "these units failed" in proc.stderr and "  specformer" in proc.stderr
+    calls = log.read_text().splitlines()
+    ran = [c.split(" --single-item ", 1)[1] for c in calls if "--single-item" in c]
+    assert sorted(ran) == sorted(["train_vit@mnist-1-2-0.5 certify_vit@mnist-1-2-0.5",
+                                  "specformer", "text", "certvit", "crown"])
+    assert {c.split()[0] for c in calls if "--single-item" in c} <= {
+        "CUDA_VISIBLE_DEVICES=0", "CUDA_VISIBLE_DEVICES=1"}  # one GPU per worker slot
+    assert not any(c.endswith(" repro") for c in calls), "no final repro after a failure"
+    assert Path(repo / "params.yaml").is_file()
