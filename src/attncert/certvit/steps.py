@@ -154,7 +154,7 @@ class Result:
     reports: dict[str, dict] | None = None  # mode -> attncert.certvit.certify's report
     baseline: dict | None = None  # the linear baseline's certify_linear report
     baseline_status: str = ""
-    imagenet: dict | str = ""  # CertViT Table 2: source, images, mode -> numbers; or why skipped
+    imagenet: dict | str = ""  # CertViT Table 3: images, model -> mode -> numbers; or why skipped
     imagenet_model: str = ""
     metrics: dict | None = None
     table1: dict[str, Result] = field(default_factory=dict)  # CertViT Table 1: dataset -> run

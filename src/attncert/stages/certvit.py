@@ -300,7 +300,7 @@ def run(p: Params, base: BaseParams, device: torch.device, table1_run: bool = Fa
         r.lipschitz.to_csv(tmp, index=False)
     # 5. certificates, the linear baseline, the soundness audit
     seconds, linear_seconds = _certify(p, base, r, cfg, final)
-    # 6. CertViT Table 2: an ImageNet-pretrained ViT on ImageNet validation images
+    # 6. CertViT Table 3: ImageNet-pretrained ViTs on ImageNet validation images
     _imagenet(p, base, r, cfg, seconds)
     # 7. CertViT Table 1: the same steps on a small ViT trained here, per dataset
     if not table1_run:
@@ -429,7 +429,7 @@ def _imagenet(p: Params, base: BaseParams, r: Result, cfg: Configs,
 def _metrics(p: Params, base: BaseParams, r: Result, seconds: Mapping[str, Mapping],
              pre_seconds: float, linear_seconds: float) -> dict[str, Any]:
     """The metrics file: the headline mode's numbers at the top level, every mode's under
-    ``modes``, the linear baseline, CertViT Table 2's ImageNet route and the Table 1 runs."""
+    ``modes``, the linear baseline, CertViT Table 3's ImageNet route and the Table 1 runs."""
     per_mode = {m: stage_metrics(r.logs[m], r.bounds[m], r.reports[m], seconds[m])
                 for m in r.modes}
     out = {"source": p.source, "dataset": p.dataset, "scale": base.scale,
