@@ -195,7 +195,7 @@ def _cell(text: str) -> str:
 
 STATUS_LABEL = {"same": "same", "deviates": "deviates", "not_stated": "ours (not stated)",
                 "not_reproduced": "not reproduced", "reproduced": "reproduced",
-                "partly": "partly", "not_reproduced_item": "not reproduced"}
+                "partly": "partly"}
 
 
 def render_docs(record: Record, params: Mapping) -> str:
@@ -245,13 +245,14 @@ def render_summary(record: Record) -> str:
 
 
 def write_readme(summary: str, readme: str | Path = "README.md") -> None:
+    """Replace the README's block between :data:`MARKERS` with ``summary``."""
+    from attncert.readme import replace_section
+
     path = Path(readme)
-    text = path.read_text()
-    start, end = MARKERS
-    if start not in text or end not in text:
-        raise FidelityError(f"{path}: the markers {start} / {end} are missing")
-    pattern = re.compile(re.escape(start) + r".*?" + re.escape(end), re.S)
-    path.write_text(pattern.sub(lambda _: f"{start}\n{summary}\n{end}", text, count=1))
+    try:
+        path.write_text(replace_section(path.read_text(), summary, *MARKERS))
+    except ValueError as exc:
+        raise FidelityError(f"{path}: {exc}") from None
 
 
 def main(argv: list[str] | None = None) -> int:
