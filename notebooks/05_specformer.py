@@ -38,11 +38,14 @@
 # SpecFormer's definitions: FGSM = one signed CE-gradient step of size eps; PGD-n = n CE
 # steps of 2.5 eps / n from a random start; CW-n = the same on the margin loss
 # max_{j != y} f_j - f_y.
+#
+# **Units.** The work runs in independent units, each its own DVC stage and report
+# (`05_specformer_unit`, one per dataset, per Table 5 lambda and for the certified pair), so
+# that several GPUs share it; this report gathers their records and trains nothing.
 
 # %% tags=["parameters"]
 base = {}  # params.yaml `base`, passed whole by attncert.nbrun
 specformer = {}  # params.yaml `specformer`, passed whole by attncert.nbrun
-processed_dir = "data/processed"
 
 # %%
 import pandas as pd
@@ -53,12 +56,10 @@ from attncert.figures import specformer as figs
 from attncert.paper import SPECFORMER_STEP_RATIO
 from attncert.params import BaseParams, parse_section
 from attncert.stages import specformer as stage
-from attncert.train import resolve_device
 
 b = parse_section("base", base, BaseParams)
 p = parse_section("specformer", specformer, stage.Params)
-dev = resolve_device(b.device)
-res = stage.run(p, b, processed_dir, dev)
+res = stage.run(p, b)
 display(Markdown(res.overview))
 
 # %% [markdown]
@@ -84,8 +85,8 @@ display(Markdown(res.overview))
 # ## Training
 # Every run builds its model from the seed (or loads its pre-trained source and seeds the new
 # head), trains with AdamW and a cosine schedule, and keeps a per-epoch checkpoint under
-# `results_dir/ckpt/` (an interrupted stage resumes). The test accuracy is reported, never used
-# to select anything.
+# `results_dir/ckpt/<unit>/` (an interrupted unit resumes). The test accuracy is reported,
+# never used to select anything.
 
 # %%
 res.trained.round(4)

@@ -24,11 +24,15 @@
 # MiniLM (gamma 0) is certified in the encoder's normalised output space (a different space).
 # Dev selects, test reports. Certificates are audited by l2 PGD on the embeddings: a broken
 # certificate fails the stage.
+#
+# **Units.** The models train in independent units, each its own DVC stage and report
+# (`06_text_unit`: SST-2's OLSA depths, its controls, LoFAST's grid, the frozen-encoder head,
+# then Yelp and QQP), so that several GPUs share the stage; this report gathers their records
+# and trains nothing.
 
 # %% tags=["parameters"]
 base = {}  # params.yaml `base`, passed whole by attncert.nbrun
 text = {}  # params.yaml `text`, passed whole
-processed_dir = "data/processed"
 
 # %%
 from IPython.display import Markdown, display
@@ -40,7 +44,7 @@ from attncert.stages import text as stage
 
 b = parse_section("base", base, BaseParams)
 p = parse_section("text", text, stage.Params)
-r = stage.run(p, b, processed_dir)
+r = stage.run(p, b)
 d = r.data
 display(Markdown(
     f"**Scale** {b.scale}, device {d['device']}.  \n**Data** SST-2 ({d['source']}): "
@@ -63,7 +67,7 @@ display(Markdown(
 # from flattening, so attention has to matter), Kim et al.'s L2 attention and a standard
 # transformer of the same size, LoFAST's small-BERT grid (layers x heads x gamma_vo), OLSA
 # over the frozen encoder (trained on the encoder's outputs, computed once).
-# Each trains in `results_dir/ckpt/<name>` (resumed when the settings match).
+# Each trains in `results_dir/ckpt/<unit>/<name>` (resumed when the settings match).
 
 # %%
 r.jobs

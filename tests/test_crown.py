@@ -206,3 +206,42 @@ def test_paper_scale_crown_model_is_patch_16_at_32_pixels():
     x = torch.rand(2, 3, 32, 32, dtype=torch.float64)
     assert model.pos.shape[1] == 4 + (model.cls_token is not None)
     assert torch.allclose(CrownViT(model).double()(x), model(x), atol=1e-6, rtol=0)
+
+
+def test_points_lofast_certified_and_a_spent_budget_skip_crown():
+    """With ``lofast`` CROWN runs only where LoFAST did not certify, and CROWN alone is then
+    not measured (None) while the combination still is; a spent budget stops every bound."""
+    model = tiny_vit()
+    g = torch.Generator().manual_seed(3)
+    x = torch.rand(4, 1, 8, 8, generator=g, dtype=torch.float64)
+    y = model(x).argmax(1)
+    eps = [0.02, 0.1]
+    lofast = stage.lofast_frame(model, x, y, "lofast_M", eps)
+    done = torch.tensor(lofast[["certified_0.02", "certified_0.1"]].to_numpy())
+    done[0] = True  # as if LoFAST certified point 0 at both radii
+    budget = stage.Budget(0.0)
+    assert not budget.spent()  # 0 = no budget
+    rows, _ = stage.crown_frame(model, x, y, eps, "crown", 0.0, 5, lofast=done, budget=budget)
+    assert (rows[rows["index"] == 0]["status"] == "lofast").all()
+    assert (rows.loc[rows["status"] == "lofast", "seconds"] == 0).all()
+    assert set(rows.loc[~torch.tensor(done.flatten().tolist()).numpy(), "status"]) <= {
+        "ok", "skipped"}
+    t1, t2 = stage.tables(lofast.assign(**{"certified_0.02": done[:, 0].numpy(),
+                                           "certified_0.1": done[:, 1].numpy()}),
+                          rows, eps, 1, "CROWN")
+    assert t1[1]["acc_0.02"] is None and t2[0]["crown_acc"] is None
+    assert t2[0]["combined_acc"] >= t2[0]["lofast_acc"]
+    spent = stage.Budget(1e-9)
+    rows, _ = stage.crown_frame(model, x, y, eps, "crown", 0.0, 5, budget=spent)
+    assert rows["status"].iloc[0] == "ok" and set(rows["status"].iloc[1:]) == {"budget"}
+    with pytest.raises(ValueError, match="shape"):
+        stage.crown_frame(model, x, y, eps, "crown", 0.0, 5, lofast=done[:, :1])
+
+
+def test_a_stage_whose_bounds_mostly_fail_fails():
+    rows = pd.DataFrame({"status": ["ok", "time_limit", "out_of_memory", "skipped", "lofast",
+                                    "budget"]})
+    stage.require_few_errors(rows, 0.5, "x")  # 1 error of 3 that ran
+    with pytest.raises(RuntimeError, match=r"1 of 3 CROWN bounds failed \(out_of_memory 1\)"):
+        stage.require_few_errors(rows, 0.25, "x")
+    stage.require_few_errors(rows[rows["status"] == "skipped"], 0.0, "x")  # none ran

@@ -26,9 +26,9 @@ CODE_DIRS = ("src/", "notebooks/")
 STAGES = report.read_stages(ROOT / report.DVC_FILE)
 PARAMS = load_params(ROOT / report.PARAMS_FILE)
 #: one item per stage: a matrix stage's deps are one template, checked once
-ITEMS = {}
+ITEMS = {}  # stage: (its first matrix item, DVC's key of it)
 for _r in report.stage_runs(STAGES, PARAMS):
-    ITEMS.setdefault(_r.stage, _r.item)
+    ITEMS.setdefault(_r.stage, (_r.item, _r.key))
 
 
 def module_file(name: str, src: Path) -> Path | None:
@@ -126,12 +126,13 @@ def _covers(dep: str, rel: str) -> bool:
     return rel == dep or rel.startswith(dep + "/")
 
 
-def dep_problems(stage: str, spec: dict, item: dict, root: Path = ROOT) -> list[str]:
+def dep_problems(stage: str, spec: dict, item: dict, root: Path = ROOT,
+                 key: str | None = None) -> list[str]:
     """Every reached file no dep covers, and every code dep that covers no reached file."""
-    notebook, modules = entry_points(report.resolve(spec["cmd"], PARAMS, item))
+    notebook, modules = entry_points(report.resolve(spec["cmd"], PARAMS, item, key))
     reached = reached_files(root / notebook, modules, root / "src")
     rel = {f.relative_to(root).as_posix(): by for f, by in reached.items()}
-    deps = [report.resolve(d, PARAMS, item) for d in spec.get("deps", [])]
+    deps = [report.resolve(d, PARAMS, item, key) for d in spec.get("deps", [])]
     code = [d for d in deps if d.startswith(CODE_DIRS)]
     problems = []
     for f, by in sorted(rel.items()):
@@ -146,7 +147,7 @@ def dep_problems(stage: str, spec: dict, item: dict, root: Path = ROOT) -> list[
 
 @pytest.mark.parametrize("stage", list(STAGES))
 def test_code_deps_match_imports(stage):
-    problems = dep_problems(stage, STAGES[stage], ITEMS[stage])
+    problems = dep_problems(stage, STAGES[stage], *ITEMS[stage][:1], key=ITEMS[stage][1])
     assert not problems, "\n".join(problems)
 
 

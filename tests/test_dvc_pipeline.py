@@ -144,10 +144,11 @@ def _untimed(tree, mirror: str | None = None):
 
 
 def _metrics(repo: Path) -> dict[str, dict]:
-    """Every metrics file of the stages (summary.json only gathers them, timings included)."""
+    """Every metrics file of the stages (summary.json only gathers them, timings included; a
+    split stage's unit records are what its gathering stage's metrics are made of)."""
     paths = [p for p in repo.glob("**/*.json") if ".dvc" not in p.parts
              and p.parts[len(repo.parts)] in ("reports", "runs", "results")
-             and p.name != "summary.json"]
+             and p.name != "summary.json" and "units" not in p.parts]
     return {str(p.relative_to(repo)): json.loads(p.read_text()) for p in paths}
 
 

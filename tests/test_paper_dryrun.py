@@ -278,8 +278,11 @@ def test_tightness(dry):
 
 
 def test_specformer(dry):
-    _repro(dry, "specformer")
-    assert _metrics(dry, "reports/metrics/specformer.json")
+    for stage in ("specformer_runs", "specformer_table5", "specformer_certified", "specformer"):
+        _repro(dry, stage)  # the units (each its own DVC stage), then the gathering stage
+    m = _metrics(dry, "reports/metrics/specformer.json")
+    assert set(m["units"]) == {"cifar100", "lambda0", "certified"}
+    assert {k.split("/")[0] for k in m["msvp_ablation"]} == {"0.0001,0,0"}
 
 
 def test_text(dry):
@@ -287,6 +290,7 @@ def test_text(dry):
     the paper's depth on SST-2 and Yelp (dev held out of training), Table 9's deeper OLSA on
     SST-2 only, the frozen-encoder head on all three (QQP as pairs, reported on dev; OLSA
     trains nothing from scratch there)."""
+    _repro(dry, "text_unit")  # the units (each its own DVC stage), then the gathering stage
     _repro(dry, "text")
     m = _metrics(dry, "reports/metrics/text.json")
     assert m["reported_split"] == "dev" and m["broken"] == 0

@@ -16,18 +16,19 @@ PARAMS = load_params(ROOT / report.PARAMS_FILE)
 STAGES = report.read_stages(ROOT / report.DVC_FILE)
 
 
-def _resolve(text: str, item: dict | None = None) -> str:
-    return report.resolve(text, PARAMS, item)
+def _resolve(text: str, item: dict | None = None, key: str | None = None) -> str:
+    return report.resolve(text, PARAMS, item, key)
 
 
 def _dvc_name(run: report.StageRun) -> str:
     """The stage's name as DVC expands it (``train_vit@mnist-1-2-0.5``)."""
-    return f"{run.stage}@{'-'.join(map(str, run.item.values()))}" if run.item else run.stage
+    return f"{run.stage}@{run.key}" if run.item else run.stage
 
 
-# (stage name, spec, item) for every stage and every matrix item, as DVC expands them
-EXPANDED = [(_dvc_name(r), STAGES[r.stage], dict(r.item))
-            for r in report.stage_runs(STAGES, PARAMS)]
+# (stage name, spec, item, key) for every stage and every matrix item, as DVC expands them
+RUNS = report.stage_runs(STAGES, PARAMS)
+EXPANDED = [(_dvc_name(r), STAGES[r.stage], dict(r.item)) for r in RUNS]
+EXPANDED_KEYS = {_dvc_name(r): r.key for r in RUNS}
 IDS = [e[0] for e in EXPANDED]
 
 
@@ -38,8 +39,8 @@ def _names_raw(entries) -> list[str]:
     return out
 
 
-def _names(entries, item) -> list[str]:
-    return [_resolve(x, item) for x in _names_raw(entries)]
+def _names(entries, item, key=None) -> list[str]:
+    return [_resolve(x, item, key) for x in _names_raw(entries)]
 
 
 def _runner_args(cmd: str):
@@ -52,9 +53,17 @@ def _runner_args(cmd: str):
     return notebook, output, sections, items
 
 
+def _unit(cmd: str) -> dict[str, str]:
+    """The ``--unit`` nbrun passes as the notebook's ``unit`` parameter ({} without one)."""
+    argv = shlex.split(cmd)
+    return {"unit": argv[argv.index("--unit") + 1]} if "--unit" in argv else {}
+
+
 @pytest.mark.parametrize(("stage", "spec", "item"), EXPANDED, ids=IDS)
 def test_stage_sections_params_and_notebook_agree(stage, spec, item):
-    notebook, output, sections, items = _runner_args(_resolve(spec["cmd"], item))
+    key = EXPANDED_KEYS[stage]
+    cmd = _resolve(spec["cmd"], item, key)
+    notebook, output, sections, items = _runner_args(cmd)
     PARAMS.flat(sections, parse_items(items))  # raises unless the item is a valid grid point
     # DVC tracks every section passed, except the grid lists of a matrix stage (a new grid
     # value must not rerun the existing points): those sections appear by their other keys.
@@ -65,21 +74,23 @@ def test_stage_sections_params_and_notebook_agree(stage, spec, item):
             expected += [f"{s}.{k}" for k in PARAMS.flat([s]) if k not in lists]
         else:
             expected.append(s)
-    assert sorted(expected) == sorted(_names(spec.get("params"), item)), (
+    assert sorted(expected) == sorted(_names(spec.get("params"), item, key)), (
         f"{stage}: --section list and dvc.yaml params differ")
     nb = read_notebook(ROOT / notebook)
     values = PARAMS.notebook_parameters(sections, declared_parameters(nb), parse_items(items))
+    values |= _unit(cmd)
     assert sorted(declared_parameters(nb)) == sorted(values), (
         f"{stage}: notebook parameters and params.yaml sections differ")
-    assert notebook in _names(spec["deps"], item)
-    assert output.startswith("reports/notebooks/") and output in _names(spec["outs"], item)
+    assert notebook in _names(spec["deps"], item, key)
+    assert output.startswith("reports/notebooks/") and output in _names(spec["outs"], item, key)
 
 
 @pytest.mark.parametrize(("stage", "spec", "item"), EXPANDED, ids=IDS)
 def test_declared_paths_exist(stage, spec, item):
-    produced = [p for _, s, it in EXPANDED
-                for p in _names(s.get("outs"), it) + _names(s.get("metrics"), it)]
-    for dep in _names(spec["deps"], item):
+    produced = [p for name, s, it in EXPANDED
+                for p in (_names(s.get("outs"), it, EXPANDED_KEYS[name])
+                          + _names(s.get("metrics"), it, EXPANDED_KEYS[name]))]
+    for dep in _names(spec["deps"], item, EXPANDED_KEYS[stage]):
         # a dependency is an output, inside one, or a folder of outputs (figures: results/vit)
         made = any(dep == p or dep.startswith(p + "/") or p.startswith(dep + "/")
                    for p in produced)
@@ -99,9 +110,11 @@ def _item_paths(spec, item) -> list[str]:
     return whole + [p for f in ("outs", "metrics", "plots") for p in _names_raw(spec.get(f))]
 
 
-GRID_CASES = ([e for e in EXPANDED if e[2]]
-              + [(f"{n}@other{i}", s, p) for n, s in STAGES.items() if "matrix" in s
-                 for i, p in enumerate(OTHER_POINTS)])
+#: the ViT grid's matrix stages (train_vit, certify_vit): their paths name the grid point
+GRID_KEYS = {"dataset", "depth", "heads", "gamma_vo"}
+GRID_CASES = ([e for e in EXPANDED if set(e[2]) == GRID_KEYS]
+              + [(f"{n}@other{i}", s, p) for n, s in STAGES.items()
+                 if set(s.get("matrix", ())) == GRID_KEYS for i, p in enumerate(OTHER_POINTS)])
 
 
 @pytest.mark.parametrize(("stage", "spec", "item"), GRID_CASES, ids=[c[0] for c in GRID_CASES])
@@ -115,10 +128,13 @@ def test_grid_paths_follow_run_name(stage, spec, item):
 
 
 def test_notebooks_are_numbered_in_pipeline_order():
-    numbers = [int(Path(_runner_args(s["cmd"])[0]).name[:2]) for s in STAGES.values()]
-    assert numbers == sorted(numbers) and len(set(numbers)) == len(numbers)
+    """Stages in notebook order; a number is one step (its units, then what gathers them)."""
+    names = [Path(_runner_args(s["cmd"])[0]).name for s in STAGES.values()]
+    numbers = [int(n[:2]) for n in names]
+    assert numbers == sorted(numbers)
+    assert all(len({n for n in names if n[:2] == k[:2]}) <= 2 for k in names)
     on_disk = sorted(p.name for p in (ROOT / "notebooks").glob("[0-9][0-9]_*.py"))
-    declared = sorted(Path(_runner_args(s["cmd"])[0]).name for s in STAGES.values())
+    declared = sorted(set(names))
     assert on_disk == declared, "every notebook belongs to a stage"
 
 

@@ -383,3 +383,46 @@ def test_table5_and_table3_stand_beside_their_own_runs():
     assert "step_time_ratio/vanilla" not in rows
     other = {r["key"]: r for r in stage.headline_rows({**m, "table5_run": "fashion_mnist"}, {})}
     assert all(r["paper"] is None for k, r in other.items() if k.startswith("msvp_ablation"))
+
+
+# -- the stage's units and the gathering stage ----------------------------------------------
+
+
+def test_units_then_gather(mirror, tmp_path):
+    """Every unit of :func:`attncert.stages.specformer.units` on its own (as its DVC stage
+    runs it), then :func:`~attncert.stages.specformer.run` gathers them without a device: the
+    same tables as one process would give (Table 5 row of ``msvp_lambda`` from the main runs),
+    and a record of other params, or a missing one, is refused."""
+    from attncert.io import torch_save
+    from attncert.params import BaseParams
+
+    processed = tmp_path / "processed"
+    torch_save(cifar_shaped("cifar10", 10, mirror, tmp_path), processed / "cifar10.pt")
+    paper = load_params(ROOT / "params.yaml")["specformer"]
+    p = dataclasses.replace(paper, **TINY, sources=[sf.SCRATCH], datasets=["cifar10"],
+                            attack_eps=[0.5], timing_steps=1, timing_rounds=2, timing_warmup=0,
+                            msvp_lambda_ablation=[[1e-3, 0.0, 0.0], list(paper.msvp_lambda)],
+                            cert_dim=8, cert_heads=2, cert_depth=1, cert_epochs=1,
+                            cert_n_test=4, results_dir=str(tmp_path / "results"),
+                            metrics=str(tmp_path / "specformer.json"))
+    base = BaseParams(scale="smoke", seed=0, device="cpu", precision="fp32")
+    assert stage.units(p) == ["cifar10", "lambda0", "lambda1", "certified"]
+    with pytest.raises(ValueError, match="has not run"):
+        stage.run(p, base)
+    records = {u: stage.run_unit(p, base, str(processed), torch.device("cpu"), u)
+               for u in stage.units(p)}
+    assert records["lambda1"]["ablation"] is None  # msvp_lambda: the main runs answer it
+    assert {r["lambda"] for r in records["lambda0"]["ablation"]} == {"0.001,0,0"}
+    assert (tmp_path / "results" / "ckpt" / "lambda0").is_dir()
+    res = stage.run(p, base)
+    assert len(res.trained) == 4 and res.runs == ["cifar10"]
+    assert set(res.ratios.index) == {"vanilla", "specformer"} and "LayerNorm" in res.refusal
+    table5 = {k.split("/")[0] for k in res.metrics["msvp_ablation"]}
+    assert table5 == {"0.001,0,0", "5e-05,3e-05,3e-05"}
+    main = {k: v for k, v in res.metrics["robustness"].items() if "/specformer/" in k}
+    for key, acc in main.items():  # the reused row is the main run's
+        _, training, _, attack = key.split("/", 3)
+        assert res.metrics["msvp_ablation"][f"5e-05,3e-05,3e-05/{training}/{attack}"] == acc
+    assert {r["model"] for r in res.metrics["certified"]} == {"lipschitz", "lipschitz + MSVP"}
+    with pytest.raises(ValueError, match="other params"):
+        stage.run(dataclasses.replace(p, n_eval=10), base)

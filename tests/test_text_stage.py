@@ -225,6 +225,24 @@ def test_the_stage_plans_every_model_by_the_names_the_report_reads():
     assert {j.train["epochs"] for n, j in yelp.items() if n != "frozen-olsa"} == {
         p.epochs["yelp_polarity"]}
     assert set(stage.jobs(p, vocab=30, dataset="qqp")) == {"frozen-olsa"}  # not from scratch
+    # the units split every dataset's jobs, each job in exactly one unit
+    for dataset in stage.TEXT_DATASETS:
+        units = [u for u in stage.UNITS if u == dataset or u.startswith(f"{dataset}-")]
+        parts = [stage.unit_jobs(p, 30, u) for u in units]
+        assert sum(map(len, parts)) == len(stage.jobs(p, 30, dataset))
+        assert {n for part in parts for n in part} == set(stage.jobs(p, 30, dataset))
+    with pytest.raises(ValueError, match="not one of"):
+        stage.unit_jobs(p, 30, "sst2")
+
+
+def test_dvc_yaml_runs_every_text_unit():
+    from pathlib import Path
+
+    from attncert.dvcfile import read_stages
+    from attncert.stages import text as stage
+
+    spec = read_stages(Path(__file__).resolve().parents[1] / "dvc.yaml")["text_unit"]
+    assert tuple(spec["matrix"]["unit"]) == stage.UNITS
 
 
 def test_an_inflated_certificate_is_counted_broken_and_fails_the_check(monkeypatch):
@@ -362,8 +380,15 @@ def test_the_stage_trains_yelp_and_qqp_and_reports_a_skipped_dataset(tmp_path, m
         torch.save(yelp, processed / "yelp_polarity.pt")
         torch.save(qqp if what == "ok" else skipped_dataset("qqp", "no route offline"),
                    processed / "qqp.pt")
-        r = stage.run(p, base, str(processed))
+        if what == "ok":
+            with pytest.raises(ValueError, match="has not run"):
+                stage.run(p, base)
+        for unit in stage.UNITS:  # each its own DVC stage
+            stage.run_unit(p, base, str(processed), unit)
+        r = stage.run(p, base)
         m = json.loads((tmp_path / "text.json").read_text())
+        assert list(r.jobs["model"]) == list(stage.jobs(p, r.data["vocab"]))  # its order
+        assert set(m["models"]) == set(r.jobs["model"])
         assert set(m["datasets"]) == {"yelp_polarity", "qqp"} and m["broken"] == 0
         y = m["datasets"]["yelp_polarity"]
         assert set(y["models"]) == {"olsa-L1-g2", "olsa-L2-g2", "frozen-olsa"}
@@ -389,6 +414,8 @@ def test_the_stage_trains_yelp_and_qqp_and_reports_a_skipped_dataset(tmp_path, m
         table = r.datasets_table.set_index(["dataset", "model"])
         assert table.loc[("qqp", "frozen-olsa"), "paper_avg_radius"] == frozen["paper"]
         assert (tmp_path / "results" / "datasets.csv").is_file()
+    with pytest.raises(ValueError, match="other params"):
+        stage.run(dataclasses.replace(p, n_attack=2), base)
 
 
 def test_the_text_section_refuses_unknown_or_inconsistent_datasets():

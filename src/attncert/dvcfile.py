@@ -36,39 +36,50 @@ class StageRun:
     item: Mapping[str, Any]    # the matrix item ({} for a plain stage)
     notebook: str | None       # nbrun's executed notebook
     metrics: tuple[str, ...]   # declared metrics files
+    key: str | None = None     # DVC's name of the matrix point (``stage@key``; ${key})
 
 
 _TEMPLATE = re.compile(r"\$\{([^}]+)\}")
 
 
-def _lookup(ref: str, params: Params, item: Mapping[str, Any]) -> Any:
-    section, _, key = ref.strip().partition(".")
+def _lookup(ref: str, params: Params, item: Mapping[str, Any], key: str | None) -> Any:
+    if ref.strip() == "key" and key is not None:
+        return key
+    section, _, name = ref.strip().partition(".")
     if section == "item":
-        return item[key]
-    return getattr(params[section], key)
+        return item[name]
+    return getattr(params[section], name)
 
 
-def resolve(text: str, params: Params, item: Mapping[str, Any] | None = None) -> str:
-    """Fill ``${section.key}`` and ``${item.key}`` templates as DVC does."""
-    return _TEMPLATE.sub(lambda m: str(_lookup(m.group(1), params, item or {})), text)
+def resolve(text: str, params: Params, item: Mapping[str, Any] | None = None,
+            key: str | None = None) -> str:
+    """Fill ``${section.key}``, ``${item.key}`` and a matrix point's ``${key}`` templates as
+    DVC does."""
+    return _TEMPLATE.sub(lambda m: str(_lookup(m.group(1), params, item or {}, key)), text)
 
 
-def _matrix_items(matrix: Mapping[str, Any], params: Params) -> list[dict[str, Any]]:
+def _matrix_items(matrix: Mapping[str, Any], params: Params
+                  ) -> list[tuple[dict[str, Any], str]]:
+    """(item, DVC's key) of every point: the key joins the values with '-', a value that is
+    not a scalar named ``<matrix key><index>`` (``lambda3``), as DVC names it."""
     keys = list(matrix)
     values = []
     for k in keys:
         v = matrix[k]
         whole = _TEMPLATE.fullmatch(v.strip()) if isinstance(v, str) else None
-        values.append(_lookup(whole.group(1), params, {}) if whole else v)
-    return [dict(zip(keys, combo, strict=True)) for combo in itertools.product(*values)]
+        v = _lookup(whole.group(1), params, {}, None) if whole else v
+        values.append([(x, str(x) if isinstance(x, str | int | float) else f"{k}{i}")
+                       for i, x in enumerate(v)])
+    return [({k: x for k, (x, _) in zip(keys, combo, strict=True)},
+             "-".join(name for _, name in combo)) for combo in itertools.product(*values)]
 
 
-def _point_name(item: Mapping[str, Any]) -> str:
+def _point_name(item: Mapping[str, Any], key: str) -> str:
     if set(item) == {"dataset", "depth", "heads", "gamma_vo"}:
         from attncert.runs import run_name
 
         return run_name(**item)
-    return "-".join(map(str, item.values()))
+    return key
 
 
 def _paths(entries: Iterable[Any] | None) -> list[str]:
@@ -95,12 +106,13 @@ def stage_runs(stages: Mapping[str, Any], params: Params) -> list[StageRun]:
     """Every stage and every grid point, in dvc.yaml's order, with paths resolved."""
     out = []
     for name, spec in stages.items():
-        items = _matrix_items(spec["matrix"], params) if "matrix" in spec else [{}]
-        for item in items:
-            nb = _nbrun_output(resolve(spec.get("cmd", ""), params, item))
+        items = _matrix_items(spec["matrix"], params) if "matrix" in spec else [({}, None)]
+        for item, key in items:
+            nb = _nbrun_output(resolve(spec.get("cmd", ""), params, item, key))
             out.append(StageRun(
-                stage=name, run=_point_name(item) if item else None, item=item, notebook=nb,
-                metrics=tuple(resolve(p, params, item) for p in _paths(spec.get("metrics")))))
+                stage=name, run=_point_name(item, key) if item else None, item=item,
+                notebook=nb, metrics=tuple(resolve(p, params, item, key)
+                                           for p in _paths(spec.get("metrics"))), key=key))
     return out
 
 

@@ -83,13 +83,21 @@ def parse_items(pairs: list[str]) -> dict[str, str]:
 
 
 def run(notebook: str, output: str, sections: list[str], params_file: str = PARAMS_FILE,
-        cwd: str | None = None, items: list[str] | None = None) -> None:
+        cwd: str | None = None, items: list[str] | None = None, unit: str | None = None,
+        device: bool = True) -> None:
+    """Execute ``notebook`` into ``output`` with the ``sections`` of ``params_file`` (and a
+    matrix item's ``items``; ``unit``: the notebook's ``unit`` parameter, one independent unit
+    of a stage). ``device=False``: the stage only gathers other stages' results, so no device
+    is checked."""
     params = load_params(params_file)
     base = params["base"]
-    require_device(base.scale, base.device, sections)
+    if device:
+        require_device(base.scale, base.device, sections)
     nb = read_notebook(notebook)
     values = params.notebook_parameters(sections, declared_parameters(nb),
                                         parse_items(items or []))
+    if unit is not None:
+        values["unit"] = unit
     check_parameters(nb, values, notebook)
 
     import papermill as pm
@@ -130,10 +138,15 @@ def main(argv: list[str] | None = None) -> int:
                          "notebook (repeatable)")
     ap.add_argument("--item", action="append", default=[], metavar="KEY=VALUE",
                     help="one value of a list parameter: the grid point of a DVC matrix stage")
+    ap.add_argument("--unit", help="the notebook's `unit` parameter: one independent unit of a "
+                                   "stage (the stage's module lists them)")
+    ap.add_argument("--no-device", action="store_true",
+                    help="the stage gathers other stages' results only: no device check")
     ap.add_argument("--params", default=PARAMS_FILE, help="params file (default: params.yaml)")
     args = ap.parse_args(argv)
     try:
-        run(args.notebook, args.output, args.section, args.params, items=args.item)
+        run(args.notebook, args.output, args.section, args.params, items=args.item,
+            unit=args.unit, device=not args.no_device)
     except (ParamsError, NotebookError, DeviceError) as exc:
         print(f"nbrun: error: {exc}", file=sys.stderr)
         return 2

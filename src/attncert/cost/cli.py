@@ -7,7 +7,6 @@ README block it rewrites between the cost markers.
 from __future__ import annotations
 
 import argparse
-import re
 from pathlib import Path
 
 import torch
@@ -22,16 +21,20 @@ from attncert.cost.table import cost_table
 # -- command line -----------------------------------------------------------------------------
 
 MARKERS = ("<!-- cost:start -->", "<!-- cost:end -->")
+#: the multi-GPU plan's block (``python -m attncert.cost readme`` writes both)
+PLAN_MARKERS = ("<!-- plan:start -->", "<!-- plan:end -->")
 
 
-def write_readme(table: str, readme: str | Path = "README.md") -> None:
+def write_readme(table: str, readme: str | Path = "README.md",
+                 markers: tuple[str, str] = MARKERS) -> None:
+    """Replace README's block between ``markers`` by ``table``."""
+    from attncert.readme import replace_section
+
     path = Path(readme)
-    text = path.read_text()
-    start, end = MARKERS
-    if start not in text or end not in text:
-        raise ValueError(f"{path}: the markers {start} / {end} are missing")
-    pattern = re.compile(re.escape(start) + r".*?" + re.escape(end), re.S)
-    path.write_text(pattern.sub(lambda _: f"{start}\n{table}\n{end}", text, count=1))
+    try:
+        path.write_text(replace_section(path.read_text(), table, *markers))
+    except ValueError as exc:
+        raise ValueError(f"{path}: the markers {' / '.join(markers)}: {exc}") from None
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -77,6 +80,10 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     table = cost_table(params, GPUS[args.gpu], args.utilisation)
     if args.command == "readme":
+        from attncert.cost.plan import plan_table
+
         write_readme(table)
+        write_readme(plan_table(params, GPUS[args.gpu], args.gpus, args.utilisation),
+                     markers=PLAN_MARKERS)
     print(table)
     return 0

@@ -32,7 +32,7 @@ def unit_hours(params, gpu: GPU, utilisation: float = UTILISATION) -> dict[str, 
         elif w.stage in ("data", *AFTER):
             continue
         else:
-            unit = w.stage
+            unit = w.unit or w.stage
         hours[unit] += w.seconds(gpu, utilisation) / 3600
     return dict(hours)
 

@@ -98,30 +98,31 @@ def specformer_work(p, n_train_max: int, n_test_max: int) -> list[Work]:
                              "to attncert.cost.HF_VITS")
         run = sf.run_label(ds, src)
         n_eval = min(s.n_eval, n_te)
+        # FGSM (1), PGD-2, CW-n, PGD-n and L2 PGD-n per radius
+        steps = 1 + 2 + 2 * s.attack_steps + s.attack_steps * len(s.attack_eps)
         for training, methods, epochs in (("standard", s.methods, recipe[0]),
                                           ("adversarial", s.adv_methods, recipe[1])):
             for m in methods:
                 cfg = sf.method_model_config(m, base, s.lipsformer_alpha)
                 c = vit_counts(cfg, tuple(s.msvp_lambda) if m == "specformer" else None)
                 adv = s.adv_steps if training == "adversarial" else 0
-                out += training_work("specformer", f"{run} {training} {m}", c, n_tr, n_te,
-                                     epochs, recipe[2], s.eval_batch_size, adv)
-                # FGSM (1), PGD-2, CW-n, PGD-n and L2 PGD-n per radius
-                steps = 1 + 2 + 2 * s.attack_steps + s.attack_steps * len(s.attack_eps)
-                out.append(audit_work("specformer", f"{run} {training} {m}: attacks",
-                                      c["attack"], n_eval, 1, steps, 1, s.eval_batch_size))
+                items = training_work("specformer", f"{run} {training} {m}", c, n_tr, n_te,
+                                      epochs, recipe[2], s.eval_batch_size, adv)
+                items.append(audit_work("specformer", f"{run} {training} {m}: attacks",
+                                        c["attack"], n_eval, 1, steps, 1, s.eval_batch_size))
+                out += _in_unit(items, f"specformer_runs@{ds}")
                 if m != "specformer" or (ds, src) != (s.datasets[0], s.sources[0]):
                     continue
                 # SpecFormer Table 5: the specformer method at every other lambda
-                for lam in s.msvp_lambda_ablation:
+                for i, lam in enumerate(s.msvp_lambda_ablation):
                     if [float(v) for v in lam] == [float(v) for v in s.msvp_lambda]:
                         continue  # the main run's own model
-                    out += training_work("specformer", f"{run} {training} {m} lambda {lam}",
-                                         c, n_tr, n_te, epochs, recipe[2], s.eval_batch_size,
-                                         adv)
-                    out.append(audit_work("specformer", f"{run} {training} {m} lambda {lam}: "
-                                          "attacks", c["attack"], n_eval, 1, steps, 1,
-                                          s.eval_batch_size))
+                    what = f"{run} {training} {m} lambda {lam}"
+                    items = training_work("specformer", what, c, n_tr, n_te, epochs, recipe[2],
+                                          s.eval_batch_size, adv)
+                    items.append(audit_work("specformer", f"{what}: attacks", c["attack"],
+                                            n_eval, 1, steps, 1, s.eval_batch_size))
+                    out += _in_unit(items, f"specformer_table5@lambda{i}")
     # the certified pair: two Lipschitz ViTs (with and without MSVP), certified by two bounds
     ds = s.datasets[0]
     _, _, _, n_tr, n_te = DATASETS[ds]
@@ -129,11 +130,19 @@ def specformer_work(p, n_train_max: int, n_test_max: int) -> list[Work]:
     cfg = certified_configs(s, stand_in(ds), 0)[0]
     for label, lam in (("without MSVP", None), ("with MSVP", tuple(s.cert_msvp_lambda))):
         c = vit_counts(cfg, lam)
-        out += training_work("specformer", f"certified pair, {label}", c, n_tr, n_te,
-                             s.cert_epochs, s.batch_size, s.eval_batch_size)
-        out += certify_work("specformer", f"certified pair, {label}", cfg,
-                             min(s.cert_n_test, n_te), ["lofast_M", "specformer"], 1, 100)
+        items = training_work("specformer", f"certified pair, {label}", c, n_tr, n_te,
+                              s.cert_epochs, s.batch_size, s.eval_batch_size)
+        items += certify_work("specformer", f"certified pair, {label}", cfg,
+                              min(s.cert_n_test, n_te), ["lofast_M", "specformer"], 1, 100)
+        out += _in_unit(items, "specformer_certified")
     return out
+
+
+def _in_unit(items: list[Work], unit: str) -> list[Work]:
+    """``items`` marked as the work of the DVC stage ``unit``."""
+    for w in items:
+        w.unit = unit
+    return items
 
 
 def crown_work(p, n_train_max: int, n_test_max: int) -> tuple[list[Work], float]:
@@ -156,7 +165,8 @@ def crown_work(p, n_train_max: int, n_test_max: int) -> tuple[list[Work], float]
                                   len(c_p.cert_eps), c_p.attack_steps, c_p.attack_restarts,
                                   100))
         bounds += len(c_p.depths) * n * len(c_p.cert_eps) * len(c_p.methods)
-    return out, bounds * c_p.time_limit
+    worst = bounds * c_p.time_limit
+    return out, min(worst, c_p.time_budget) if c_p.time_budget else worst
 
 
 _TEXT_COUNTS: dict[tuple, dict[str, Counts]] = {}
@@ -182,9 +192,15 @@ def text_work(p) -> list[Work]:
     """The text stage's models as :func:`attncert.stages.text.jobs` lists them on every
     dataset of ``text.datasets`` and ``text.frozen_datasets`` (the frozen encoder's head
     counted through the encoder's forward below)."""
-    from attncert.stages.text import jobs, text_datasets
+    from attncert.stages.text import STUDY, UNITS, jobs, text_datasets, unit_jobs
 
     t = p["text"]
+    # the DVC stage of each job (text_unit@<unit>): SST-2's four parts, another dataset whole
+    study_unit = {n: u for u in UNITS if u.startswith(f"{STUDY}-")
+                  for n in unit_jobs(t, VOCAB, u)}
+
+    def unit(dataset: str, name: str) -> str:
+        return f"text_unit@{study_unit[name] if dataset == STUDY else dataset}"
 
     def batch(b):
         return (torch.randint(1, VOCAB, (b, t.max_len)),
@@ -215,19 +231,20 @@ def text_work(p) -> list[Work]:
                 continue
             torch.manual_seed(0)
             c = counts(job.cls(**job.kwargs))
-            out += training_work("text", f"{dataset} {name}", c, n["train"], n["eval"],
-                                 job.train["epochs"], t.batch_size, t.cert_batch_size)
+            items = training_work("text", f"{dataset} {name}", c, n["train"], n["eval"],
+                                  job.train["epochs"], t.batch_size, t.cert_batch_size)
             if job.family == "lofast":
                 cfg = job.kwargs["config"]
                 lc = layer_certificate_counts(t.max_len, cfg.dim, cfg.heads, "lofast_M")
                 b = n_steps(n["certified"], t.cert_batch_size)
-                out.append(Work("text", f"{dataset} {name}: certificates", "fp64",
-                                len(t.lofast_variants) * cfg.depth * b
-                                * lc.flops(t.cert_batch_size),
-                                len(t.lofast_variants) * cfg.depth * b * lc.kernels))
-            out.append(audit_work("text", f"{dataset} {name}: PGD audit", c["attack"],
-                                  n["attacked"], len(t.cert_eps), t.attack_steps,
-                                  t.attack_restarts, t.cert_batch_size))
+                items.append(Work("text", f"{dataset} {name}: certificates", "fp64",
+                                  len(t.lofast_variants) * cfg.depth * b
+                                  * lc.flops(t.cert_batch_size),
+                                  len(t.lofast_variants) * cfg.depth * b * lc.kernels))
+            items.append(audit_work("text", f"{dataset} {name}: PGD audit", c["attack"],
+                                    n["attacked"], len(t.cert_eps), t.attack_steps,
+                                    t.attack_restarts, t.cert_batch_size))
+            out += _in_unit(items, unit(dataset, name))
         if dataset not in t.frozen_datasets:
             continue
         # OLSA over a frozen encoder: the encoder's forward on every step and evaluation
@@ -235,12 +252,14 @@ def text_work(p) -> list[Work]:
         # bound), the audit's forwards
         steps = t.frozen_epochs * n_steps(n["frozen_train"], t.batch_size)
         ev = t.frozen_epochs * n_steps(n["eval"], t.cert_batch_size)
-        out.append(Work("text", f"{dataset} frozen-olsa ({t.frozen_source} encoder forward)",
-                        "bf16", steps * enc.flops(t.batch_size), steps * enc.kernels))
-        out.append(Work("text", f"{dataset} frozen-olsa: evaluation and audit forwards", "fp32",
-                        (ev + len(t.cert_eps) * t.attack_steps * t.attack_restarts
-                         * n_steps(n["attacked"], t.cert_batch_size))
-                        * 3 * enc.flops(t.cert_batch_size), ev * enc.kernels))
+        out += _in_unit([
+            Work("text", f"{dataset} frozen-olsa ({t.frozen_source} encoder forward)", "bf16",
+                 steps * enc.flops(t.batch_size), steps * enc.kernels),
+            Work("text", f"{dataset} frozen-olsa: evaluation and audit forwards", "fp32",
+                 (ev + len(t.cert_eps) * t.attack_steps * t.attack_restarts
+                  * n_steps(n["attacked"], t.cert_batch_size))
+                 * 3 * enc.flops(t.cert_batch_size), ev * enc.kernels)],
+            unit(dataset, "frozen-olsa"))
     return out
 
 

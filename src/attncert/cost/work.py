@@ -25,6 +25,7 @@ class Work:
     kind: str  # bf16 | tf32 | fp32 | fp64 (the precision it runs at)
     flops: float
     kernels: float
+    unit: str = ""  # the DVC stage it runs in, when the stage is split into units
 
     def seconds(self, gpu: GPU, utilisation: float) -> float:
         return max(self.flops / (getattr(gpu, self.kind) * utilisation),

@@ -41,6 +41,7 @@ def plot_table2(table2: pd.DataFrame, dataset: str) -> Figure:
                  {"point": label, "method": "LoFAST + CROWN", "acc": r["combined_acc"],
                   "seconds": r["combined_seconds"]}]
     df = pd.DataFrame(rows)
+    df["acc"] = pd.to_numeric(df["acc"])  # None: CROWN alone not measured on every point
     fig, axes = plt.subplots(1, 2, figsize=(10, 3.4), constrained_layout=True)
     sns.barplot(df, x="point", y="acc", hue="method", ax=axes[0], errorbar=None)
     axes[0].set(ylabel="certified accuracy (%)", xlabel="")

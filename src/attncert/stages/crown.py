@@ -6,7 +6,10 @@ Lipschitz ViT per depth is trained in the stage (stream blocks; the same setting
 every dataset). Both methods certify the TRUE label (a misclassified point is never certified).
 CROWN (:mod:`attncert.crown`) runs once per (point, eps), smallest eps first; a point it does
 not certify at an eps is not run at the larger ones (recorded "skipped", 0 s: it cannot be
-counted as certified there). Seconds per sample: LoFAST's certificate with its radius (valid for
+counted as certified there). With ``skip_lofast_certified`` CROWN does not run where LoFAST
+certified ("lofast"); past the stage's ``time_budget`` of CROWN seconds no bound runs
+("budget"); more than ``max_error_share`` errors among the bounds that ran fail the stage
+(:func:`require_few_errors`). Seconds per sample: LoFAST's certificate with its radius (valid for
 every eps at once), CROWN's mean time of one (point, eps) bound over the pairs it ran. Every
 certified point is then attacked with L2 PGD: a broken certificate fails the stage.
 """
@@ -45,6 +48,7 @@ from attncert.params import (
     one_of,
     param,
     positive,
+    probability,
     unique,
 )
 from attncert.precision import resolve_precision
@@ -96,6 +100,14 @@ class Params:
                              doc="CROWN's arithmetic: float64 for a certificate")
     alpha_iterations: int = param(positive)
     time_limit: float = param(nonneg, doc="seconds per (point, eps) bound; 0 = none")
+    skip_lofast_certified: bool = param(
+        doc="CROWN runs only where LoFAST did not certify (all LoFAST Table 2's combination "
+            "needs); Table 1's CROWN-alone accuracy is then not measured")
+    time_budget: float = param(nonneg, doc="seconds of CROWN bounds in the whole stage (0 = "
+                                           "none); past it the rest are not run ('budget')")
+    max_error_share: float = param(probability, doc="the stage fails when more of the bounds "
+                                                    "that ran ended in an error (time limits "
+                                                    "are results, not errors)")
     attack_steps: int = param(positive)
     attack_restarts: int = param(positive)
     work_dir: str = param()
@@ -146,8 +158,9 @@ def run(p: Params, base: BaseParams, processed_dir: str) -> Result:
     dev = resolve_device(base.device)
     out = Path(p.work_dir)
     parts, frames = {}, {"lofast.csv": [], "crown.csv": []}
+    budget = Budget(p.time_budget)
     for name in p.datasets:
-        parts[name] = run_dataset(p, base, name, processed_dir, dev, out, frames)
+        parts[name] = run_dataset(p, base, name, processed_dir, dev, out, frames, budget)
     write_json(p.metrics, {
         "datasets": {name: r.metrics for name, r in parts.items()},
         "eps": p.cert_eps, "depths": p.depths,
@@ -157,7 +170,8 @@ def run(p: Params, base: BaseParams, processed_dir: str) -> Result:
 
 
 def run_dataset(p: Params, base: BaseParams, dataset: str, processed_dir: str,
-                dev: torch.device, out: Path, frames: dict[str, list]) -> DatasetResult:
+                dev: torch.device, out: Path, frames: dict[str, list],
+                budget: Budget | None = None) -> DatasetResult:
     """One dataset's part of :func:`run` (checkpoints in ``work_dir/ckpt/<dataset>/L<depth>``);
     its rows are appended to ``frames`` (by CSV name) and every CSV is rewritten before the
     soundness check, so a broken certificate can be inspected."""
@@ -181,10 +195,12 @@ def run_dataset(p: Params, base: BaseParams, dataset: str, processed_dir: str,
         lofast_all.append(lo.assign(depth=depth))
         certified = {e: torch.tensor(lo[f"certified_{e}"].to_numpy()) for e in p.cert_eps}
         radii = {"lofast": grid_radius(certified)}
+        lofast_done = (torch.stack([certified[e] for e in sorted(p.cert_eps)], 1)
+                       if p.skip_lofast_certified else None)
         for method in p.methods:
             rows, _ = crown_frame(model, x, y, p.cert_eps, method, p.time_limit,
                                   p.alpha_iterations, getattr(torch, p.bound_dtype),
-                                  progress=True)
+                                  progress=True, lofast=lofast_done, budget=budget)
             crown_all.append(rows.assign(depth=depth))
             a, b = tables(lo, rows, p.cert_eps, depth, METHODS[method])
             t1 += a if method == p.methods[0] else a[1:]
@@ -205,8 +221,9 @@ def run_dataset(p: Params, base: BaseParams, dataset: str, processed_dir: str,
 
     broken = int(audit[[c for c in audit if c.startswith("broken_")]].to_numpy().sum())
     soundness.require_sound({dataset: audits}, by=("depth",), see=str(out))
+    require_few_errors(crown_df, p.max_error_share, f"{dataset} ({out / 'crown.csv'})")
     for r in t2:
-        if r["combined_acc"] < max(r["crown_acc"], r["lofast_acc"]):
+        if r["combined_acc"] < max(r["crown_acc"] or 0.0, r["lofast_acc"]):
             raise RuntimeError(f"the combination certifies fewer points than one method: {r}")
 
     figures = {"table1": figs.plot_table1(table1, dataset),
@@ -276,34 +293,80 @@ def lofast_frame(model, x: Tensor, y: Tensor, variant: str, eps_grid: Sequence[f
     return out
 
 
+#: statuses of a (point, eps) row whose bound did not run
+NOT_RUN = ("skipped", "lofast", "budget")
+#: statuses of a bound that ran and gave a result (a time limit is the paper's "-", not an error)
+RESULTS = ("ok", "time_limit")
+
+
+class Budget:
+    """Seconds of CROWN bounds left to a stage (``seconds`` 0: no budget)."""
+
+    def __init__(self, seconds: float) -> None:
+        self.limited = seconds > 0
+        self.left = seconds
+
+    def spent(self) -> bool:
+        return self.limited and self.left <= 0
+
+    def charge(self, seconds: float) -> None:
+        self.left -= seconds
+
+
 def crown_frame(model, x: Tensor, y: Tensor, eps_grid: Sequence[float], method: str,
                 time_limit_s: float, alpha_iterations: int, dtype: torch.dtype = torch.float64,
-                progress: bool = False) -> tuple[pd.DataFrame, float]:
+                progress: bool = False, lofast: Tensor | None = None,
+                budget: Budget | None = None) -> tuple[pd.DataFrame, float]:
     """One row per (point, eps), smallest eps first, skipping the larger eps of a point that
-    was not certified; returns (rows, seconds to build the bounded graph).
+    was not certified; returns (rows, seconds to build the bounded graph). ``lofast`` (n,
+    len(eps)) bool, eps ascending: pairs LoFAST certified, not run (status "lofast");
+    ``budget``: once spent, no bound runs (status "budget").
 
     CROWN runs where the points are (``x.device``: the model is moved there, in place) in
     ``dtype``: float64 for a certificate; float32 halves time and memory, with rounding in
     the bound's last digits (the stage's PGD audit checks every certified point)."""
     if y.device != x.device:
         raise ValueError(f"x on {x.device} but y on {y.device}")
+    eps_sorted = sorted(eps_grid)
+    if lofast is not None and tuple(lofast.shape) != (len(y), len(eps_sorted)):
+        raise ValueError(f"lofast: expected shape {(len(y), len(eps_sorted))}, got "
+                         f"{tuple(lofast.shape)}")
     model = model.to(device=x.device, dtype=dtype)
     cert = CrownCertifier.from_vit(model, x.shape[1:], dtype)
-    eps_sorted = sorted(eps_grid)
     rows = []
     for i in range(len(y)):
         alive = True
-        skip = torch.zeros(1, len(eps_sorted), dtype=torch.bool)
         for j, e in enumerate(eps_sorted):
-            skip[0, j] = not alive
+            status = ("skipped" if not alive else
+                      "lofast" if lofast is not None and bool(lofast[i, j]) else
+                      "budget" if budget is not None and budget.spent() else None)
+            if status is not None:
+                rows.append({"index": i, "eps": float(e), "method": method, "certified": False,
+                             "margin_lower": float("nan"), "seconds": 0.0, "status": status})
+                continue
             (row_,) = certify_points(cert, x[i:i + 1].to(dtype), y[i:i + 1], [e], method,
-                                     time_limit_s, alpha_iterations, skip[:, j:j + 1])
+                                     time_limit_s, alpha_iterations)
             row_["index"] = i
-            alive = alive and row_["certified"]
+            if budget is not None:
+                budget.charge(row_["seconds"])
+            alive = bool(row_["certified"])
             rows.append(row_)
         if progress:
             print(f"{method}: point {i + 1}/{len(y)}", flush=True)
     return pd.DataFrame(rows), cert.build_seconds
+
+
+def require_few_errors(crown: pd.DataFrame, max_share: float, where: str) -> None:
+    """Raise RuntimeError when more than ``max_share`` of the bounds that ran ended in an
+    error (out of memory, an unsupported operator, overflow...): the stage's CROWN numbers
+    would describe the failures, not CROWN."""
+    ran = crown[~crown["status"].isin(NOT_RUN)]
+    errors = ran[~ran["status"].isin(RESULTS)]
+    if len(ran) and len(errors) > max_share * len(ran):
+        counts = ", ".join(f"{k} {v}" for k, v in errors["status"].value_counts().items())
+        raise RuntimeError(f"{where}: {len(errors)} of {len(ran)} CROWN bounds failed ({counts}"
+                           f"), more than crown.max_error_share = {max_share:g}; see the "
+                           "'error' column")
 
 
 def crown_certified(rows: pd.DataFrame, n: int, eps: float) -> Tensor:
@@ -332,15 +395,22 @@ def tables(lofast: pd.DataFrame, crown: pd.DataFrame, eps_grid: Sequence[float],
     model. Accuracies in %; a CROWN entry whose pairs all failed is None (the paper's "-")."""
     n = len(lofast)
     lo_s = float(lofast["seconds"].mean())
-    ran = crown[crown["status"] != "skipped"]
+    ran = crown[~crown["status"].isin(NOT_RUN)]
+
+    def alone(e: float, failed: bool = False) -> float | None:
+        """CROWN's own certified accuracy at e: None when some points were left to LoFAST or
+        to the budget (not measured on every point), and with ``failed`` when no bound at e
+        succeeded (the paper's "-")."""
+        at = crown[crown["eps"] == e]
+        if at["status"].isin(("lofast", "budget")).any() or (
+                failed and not (ran[ran["eps"] == e]["status"] == "ok").any()):
+            return None
+        return 100 * float(crown_certified(crown, n, e).double().mean())
+
     t1 = [{"depth": depth, "method": "LoFAST", "seconds_per_sample": lo_s,
            **{f"acc_{e}": 100 * float(lofast[f"certified_{e}"].mean()) for e in eps_grid}},
           {"depth": depth, "method": method, "seconds_per_sample": float(ran["seconds"].mean())
-           if len(ran) else float("nan"), **{
-               f"acc_{e}": (100 * float(crown_certified(crown, n, e).double().mean())
-                            if (ran["eps"] == e).any() and (ran[ran["eps"] == e]["status"]
-                                                            == "ok").any() else None)
-               for e in eps_grid}}]
+           if len(ran) else float("nan"), **{f"acc_{e}": alone(e, True) for e in eps_grid}}]
     t2 = []
     for e in eps_grid:
         lo = torch.tensor(lofast[f"certified_{e}"].to_numpy())
@@ -348,7 +418,7 @@ def tables(lofast: pd.DataFrame, crown: pd.DataFrame, eps_grid: Sequence[float],
         at = crown[crown["eps"] == e].sort_values("index")
         sec = torch.tensor(at["seconds"].to_numpy(), dtype=torch.float64)
         t2.append({"depth": depth, "eps": e, "method": method,
-                   "crown_acc": 100 * float(cr.double().mean()),
+                   "crown_acc": alone(e),
                    "crown_seconds": float(sec.mean()),
                    "combined_acc": 100 * float((lo | cr).double().mean()),
                    "combined_seconds": lo_s + float(sec[~lo].sum()) / n,

@@ -13,6 +13,7 @@ bound. Reusable methods (configs, attacks, timing) live in :mod:`attncert.specfo
 from __future__ import annotations
 
 import dataclasses
+import json
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -204,116 +205,216 @@ def certified_configs(p: Params, data: Mapping[str, Any], seed: int
     return model_cfg, train_cfg
 
 
+#: the certified pair's unit; Table 5's are ``lambda<i>`` (DVC's matrix key of the i-th
+#: ``msvp_lambda_ablation`` entry) and the main runs' are the datasets' names
+CERTIFIED = "certified"
+
+
+def units(p: Params) -> list[str]:
+    """The stage's independent units of work, each one DVC stage (``dvc.yaml``) that a GPU of
+    ``scripts/repro-gpus`` takes on its own: one per dataset (every source, training and method
+    on it, attacked; the first dataset's also times a training step and checks the certifier's
+    refusal), one per Table 5 lambda (``lambda<i>``), and the certified pair. :func:`run`
+    gathers them."""
+    return [*p.datasets, *(f"lambda{i}" for i in range(len(p.msvp_lambda_ablation))),
+            CERTIFIED]
+
+
+def unit_file(p: Params, unit: str) -> Path:
+    """Where :func:`run_unit` writes the unit's record (JSON)."""
+    return Path(p.results_dir) / "units" / f"{unit}.json"
+
+
+def unit_ckpt(p: Params, unit: str) -> Path:
+    """The unit's checkpoint folder (one sub-folder per run: an interrupted unit resumes)."""
+    return Path(p.results_dir) / "ckpt" / unit
+
+
+def _unit_key(p: Params, base: BaseParams) -> dict[str, Any]:
+    """What a unit's record was computed from (a record of other params is stale)."""
+    return json.loads(json.dumps({"specformer": dataclasses.asdict(p), "seed": base.seed,
+                                  "precision": base.precision, "scale": base.scale}))
+
+
 def _write_csv(frame: pd.DataFrame, path: Path) -> None:
     with atomic_path(path) as tmp:
         frame.to_csv(tmp, index=False)
 
 
-def run(p: Params, base: BaseParams, processed_dir: str, device: torch.device) -> Result:
-    """Train, attack, time and certify as the module says; write the CSVs under
-    ``results_dir``, checkpoints under ``results_dir/ckpt`` (an interrupted stage resumes) and
-    the metrics file; return what the notebook shows."""
-    out, seed, precision = Path(p.results_dir), base.seed, base.precision
-    data = {name: sf.subset_train(load_processed(name, processed_dir), p.max_train, seed)
-            for name in p.datasets}
+def run_unit(p: Params, base: BaseParams, processed_dir: str, device: torch.device,
+             unit: str) -> dict[str, Any]:
+    """Train, attack (and for the first dataset time and check) one unit of :func:`units`;
+    write its record to :func:`unit_file` and return it. Checkpoints go under
+    :func:`unit_ckpt` (an interrupted unit resumes)."""
+    if unit not in units(p):
+        raise ValueError(f"specformer unit {unit!r}: not one of {units(p)}")
+    seed, precision = base.seed, base.precision
+    dataset = unit if unit in p.datasets else p.datasets[0]
+    data = sf.subset_train(load_processed(dataset, processed_dir), p.max_train, seed)
+    record: dict[str, Any] = {
+        "unit": unit, "key": _unit_key(p, base), "device": str(device),
+        "data": f"{dataset}: {len(data['train']['y'])} training / {len(data['test']['y'])} "
+                f"test images ({data['source']})",
+        "notes": {}, "trained": [], "robustness": [], "sigma": [], "times": [],
+        "refusal": None, "ablation": None, "certified": [], "cert_sigma": []}
     specs = sf.attack_specs(p.std_eps_255, p.adv_eval_eps_255, p.attack_steps, p.attack_eps)
-    plans = {src: sf.run_plan(p.methods, p.adv_methods, *recipe(p, seed, src))
-             for src in p.sources}
+    unit_ckpt(p, unit).mkdir(parents=True, exist_ok=True)  # a DVC output, even when unused
+    if unit in p.datasets:
+        _main_runs(p, data, dataset, specs, unit_ckpt(p, unit), device, precision, seed,
+                   record)
+    elif unit == CERTIFIED:
+        rows, sigmas = _certified_pair(p, data, dataset, seed, unit_ckpt(p, unit), device,
+                                       precision)
+        record["certified"] = rows
+        record["cert_sigma"] = pd.concat(sigmas, ignore_index=True).to_dict("records")
+    else:
+        record["ablation"] = _lambda_ablation(p, data, dataset, int(unit.removeprefix("lambda")),
+                                              specs, unit_ckpt(p, unit), device, precision,
+                                              seed)
+    write_json(unit_file(p, unit), record)
+    return record
+
+
+def _train(p: Params, src: str, method: str, train_cfg: TrainConfig, data: Mapping[str, Any],
+           dataset: str, ckpt: Path, device: torch.device, precision: str):
+    """One run: the from-scratch ViT of ``p`` or the fine-tuned pre-trained ``src``."""
+    if src == sf.SCRATCH:
+        vit = sf.base_model_config(data, p.patch, p.dim, p.depth, p.heads, p.mlp_hidden,
+                                   p.block)
+        return sf.train_run(sf.method_model_config(method, vit, p.lipsformer_alpha), train_cfg,
+                            data, dataset, ckpt, device, precision)
+    return sf.finetune_run(src, train_cfg, data, dataset, p.image_size, ckpt, device,
+                           precision)
+
+
+def _main_runs(p: Params, data: Mapping[str, Any], dataset: str, specs: Sequence,
+               ckpt: Path, device: torch.device, precision: str, seed: int,
+               record: dict[str, Any]) -> None:
+    """Every (source, training, method) on ``dataset``: trained, attacked (SpecFormer Tables
+    1-2), the singular values of the standard-trained models (Figure 2a); on the first dataset
+    also the step times (Table 3) and the certifier's answer for a LayerNorm model."""
     # every pre-trained source is loaded and fitted once before any training (a clear error first)
-    fitted = {(name, src): "; ".join(sf.pretrained_model(src, d, p.image_size, seed)[1])
-              for name, d in data.items() for src in p.sources if src != sf.SCRATCH}
-    overview = (
-        f"**Scale** {base.scale}, device {device}.  \n**Data** " + "; ".join(
-            f"{k}: {len(d['train']['y'])} training / {len(d['test']['y'])} test images "
-            f"({d['source']})" for k, d in data.items())
-        + f"  \n**Sources** {p.sources}" + "".join(
-            f"  \n{sf.run_label(k, src)}: {note}" for (k, src), note in fitted.items())
-        + f"  \n**Runs** per dataset and source: "
-        f"{[f'{t}/{m}' for t, m, _ in plans[p.sources[0]]]}"
-        f"  \n**Attacks** on the first {p.n_eval} test images: {[s.label for s in specs]}")
-
-    # training: every (dataset, source, training, method)
-    models, train_rows, labels = {}, [], {}
-    for name, d in data.items():
-        vit = sf.base_model_config(d, p.patch, p.dim, p.depth, p.heads, p.mlp_hidden, p.block)
-        for src in p.sources:
-            label = sf.run_label(name, src)
-            labels[label] = name
-            for training, method, cfg in plans[src]:
-                train_cfg = sf.method_train_config(method, cfg, p.msvp_lambda)
-                ckpt = out / "ckpt" / f"{label}-{training}-{method}"
-                t0 = time.perf_counter()
-                if src == sf.SCRATCH:
-                    model, curves, status = sf.train_run(
-                        sf.method_model_config(method, vit, p.lipsformer_alpha), train_cfg, d,
-                        name, ckpt, device, precision)
-                else:
-                    model, curves, status = sf.finetune_run(src, train_cfg, d, name,
-                                                            p.image_size, ckpt, device,
-                                                            precision)
-                models[label, training, method] = model
-                train_rows.append({"dataset": label, "source": src, "training": training,
-                                   "method": method, "checkpoint": status,
-                                   "epochs": len(curves),
-                                   "train_seconds": sum(r["seconds"] for r in curves),
-                                   "wall_seconds": time.perf_counter() - t0,
-                                   "test_acc": curves[-1]["test_acc"]})
-
-    # robustness (SpecFormer Tables 1 and 2): every model, every attack
-    rows = []
+    for src in p.sources:
+        if src != sf.SCRATCH:
+            notes = sf.pretrained_model(src, data, p.image_size, seed)[1]
+            record["notes"][sf.run_label(dataset, src)] = "; ".join(notes)
+    models = {}
+    for src in p.sources:
+        label = sf.run_label(dataset, src)
+        for training, method, cfg in sf.run_plan(p.methods, p.adv_methods,
+                                                 *recipe(p, seed, src)):
+            t0 = time.perf_counter()
+            model, curves, status = _train(p, src, method,
+                                           sf.method_train_config(method, cfg, p.msvp_lambda),
+                                           data, dataset, ckpt / f"{label}-{training}-{method}",
+                                           device, precision)
+            models[label, training, method] = model
+            record["trained"].append({
+                "dataset": label, "source": src, "training": training, "method": method,
+                "checkpoint": status, "epochs": len(curves),
+                "train_seconds": sum(r["seconds"] for r in curves),
+                "wall_seconds": time.perf_counter() - t0, "test_acc": curves[-1]["test_acc"]})
+    x, y = sf.eval_split(data, p.n_eval)
     for (label, training, method), model in models.items():
-        x, y = sf.eval_split(data[labels[label]], p.n_eval)
-        for r in sf.robust_accuracy(model, x.to(device), y.to(device), specs,
-                                    p.eval_batch_size, seed):
-            rows.append({"dataset": label, "training": training, "method": method, **r})
-    robustness = pd.DataFrame(rows)
-    _write_csv(robustness, out / "robustness.csv")
-
-    # the largest singular value per layer (Figure 2a) of every standard-trained method
-    sigma = pd.concat([sf.max_sigma_frame({m: models[name, "standard", m] for m in p.methods}
-                                           ).assign(dataset=name) for name in labels],
-                      ignore_index=True)
-    _write_csv(sigma, out / "sigma.csv")
-
-    # SpecFormer Table 5: the specformer method at more lambdas (first dataset and source)
-    first, first_run = p.datasets[0], sf.run_label(p.datasets[0], p.sources[0])
-    ablation = _lambda_ablation(p, data[first], first, first_run, plans[p.sources[0]], specs,
-                                models, out, device, precision, seed)
-    _write_csv(pd.DataFrame(ablation), out / "msvp_ablation.csv")
-
-    # the cost of a training step (Table 3): first dataset, first source, side by side, in
-    # standard and in adversarial training (each relative to vanilla in the same training)
-    xb = as_float(data[first]["train"]["x"][:recipe(p, seed, p.sources[0])[0].batch_size]
-                  ).to(device)
-    yb = data[first]["train"]["y"][:len(xb)].to(device)
-    all_times, all_ratios = [], {}
-    for training, cfg in zip(("standard", "adversarial"), recipe(p, seed, p.sources[0]),
-                             strict=True):
+        record["robustness"] += [
+            {"dataset": label, "training": training, "method": method, **r}
+            for r in sf.robust_accuracy(model, x.to(device), y.to(device), specs,
+                                        p.eval_batch_size, seed)]
+    for src in p.sources:
+        label = sf.run_label(dataset, src)
+        record["sigma"] += sf.max_sigma_frame(
+            {m: models[label, "standard", m] for m in p.methods}
+        ).assign(dataset=label).to_dict("records")
+    if dataset != p.datasets[0]:
+        return
+    # the cost of a training step (Table 3): first source, side by side, in standard and in
+    # adversarial training (each relative to vanilla in the same training)
+    label = sf.run_label(dataset, p.sources[0])
+    configs = recipe(p, seed, p.sources[0])
+    xb = as_float(data["train"]["x"][:configs[0].batch_size]).to(device)
+    yb = data["train"]["y"][:len(xb)].to(device)
+    for training, cfg in zip(("standard", "adversarial"), configs, strict=True):
         methods = [m for m in (p.methods if training == "standard" else p.adv_methods)
-                   if (first_run, training, m) in models]
+                   if (label, training, m) in models]
         if "vanilla" not in methods:
             continue
-        timed = {m: (models[first_run, training, m],
-                     sf.method_train_config(m, cfg, p.msvp_lambda)) for m in methods}
+        timed = {m: (models[label, training, m], sf.method_train_config(m, cfg, p.msvp_lambda))
+                 for m in methods}
         times = sf.step_times(timed, xb, yb, p.timing_steps, p.timing_rounds, p.timing_warmup)
-        all_times.append(times.assign(training=training))
-        all_ratios[training] = sf.step_time_ratios(times)
-    _write_csv(pd.concat(all_times, ignore_index=True), out / "step_time.csv")
+        record["times"] += times.assign(training=training).to_dict("records")
+    # certified terms: a LayerNorm model is refused
+    try:
+        certify.precompute(models[label, "standard", "vanilla"], xb[:2])
+        record["refusal"] = "(certified: unexpected for a LayerNorm model)"
+    except ValueError as exc:
+        record["refusal"] = str(exc)
+
+
+def read_unit(p: Params, base: BaseParams, unit: str) -> dict[str, Any]:
+    """The record :func:`run_unit` wrote for ``unit``; ValueError when it is missing or was
+    computed from other params (run the unit's DVC stage first)."""
+    path = unit_file(p, unit)
+    if not path.is_file():
+        raise ValueError(f"{path}: the specformer unit {unit!r} has not run (dvc repro "
+                         f"specformer_... runs it)")
+    record = json.loads(path.read_text())
+    if record.get("key") != _unit_key(p, base):
+        raise ValueError(f"{path}: the specformer unit {unit!r} ran with other params; rerun "
+                         "it (dvc repro)")
+    return record
+
+
+def run(p: Params, base: BaseParams) -> Result:
+    """Gather every unit's record (:func:`read_unit`): write the CSVs under ``results_dir`` and
+    the metrics file; return what the notebook shows. Reads records only (no device)."""
+    out = Path(p.results_dir)
+    records = {u: read_unit(p, base, u) for u in units(p)}
+    main = [records[d] for d in p.datasets]
+    train_rows = [r for rec in main for r in rec["trained"]]
+    rows = [r for rec in main for r in rec["robustness"]]
+    labels = list(dict.fromkeys(r["dataset"] for r in train_rows))
+    specs = sf.attack_specs(p.std_eps_255, p.adv_eval_eps_255, p.attack_steps, p.attack_eps)
+    plan = sf.run_plan(p.methods, p.adv_methods, *recipe(p, base.seed, p.sources[0]))
+    devices = ", ".join(f"{u} on {rec['device']}" for u, rec in records.items())
+    overview = (
+        f"**Scale** {base.scale}; units {devices}.  \n**Data** "
+        + "; ".join(rec["data"] for rec in main) + f"  \n**Sources** {p.sources}"
+        + "".join(f"  \n{label}: {note}" for rec in main for label, note in rec["notes"].items())
+        + f"  \n**Runs** per dataset and source: {[f'{t}/{m}' for t, m, _ in plan]}"
+        f"  \n**Attacks** on the first {p.n_eval} test images: {[s.label for s in specs]}")
+    robustness = pd.DataFrame(rows)
+    _write_csv(robustness, out / "robustness.csv")
+    sigma = pd.DataFrame([r for rec in main for r in rec["sigma"]])
+    _write_csv(sigma, out / "sigma.csv")
+
+    # SpecFormer Table 5; the triple equal to msvp_lambda is the main runs' specformer models
+    first_run = sf.run_label(p.datasets[0], p.sources[0])
+    ablation = []
+    for i, lam in enumerate(p.msvp_lambda_ablation):
+        got = records[f"lambda{i}"]["ablation"]
+        if got is None:
+            name = _lambda_name(lam)
+            got = [{"lambda": name, "training": r["training"],
+                    **{k: v for k, v in r.items() if k not in ("dataset", "training", "method")}}
+                   for r in rows if r["dataset"] == first_run and r["method"] == "specformer"]
+        ablation += got
+    _write_csv(pd.DataFrame(ablation), out / "msvp_ablation.csv")
+
+    first = records[p.datasets[0]]
+    times = pd.DataFrame(first["times"])
+    _write_csv(times, out / "step_time.csv")
+    all_ratios = {t: sf.step_time_ratios(times[times["training"] == t])
+                  for t in dict.fromkeys(times["training"])}
     ratios = all_ratios["standard"]
     msvp_ratio = float(ratios.loc["specformer", "ratio"]) if "specformer" in p.methods else None
-
-    # certified terms: a LayerNorm model is refused; the Lipschitz pair without / with MSVP
-    try:
-        certify.precompute(models[first_run, "standard", "vanilla"], xb[:2])
-        refusal = "(certified: unexpected for a LayerNorm model)"
-    except ValueError as exc:
-        refusal = str(exc)
-    cert_rows, cert_sigma = _certified_pair(p, data[first], first, seed, out, device, precision)
+    refusal = first["refusal"]
+    cert_rows = records[CERTIFIED]["certified"]
     certified = pd.DataFrame(cert_rows)
     _write_csv(certified, out / "certified.csv")
 
     metrics = {
         "scale": base.scale,
+        "units": {u: r["device"] for u, r in records.items()},
         "training": train_rows,
         "robustness": {f"{r['dataset']}/{r['training']}/{r['method']}/{r['attack']}":
                        r["accuracy"] for r in rows},
@@ -335,44 +436,43 @@ def run(p: Params, base: BaseParams, processed_dir: str, device: torch.device) -
     return Result(overview=overview, trained=pd.DataFrame(train_rows), robustness=robustness,
                   comparison=sf.comparison_table(rows, paper.SPECFORMER_TABLE1,
                                                  sf.run_label("cifar10", p.sources[0])),
-                  runs=list(labels), sigma=sigma, ratios=ratios, msvp_ratio=msvp_ratio,
-                  refusal=refusal, cert_sigma=pd.concat(cert_sigma), certified=certified,
-                  metrics=metrics)
+                  runs=labels, sigma=sigma, ratios=ratios, msvp_ratio=msvp_ratio,
+                  refusal=refusal, cert_sigma=pd.DataFrame(records[CERTIFIED]["cert_sigma"]),
+                  certified=certified, metrics=metrics)
 
 
-def _lambda_ablation(p: Params, data: Mapping[str, Any], dataset: str, label: str,
-                     plan: Sequence, specs: Sequence, models: Mapping, out: Path,
-                     device: torch.device, precision: str, seed: int) -> list[dict[str, Any]]:
+def _lambda_name(lam: Sequence[float]) -> str:
+    return ",".join(f"{v:g}" for v in lam)
+
+
+def _lambda_ablation(p: Params, data: Mapping[str, Any], dataset: str, index: int,
+                     specs: Sequence, ckpt: Path, device: torch.device, precision: str,
+                     seed: int) -> list[dict[str, Any]] | None:
     """SpecFormer Table 5: the specformer method trained (standard and adversarial, as the
-    plan lists it) at every ``msvp_lambda_ablation`` triple on ``dataset`` from the first
-    source, each attacked like the main runs (the main runs' own ``msvp_lambda`` reuses their
-    models); rows (lambda, training, attack, accuracy)."""
-    src = p.sources[0]
-    vit = sf.base_model_config(data, p.patch, p.dim, p.depth, p.heads, p.mlp_hidden, p.block)
+    first source's plan lists it) at the ``index``-th ``msvp_lambda_ablation`` triple on
+    ``dataset`` from the first source, each attacked like the main runs: rows (lambda,
+    training, attack, accuracy). None for the main runs' own ``msvp_lambda`` (their models
+    answer it: :func:`run`)."""
+    lam = p.msvp_lambda_ablation[index]
+    if [float(v) for v in lam] == [float(v) for v in p.msvp_lambda]:
+        return None
+    src, name = p.sources[0], _lambda_name(lam)
+    label = sf.run_label(dataset, src)
+    x, y = sf.eval_split(data, p.n_eval)
     rows = []
-    for lam in p.msvp_lambda_ablation:
-        name = ",".join(f"{v:g}" for v in lam)
-        for training, method, cfg in plan:
-            if method != "specformer":
-                continue
-            train_cfg = sf.method_train_config(method, cfg, lam)
-            ckpt = out / "ckpt" / f"{label}-{training}-specformer-lambda{name}"
-            if [float(v) for v in lam] == [float(v) for v in p.msvp_lambda]:
-                model = models[label, training, method]
-            elif src == sf.SCRATCH:
-                model = sf.train_run(sf.method_model_config(method, vit, p.lipsformer_alpha),
-                                     train_cfg, data, dataset, ckpt, device, precision)[0]
-            else:
-                model = sf.finetune_run(src, train_cfg, data, dataset, p.image_size, ckpt,
-                                        device, precision)[0]
-            x, y = sf.eval_split(data, p.n_eval)
-            rows += [{"lambda": name, "training": training, **r}
-                     for r in sf.robust_accuracy(model, x.to(device), y.to(device), specs,
-                                                 p.eval_batch_size, seed)]
+    for training, method, cfg in sf.run_plan(p.methods, p.adv_methods, *recipe(p, seed, src)):
+        if method != "specformer":
+            continue
+        model = _train(p, src, method, sf.method_train_config(method, cfg, lam), data, dataset,
+                       ckpt / f"{label}-{training}-specformer-lambda{name}", device,
+                       precision)[0]
+        rows += [{"lambda": name, "training": training, **r}
+                 for r in sf.robust_accuracy(model, x.to(device), y.to(device), specs,
+                                             p.eval_batch_size, seed)]
     return rows
 
 
-def _certified_pair(p: Params, data: Mapping[str, Any], dataset: str, seed: int, out: Path,
+def _certified_pair(p: Params, data: Mapping[str, Any], dataset: str, seed: int, ckpt: Path,
                     device: torch.device, precision: str
                     ) -> tuple[list[dict[str, Any]], list[pd.DataFrame]]:
     """The Lipschitz ViT trained without and with MSVP (``cert_msvp_lambda``), certified in
@@ -386,7 +486,7 @@ def _certified_pair(p: Params, data: Mapping[str, Any], dataset: str, seed: int,
     for label, lam in (("lipschitz", [0.0, 0.0, 0.0]), ("lipschitz + MSVP", p.cert_msvp_lambda)):
         cfg = dataclasses.replace(train_cfg, msvp_lambda=tuple(lam))
         model, _, _ = sf.train_run(model_cfg, cfg, data, dataset,
-                                   out / "ckpt" / f"{dataset}-certified-msvp{cfg.msvp_enabled:d}",
+                                   ckpt / f"{dataset}-msvp{cfg.msvp_enabled:d}",
                                    device, precision)
         sigmas.append(sf.max_sigma_frame({label: model}))
         model = model.double()

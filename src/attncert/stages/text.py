@@ -5,14 +5,18 @@ One job per model: OLSA at depth 0 (no attention) and at every depth (``olsa_dep
 Table 1; ``olsa_deep_depths`` on SST-2 only, its Table 9), the gamma ablation of the shallowest
 OLSA (its Table 2), the attention sweep of the deepest (and OLSA's averaged residual when the
 main runs use the gated one), Kim et al.'s L2 attention, a standard transformer of the same
-size, LoFAST's small-BERT grid and an OLSA head over a frozen encoder. Each trains resumably in
-``results_dir/ckpt/<name>`` and gets the same read-out
+size, LoFAST's small-BERT grid and an OLSA head over a frozen encoder. The jobs run in
+independent units (:data:`UNITS`, each one DVC stage: several GPUs share the stage), each job
+resumably in ``results_dir/ckpt/<unit>/<name>``; :func:`run` gathers them. Every job gets the
+same read-out
 (:func:`attncert.text.evaluate.evaluate_model`); the PGD audit's rows are returned, shown by
 the notebook, then checked by :func:`attncert.soundness.require_sound`.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import json
 import re
 import time
 from collections.abc import Mapping
@@ -369,47 +373,154 @@ def datasets_table(entries: Mapping[str, Mapping[str, Any]]) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
-def run(p: Params, base: BaseParams, processed_dir: str) -> Result:
-    """Train and evaluate every model of :func:`jobs` on every dataset; write ``results_dir``
-    (models.csv, curves.csv, datasets.csv, the figures) and the metrics file; return what the
-    notebook shows."""
-    import matplotlib.pyplot as plt
+#: The stage's independent units, each one DVC stage (dvc.yaml's ``text_unit`` matrix lists
+#: them): SST-2's study in four parts (:func:`unit_jobs`), then every other dataset (its OLSA
+#: runs and frozen-encoder head; nothing where the scale leaves it out). :func:`run` gathers.
+UNITS = ("sst2-olsa", "sst2-controls", "sst2-lofast", "sst2-frozen", "yelp_polarity", "qqp")
 
-    from attncert.figures import text as figs  # seaborn: not on the path of params checks
 
-    t_stage = time.perf_counter()
-    torch.manual_seed(base.seed)
-    dev_ = resolve_device(base.device)
-    out = Path(p.results_dir)
-    sst2 = load_processed(STUDY, processed_dir)
-    tok = load_tokenizer(p.tokenizer)
-    raw, reported = select_splits(sst2, p.max_train, p.max_eval, base.seed)
-    splits = {name: encode_split(s, tok, p.max_len) for name, s in raw.items()}
-    n_cert = len(raw["test"]["y"]) if p.n_test == 0 else min(p.n_test, len(raw["test"]["y"]))
+def unit_jobs(p: Params, vocab: int, unit: str, sep_token_id: int | None = None
+              ) -> dict[str, Job]:
+    """The jobs of one unit of :data:`UNITS`: on SST-2, ``sst2-olsa`` (OLSA at depth 0 and
+    every depth), ``sst2-lofast`` (LoFAST's grid), ``sst2-frozen`` (the frozen-encoder head)
+    and ``sst2-controls`` (the rest: gamma ablation, residual, alpha1 sweep, Kim-L2, the
+    standard transformer); another dataset's unit is :func:`jobs` on it ({} when the scale
+    leaves it out)."""
+    if unit not in UNITS:
+        raise ValueError(f"text unit {unit!r}: not one of {UNITS}")
+    if not unit.startswith(f"{STUDY}-"):
+        return jobs(p, vocab, unit, sep_token_id) if unit in text_datasets(p) else {}
+    depths = {f"olsa-L{d}-g{p.gamma:g}" for d in (0, *p.olsa_depths, *p.olsa_deep_depths)}
+
+    def group(name: str, job: Job) -> str:
+        if job.cls is FrozenEncoderOLSA:
+            return "sst2-frozen"
+        if job.family == "lofast":
+            return "sst2-lofast"
+        return "sst2-olsa" if name in depths else "sst2-controls"
+    return {n: j for n, j in jobs(p, vocab).items() if group(n, j) == unit}
+
+
+def unit_file(p: Params, unit: str) -> Path:
+    """Where :func:`run_unit` writes the unit's record (JSON)."""
+    return Path(p.results_dir) / "units" / f"{unit}.json"
+
+
+def _unit_key(p: Params, base: BaseParams) -> dict[str, Any]:
+    """What a unit's record was computed from (a record of other params is stale)."""
+    return json.loads(json.dumps({"text": dataclasses.asdict(p), "seed": base.seed,
+                                  "precision": base.precision, "scale": base.scale}))
+
+
+def _settings(p: Params, base: BaseParams, dev_: torch.device
+              ) -> tuple[dict[str, Any], dict[str, Any]]:
+    """(training settings every job shares, the evaluation's settings)."""
     common = dict(batch_size=p.batch_size, warmup_steps=p.warmup_steps,
                   logit_scale=p.logit_scale, gamma_ramp=p.gamma_ramp, seed=base.seed)
     evaluation = dict(n_test=p.n_test, n_attack=p.n_attack, cert_eps=p.cert_eps,
                       attack_steps=p.attack_steps, attack_restarts=p.attack_restarts,
                       device=dev_, batch_size=p.cert_batch_size, seed=base.seed,
                       variants=p.lofast_variants)
-    todo = jobs(p, tok.vocab_size)
-    # the frozen head's own seeded subset of the whole training split (its cost is the
-    # encoder's forward pass once per sentence, not training steps); dev and test are the same
-    frozen_splits = None
-    if "frozen-olsa" in todo:
-        frozen_raw, _ = select_splits(sst2, p.frozen_max_train, p.max_eval, base.seed)
-        frozen_tok = _frozen_tokenizer(p, tok)
-        frozen_splits = {name: encode_split(s, frozen_tok, p.max_len)
-                         for name, s in frozen_raw.items()}
-    results, curves, audits = _fit(todo, splits, frozen_splits, out / "ckpt", common,
-                                   evaluation, reported, base, p.cert_batch_size)
+    return common, evaluation
+
+
+def run_unit(p: Params, base: BaseParams, processed_dir: str, unit: str) -> dict[str, Any]:
+    """Train and evaluate the jobs of one unit of :data:`UNITS` (checkpoints in
+    ``results_dir/ckpt/<unit>/<model>``: an interrupted unit resumes); write its record to
+    :func:`unit_file` and return it."""
+    if unit not in UNITS:
+        raise ValueError(f"text unit {unit!r}: not one of {UNITS}")
+    t0 = time.perf_counter()
+    torch.manual_seed(base.seed)
+    dev_ = resolve_device(base.device)
+    folder = Path(p.results_dir) / "ckpt" / unit
+    folder.mkdir(parents=True, exist_ok=True)  # a DVC output, even for a unit with no job
+    common, evaluation = _settings(p, base, dev_)
+    tok = load_tokenizer(p.tokenizer)
+    record: dict[str, Any] = {"unit": unit, "key": _unit_key(p, base), "device": str(dev_),
+                              "results": {}, "curves": [], "audits": {}, "jobs": [],
+                              "data": None, "entry": None}
+    if unit.startswith(f"{STUDY}-"):
+        sst2 = load_processed(STUDY, processed_dir)
+        raw, reported = select_splits(sst2, p.max_train, p.max_eval, base.seed)
+        splits = {name: encode_split(s, tok, p.max_len) for name, s in raw.items()}
+        todo = unit_jobs(p, tok.vocab_size, unit)
+        # the frozen head's own seeded subset of the whole training split (its cost is the
+        # encoder's forward pass once per sentence, not training steps); dev and test the same
+        frozen_splits = None
+        if "frozen-olsa" in todo:
+            frozen_raw, _ = select_splits(sst2, p.frozen_max_train, p.max_eval, base.seed)
+            frozen_tok = _frozen_tokenizer(p, tok)
+            frozen_splits = {name: encode_split(s, frozen_tok, p.max_len)
+                             for name, s in frozen_raw.items()}
+        fitted = _fit(todo, splits, frozen_splits, folder, common, evaluation, reported, base,
+                      p.cert_batch_size)
+        n_cert = (len(raw["test"]["y"]) if p.n_test == 0
+                  else min(p.n_test, len(raw["test"]["y"])))
+        record["data"] = {
+            "source": sst2["source"], "train": len(raw["train"]["y"]),
+            "dev": len(raw["dev"]["y"]), "reported": reported,
+            "n_reported": len(raw["test"]["y"]), "vocab": tok.vocab_size,
+            "n_certified": n_cert, "n_attacked": min(p.n_attack, n_cert), "device": str(dev_),
+            "frozen_train": len(frozen_splits["train"]["y"]) if frozen_splits else 0}
+        record["jobs"] = [{"model": name, "family": j.family, "class": j.cls.__name__,
+                           **j.train} for name, j in todo.items()]
+        record |= {"results": fitted.results, "curves": fitted.curves,
+                   "audits": fitted.audits}
+    elif unit in text_datasets(p):
+        entry, fitted = _other_dataset(p, base, unit, processed_dir, tok, common, evaluation,
+                                       folder)
+        record["entry"] = entry
+        if fitted is not None:
+            record["audits"] = {f"{unit}/{m}": rows for m, rows in fitted.audits.items()}
+    record["seconds"] = time.perf_counter() - t0
+    write_json(unit_file(p, unit), record)
+    return record
+
+
+def read_unit(p: Params, base: BaseParams, unit: str) -> dict[str, Any]:
+    """The record :func:`run_unit` wrote for ``unit``; ValueError when it is missing or was
+    computed from other params (run the unit's DVC stage first)."""
+    path = unit_file(p, unit)
+    if not path.is_file():
+        raise ValueError(f"{path}: the text unit {unit!r} has not run (dvc repro "
+                         f"text_unit@{unit} runs it)")
+    record = json.loads(path.read_text())
+    if record.get("key") != _unit_key(p, base):
+        raise ValueError(f"{path}: the text unit {unit!r} ran with other params; rerun it "
+                         "(dvc repro)")
+    return record
+
+
+def run(p: Params, base: BaseParams) -> Result:
+    """Gather every unit's record (:func:`read_unit`): write ``results_dir`` (models.csv,
+    curves.csv, datasets.csv, the figures) and the metrics file; return what the notebook
+    shows. Reads records only (no device, no data)."""
+    import matplotlib.pyplot as plt
+
+    from attncert.figures import text as figs  # seaborn: not on the path of params checks
+
+    t_stage = time.perf_counter()
+    out = Path(p.results_dir)
+    records = {u: read_unit(p, base, u) for u in UNITS}
+    study = [records[u] for u in UNITS if u.startswith(f"{STUDY}-")]
+    data = study[0]["data"]
+    order = list(jobs(p, data["vocab"]))  # jobs() order, whichever unit ran a job
+    results = {n: r for rec in study for n, r in rec["results"].items()}
+    results = {n: results[n] for n in order}
+    curves = sorted((c for rec in study for c in rec["curves"]),
+                    key=lambda c: order.index(c["model"]))
+    audits = {n: rows for rec in study for n, rows in rec["audits"].items()}
+    audits = {n: audits[n] for n in order}
     others = {}
     for name in text_datasets(p):
         if name != STUDY:
-            others[name], fitted = _other_dataset(p, base, name, processed_dir, tok, common,
-                                                  evaluation, out / "ckpt" / name)
-            if fitted is not None:
-                audits |= {f"{name}/{m}": rows for m, rows in fitted.audits.items()}
+            others[name] = records[name]["entry"]
+            audits |= records[name]["audits"]
+    reported, n_cert = data["reported"], data["n_certified"]
+    frozen_train = max(rec["data"]["frozen_train"] for rec in study)
+    todo_rows = sorted((j for rec in study for j in rec["jobs"]),
+                       key=lambda j: order.index(j["model"]))
     curves = pd.DataFrame(curves)
     table = attention_table(results)
     deep, shallow = max(p.olsa_depths), min(p.olsa_depths)
@@ -454,11 +565,12 @@ def run(p: Params, base: BaseParams, processed_dir: str) -> Result:
     other_table = datasets_table(others)
     with atomic_path(out / "datasets.csv") as tmp:
         other_table.to_csv(tmp, index=False)
-    n_attack = min(p.n_attack, n_cert)
+    n_attack = data["n_attacked"]
+    seconds = sum(r["seconds"] for r in records.values()) + time.perf_counter() - t_stage
     write_json(p.metrics, {
-        "scale": base.scale, "train_sentences": len(raw["train"]["y"]),
-        "frozen_train_sentences": len(frozen_splits["train"]["y"]) if frozen_splits else 0,
-        "reported_split": reported,
+        "scale": base.scale, "train_sentences": data["train"],
+        "frozen_train_sentences": frozen_train,
+        "reported_split": reported, "units": {u: r["device"] for u, r in records.items()},
         "n_certified": n_cert, "n_attacked": n_attack, "eps": p.cert_eps,
         "depth0": depth0, "models": results,
         "attention_vs_depth0": {
@@ -470,18 +582,13 @@ def run(p: Params, base: BaseParams, processed_dir: str) -> Result:
                   "shi_sst_avg_radius": paper.OLSA_SHI_AVG_RADIUS["sst"]},
         "datasets": others,
         "broken": int(table["broken"].sum()) + sum(e.get("broken", 0) for e in others.values()),
-        "seconds": time.perf_counter() - t_stage})
+        "seconds": seconds})
     audit = pd.DataFrame([{"model": name, **r} for name, rows in audits.items() for r in rows])
     return Result(
-        data={"source": sst2["source"], "train": len(raw["train"]["y"]),
-              "dev": len(raw["dev"]["y"]), "reported": reported,
-              "n_reported": len(raw["test"]["y"]), "vocab": tok.vocab_size,
-              "n_certified": n_cert, "n_attacked": n_attack, "device": str(dev_)},
-        jobs=pd.DataFrame([{"model": name, "family": j.family, "class": j.cls.__name__,
-                            **j.train} for name, j in todo.items()]),
+        data=data, jobs=pd.DataFrame(todo_rows),
         table=table, audit=audit, audits=audits, versus=versus, verdict=verdict,
         paper_vs_ours=paper_vs_ours, ablation=ablation, figures=figures,
-        datasets=others, datasets_table=other_table, seconds=time.perf_counter() - t_stage)
+        datasets=others, datasets_table=other_table, seconds=seconds)
 
 
 def _versus_depth0(olsa_rows: pd.DataFrame, depth0: str, reported: str
