@@ -22,11 +22,15 @@
 # Every certified point is then attacked with L2 PGD: a broken certificate fails the stage.
 # Everything runs on `base.device` (CROWN too: auto_LiRPA bounds on the GPU when there is one);
 # LoFAST and the audit in float64, CROWN in `bound_dtype`.
+#
+# **Units.** Each (dataset, depth) trains, certifies and audits in its own DVC stage and report
+# (`08_crown_unit`, `crown_unit@<dataset>-<depth>`), so that several GPUs share the stage; a
+# unit fails on a broken certificate or when more than `max_error_share` of its CROWN bounds
+# fail. This report gathers their records and trains nothing.
 
 # %% tags=["parameters"]
 base = {}  # params.yaml `base`, passed whole by attncert.nbrun
 crown = {}  # params.yaml `crown`, passed whole by attncert.nbrun
-processed_dir = "data/processed"
 
 # %%
 import pandas as pd
@@ -39,12 +43,15 @@ from attncert.stages import crown as stage
 
 b = parse_section("base", base, BaseParams)
 p = parse_section("crown", crown, stage.Params)
-res = stage.run(p, b, processed_dir)
+res = stage.run(p, b)
 parts = res.datasets
 display(Markdown(f"**{b.scale} scale**: {', '.join(p.datasets)}, depths {p.depths}, {p.dim}-d, "
                  f"patch {p.patch}, {', '.join(f'{k}: {r.n}' for k, r in parts.items())} test "
                  f"points, eps {p.cert_eps}; CROWN methods {p.methods} in {p.bound_dtype} on "
-                 f"{res.device} (time limit {p.time_limit:g} s per bound).  \n"
+                 f"{res.device} (time limit {p.time_limit:g} s per bound; "
+                 + (f"budget {p.time_budget:g} s of bounds per unit; " if p.time_budget else "")
+                 + ("points LoFAST certified skip CROWN, so CROWN alone is not measured"
+                    if p.skip_lofast_certified else "CROWN on every point") + ").  \n"
                  f"**auto_LiRPA patches applied:** {', '.join(PATCHES)}"))
 
 # %% [markdown]

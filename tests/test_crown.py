@@ -245,3 +245,38 @@ def test_a_stage_whose_bounds_mostly_fail_fails():
     with pytest.raises(RuntimeError, match=r"1 of 3 CROWN bounds failed \(out_of_memory 1\)"):
         stage.require_few_errors(rows, 0.25, "x")
     stage.require_few_errors(rows[rows["status"] == "skipped"], 0.0, "x")  # none ran
+
+
+def test_units_then_gather(tmp_path):
+    """Each (dataset, depth) unit on its own, as its DVC stage runs it, then the gathering
+    stage: Tables 1-2 per dataset from the records, a stale or missing record refused."""
+    import dataclasses
+
+    from attncert.io import torch_save
+    from attncert.params import BaseParams, load_params
+
+    g = torch.Generator().manual_seed(0)
+    x = torch.randint(0, 256, (24, 1, 16, 16), generator=g, dtype=torch.uint8)
+    split = {"x": x, "y": torch.arange(24) % 3}
+    data = {"name": "mnist", "train": split, "test": split, "classes": ["0", "1", "2"],
+            "mean": [0.5], "std": [0.25], "source": "synthetic"}
+    torch_save(data, tmp_path / "processed" / "mnist.pt")
+    paper = load_params(Path(__file__).resolve().parents[1] / "params.yaml")["crown"]
+    p = dataclasses.replace(paper, datasets=["mnist"], depths=[1, 2], patch=8, dim=8, heads=2,
+                            mlp_hidden=8, epochs=1, batch_size=8, warmup_steps=1, n_test=3,
+                            cert_eps=[0.02], methods=["crown"], time_limit=0.0,
+                            attack_steps=2, attack_restarts=1, work_dir=str(tmp_path / "w"),
+                            metrics=str(tmp_path / "crown.json"))
+    base = BaseParams(scale="smoke", seed=0, device="cpu", precision="fp32")
+    assert stage.units(p) == ["mnist-L1", "mnist-L2"]
+    with pytest.raises(ValueError, match="has not run"):
+        stage.run(p, base)
+    for unit in stage.units(p):
+        rec = stage.run_unit(p, base, str(tmp_path / "processed"), unit)
+        assert rec["n"] == 3 and (tmp_path / "w" / "ckpt" / "mnist" / unit[-2:]).is_dir()
+    res = stage.run(p, base)
+    part = res.datasets["mnist"]
+    assert list(part.table1["depth"]) == [1, 1, 2, 2] and set(part.ratio) == {"1", "2"}
+    assert (tmp_path / "w" / "crown.csv").is_file() and res.device == "cpu"
+    with pytest.raises(ValueError, match="other params"):
+        stage.run(dataclasses.replace(p, n_test=2), base)

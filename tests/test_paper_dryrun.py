@@ -326,10 +326,12 @@ def test_certvit(dry):
 
 def test_crown(dry):
     """The paper-scale CROWN graph is built on each of LoFAST Table 2's datasets (CIFAR-10 and
-    SVHN); a bound past the time limit is a '-'."""
+    SVHN), one unit per dataset and depth; a bound past the time limit is a '-'."""
+    _repro(dry, "crown_unit")  # the units (each its own DVC stage), then the gathering stage
     _repro(dry, "crown")
     m = _metrics(dry, "reports/metrics/crown.json")
     assert list(m["datasets"]) == ["cifar10", "svhn"] and m["broken"] == 0
+    assert m["units"] == ["cifar10-L3", "svhn-L3"]
     for part in m["datasets"].values():   # Table 2 per dataset
         assert part["n"] == COUNTS["crown"]["n_test"]
         assert {r["eps"] for r in part["table2"]} == set(COUNTS["crown"]["cert_eps"])

@@ -17,8 +17,9 @@ autocast; audits: float32 attacks with TF32; evaluation: float32; certificates: 
 its kernels times a per-kernel latency (:data:`KERNEL_SECONDS`: small models are bound by
 kernel launches, not FLOPs). Only matrix products are counted as FLOPs (elementwise work is
 not), and audits assume every restart of every attack runs (no early stop): read the figures
-as estimates within a factor of about two. CROWN's bounds are not a model's FLOPs: its row
-is the number of bounds times the stage's ``time_limit`` (an upper bound) and is shown apart.
+as estimates within a factor of about two. CROWN's bounds are not a model's FLOPs: they are
+counted at their worst, every bound at ``crown.time_limit`` capped by each unit's
+``crown.time_budget`` (an upper bound), in the crown row and the total, and shown apart too.
 
 ``bench`` measures wall-clock seconds per training step (forward, backward, AdamW; bf16
 autocast on CUDA, as ``base.precision: auto`` trains) of every model kind at its params-file

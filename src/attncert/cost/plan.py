@@ -1,12 +1,14 @@
 """The multi-GPU schedule: the paper scale's units of work, longest first on N GPUs.
 
 A unit is what ``scripts/repro-gpus`` hands one GPU: a grid point (its ``train_vit`` and
-``certify_vit`` stages) or a stage that needs only the data (``specformer``, ``text``,
-``certvit``, ``crown``); ``tightness`` and ``figures`` run after every unit. Each unit's hours
-come from the same per-work estimate as the cost table (CROWN's bounds aside: only their time
-limit bounds them). Longest-processing-time-first list
-scheduling gives the makespan on N GPUs (within 4/3 of the optimum); the speed-up over one GPU
-cannot exceed total / longest unit, so a stage that is one unit bounds it.
+``certify_vit`` stages), a unit stage of a split stage (``specformer_runs@<dataset>``,
+``text_unit@<unit>``, ``crown_unit@<dataset>-<depth>``...: ``Work.unit``) or a stage that
+needs only the data (``certvit``); ``tightness``, the gathering stages and ``figures`` run
+after every unit. Each unit's hours come from the same per-work estimate as the cost table
+(CROWN's bounds at their worst: the time limit of every bound, capped by the unit's time
+budget). Longest-processing-time-first list scheduling gives the makespan on N GPUs (within
+4/3 of the optimum); the speed-up over one GPU cannot exceed total / longest unit, so a stage
+that is one unit bounds it.
 """
 
 from __future__ import annotations
@@ -22,8 +24,7 @@ AFTER = ("tightness", "figures")
 
 
 def unit_hours(params, gpu: GPU, utilisation: float = UTILISATION) -> dict[str, float]:
-    """Estimated GPU-hours of every unit (a grid point, or a stage); the crown unit without its
-    CROWN bounds, whose only estimate is the time limit (the cost table's separate row)."""
+    """Estimated GPU-hours of every unit (a grid point, a unit stage, or a stage)."""
     work, _ = stage_work(params)
     hours: dict[str, float] = defaultdict(float)
     for w in work:
@@ -54,9 +55,9 @@ def plan_table(params, gpu: GPU, gpus: list[int], utilisation: float = UTILISATI
     total = sum(hours.values())
     longest = sorted(hours.items(), key=lambda kv: -kv[1])
     lines = [f"{len(hours)} units, {total:.3g} GPU-hours in all (one {gpu.name} at "
-             f"{utilisation:.0%}; the crown unit without its CROWN bounds, which only the time "
-             f"limit bounds: see the cost table); longest unit {longest[0][0]} "
-             f"{longest[0][1]:.3g} h bounds the speed-up at {total / longest[0][1]:.2g}x",
+             f"{utilisation:.0%}; CROWN's bounds at their worst: see the cost table); longest "
+             f"unit {longest[0][0]} {longest[0][1]:.3g} h bounds the speed-up at "
+             f"{total / longest[0][1]:.2g}x",
              "", "| GPUs | makespan (h) | speed-up over 1 GPU |", "|---|---|---|"]
     for n in gpus:
         span = makespan(list(hours.values()), n)

@@ -146,10 +146,13 @@ def _in_unit(items: list[Work], unit: str) -> list[Work]:
 
 
 def crown_work(p, n_train_max: int, n_test_max: int) -> tuple[list[Work], float]:
+    """Per unit (dataset x depth, ``crown_unit@<dataset>-<depth>``): training, LoFAST, the PGD
+    audit and CROWN's bounds at their worst (points x eps x methods x time limit, capped by
+    the unit's time budget). Returns the items and the bounds' worst seconds in all."""
     from attncert.stages import crown as crown_stage
 
     c_p = p["crown"]
-    out, bounds = [], 0
+    out, bound_seconds = [], 0.0
     for dataset in c_p.datasets:
         _, _, _, n_tr, n_te = DATASETS[dataset]
         n_tr, n_te = capped(c_p.max_train, capped(n_train_max, n_tr)), capped(n_test_max, n_te)
@@ -157,16 +160,20 @@ def crown_work(p, n_train_max: int, n_test_max: int) -> tuple[list[Work], float]
         for depth in c_p.depths:
             cfg = crown_stage.vit_config(stand_in(dataset), c_p, depth)
             c = vit_counts(cfg)
-            out += training_work("crown", f"{dataset} L{depth}", c, n_tr, n_te, c_p.epochs,
-                                 c_p.batch_size, 500)
-            out += certify_work("crown", f"{dataset} L{depth} LoFAST", cfg, n,
-                                 [c_p.lofast_variant], 1, 100)
-            out.append(audit_work("crown", f"{dataset} L{depth}: PGD audit", c["attack"], n,
-                                  len(c_p.cert_eps), c_p.attack_steps, c_p.attack_restarts,
-                                  100))
-        bounds += len(c_p.depths) * n * len(c_p.cert_eps) * len(c_p.methods)
-    worst = bounds * c_p.time_limit
-    return out, min(worst, c_p.time_budget) if c_p.time_budget else worst
+            items = training_work("crown", f"{dataset} L{depth}", c, n_tr, n_te, c_p.epochs,
+                                  c_p.batch_size, 500)
+            items += certify_work("crown", f"{dataset} L{depth} LoFAST", cfg, n,
+                                  [c_p.lofast_variant], 1, 100)
+            items.append(audit_work("crown", f"{dataset} L{depth}: PGD audit", c["attack"], n,
+                                    len(c_p.cert_eps), c_p.attack_steps, c_p.attack_restarts,
+                                    100))
+            worst = n * len(c_p.cert_eps) * len(c_p.methods) * c_p.time_limit
+            worst = min(worst, c_p.time_budget) if c_p.time_budget else worst
+            items.append(Work("crown", f"{dataset} L{depth}: CROWN bounds (at most)", "fp64",
+                              0.0, 0.0, fixed_seconds=worst))
+            bound_seconds += worst
+            out += _in_unit(items, f"crown_unit@{dataset}-{depth}")
+    return out, bound_seconds
 
 
 _TEXT_COUNTS: dict[tuple, dict[str, Counts]] = {}

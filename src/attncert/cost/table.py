@@ -72,15 +72,15 @@ def cost_table(params, gpu: GPU, utilisation: float = UTILISATION) -> str:
     total = sum(hours.values())
     lines.append(f"| **total** | {sum(pflop.values()):.3g} | **{total:.3g}** | | |")
     c = params["crown"]
-    budget = (f", capped by crown.time_budget {c.time_budget / 3600:.3g} h" if c.time_budget
+    budget = (f", each capped by crown.time_budget {c.time_budget / 3600:.3g} h" if c.time_budget
               else "")
-    skip = ("; points LoFAST certifies skip CROWN (crown.skip_lofast_certified)"
+    skip = ("; points LoFAST certifies skip CROWN (crown.skip_lofast_certified), so fewer run"
             if c.skip_lofast_certified else "")
-    lines.append(f"| crown: CROWN / alpha-CROWN bounds | - | at most {crown_seconds / 3600:.3g} "
-                 f"| time limit | {len(c.datasets)} datasets x {len(c.depths)} depths x "
-                 f"{c.n_test} points x "
-                 f"{len(c.cert_eps)} eps x {len(c.methods)} methods x {c.time_limit:g} s"
-                 f"{budget}{skip} |")
+    lines.append(f"| of which crown: CROWN / alpha-CROWN bounds | - | at most "
+                 f"{crown_seconds / 3600:.3g} | time limit | in the crown row and the total, "
+                 f"at their worst: {len(c.datasets)} datasets x {len(c.depths)} depths (one "
+                 f"unit each) x {c.n_test} points x {len(c.cert_eps)} eps x {len(c.methods)} "
+                 f"methods x {c.time_limit:g} s{budget}{skip} |")
     head = (f"Scale `{params['base'].scale}`; one {gpu.name} at {utilisation:.0%} of its dense "
             f"peak per precision (bf16 {gpu.bf16 / 1e12:.0f}, TF32 {gpu.tf32 / 1e12:.0f}, "
             f"FP32 {gpu.fp32 / 1e12:.0f}, FP64 {gpu.fp64 / 1e12:.0f} TFLOP/s) and "

@@ -26,10 +26,11 @@ class Work:
     flops: float
     kernels: float
     unit: str = ""  # the DVC stage it runs in, when the stage is split into units
+    fixed_seconds: float = 0.0  # time not from counts (CROWN's bounds: their time budget)
 
     def seconds(self, gpu: GPU, utilisation: float) -> float:
         return max(self.flops / (getattr(gpu, self.kind) * utilisation),
-                   self.kernels * KERNEL_SECONDS)
+                   self.kernels * KERNEL_SECONDS) + self.fixed_seconds
 
 
 def n_steps(n: int, batch: int) -> int:

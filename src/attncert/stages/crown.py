@@ -7,15 +7,20 @@ every dataset). Both methods certify the TRUE label (a misclassified point is ne
 CROWN (:mod:`attncert.crown`) runs once per (point, eps), smallest eps first; a point it does
 not certify at an eps is not run at the larger ones (recorded "skipped", 0 s: it cannot be
 counted as certified there). With ``skip_lofast_certified`` CROWN does not run where LoFAST
-certified ("lofast"); past the stage's ``time_budget`` of CROWN seconds no bound runs
+certified ("lofast"); past a unit's ``time_budget`` of CROWN seconds no bound runs
 ("budget"); more than ``max_error_share`` errors among the bounds that ran fail the stage
-(:func:`require_few_errors`). Seconds per sample: LoFAST's certificate with its radius (valid for
-every eps at once), CROWN's mean time of one (point, eps) bound over the pairs it ran. Every
-certified point is then attacked with L2 PGD: a broken certificate fails the stage.
+(:func:`require_few_errors`). Seconds per sample: LoFAST's certificate with its radius (valid
+for every eps at once), CROWN's mean time of one (point, eps) bound over the pairs it ran.
+Every certified point is then attacked with L2 PGD: a broken certificate fails the stage.
+
+Each (dataset, depth) is an independent unit (:func:`units`, one DVC stage each: several GPUs
+share the stage); :func:`run` gathers their records.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import json
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -103,8 +108,8 @@ class Params:
     skip_lofast_certified: bool = param(
         doc="CROWN runs only where LoFAST did not certify (all LoFAST Table 2's combination "
             "needs); Table 1's CROWN-alone accuracy is then not measured")
-    time_budget: float = param(nonneg, doc="seconds of CROWN bounds in the whole stage (0 = "
-                                           "none); past it the rest are not run ('budget')")
+    time_budget: float = param(nonneg, doc="seconds of CROWN bounds per unit (dataset x depth; "
+                                           "0 = none); past it the rest are not run ('budget')")
     max_error_share: float = param(probability, doc="the stage fails when more of the bounds "
                                                     "that ran ended in an error (time limits "
                                                     "are results, not errors)")
@@ -140,91 +145,148 @@ class DatasetResult:
 
 @dataclass
 class Result:
-    """What the notebook shows: the device and each dataset's part, in ``datasets`` order."""
+    """What the notebook shows: the units' device(s) and each dataset's part, in ``datasets``
+    order."""
 
-    device: torch.device
+    device: str
     datasets: dict[str, DatasetResult]
 
 
 # ------------------------------------------------------------------ the stage
-def run(p: Params, base: BaseParams, processed_dir: str) -> Result:
-    """For each dataset in turn (the same depths, settings and seed): train one ViT per depth
-    on ``base.device``, certify the first ``n_test`` test points by LoFAST and every CROWN
-    method, audit them with PGD (a broken certificate raises
-    :class:`attncert.soundness.UnsoundCertificateError`); write lofast.csv and crown.csv (one
-    ``dataset`` column), each dataset's tables as PNGs under ``work_dir`` and the metrics
-    file: ``{"datasets": {name: ...}, "eps", "depths", "broken", "stage_seconds"}``."""
-    stage_t0 = time.perf_counter()
-    dev = resolve_device(base.device)
-    out = Path(p.work_dir)
-    parts, frames = {}, {"lofast.csv": [], "crown.csv": []}
-    budget = Budget(p.time_budget)
-    for name in p.datasets:
-        parts[name] = run_dataset(p, base, name, processed_dir, dev, out, frames, budget)
-    write_json(p.metrics, {
-        "datasets": {name: r.metrics for name, r in parts.items()},
-        "eps": p.cert_eps, "depths": p.depths,
-        "broken": sum(r.metrics["broken"] for r in parts.values()),
-        "stage_seconds": time.perf_counter() - stage_t0})
-    return Result(dev, parts)
+def units(p: Params) -> list[str]:
+    """The stage's independent units, each one DVC stage (``crown_unit@<dataset>-<depth>``):
+    one ViT of one depth on one dataset, trained, certified by LoFAST and CROWN, audited."""
+    return [f"{d}-L{depth}" for d in p.datasets for depth in p.depths]
 
 
-def run_dataset(p: Params, base: BaseParams, dataset: str, processed_dir: str,
-                dev: torch.device, out: Path, frames: dict[str, list],
-                budget: Budget | None = None) -> DatasetResult:
-    """One dataset's part of :func:`run` (checkpoints in ``work_dir/ckpt/<dataset>/L<depth>``);
-    its rows are appended to ``frames`` (by CSV name) and every CSV is rewritten before the
-    soundness check, so a broken certificate can be inspected."""
+def unit_file(p: Params, unit: str) -> Path:
+    """Where :func:`run_unit` writes the unit's record (JSON)."""
+    return Path(p.work_dir) / "units" / f"{unit}.json"
+
+
+def _unit_key(p: Params, base: BaseParams) -> dict[str, Any]:
+    """What a unit's record was computed from (a record of other params is stale)."""
+    return json.loads(json.dumps({"crown": dataclasses.asdict(p), "seed": base.seed,
+                                  "precision": base.precision, "scale": base.scale}))
+
+
+def run_unit(p: Params, base: BaseParams, processed_dir: str, unit: str) -> dict[str, Any]:
+    """One unit of :func:`units` (``<dataset>-L<depth>``): train its ViT on ``base.device``
+    (checkpoint in ``work_dir/ckpt/<dataset>/L<depth>``), certify the first ``n_test`` test
+    points by LoFAST and every CROWN method (its own ``time_budget``), audit them with PGD;
+    write the record to :func:`unit_file` (before the checks, so a failure can be inspected)
+    and return it. Raises :class:`attncert.soundness.UnsoundCertificateError` on a broken
+    certificate, RuntimeError on too many failed bounds (:func:`require_few_errors`) or a
+    combination that certifies less than one of its methods."""
+    if unit not in units(p):
+        raise ValueError(f"crown unit {unit!r}: not one of {units(p)}")
+    dataset, depth = unit.rsplit("-L", 1)
+    depth = int(depth)
     t0 = time.perf_counter()
+    dev = resolve_device(base.device)
     data = load_processed(dataset, processed_dir)
     n = min(p.n_test, len(data["test"]["y"]))
     x = as_float(data["test"]["x"][:n]).to(dev, torch.float64)
     y = data["test"]["y"][:n].to(dev)
+    model, acc, secs = train_model(data, p, depth, base.seed,
+                                   Path(p.work_dir) / "ckpt" / dataset / f"L{depth}", dev,
+                                   base.precision)
+    lo = lofast_frame(model.double(), x, y, p.lofast_variant, p.cert_eps)
+    certified = {e: torch.tensor(lo[f"certified_{e}"].to_numpy()) for e in p.cert_eps}
+    radii = {"lofast": grid_radius(certified)}
+    lofast_done = (torch.stack([certified[e] for e in sorted(p.cert_eps)], 1)
+                   if p.skip_lofast_certified else None)
+    budget = Budget(p.time_budget)
+    crown_rows, t1, t2 = [], [], []
+    for method in p.methods:
+        rows, _ = crown_frame(model, x, y, p.cert_eps, method, p.time_limit,
+                              p.alpha_iterations, getattr(torch, p.bound_dtype),
+                              progress=True, lofast=lofast_done, budget=budget)
+        crown_rows.append(rows)
+        a, b = tables(lo, rows, p.cert_eps, depth, METHODS[method])
+        t1 += a if method == p.methods[0] else a[1:]
+        t2 += b
+        cr = {e: crown_certified(rows, n, e) for e in p.cert_eps}
+        radii[method] = grid_radius(cr)
+        radii[f"lofast+{method}"] = grid_radius({e: certified[e] | cr[e] for e in p.cert_eps})
+    audit, _ = certify.audit(model.double(), x, y, radii, p.cert_eps, p.attack_steps,
+                             p.attack_restarts, base.seed)
+    crown_df = pd.concat(crown_rows)
+    record = {"unit": unit, "key": _unit_key(p, base), "device": str(dev), "n": n,
+              "trained": {"depth": depth, "test_acc": 100 * acc, "train_seconds": secs},
+              "lofast": lo.assign(depth=depth).to_dict("records"),
+              "crown": crown_df.assign(depth=depth).to_dict("records"),
+              "audit": [dict(r, depth=depth) for r in audit], "table1": t1, "table2": t2,
+              "seconds": time.perf_counter() - t0}
+    write_json(unit_file(p, unit), record)
+    check_unit(record, p.max_error_share, str(unit_file(p, unit)))
+    return record
 
-    models, trained = {}, []
-    for depth in p.depths:
-        model, acc, secs = train_model(data, p, depth, base.seed,
-                                       out / "ckpt" / dataset / f"L{depth}", dev,
-                                       base.precision)
-        models[depth] = model
-        trained.append({"depth": depth, "test_acc": 100 * acc, "train_seconds": secs})
 
-    lofast_all, crown_all, t1, t2, audits = [], [], [], [], []
-    for depth, model in models.items():
-        lo = lofast_frame(model.double(), x, y, p.lofast_variant, p.cert_eps)
-        lofast_all.append(lo.assign(depth=depth))
-        certified = {e: torch.tensor(lo[f"certified_{e}"].to_numpy()) for e in p.cert_eps}
-        radii = {"lofast": grid_radius(certified)}
-        lofast_done = (torch.stack([certified[e] for e in sorted(p.cert_eps)], 1)
-                       if p.skip_lofast_certified else None)
-        for method in p.methods:
-            rows, _ = crown_frame(model, x, y, p.cert_eps, method, p.time_limit,
-                                  p.alpha_iterations, getattr(torch, p.bound_dtype),
-                                  progress=True, lofast=lofast_done, budget=budget)
-            crown_all.append(rows.assign(depth=depth))
-            a, b = tables(lo, rows, p.cert_eps, depth, METHODS[method])
-            t1 += a if method == p.methods[0] else a[1:]
-            t2 += b
-            cr = {e: crown_certified(rows, n, e) for e in p.cert_eps}
-            radii[method] = grid_radius(cr)
-            radii[f"lofast+{method}"] = grid_radius({e: certified[e] | cr[e] for e in p.cert_eps})
-        rows_a, _ = certify.audit(model.double(), x, y, radii, p.cert_eps, p.attack_steps,
-                                  p.attack_restarts, base.seed)
-        audits += [dict(r, depth=depth) for r in rows_a]
-    lofast_df, crown_df = pd.concat(lofast_all), pd.concat(crown_all)
+def check_unit(record: Mapping[str, Any], max_error_share: float, where: str) -> None:
+    """A unit's checks: no broken certificate, few failed bounds, a combination that certifies
+    at least what each of its methods does."""
+    soundness.require_sound({record["unit"]: record["audit"]}, by=("depth",), see=where)
+    require_few_errors(pd.DataFrame(record["crown"]), max_error_share, where)
+    for r in record["table2"]:
+        if r["combined_acc"] < max(r["crown_acc"] or 0.0, r["lofast_acc"]):
+            raise RuntimeError(f"the combination certifies fewer points than one method: {r}")
+
+
+def read_unit(p: Params, base: BaseParams, unit: str) -> dict[str, Any]:
+    """The record :func:`run_unit` wrote for ``unit``; ValueError when it is missing or was
+    computed from other params (run the unit's DVC stage first)."""
+    path = unit_file(p, unit)
+    if not path.is_file():
+        raise ValueError(f"{path}: the crown unit {unit!r} has not run (dvc repro "
+                         f"crown_unit runs it)")
+    record = json.loads(path.read_text())
+    if record.get("key") != _unit_key(p, base):
+        raise ValueError(f"{path}: the crown unit {unit!r} ran with other params; rerun it "
+                         "(dvc repro)")
+    return record
+
+
+def run(p: Params, base: BaseParams) -> Result:
+    """Gather every unit's record (:func:`read_unit`), dataset by dataset: write lofast.csv
+    and crown.csv (one ``dataset`` column), each dataset's tables as PNGs under ``work_dir``
+    and the metrics file: ``{"datasets": {name: ...}, "eps", "depths", "broken",
+    "stage_seconds"}``. Reads records only (no device); the units' checks run again."""
+    t0 = time.perf_counter()
+    out = Path(p.work_dir)
+    records = {u: read_unit(p, base, u) for u in units(p)}
+    for u, rec in records.items():
+        check_unit(rec, p.max_error_share, str(unit_file(p, u)))
+    parts, frames = {}, {"lofast.csv": [], "crown.csv": []}
+    for name in p.datasets:
+        parts[name] = gather_dataset(p, name, [records[f"{name}-L{d}"] for d in p.depths],
+                                     out, frames)
+    devices = {rec["device"] for rec in records.values()}
+    write_json(p.metrics, {
+        "datasets": {name: r.metrics for name, r in parts.items()},
+        "eps": p.cert_eps, "depths": p.depths, "units": sorted(records),
+        "broken": sum(r.metrics["broken"] for r in parts.values()),
+        "stage_seconds": sum(rec["seconds"] for rec in records.values())
+        + time.perf_counter() - t0})
+    return Result(", ".join(sorted(devices)), parts)
+
+
+def gather_dataset(p: Params, dataset: str, records: Sequence[Mapping[str, Any]], out: Path,
+                   frames: dict[str, list]) -> DatasetResult:
+    """One dataset's part of :func:`run` from its units' records (in ``depths`` order); its
+    rows are appended to ``frames`` (by CSV name) and every CSV is rewritten."""
+    n = records[0]["n"]
+    lofast_df = pd.DataFrame([r for rec in records for r in rec["lofast"]])
+    crown_df = pd.DataFrame([r for rec in records for r in rec["crown"]])
     frames["lofast.csv"].append(lofast_df.assign(dataset=dataset))
     frames["crown.csv"].append(crown_df.assign(dataset=dataset))
     for name, dfs in frames.items():
         with atomic_path(out / name) as tmp:
             pd.concat(dfs).to_csv(tmp, index=False)
-    table1, table2, audit = pd.DataFrame(t1), pd.DataFrame(t2), pd.DataFrame(audits)
-
+    table1 = pd.DataFrame([r for rec in records for r in rec["table1"]])
+    table2 = pd.DataFrame([r for rec in records for r in rec["table2"]])
+    audit = pd.DataFrame([r for rec in records for r in rec["audit"]])
     broken = int(audit[[c for c in audit if c.startswith("broken_")]].to_numpy().sum())
-    soundness.require_sound({dataset: audits}, by=("depth",), see=str(out))
-    require_few_errors(crown_df, p.max_error_share, f"{dataset} ({out / 'crown.csv'})")
-    for r in t2:
-        if r["combined_acc"] < max(r["crown_acc"] or 0.0, r["lofast_acc"]):
-            raise RuntimeError(f"the combination certifies fewer points than one method: {r}")
 
     figures = {"table1": figs.plot_table1(table1, dataset),
                "table2": figs.plot_table2(table2, dataset)}
@@ -237,12 +299,13 @@ def run_dataset(p: Params, base: BaseParams, dataset: str, processed_dir: str,
     for d in p.depths:
         secs = table1[table1["depth"] == d].set_index("method")["seconds_per_sample"]
         ratio[str(d)] = float(secs.drop("LoFAST").iloc[0] / secs["LoFAST"])
+    trained = [rec["trained"] for rec in records]
     metrics = {
         "n": n, "crown_over_lofast_seconds": ratio, "broken": broken,
         "table1": table1.to_dict("records"), "table2": table2.to_dict("records"),
         "crown_status": {f"L{d}": status_counts(crown_df[crown_df["depth"] == d])
                          for d in p.depths},
-        "trained": trained, "seconds": time.perf_counter() - t0}
+        "trained": trained, "seconds": sum(rec["seconds"] for rec in records)}
     return DatasetResult(n, pd.DataFrame(trained), crown_df, audit, table1, table2, ratio,
                          figures, metrics)
 

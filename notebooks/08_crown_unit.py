@@ -1,0 +1,51 @@
+# ---
+# jupyter:
+#   jupytext:
+#     formats: py:percent
+#   kernelspec:
+#     display_name: Python 3
+#     language: python
+#     name: python3
+# ---
+
+# %% [markdown]
+# # 08 · LoFAST vs CROWN: one unit (a dataset and a depth)
+#
+# The crown stage is split into independent units, one per (dataset, depth), each its own DVC
+# stage, so that several GPUs share it (`scripts/repro-gpus`). This unit trains its Lipschitz
+# ViT (checkpoint `work_dir/ckpt/<dataset>/L<depth>`: an interrupted unit resumes), certifies
+# the first `n_test` test points by LoFAST and every CROWN method (at most `time_budget`
+# seconds of CROWN bounds; with `skip_lofast_certified` only where LoFAST did not certify),
+# then audits every certified point with L2 PGD. It fails on a broken certificate, on a
+# combination that certifies less than one of its methods, or when more than
+# `max_error_share` of the CROWN bounds that ran ended in an error. `08_crown` gathers the
+# units into LoFAST's Tables 1-2.
+
+# %% tags=["parameters"]
+base = {}  # params.yaml `base`, passed whole by attncert.nbrun
+crown = {}  # params.yaml `crown`, passed whole by attncert.nbrun
+processed_dir = "data/processed"
+unit = ""  # one of attncert.stages.crown.units: <dataset>-L<depth> (nbrun --unit)
+
+# %%
+import pandas as pd
+from IPython.display import Markdown, display
+
+from attncert.params import BaseParams, parse_section
+from attncert.stages import crown as stage
+
+b = parse_section("base", base, BaseParams)
+p = parse_section("crown", crown, stage.Params)
+rec = stage.run_unit(p, b, processed_dir, unit)
+t = rec["trained"]
+display(Markdown(f"**Unit** `{unit}` ({b.scale} scale, device {rec['device']}, "
+                 f"{rec['seconds'] / 60:.1f} min): clean accuracy {t['test_acc']:.2f}%, "
+                 f"{rec['n']} test points certified and audited."))
+
+# %% [markdown]
+# ## CROWN's (point, eps) rows by status, and the unit's Tables 1-2 rows
+
+# %%
+display(pd.DataFrame(rec["crown"]).groupby(["method", "status"]).size().to_frame("pairs"))
+display(pd.DataFrame(rec["table1"]).round(3))
+pd.DataFrame(rec["table2"]).round(3)
