@@ -175,3 +175,15 @@ def test_the_multi_gpu_plan_schedules_units_longest_first(smoke):
         "data", "tightness", *gathering, "figures", "certify_vit@*"}
     table = plan.plan_table(p, GPUS["h100"], [1, 2])
     assert "| 1 |" in table and "1.00x" in table and "longest unit" in table
+
+
+def test_eight_gpus_share_the_paper_scale_near_linearly():
+    """At the committed paper params the units spread over 8 GPUs at least 6x faster than on
+    one, and no unit is longer than the 8-GPU makespan (the split stages' units are small)."""
+    from attncert.cost import plan
+    from attncert.cost.counting import GPUS
+
+    hours = plan.unit_hours(load_params(ROOT / "params.yaml"), GPUS["h100"])
+    total, span = sum(hours.values()), plan.makespan(list(hours.values()), 8)
+    assert total / span >= 6, (total, span)
+    assert max(hours.values()) <= span
