@@ -57,3 +57,28 @@ def test_the_audit_and_the_certvit_certificate_back_off(monkeypatch):
     a = certificate.certify_pairwise(net, x, y, w, 1.0, [0.1], batch_size=2)
     b = certificate.certify_pairwise(Small(net), x, y, w, 1.0, [0.1], batch_size=8)
     assert torch.allclose(a["radius"], b["radius"], rtol=1e-12, atol=0)  # batch-size rounding
+
+
+def test_specformer_attacks_back_off(capsys):
+    """SpecFormer's attacks on a model that runs out of memory above 2 images attack every
+    image: the attacks without a random start give the accuracies of a run at batch 2 (a
+    retried batch draws new random starts, so the others may differ)."""
+    from attncert import specformer as sf
+
+    torch.manual_seed(0)
+    net = nn.Sequential(nn.Flatten(), nn.Linear(12, 3))
+
+    class Small(nn.Module):
+        def forward(self, x):
+            if len(x) > 2:
+                raise torch.OutOfMemoryError("simulated: CUDA out of memory")
+            return net(x)
+
+    x, y = torch.rand(7, 3, 2, 2), torch.tensor([0, 1, 2, 0, 1, 2, 0])
+    specs = sf.attack_specs(2.0, 8.0, 2, [0.5])
+    want = sf.robust_accuracy(net, x, y, specs, batch_size=2)
+    got = sf.robust_accuracy(Small(), x, y, specs, batch_size=8)
+    assert [r["attack"] for r in got] == [r["attack"] for r in want]
+    assert [r for r in got if r["kind"] in ("clean", "fgsm")] == [
+        r for r in want if r["kind"] in ("clean", "fgsm")]
+    assert "out of device memory at batch 7; retrying with 3" in capsys.readouterr().out

@@ -40,6 +40,7 @@ import torch
 from torch import Tensor, nn
 
 from attncert import attacks, rng, runs
+from attncert.batching import in_batches
 from attncert.certvit.load import load_model
 from attncert.certvit.stage import fit_to_dataset, phase_fingerprint
 from attncert.data import as_float, subset_indices
@@ -276,15 +277,19 @@ def robust_accuracy(model: nn.Module, x: Tensor, y: Tensor, specs: Sequence[Atta
     """One row per attack: label, attack, eps, steps, accuracy (fraction NOT broken).
 
     ``x``: float images in [0, 1] on the model's device; the model runs in eval mode. Random
-    starts come from a generator seeded with ``seed`` per attack (reproducible rows).
+    starts come from a generator seeded with ``seed`` per attack (reproducible rows). On a
+    CUDA out-of-memory error the batch halves and the same images are attacked again
+    (:func:`attncert.batching.in_batches`).
     """
     was_training = model.training
     model.eval()
     rows = []
     for spec in specs:
         g = rng.generator(seed, x.device)
-        broken = torch.cat([spec.run(model, x[i:i + batch_size], y[i:i + batch_size], g).cpu()
-                            for i in range(0, len(y), batch_size)])
+        def attack(a: int, b: int, spec: AttackSpec = spec, g: torch.Generator = g) -> Tensor:
+            return spec.run(model, x[a:b], y[a:b], g).cpu()
+
+        broken = torch.cat(in_batches(len(y), batch_size, attack, f"{spec.label} attack"))
         rows.append({"attack": spec.label, "kind": spec.attack, "eps": spec.eps,
                      "steps": spec.steps, "accuracy": 1.0 - float(broken.double().mean())})
     model.train(was_training)

@@ -100,7 +100,9 @@ class Params:
     finetune_mix_switch_prob: float = param(probability, doc="CutMix's share of the mixed "
                                                                "batches when both alphas > 0")
     n_eval: int = param(positive, doc="first n test images attacked")
-    eval_batch_size: int = param(positive)
+    eval_batch_size: int = param(positive, doc="the evaluation after every training epoch")
+    attack_batch_size: int = param(positive, doc="images attacked at once (halved on a CUDA "
+                                                 "out-of-memory error)")
     std_eps_255: float = param(positive, doc="FGSM and PGD-2 radius (l_inf, x 1/255)")
     adv_eval_eps_255: float = param(positive, doc="CW and PGD radius (l_inf, x 1/255)")
     attack_steps: int = param(positive, doc="CW-n, PGD-n and L2 PGD steps")
@@ -319,7 +321,7 @@ def _main_runs(p: Params, data: Mapping[str, Any], dataset: str, specs: Sequence
         record["robustness"] += [
             {"dataset": label, "training": training, "method": method, **r}
             for r in sf.robust_accuracy(model, x.to(device), y.to(device), specs,
-                                        p.eval_batch_size, seed)]
+                                        p.attack_batch_size, seed)]
     for src in p.sources:
         label = sf.run_label(dataset, src)
         record["sigma"] += sf.max_sigma_frame(
@@ -468,7 +470,7 @@ def _lambda_ablation(p: Params, data: Mapping[str, Any], dataset: str, index: in
                        precision)[0]
         rows += [{"lambda": name, "training": training, **r}
                  for r in sf.robust_accuracy(model, x.to(device), y.to(device), specs,
-                                             p.eval_batch_size, seed)]
+                                             p.attack_batch_size, seed)]
     return rows
 
 
