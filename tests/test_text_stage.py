@@ -442,3 +442,30 @@ def test_the_paper_numbers_sit_beside_the_models_olsa_reports():
     assert stage.paper_reference("yelp_polarity", "olsa-L4-g2", 4) is None
     assert stage.paper_reference("qqp", "olsa-L3-g2", 3) is None
     assert stage.paper_reference("qqp", "frozen-olsa", None)[0] == 0.368
+
+
+def test_large_frozen_states_stay_in_host_memory(tmp_path, monkeypatch):
+    """The frozen encoder's states memory-mapped to a file equal the in-memory ones; training
+    data past the device limit stays on the host (moved per batch) and trains the same."""
+    import numpy as np
+
+    from attncert.text import train_text
+    from attncert.text.evaluate import frozen_states
+    from attncert.text.models import FrozenEncoderOLSA
+    from attncert.text.train_text import TextTrainConfig, train_model
+
+    torch.manual_seed(0)
+    model = FrozenEncoderOLSA(source="minilm-package", heads=2, max_len=8)
+    ids = torch.randint(1000, 2000, (10, 8))
+    data = {"ids": ids, "mask": torch.ones(10, 8, dtype=torch.bool), "y": torch.arange(10) % 2}
+    mem = frozen_states(model, data, "cpu", batch_size=4)
+    mapped = frozen_states(model, data, "cpu", batch_size=4, path=tmp_path / "s" / "train.npy")
+    assert isinstance(np.load(tmp_path / "s" / "train.npy", mmap_mode="r"), np.memmap)
+    torch.testing.assert_close(mapped["ids"], mem["ids"])
+    cfg = TextTrainConfig(epochs=1, batch_size=4, lr=1e-3, gamma=0.0, warmup_steps=0, seed=0)
+    want = train_model(model, {}, mem, mem, cfg, tmp_path / "a", "cpu")
+    monkeypatch.setattr(train_text, "DEVICE_DATA_BYTES", 0)
+    torch.manual_seed(0)
+    model = FrozenEncoderOLSA(source="minilm-package", heads=2, max_len=8)
+    got = train_model(model, {}, mapped, mapped, cfg, tmp_path / "b", "cpu")
+    assert [r["train_loss"] for r in got] == [r["train_loss"] for r in want]

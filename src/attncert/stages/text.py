@@ -18,6 +18,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import re
+import shutil
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -260,17 +261,20 @@ def _fit(todo: Mapping[str, Job], splits: Mapping[str, Mapping], frozen_splits: 
          folder: Path, common: Mapping[str, Any], evaluation: Mapping[str, Any], reported: str,
          base: BaseParams, batch_size: int, label: str = "") -> Fitted:
     """Train (resumably, in ``folder/<name>``) and evaluate every job on one dataset's encoded
-    splits; the frozen-encoder head on its own splits' encoder states."""
+    splits; the frozen-encoder head on its own splits' encoder states (memory-mapped in
+    ``<results_dir>/scratch/<unit>/``, deleted after the job: not a DVC output)."""
     dev_ = evaluation["device"]
     results, curves, audits = {}, [], {}
     for name, job in todo.items():
         torch.manual_seed(base.seed)
         model = job.cls(**job.kwargs)
         spec = {"class": job.cls.__name__, **{k: str(v) for k, v in job.kwargs.items()}}
-        data = splits
+        data, scratch = splits, None
         if job.cls is FrozenEncoderOLSA:  # the encoder runs once per sentence; the head reads
             t0 = time.perf_counter()       # its states
-            data = {s: frozen_states(model, frozen_splits[s], dev_, batch_size)
+            scratch = folder.parent.parent / "scratch" / folder.name / name
+            data = {s: frozen_states(model, frozen_splits[s], dev_, batch_size,
+                                     path=scratch / f"{s}.npy")
                     for s in ("train", "dev", "test")}
             print(f"{label}{name}: encoder outputs of {len(data['train']['y'])} training, "
                   f"{len(data['dev']['y'])} dev and {len(data['test']['y'])} {reported} "
@@ -283,6 +287,9 @@ def _fit(todo: Mapping[str, Job], splits: Mapping[str, Mapping], frozen_splits: 
                                                       data["test"], **evaluation)
         results[name] = metrics | {"train_seconds": train_seconds, "epochs": job.train["epochs"],
                                    "gamma": job.train["gamma"]}
+        if scratch is not None:
+            del data
+            shutil.rmtree(scratch, ignore_errors=True)
         curves += curve
         best = max(metrics["avg_radius"], key=metrics["avg_radius"].get)
         print(f"{label}{name}: dev {metrics['dev_acc']:.3f} {reported} "

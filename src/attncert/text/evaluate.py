@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -231,16 +232,27 @@ def attention_statistics(model: nn.Module, data: Mapping[str, Tensor], device,
 
 @torch.no_grad()
 def frozen_states(model: nn.Module, data: Mapping[str, Tensor], device,
-                  batch_size: int = 256) -> dict[str, Tensor]:
+                  batch_size: int = 256, path: str | Path | None = None) -> dict[str, Tensor]:
     """{"ids": (N, L', hidden) float32 normalised encoder states, "mask", "y"}: a frozen
     encoder's outputs computed once (``model.embed``), truncated to the longest sentence, so
     the head trains for many epochs without running the encoder again. The model reads these
-    states in place of ids (its forward accepts embeddings)."""
+    states in place of ids (its forward accepts embeddings). ``path``: the states live in a
+    memory-mapped ``.npy`` file there, not in host memory (QQP's training states at BERT-base
+    width are about 36 GB); the head's training then reads them batch by batch
+    (:class:`attncert.text.train_text.TextSteps`)."""
     lengths = data["mask"].sum(1)
     keep = int(lengths.max())
     ids, mask = data["ids"][:, :keep], data["mask"][:, :keep]
     model.eval()
-    states = torch.zeros(*ids.shape, model.embed_dim)
+    shape = (*ids.shape, model.embed_dim)
+    if path is None:
+        states = torch.zeros(shape)
+    else:
+        import numpy as np
+
+        Path(path).parent.mkdir(parents=True, exist_ok=True)
+        states = torch.from_numpy(np.lib.format.open_memmap(path, mode="w+", dtype=np.float32,
+                                                            shape=shape))
     order = lengths.argsort()  # batches of similar length: little padding through the encoder
     for i in range(0, len(ids), batch_size):
         rows = order[i:i + batch_size]

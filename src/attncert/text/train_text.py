@@ -163,8 +163,8 @@ def train_model(model: nn.Module, spec: Mapping[str, Any], train: Mapping[str, T
     (the folder is cleared). Returns the per-epoch rows."""
     precision = resolve_precision(precision, resolve_device(device))
     digest = hashlib.sha256()
-    for key in ("ids", "mask", "y"):
-        digest.update(train[key].cpu().contiguous().numpy().tobytes())
+    for key in ("ids", "mask", "y"):  # the arrays' buffers: no copy of a large dataset
+        digest.update(train[key].cpu().contiguous().numpy())
     record = {"model": dict(spec), "train": dataclasses.asdict(config),
               "data": {"n": len(train["y"]), "sha256": digest.hexdigest()[:16]},
               "precision": precision}
@@ -252,6 +252,14 @@ def certify_rows(model: nn.Module, data: Mapping[str, Tensor], device: torch.dev
 # -- the run ---------------------------------------------------------------------------------
 
 
+#: training tensors larger than this stay in host memory (moved to the device per batch)
+DEVICE_DATA_BYTES = 2 * 2**30
+
+
+def _nbytes(t: Tensor) -> int:
+    return t.numel() * t.element_size()
+
+
 class TextSteps(Steps):
     """Tokenised text (module docstring): bucketed batches planned on the CPU, the gamma-ramped
     loss of :func:`text_loss`, orthogonal maps re-projected after each step; the epoch's row
@@ -264,7 +272,10 @@ class TextSteps(Steps):
                              f"(head_lipschitz); {type(model).__name__} has none")
         self.model, self.config, self.device = model, config, device
         self.lengths = train_data["mask"].sum(1).cpu()  # the CPU plans the batches
-        self.on_device = {k: train_data[k].to(device) for k in ("ids", "mask", "y")}  # once
+        # once on the device, unless too large (a frozen encoder's memory-mapped states):
+        # those stay in host memory and go to the device batch by batch
+        self.data = {k: train_data[k] if _nbytes(train_data[k]) > DEVICE_DATA_BYTES
+                     else train_data[k].to(device) for k in ("ids", "mask", "y")}
         self.n = len(self.lengths)
         self.params = [p for p in model.parameters() if p.requires_grad]
         self.total_steps = config.epochs * math.ceil(self.n / config.batch_size)
@@ -275,8 +286,10 @@ class TextSteps(Steps):
                                 epoch_generator(self.config.seed, epoch))
 
     def batch(self, idx: Tensor) -> tuple[tuple[Tensor, ...], Tensor]:
-        idx = idx.to(self.device, non_blocking=True)
-        ids, mask, y = (self.on_device[k][idx] for k in ("ids", "mask", "y"))
+        on_device = idx.to(self.device, non_blocking=True)
+        ids, mask, y = (t[on_device] if t.device == on_device.device
+                        else t[idx].to(self.device, non_blocking=True)
+                        for t in (self.data[k] for k in ("ids", "mask", "y")))
         return (ids, mask), y
 
     def loss(self, inputs: tuple[Tensor, ...], y: Tensor, step: int) -> tuple[Tensor, Tensor]:
