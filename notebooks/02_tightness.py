@@ -27,10 +27,12 @@ from IPython.display import Markdown, display
 from attncert.figures import show
 from attncert.figures import tightness as figs
 from attncert.params import BaseParams, parse_section
+from attncert.runtime import configure
 from attncert.stages import tightness as stage
 from attncert.tightness import paper_table3_frame
 
 b = parse_section("base", base, BaseParams)
+configure(b)  # threads, deterministic algorithms (attncert.runtime)
 p = parse_section("tightness", tightness, stage.Params)
 res = stage.run(p, b)
 n_inputs, n_tokens, n_features = res.inputs

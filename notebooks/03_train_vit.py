@@ -32,10 +32,12 @@ from attncert.figures import show
 from attncert.figures import vit as figs
 from attncert.params import BaseParams, parse_section
 from attncert.runs import GridPoint
+from attncert.runtime import configure
 from attncert.stages import train_vit as stage
 from attncert.train import resolve_device
 
 b = parse_section("base", base, BaseParams)
+configure(b)  # threads, deterministic algorithms (attncert.runtime)
 point = parse_section("vit_grid", vit_grid, GridPoint)
 p = parse_section("train_vit", train_vit, stage.Params)
 dev = resolve_device(b.device)

@@ -55,9 +55,11 @@ from attncert.figures import show
 from attncert.figures import specformer as figs
 from attncert.paper import SPECFORMER_STEP_RATIO
 from attncert.params import BaseParams, parse_section
+from attncert.runtime import configure
 from attncert.stages import specformer as stage
 
 b = parse_section("base", base, BaseParams)
+configure(b)  # threads, deterministic algorithms (attncert.runtime)
 p = parse_section("specformer", specformer, stage.Params)
 res = stage.run(p, b)
 display(Markdown(res.overview))

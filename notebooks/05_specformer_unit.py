@@ -33,10 +33,12 @@ import pandas as pd
 from IPython.display import Markdown, display
 
 from attncert.params import BaseParams, parse_section
+from attncert.runtime import configure
 from attncert.stages import specformer as stage
 from attncert.train import resolve_device
 
 b = parse_section("base", base, BaseParams)
+configure(b)  # threads, deterministic algorithms (attncert.runtime)
 p = parse_section("specformer", specformer, stage.Params)
 dev = resolve_device(b.device)
 rec = stage.run_unit(p, b, processed_dir, dev, unit)

@@ -40,9 +40,11 @@ from IPython.display import Markdown, display
 from attncert import soundness
 from attncert.figures import show
 from attncert.params import BaseParams, parse_section
+from attncert.runtime import configure
 from attncert.stages import text as stage
 
 b = parse_section("base", base, BaseParams)
+configure(b)  # threads, deterministic algorithms (attncert.runtime)
 p = parse_section("text", text, stage.Params)
 r = stage.run(p, b)
 d = r.data

@@ -33,9 +33,11 @@ from IPython.display import Markdown, display
 
 from attncert import soundness
 from attncert.params import BaseParams, parse_section
+from attncert.runtime import configure
 from attncert.stages import text as stage
 
 b = parse_section("base", base, BaseParams)
+configure(b)  # threads, deterministic algorithms (attncert.runtime)
 p = parse_section("text", text, stage.Params)
 rec = stage.run_unit(p, b, processed_dir, unit)
 models = rec["results"] or (rec["entry"] or {}).get("models", {})

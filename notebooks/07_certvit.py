@@ -45,10 +45,12 @@ from attncert.certvit.steps import mode_steps, paper_row
 from attncert.figures import certvit as figs
 from attncert.figures import show
 from attncert.params import BaseParams, parse_section
+from attncert.runtime import configure
 from attncert.stages import certvit as stage
 from attncert.train import resolve_device
 
 b = parse_section("base", base, BaseParams)
+configure(b)  # threads, deterministic algorithms (attncert.runtime)
 p = parse_section("certvit", certvit, stage.Params)
 res = stage.run(p, b, resolve_device(b.device))
 data, modes, logs, bounds = res.data, res.modes, res.logs, res.bounds

@@ -39,9 +39,11 @@ from IPython.display import Markdown, display
 from attncert.crown import PATCHES
 from attncert.figures import show
 from attncert.params import BaseParams, parse_section
+from attncert.runtime import configure
 from attncert.stages import crown as stage
 
 b = parse_section("base", base, BaseParams)
+configure(b)  # threads, deterministic algorithms (attncert.runtime)
 p = parse_section("crown", crown, stage.Params)
 res = stage.run(p, b)
 parts = res.datasets

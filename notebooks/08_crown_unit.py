@@ -32,9 +32,11 @@ import pandas as pd
 from IPython.display import Markdown, display
 
 from attncert.params import BaseParams, parse_section
+from attncert.runtime import configure
 from attncert.stages import crown as stage
 
 b = parse_section("base", base, BaseParams)
+configure(b)  # threads, deterministic algorithms (attncert.runtime)
 p = parse_section("crown", crown, stage.Params)
 rec = stage.run_unit(p, b, processed_dir, unit)
 t = rec["trained"]

@@ -267,7 +267,8 @@ def test_units_then_gather(tmp_path):
                             cert_eps=[0.02], methods=["crown"], time_limit=0.0,
                             attack_steps=2, attack_restarts=1, work_dir=str(tmp_path / "w"),
                             metrics=str(tmp_path / "crown.json"))
-    base = BaseParams(scale="smoke", seed=0, device="cpu", precision="fp32")
+    base = BaseParams(scale="smoke", seed=0, device="cpu", precision="fp32", threads=0,
+                      deterministic=False)
     assert stage.units(p) == ["mnist-L1", "mnist-L2"]
     with pytest.raises(ValueError, match="has not run"):
         stage.run(p, base)

@@ -405,7 +405,8 @@ def test_units_then_gather(mirror, tmp_path):
                             cert_dim=8, cert_heads=2, cert_depth=1, cert_epochs=1,
                             cert_n_test=4, results_dir=str(tmp_path / "results"),
                             metrics=str(tmp_path / "specformer.json"))
-    base = BaseParams(scale="smoke", seed=0, device="cpu", precision="fp32")
+    base = BaseParams(scale="smoke", seed=0, device="cpu", precision="fp32", threads=0,
+                      deterministic=False)
     assert stage.units(p) == ["cifar10", "lambda0", "lambda1", "certified"]
     with pytest.raises(ValueError, match="has not run"):
         stage.run(p, base)

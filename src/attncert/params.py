@@ -119,6 +119,10 @@ class BaseParams:
     precision: str = param(one_of(*PRECISIONS),
                            doc="training forward/loss: auto (bf16 on CUDA, fp32 elsewhere) | "
                                "bf16 | tf32 | fp32; certificates are always float64")
+    threads: int = param(nonneg, doc="CPU threads of the math libraries in every stage (0 = "
+                                     "PyTorch's default: one per physical core)")
+    deterministic: bool = param(doc="torch.use_deterministic_algorithms (warn only) and no "
+                                    "cuDNN autotuning: a run repeats on one machine")
 
 
 #: ViT settings shared by several sections (names of ``attncert.models``).
