@@ -23,7 +23,7 @@ DVC ?= dvc
 GPUS ?=
 export PATH := $(abspath $(VENV))/bin:$(PATH)
 
-.PHONY: env pipeline test lint bench clean-env
+.PHONY: env pipeline test lint bench gpu-check clean-env
 
 env: $(VENV)/.installed
 
@@ -55,6 +55,14 @@ lint: env
 bench: env
 	$(PY) -m attncert.bounds.bench
 	$(PY) -m attncert.cost bench
+
+# on a GPU box: the device-relevant tests, the paper-shaped dry run on cuda, and the measured
+# training step of each model kind (reports/gpu_check.json: the cost model's per-kernel constant)
+gpu-check: env
+	$(PY) -m attncert.doctor --device cuda --calibrate reports/gpu_check.json
+	$(PY) -m pytest -q tests/test_device.py tests/test_doctor.py tests/test_precision.py \
+	  tests/test_batching.py tests/test_checkpoint_rng.py tests/test_certify_clock.py
+	ATTNCERT_DRYRUN_DEVICE=cuda $(PY) -m pytest -q tests/test_paper_dryrun.py
 
 clean-env:
 	rm -rf $(VENV)

@@ -1,5 +1,6 @@
 """The cost estimate: counted FLOPs and kernels, read from the params file; training step times."""
 
+import json
 import re
 import shutil
 from pathlib import Path
@@ -187,3 +188,27 @@ def test_eight_gpus_share_the_paper_scale_near_linearly():
     total, span = sum(hours.values()), plan.makespan(list(hours.values()), 8)
     assert total / span >= 6, (total, span)
     assert max(hours.values()) <= span
+
+
+def test_a_gpu_calibration_sets_the_per_kernel_constant(smoke, tmp_path):
+    """make gpu-check's file replaces the default per-kernel constant; the cost table says
+    where it was measured; the measurement refuses a CPU."""
+    from attncert.cost import calibrate
+    from attncert.cost.counting import GPUS
+
+    p = load_params(smoke)
+    with pytest.raises(ValueError, match="measures a GPU"):
+        calibrate.measure(p, "cpu", path=tmp_path / "never.json")
+    rows = [{"model": "OLSA text", "ms_per_step": 2.0}, {"model": "LoFAST text",
+                                                          "ms_per_step": 50.0}]
+    per = calibrate.kernel_seconds(rows, p, batch=8)
+    assert set(per) == {"OLSA text", "LoFAST text"} and all(v > 0 for v in per.values())
+    gpu = GPUS["h100"]
+    assert calibrate.calibrated(gpu, tmp_path / "missing.json") is gpu
+    (tmp_path / "c.json").write_text(json.dumps({"kernel_seconds": 2e-5, "device": "NVIDIA X",
+                                                 "date": "2026-11-25", "from": "OLSA text"}))
+    measured = calibrate.calibrated(gpu, tmp_path / "c.json")
+    assert measured.kernel_seconds == 2e-5 and "NVIDIA X" in measured.calibration
+    table = cost.cost_table(p, measured)
+    assert "20 us per kernel (measured: NVIDIA X, 2026-11-25" in table
+    assert "(not measured)" in cost.cost_table(p, gpu)

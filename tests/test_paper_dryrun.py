@@ -42,7 +42,8 @@ GRID_POINT = {"dataset": "cifar10", "depth": 3, "heads": 8, "gamma_vo": 0.5}
 # Counts only; every other key keeps its committed (paper) value. test_overrides_keep_shapes
 # checks that no override touches a shape and that grid values come from the paper's lists.
 COUNTS: dict[str, dict] = {
-    "base": {"device": "cpu"},
+    # make gpu-check: ATTNCERT_DRYRUN_DEVICE=cuda runs the same dry run on the GPU
+    "base": {"device": os.environ.get("ATTNCERT_DRYRUN_DEVICE", "cpu")},
     "data": {"max_train": N_TRAIN, "max_test": 10, "grid_per_class": 1},
     "tightness": {"samples": 2, "cert_eps": [0.1], "fig3_sizes": [1.0], "fig3_samples": 1,
                   "fig4_scales": [1.0], "attack_steps": 2, "attack_restarts": 1},

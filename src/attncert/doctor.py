@@ -21,6 +21,8 @@ from typing import Any
 #: params.yaml sections whose stages train or certify models (data and figures need no GPU).
 DEVICE_SECTIONS = frozenset({"tightness", "vit_grid", "train_vit", "certify_vit", "specformer",
                              "certvit", "crown", "text"})
+#: where ``--calibrate`` writes (attncert.cost.calibrate.CALIBRATION_FILE, without importing it)
+CALIBRATION = "reports/gpu_check.json"
 #: set to 1 to run the paper scale on a CPU anyway (the paper-shaped dry run of the tests does)
 ALLOW_CPU_ENV = "ATTNCERT_ALLOW_CPU_PAPER"
 
@@ -121,6 +123,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--gpus", nargs="*", default=None,
                     help="only check that these CUDA device indices are visible")
     ap.add_argument("--no-steps", action="store_true", help="skip the model steps")
+    ap.add_argument("--calibrate", metavar="PATH", nargs="?", const=CALIBRATION,
+                    help="time each model kind's step on the GPU and write the cost model's "
+                         f"per-kernel constant to PATH (default {CALIBRATION})")
     ap.add_argument("--batch", type=int, default=8)
     args = ap.parse_args(argv)
     try:
@@ -135,6 +140,16 @@ def main(argv: list[str] | None = None) -> int:
         if args.no_steps:
             return 0
         device = args.device or params["base"].device
+        if args.calibrate:
+            from attncert.cost.calibrate import measure
+
+            record = measure(params, device, args.batch, path=args.calibrate)
+            for r in record["steps"]:
+                print(f"{r['model']:>34} {r['ms_per_step']:9.2f} ms  "
+                      f"{1e6 * r['seconds_per_kernel']:7.2f} us/kernel  {r['shape']}")
+            print(f"per-kernel constant {1e6 * record['kernel_seconds']:.2f} us (from "
+                  f"{record['from']}) written to {args.calibrate}")
+            return 0
         print(f"one training step per model kind (batch {args.batch}, device {device}, "
               f"{params['base'].scale} scale shapes):")
         for r in model_steps(params, device, args.batch):

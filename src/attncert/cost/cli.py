@@ -12,6 +12,7 @@ from pathlib import Path
 import torch
 
 from attncert.cost.bench import bench_training
+from attncert.cost.calibrate import CALIBRATION_FILE, calibrated
 from attncert.cost.counting import (
     GPUS,
     UTILISATION,
@@ -51,10 +52,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--device", default="auto", help="bench: auto | cpu | cuda ...")
     ap.add_argument("--gpus", type=int, nargs="+", default=[1, 2, 4, 8],
                     help="plan: GPU counts to schedule the units on")
+    ap.add_argument("--calibration", default=CALIBRATION_FILE,
+                    help="the per-kernel constant measured by make gpu-check (used when the "
+                         "file exists)")
     args = ap.parse_args(argv)
     if not 0 < args.utilisation <= 1:
         ap.error("--utilisation must be in (0, 1]")
     params = load_params(args.params)
+    gpu = calibrated(GPUS[args.gpu], args.calibration)
     if args.command == "bench":
         rows = bench_training(params, args.batch, args.steps, args.device)
         print(f"training step (forward, backward, AdamW), batch {args.batch}, "
@@ -68,7 +73,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "plan":
         from attncert.cost.plan import plan_table
 
-        print(plan_table(params, GPUS[args.gpu], args.gpus, args.utilisation))
+        print(plan_table(params, gpu, args.gpus, args.utilisation))
         return 0
     if args.command == "order":  # scripts/repro-gpus: its units (stdin) longest first
         import sys
@@ -76,14 +81,14 @@ def main(argv: list[str] | None = None) -> int:
         from attncert.cost.plan import order
 
         units = [line.strip() for line in sys.stdin if line.strip()]
-        print("\n".join(order(units, params, GPUS[args.gpu], args.utilisation)))
+        print("\n".join(order(units, params, gpu, args.utilisation)))
         return 0
-    table = cost_table(params, GPUS[args.gpu], args.utilisation)
+    table = cost_table(params, gpu, args.utilisation)
     if args.command == "readme":
         from attncert.cost.plan import plan_table
 
         write_readme(table)
-        write_readme(plan_table(params, GPUS[args.gpu], args.gpus, args.utilisation),
+        write_readme(plan_table(params, gpu, args.gpus, args.utilisation),
                      markers=PLAN_MARKERS)
     print(table)
     return 0

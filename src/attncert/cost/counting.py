@@ -48,21 +48,25 @@ VOCAB = 30522  # the uncased WordPiece vocabulary of both tokenizers
 
 @dataclass(frozen=True)
 class GPU:
-    """Dense peak FLOP/s per precision (vendor data sheet, without sparsity)."""
+    """Dense peak FLOP/s per precision (vendor data sheet, without sparsity), and the seconds
+    per kernel launch (:data:`KERNEL_SECONDS`, or measured: :func:`calibrated`)."""
 
     name: str
     bf16: float
     tf32: float
     fp32: float
     fp64: float
+    kernel_seconds: float = 8e-6
+    calibration: str = ""  # where kernel_seconds was measured ("" = the default constant)
 
 
 GPUS = {
     "h100": GPU("NVIDIA H100 SXM", bf16=989e12, tf32=495e12, fp32=67e12, fp64=67e12),
     "a100": GPU("NVIDIA A100 SXM", bf16=312e12, tf32=156e12, fp32=19.5e12, fp64=19.5e12),
 }
-#: seconds per GPU kernel (launch and dispatch of eager PyTorch): the floor of a small step
-KERNEL_SECONDS = 8e-6
+#: seconds per GPU kernel (launch and dispatch of eager PyTorch): the floor of a small step;
+#: a GPU self-check measures it (``make gpu-check``: :func:`calibrated`)
+KERNEL_SECONDS = GPU.__dataclass_fields__["kernel_seconds"].default
 UTILISATION = 0.3
 
 

@@ -9,7 +9,6 @@ from dataclasses import dataclass
 
 from attncert.cost.counting import (
     GPU,
-    KERNEL_SECONDS,
     Counts,
     layer_certificate_counts,
     vit_forward64,
@@ -30,7 +29,7 @@ class Work:
 
     def seconds(self, gpu: GPU, utilisation: float) -> float:
         return max(self.flops / (getattr(gpu, self.kind) * utilisation),
-                   self.kernels * KERNEL_SECONDS) + self.fixed_seconds
+                   self.kernels * gpu.kernel_seconds) + self.fixed_seconds
 
 
 def n_steps(n: int, batch: int) -> int:

@@ -1,0 +1,77 @@
+"""The per-kernel constant of the cost model, measured on a GPU (``make gpu-check``).
+
+:func:`measure` times a training step of every model kind (:func:`attncert.cost.bench.
+bench_training`) on a CUDA device and divides each by the kernels the same step launches
+(counted as the cost model counts them, :func:`attncert.cost.counting.count`); the smallest
+quotient over the model kinds, the most launch-bound step, is an upper bound of the seconds
+per kernel (it still contains that step's FLOP time). The result goes to
+:data:`CALIBRATION_FILE`, which ``python -m attncert.cost`` reads when it exists
+(:func:`calibrated`): the cost table then says where and when its constant was measured.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime
+import json
+from pathlib import Path
+from typing import Any
+
+from attncert.cost.counting import GPU
+from attncert.io import write_json
+
+#: written by ``python -m attncert.doctor --calibrate`` (``make gpu-check``)
+CALIBRATION_FILE = "reports/gpu_check.json"
+
+
+def kernel_seconds(rows: list[dict[str, Any]], params, batch: int) -> dict[str, float]:
+    """Seconds per kernel of every measured model kind: its measured step time (``rows`` of
+    :func:`attncert.cost.bench.bench_training` at ``batch``) over the kernels of one step."""
+    from attncert.cost.bench import bench_models
+    from attncert.cost.counting import count, train_step
+    from attncert.msvp import MSVP
+
+    models = bench_models(params)
+    out = {}
+    for r in rows:
+        model, make_batch, _ = models[r["model"]]
+        msvp = MSVP(model, *params["specformer"].msvp_lambda) if "MSVP" in r["model"] else None
+        _, kernels = count(train_step(model, make_batch, msvp=msvp)(batch))
+        out[r["model"]] = r["ms_per_step"] / 1e3 / max(kernels, 1)
+    return out
+
+
+def measure(params, device: str = "cuda", batch: int = 8, steps: int = 5,
+            path: str | Path = CALIBRATION_FILE) -> dict[str, Any]:
+    """Time every model kind's training step on the CUDA ``device``, derive the per-kernel
+    constant and write it with the measurements to ``path``; return the record. ValueError
+    on a device that is not a GPU (a CPU's step times say nothing about kernel launches)."""
+    import torch
+
+    from attncert.cost.bench import bench_training
+    from attncert.train import resolve_device
+
+    dev = resolve_device(device)
+    if dev.type != "cuda":
+        raise ValueError(f"the calibration measures a GPU; {device!r} is {dev}")
+    rows = bench_training(params, batch=batch, steps=steps, device=str(dev))
+    per = kernel_seconds(rows, params, batch)
+    best = min(per, key=per.get)
+    record = {"date": datetime.date.today().isoformat(), "device": torch.cuda.get_device_name(dev),
+              "torch": torch.__version__, "cuda": torch.version.cuda, "batch": batch,
+              "steps": [dict(r, seconds_per_kernel=per[r["model"]]) for r in rows],
+              "kernel_seconds": per[best], "from": best}
+    write_json(path, record)
+    return record
+
+
+def calibrated(gpu: GPU, path: str | Path = CALIBRATION_FILE) -> GPU:
+    """``gpu`` with the per-kernel constant of the calibration at ``path`` (unchanged when
+    there is none)."""
+    path = Path(path)
+    if not path.is_file():
+        return gpu
+    record = json.loads(path.read_text())
+    return dataclasses.replace(gpu, kernel_seconds=float(record["kernel_seconds"]),
+                               calibration=f"{record['device']}, {record['date']}, "
+                                           f"{record['from']}")
