@@ -413,3 +413,49 @@ def test_a_transient_hub_error_is_retried_and_never_recorded_as_a_skip(tmp_path,
     with pytest.raises(data.DataUnavailable, match="Couldn't reach"):
         hub_text.fetch_hub_text("yelp_polarity", tmp_path / "d", None, download=True)
     assert len(calls) == 1  # no route: not retried
+
+
+def test_sst2_falls_back_to_hf_datasets_when_the_glue_archive_fails(tmp_path, monkeypatch):
+    """GLUE's archive failing (after its retries) leads to GLUE's sst2 through ``datasets``,
+    written as the archive's TSVs; with no route at all both failures are named."""
+    import types
+
+    import torchvision.datasets.utils as tv_utils
+
+    from attncert.data import hub_text
+
+    monkeypatch.setattr(hub_text, "RETRY_DELAYS", (0.0,))
+    monkeypatch.setattr(hub_text.time, "sleep", lambda s: None)
+    archive_calls = []
+
+    def archive_down(url, download_root):
+        archive_calls.append(url)
+        raise OSError("HTTP Error 503: Service Unavailable")
+
+    monkeypatch.setattr(tv_utils, "download_and_extract_archive", archive_down)
+    rows = {"train": [{"sentence": "a fine\tfilm", "label": 1, "idx": 0},
+                      {"sentence": "dull", "label": 0, "idx": 1}],
+            "validation": [{"sentence": "great", "label": 1, "idx": 0}],
+            "test": [{"sentence": "?", "label": -1, "idx": 0}]}
+    hub_calls = []
+
+    def load_dataset(path, name=None, **kwargs):
+        hub_calls.append((path, name))
+        return rows
+
+    monkeypatch.setitem(sys.modules, "datasets", types.SimpleNamespace(load_dataset=load_dataset))
+    source = data.fetch_sst2(tmp_path / "raw", None, download=True)
+    assert len(archive_calls) == 2 and hub_calls == [("nyu-mll/glue", "sst2")]
+    assert source == "download (Hugging Face datasets: nyu-mll/glue sst2)"
+    obj = data.process_sst2(tmp_path / "raw", 0, 0, 0, source)
+    assert obj["train"]["text"] == ["a fine film", "dull"] and obj["dev"]["y"].tolist() == [1]
+
+    def offline(*args, **kwargs):
+        raise ConnectionError("Couldn't reach 'nyu-mll/glue' on the Hub")
+
+    monkeypatch.setattr(tv_utils, "download_and_extract_archive", lambda url, download_root: (
+        _ for _ in ()).throw(OSError("[Errno -3] Temporary failure in name resolution")))
+    monkeypatch.setitem(sys.modules, "datasets", types.SimpleNamespace(load_dataset=offline))
+    with pytest.raises(data.DataUnavailable, match=r"GLUE archive: .*name resolution.*"
+                                                   r"Hugging Face datasets: .*Couldn't reach"):
+        data.fetch_sst2(tmp_path / "raw2", None, download=True)

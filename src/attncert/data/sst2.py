@@ -1,5 +1,6 @@
-"""SST-2: read its TSVs by header (the mirror's or GLUE's), fetch (mirror, then GLUE's zip) and
-process into sentences and labels with seeded subsets."""
+"""SST-2: read its TSVs by header (the mirror's or GLUE's), fetch (mirror, then GLUE's zip, then
+GLUE's ``sst2`` through Hugging Face ``datasets``) and process into sentences and labels with
+seeded subsets."""
 
 from __future__ import annotations
 
@@ -58,18 +59,53 @@ def fetch_sst2(raw_dir: Path, mirror: Path | None, download: bool) -> str:
         for path in _sst2_splits(mirror_dir).values():
             shutil.copyfile(path, local / path.name)
         return mark_source(local, f"mirror {mirror_dir}")
-    error = None
+    errors = []
     if download:
-        try:
-            from torchvision.datasets.utils import download_and_extract_archive
+        from attncert.data.hub_text import DownloadFailed, _with_retries, no_route
 
-            download_and_extract_archive(SST2_GLUE_URL, download_root=str(local))
-            for path in _sst2_splits(local / "SST-2").values():
-                shutil.move(str(path), local / path.name)
-            return mark_source(local, f"download ({SST2_GLUE_URL})")
-        except Exception as exc:
-            error = first_line(exc)
-    raise unavailable_error("sst2", mirror_dir, error)
+        # each route retried on a transient error; the next route when it fails
+        for what, route in (("GLUE archive", lambda: _from_glue_zip(local)),
+                            ("Hugging Face datasets", lambda: _from_hub(raw_dir, local))):
+            try:
+                return _with_retries(route, f"sst2 ({what})")
+            except DownloadFailed as exc:
+                errors.append(f"{what}: {first_line(exc)}")
+            except Exception as exc:
+                if not no_route(exc) and not isinstance(exc, ImportError):
+                    raise
+                errors.append(f"{what}: {first_line(exc)}")
+    raise unavailable_error("sst2", mirror_dir, "; ".join(errors) or None)
+
+
+#: GLUE's SST-2 on the Hugging Face hub (the second download route)
+SST2_HUB = ("nyu-mll/glue", "sst2")
+
+
+def _from_glue_zip(local: Path) -> str:
+    from torchvision.datasets.utils import download_and_extract_archive
+
+    download_and_extract_archive(SST2_GLUE_URL, download_root=str(local))
+    for path in _sst2_splits(local / "SST-2").values():
+        shutil.move(str(path), local / path.name)
+    return mark_source(local, f"download ({SST2_GLUE_URL})")
+
+
+def _from_hub(raw_dir: Path, local: Path) -> str:
+    """GLUE's labelled SST-2 splits (train, validation) through ``datasets``, written as the
+    archive's train.tsv and dev.tsv (header ``sentence\tlabel``)."""
+    from datasets import load_dataset
+
+    cache = raw_dir / TEXT_FOLDER["sst2"] / "hub-cache"
+    hub = load_dataset(*SST2_HUB, cache_dir=str(cache))
+    local.mkdir(parents=True, exist_ok=True)
+    for split, hub_split in (("train", "train"), ("dev", "validation")):
+        with open(local / f"{split}.tsv", "w", encoding="utf-8") as f:
+            f.write("sentence\tlabel\n")
+            for row in hub[hub_split]:
+                text = " ".join(row["sentence"].replace("\t", " ").splitlines())
+                f.write(f"{text}\t{int(row['label'])}\n")
+    shutil.rmtree(cache, ignore_errors=True)  # the files above are the raw copy
+    return mark_source(local, f"download (Hugging Face datasets: {' '.join(SST2_HUB)})")
 
 
 def process_sst2(raw_dir: Path, max_train: int, max_test: int, seed: int,
