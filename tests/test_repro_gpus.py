@@ -45,3 +45,23 @@ def test_a_failing_unit_does_not_stop_the_others(tmp_path, venv_env):
         "CUDA_VISIBLE_DEVICES=0", "CUDA_VISIBLE_DEVICES=1"}  # one GPU per worker slot
     assert not any(c.endswith(" repro") for c in calls), "no final repro after a failure"
     assert Path(repo / "params.yaml").is_file()
+
+
+def test_the_unit_list_for_several_nodes(tmp_path, venv_env):
+    """--list prints every unit once, longest first, and runs nothing."""
+    repo = copy_worktree(tmp_path / "repo")
+    commit_all(repo, "snapshot")
+    profile.apply("smoke", repo)  # small shapes: the estimate behind the order takes seconds
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "dvc").write_text(FAKE_DVC)
+    (bin_dir / "dvc").chmod(0o755)
+    log = tmp_path / "dvc.log"
+    env = {**venv_env, "PATH": f"{bin_dir}{os.pathsep}{venv_env['PATH']}", "DVC_LOG": str(log)}
+    proc = subprocess.run(["bash", "scripts/repro-gpus", "--list"], cwd=repo, env=env,
+                          capture_output=True, text=True, timeout=900)
+    assert proc.returncode == 0, proc.stderr
+    assert sorted(proc.stdout.splitlines()) == sorted([
+        "train_vit@mnist-1-2-0.5 certify_vit@mnist-1-2-0.5", "specformer_runs@mnist",
+        "specformer_certified", "text_unit@sst2-olsa", "certvit", "crown_unit@mnist-3"])
+    assert "repro" not in log.read_text()
