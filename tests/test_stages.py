@@ -17,7 +17,20 @@ MOVED = [s for s in stages.STAGES if importlib.util.find_spec(f"attncert.stages.
 
 
 def test_stage_names_are_dvc_yaml_s():
-    assert stages.STAGES == tuple(STAGES)
+    assert stages.STAGES == tuple(s for s in STAGES if s not in stages.UNIT_STAGES)
+    assert set(stages.UNIT_STAGES) <= set(STAGES)
+
+
+@pytest.mark.parametrize("unit_stage", sorted(stages.UNIT_STAGES))
+def test_a_unit_stage_runs_its_stage_module_s_unit(unit_stage):
+    """A unit stage's notebook calls ``run_unit`` of the module of the stage that gathers it,
+    which runs after it in dvc.yaml."""
+    owner = stages.UNIT_STAGES[unit_stage]
+    notebook = next(w for w in STAGES[unit_stage]["cmd"].split() if w.startswith("notebooks/"))
+    text = (ROOT / notebook).read_text()
+    assert f"from attncert.stages import {owner} as stage" in text and "stage.run_unit(" in text
+    assert callable(importlib.import_module(f"attncert.stages.{owner}").run_unit)
+    assert list(STAGES).index(unit_stage) < list(STAGES).index(owner)
 
 
 @pytest.mark.parametrize("stage", MOVED)

@@ -15,8 +15,16 @@ The stage's notebook only takes its sections (passed whole by :mod:`attncert.nbr
 (``tests/test_dvc_deps.py``): a stage depends on its own module, never on the others' (nbrun
 validates every section before a stage starts, importing the owners by name), except
 ``figures``, whose report reads every stage's rows.
+
+A stage split into independent units (so that several GPUs share it) has unit stages in
+dvc.yaml (:data:`UNIT_STAGES`): their notebooks call the owning module's ``run_unit``, which
+writes one record per unit; the stage itself (``run``) gathers the records.
 """
 
-#: the pipeline's stages in order (dvc.yaml)
+#: the pipeline's stages in order (dvc.yaml), each owned by its module
 STAGES = ("data", "tightness", "train_vit", "certify_vit", "specformer", "text", "certvit",
           "crown", "figures")
+#: dvc.yaml's unit stages of a split stage: unit stage -> the stage whose module runs it
+UNIT_STAGES = {"specformer_runs": "specformer", "specformer_table5": "specformer",
+               "specformer_certified": "specformer", "text_unit": "text",
+               "crown_unit": "crown"}
