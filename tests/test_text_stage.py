@@ -469,3 +469,14 @@ def test_large_frozen_states_stay_in_host_memory(tmp_path, monkeypatch):
     model = FrozenEncoderOLSA(source="minilm-package", heads=2, max_len=8)
     got = train_model(model, {}, mapped, mapped, cfg, tmp_path / "b", "cpu")
     assert [r["train_loss"] for r in got] == [r["train_loss"] for r in want]
+
+
+def test_a_paper_number_beside_a_smaller_scale_says_it_is_not_like_for_like():
+    from attncert.stages import text as stage
+
+    m = {"models": {"olsa-L3-g2": {"family": "olsa", "test_acc": 0.8,
+                                   "avg_radius": {"global": 1.1}}}}
+    for scale, unlike in (("paper", False), ("cpu", True)):
+        rows = {r["key"]: r for r in stage.headline_rows(m | {"scale": scale}, {})}
+        r = rows["models/olsa-L3-g2/avg_radius/global"]
+        assert r["paper"] == 0.979 and ("not like for like" in r["source"]) == unlike
