@@ -21,18 +21,27 @@ esac
 """
 
 
-def test_a_failing_unit_does_not_stop_the_others(tmp_path, venv_env):
+def _run_with_fake_dvc(tmp_path, venv_env, *args):
+    """scripts/repro-gpus ``args`` in a smoke-scale copy of the repository, with the fake dvc
+    above on PATH (no GPU here: below the paper scale the workers use the CPU; small shapes
+    keep the cost estimate behind the order to seconds): (repo, dvc call log, process)."""
     repo = copy_worktree(tmp_path / "repo")
     commit_all(repo, "snapshot")
-    profile.apply("smoke", repo)  # no GPU here: below the paper scale the workers use the CPU
+    profile.apply("smoke", repo)
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
     (bin_dir / "dvc").write_text(FAKE_DVC)
     (bin_dir / "dvc").chmod(0o755)
     log = tmp_path / "dvc.log"
+    log.touch()
     env = {**venv_env, "PATH": f"{bin_dir}{os.pathsep}{venv_env['PATH']}", "DVC_LOG": str(log)}
-    proc = subprocess.run(["bash", "scripts/repro-gpus", "0", "1"], cwd=repo, env=env,
+    proc = subprocess.run(["bash", "scripts/repro-gpus", *args], cwd=repo, env=env,
                           capture_output=True, text=True, timeout=900)
+    return repo, log, proc
+
+
+def test_a_failing_unit_does_not_stop_the_others(tmp_path, venv_env):
+    repo, log, proc = _run_with_fake_dvc(tmp_path, venv_env, "0", "1")
     assert proc.returncode == 1, proc.stderr
     assert "these units failed" in proc.stderr and "  text_unit@sst2-olsa" in proc.stderr
     calls = log.read_text().splitlines()
@@ -49,17 +58,7 @@ def test_a_failing_unit_does_not_stop_the_others(tmp_path, venv_env):
 
 def test_the_unit_list_for_several_nodes(tmp_path, venv_env):
     """--list prints every unit once, longest first, and runs nothing."""
-    repo = copy_worktree(tmp_path / "repo")
-    commit_all(repo, "snapshot")
-    profile.apply("smoke", repo)  # small shapes: the estimate behind the order takes seconds
-    bin_dir = tmp_path / "bin"
-    bin_dir.mkdir()
-    (bin_dir / "dvc").write_text(FAKE_DVC)
-    (bin_dir / "dvc").chmod(0o755)
-    log = tmp_path / "dvc.log"
-    env = {**venv_env, "PATH": f"{bin_dir}{os.pathsep}{venv_env['PATH']}", "DVC_LOG": str(log)}
-    proc = subprocess.run(["bash", "scripts/repro-gpus", "--list"], cwd=repo, env=env,
-                          capture_output=True, text=True, timeout=900)
+    repo, log, proc = _run_with_fake_dvc(tmp_path, venv_env, "--list")
     assert proc.returncode == 0, proc.stderr
     assert sorted(proc.stdout.splitlines()) == sorted([
         "train_vit@mnist-1-2-0.5 certify_vit@mnist-1-2-0.5", "specformer_runs@mnist",

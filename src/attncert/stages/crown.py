@@ -19,8 +19,6 @@ share the stage); :func:`run` gathers their records.
 
 from __future__ import annotations
 
-import dataclasses
-import json
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -57,6 +55,7 @@ from attncert.params import (
     unique,
 )
 from attncert.precision import resolve_precision
+from attncert.records import read_record, unit_key
 from attncert.train import TrainConfig, evaluate, resolve_device, train_resumable
 
 #: LoFAST's certificate variants compared with CROWN (pairwise test); the CROWN methods are
@@ -164,12 +163,6 @@ def unit_file(p: Params, unit: str) -> Path:
     return Path(p.work_dir) / "units" / f"{unit}.json"
 
 
-def _unit_key(p: Params, base: BaseParams) -> dict[str, Any]:
-    """What a unit's record was computed from (a record of other params is stale)."""
-    return json.loads(json.dumps({"crown": dataclasses.asdict(p), "seed": base.seed,
-                                  "precision": base.precision, "scale": base.scale}))
-
-
 def run_unit(p: Params, base: BaseParams, processed_dir: str, unit: str) -> dict[str, Any]:
     """One unit of :func:`units` (``<dataset>-L<depth>``): train its ViT on ``base.device``
     (checkpoint in ``work_dir/ckpt/<dataset>/L<depth>``), certify the first ``n_test`` test
@@ -212,7 +205,7 @@ def run_unit(p: Params, base: BaseParams, processed_dir: str, unit: str) -> dict
     audit, _ = certify.audit(model.double(), x, y, radii, p.cert_eps, p.attack_steps,
                              p.attack_restarts, base.seed)
     crown_df = pd.concat(crown_rows)
-    record = {"unit": unit, "key": _unit_key(p, base), "device": str(dev), "n": n,
+    record = {"unit": unit, "key": unit_key("crown", p, base), "device": str(dev), "n": n,
               "trained": {"depth": depth, "test_acc": 100 * acc, "train_seconds": secs},
               "lofast": lo.assign(depth=depth).to_dict("records"),
               "crown": crown_df.assign(depth=depth).to_dict("records"),
@@ -236,15 +229,8 @@ def check_unit(record: Mapping[str, Any], max_error_share: float, where: str) ->
 def read_unit(p: Params, base: BaseParams, unit: str) -> dict[str, Any]:
     """The record :func:`run_unit` wrote for ``unit``; ValueError when it is missing or was
     computed from other params (run the unit's DVC stage first)."""
-    path = unit_file(p, unit)
-    if not path.is_file():
-        raise ValueError(f"{path}: the crown unit {unit!r} has not run (dvc repro "
-                         f"crown_unit runs it)")
-    record = json.loads(path.read_text())
-    if record.get("key") != _unit_key(p, base):
-        raise ValueError(f"{path}: the crown unit {unit!r} ran with other params; rerun it "
-                         "(dvc repro)")
-    return record
+    return read_record(unit_file(p, unit), unit_key("crown", p, base),
+                       f"the crown unit {unit!r}", f"crown_unit@{unit.replace('-L', '-')}")
 
 
 def run(p: Params, base: BaseParams) -> Result:

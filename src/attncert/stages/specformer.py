@@ -13,7 +13,6 @@ bound. Reusable methods (configs, attacks, timing) live in :mod:`attncert.specfo
 from __future__ import annotations
 
 import dataclasses
-import json
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -45,6 +44,7 @@ from attncert.params import (
     unique,
     unit_interval,
 )
+from attncert.records import read_record, unit_key
 from attncert.train import TrainConfig
 
 
@@ -232,12 +232,6 @@ def unit_ckpt(p: Params, unit: str) -> Path:
     return Path(p.results_dir) / "ckpt" / unit
 
 
-def _unit_key(p: Params, base: BaseParams) -> dict[str, Any]:
-    """What a unit's record was computed from (a record of other params is stale)."""
-    return json.loads(json.dumps({"specformer": dataclasses.asdict(p), "seed": base.seed,
-                                  "precision": base.precision, "scale": base.scale}))
-
-
 def _write_csv(frame: pd.DataFrame, path: Path) -> None:
     with atomic_path(path) as tmp:
         frame.to_csv(tmp, index=False)
@@ -254,7 +248,7 @@ def run_unit(p: Params, base: BaseParams, processed_dir: str, device: torch.devi
     dataset = unit if unit in p.datasets else p.datasets[0]
     data = sf.subset_train(load_processed(dataset, processed_dir), p.max_train, seed)
     record: dict[str, Any] = {
-        "unit": unit, "key": _unit_key(p, base), "device": str(device),
+        "unit": unit, "key": unit_key("specformer", p, base), "device": str(device),
         "data": f"{dataset}: {len(data['train']['y'])} training / {len(data['test']['y'])} "
                 f"test images ({data['source']})",
         "notes": {}, "trained": [], "robustness": [], "sigma": [], "times": [],
@@ -355,15 +349,15 @@ def _main_runs(p: Params, data: Mapping[str, Any], dataset: str, specs: Sequence
 def read_unit(p: Params, base: BaseParams, unit: str) -> dict[str, Any]:
     """The record :func:`run_unit` wrote for ``unit``; ValueError when it is missing or was
     computed from other params (run the unit's DVC stage first)."""
-    path = unit_file(p, unit)
-    if not path.is_file():
-        raise ValueError(f"{path}: the specformer unit {unit!r} has not run (dvc repro "
-                         f"specformer_... runs it)")
-    record = json.loads(path.read_text())
-    if record.get("key") != _unit_key(p, base):
-        raise ValueError(f"{path}: the specformer unit {unit!r} ran with other params; rerun "
-                         "it (dvc repro)")
-    return record
+    return read_record(unit_file(p, unit), unit_key("specformer", p, base),
+                       f"the specformer unit {unit!r}", _dvc_stage(p, unit))
+
+
+def _dvc_stage(p: Params, unit: str) -> str:
+    """The DVC stage that runs ``unit`` (dvc.yaml)."""
+    if unit == CERTIFIED:
+        return "specformer_certified"
+    return f"specformer_runs@{unit}" if unit in p.datasets else f"specformer_table5@{unit}"
 
 
 def run(p: Params, base: BaseParams) -> Result:

@@ -15,8 +15,6 @@ the notebook, then checked by :func:`attncert.soundness.require_sound`.
 
 from __future__ import annotations
 
-import dataclasses
-import json
 import re
 import shutil
 import time
@@ -33,6 +31,7 @@ from attncert.data import dataset_skipped, load_processed
 from attncert.headline import row
 from attncert.io import atomic_path, write_json
 from attncert.params import BaseParams, ParamsError, nonneg, one_of, param, positive, unique
+from attncert.records import read_record, unit_key
 from attncert.text.evaluate import attention_table, evaluate_model, frozen_states
 from attncert.text.models import (
     FrozenEncoderOLSA,
@@ -413,12 +412,6 @@ def unit_file(p: Params, unit: str) -> Path:
     return Path(p.results_dir) / "units" / f"{unit}.json"
 
 
-def _unit_key(p: Params, base: BaseParams) -> dict[str, Any]:
-    """What a unit's record was computed from (a record of other params is stale)."""
-    return json.loads(json.dumps({"text": dataclasses.asdict(p), "seed": base.seed,
-                                  "precision": base.precision, "scale": base.scale}))
-
-
 def _settings(p: Params, base: BaseParams, dev_: torch.device
               ) -> tuple[dict[str, Any], dict[str, Any]]:
     """(training settings every job shares, the evaluation's settings)."""
@@ -444,7 +437,7 @@ def run_unit(p: Params, base: BaseParams, processed_dir: str, unit: str) -> dict
     folder.mkdir(parents=True, exist_ok=True)  # a DVC output, even for a unit with no job
     common, evaluation = _settings(p, base, dev_)
     tok = load_tokenizer(p.tokenizer)
-    record: dict[str, Any] = {"unit": unit, "key": _unit_key(p, base), "device": str(dev_),
+    record: dict[str, Any] = {"unit": unit, "key": unit_key("text", p, base), "device": str(dev_),
                               "results": {}, "curves": [], "audits": {}, "jobs": [],
                               "data": None, "entry": None}
     if unit.startswith(f"{STUDY}-"):
@@ -488,15 +481,8 @@ def run_unit(p: Params, base: BaseParams, processed_dir: str, unit: str) -> dict
 def read_unit(p: Params, base: BaseParams, unit: str) -> dict[str, Any]:
     """The record :func:`run_unit` wrote for ``unit``; ValueError when it is missing or was
     computed from other params (run the unit's DVC stage first)."""
-    path = unit_file(p, unit)
-    if not path.is_file():
-        raise ValueError(f"{path}: the text unit {unit!r} has not run (dvc repro "
-                         f"text_unit@{unit} runs it)")
-    record = json.loads(path.read_text())
-    if record.get("key") != _unit_key(p, base):
-        raise ValueError(f"{path}: the text unit {unit!r} ran with other params; rerun it "
-                         "(dvc repro)")
-    return record
+    return read_record(unit_file(p, unit), unit_key("text", p, base),
+                       f"the text unit {unit!r}", f"text_unit@{unit}")
 
 
 def run(p: Params, base: BaseParams) -> Result:
