@@ -1,5 +1,6 @@
 """The cost estimate: counted FLOPs and kernels, read from the params file; training step times."""
 
+import dataclasses
 import json
 import re
 import shutil
@@ -112,8 +113,8 @@ def test_bench_times_a_training_step_of_every_model_kind(smoke):
 
 
 def test_text_work_counts_every_model_the_stage_trains(smoke):
-    """The text estimate trains exactly the stage's models (attncert.stages.text.jobs), the
-    frozen encoder's head through the encoder's forward."""
+    """The text estimate trains exactly the stage's models (attncert.stages.text.jobs): the
+    frozen encoder's forward once per sentence, its head for the head's own epochs."""
     from attncert.cost.counting import VOCAB
     from attncert.stages.text import jobs, text_datasets
 
@@ -122,10 +123,17 @@ def test_text_work_counts_every_model_the_stage_trains(smoke):
     assert t.datasets == ["sst2", "yelp_polarity"] and "qqp" in t.frozen_datasets
     work = cost.stage_work(p, ["text"])[0]
     trained = {w.what for w in work if ":" not in w.what and "(" not in w.what}
-    assert trained == {f"{d} {name}" for d in text_datasets(t) for name in jobs(t, VOCAB, d)
-                       if name != "frozen-olsa"}
+    assert trained == {f"{d} {name}" + (" head" if name == "frozen-olsa" else "")
+                       for d in text_datasets(t) for name in jobs(t, VOCAB, d)}
     assert {w.what.split()[0] for w in work if "frozen-olsa (" in w.what} == set(
         t.frozen_datasets)
+    # QQP's head trains for its own epochs on the cached states: more epochs, more work
+    def head(q):
+        return next(w for w in cost.stage_work(q, ["text"])[0]
+                    if w.what == "qqp frozen-olsa head")
+    more = dataclasses.replace(p, sections={**p.sections, "text": dataclasses.replace(
+        t, frozen_epochs={**t.frozen_epochs, "qqp": 4 * t.frozen_epochs["qqp"]})})
+    assert head(more).flops == pytest.approx(4 * head(p).flops)
 
 
 def test_text_sizes_follow_the_stage_s_draws(smoke):

@@ -250,6 +250,27 @@ def test_yelp_and_qqp_from_a_stand_in_mirror(tmp_path, monkeypatch):
     assert len(sub["train"]["y"]) == 2 and len(sub["test"]["text"]) == 1
 
 
+def test_imagenette_jpegs_become_the_evaluation_crop(tmp_path, monkeypatch):
+    """Imagenette's folder of JPEGs (torchvision's class, its 320-pixel layout) from the
+    mirror route: every image cropped to 224 x 224 uint8, labels in sorted-wnid order, class
+    names the first synonym, a seeded subset of the training split decoded only."""
+    from standins import write_imagenette
+
+    mirror = tmp_path / "mirror"
+    write_imagenette(mirror / "Imagenette" / "raw", per_class=2)
+    monkeypatch.setenv(data.MIRROR_ENV, str(mirror))
+    out = tmp_path / "out"
+    rows = data.prepare(["imagenette"], [], "unused", str(tmp_path / "raw"), str(out),
+                        download=False, max_train=7, max_test=0, subset_seed=0, progress=False)
+    assert rows[0]["source"] == f"mirror {mirror / 'Imagenette' / 'raw'}"
+    assert (rows[0]["n_train"], rows[0]["n_test"], rows[0]["shape"]) == (7, 20, "3x224x224")
+    obj = data.load_processed("imagenette", out)
+    assert obj["train"]["x"].dtype == torch.uint8
+    assert obj["test"]["y"].tolist() == [k for k in range(10) for _ in range(2)]
+    assert obj["classes"][0] == "tench" and len(obj["classes"]) == 10
+    assert len(obj["mean"]) == 3 and all(0 < s < 0.5 for s in obj["std"])
+
+
 def test_text_readers_refuse_malformed_rows(tmp_path):
     bad = tmp_path / "train.csv"
     bad.write_text('"2","fine"\n"5","a five-star label"\n')

@@ -4,7 +4,7 @@ Every model size, depth, head count, patch, token count, input size (32x32x3) an
 (CIFAR-100's 100) comes from the committed params.yaml; only counts shrink (examples, epochs,
 eval points, attack steps and restarts, grid points: one value per grid axis, taken from the
 paper's list). The data stage takes its normal mirror route on stand-in raw files written
-here in torchvision's layouts (CIFAR-10/100 pickles, SVHN .mat) and GLUE's SST-2 TSVs (train
+here in torchvision's layouts (CIFAR-10/100 pickles, SVHN .mat, Imagenette JPEG folders) and GLUE's SST-2 TSVs (train
 and dev labelled, test without labels, as GLUE publishes it); MNIST, Fashion-MNIST and the
 two samples come from the offline mirror. CertViT takes its Hugging Face route on a tiny
 `ViTForImageClassification` saved with `save_pretrained` (224 pixels, patch 16, as
@@ -27,6 +27,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from checkout import commit_all, copy_worktree
+from standins import write_imagenette
 from ruamel.yaml import YAML
 
 from attncert.params import validate
@@ -50,7 +51,7 @@ COUNTS: dict[str, dict] = {
     "vit_grid": {k: [v] for k, v in GRID_POINT.items()},
     "train_vit": {"epochs": 1, "warmup_steps": 1},
     "certify_vit": {"n_test": 2, "cert_eps": [0.1], "attack_steps": 2, "attack_restarts": 1},
-    "specformer": {"datasets": ["cifar100"], "adv_methods": ["specformer"], "max_train": 16,
+    "specformer": {"datasets": ["cifar100", "imagenette"], "adv_methods": ["specformer"], "max_train": 16,
                    "epochs": 1, "adv_epochs": 1, "batch_size": 8, "eval_batch_size": 8,
                    "warmup_steps": 1, "adv_steps": 1, "n_eval": 2, "attack_steps": 1,
                    "attack_eps": [0.5], "timing_steps": 1, "timing_rounds": 1, "timing_warmup": 0,
@@ -60,7 +61,9 @@ COUNTS: dict[str, dict] = {
              "olsa_deep_depths": [4], "epochs": {"sst2": 1, "yelp_polarity": 1},
              "batch_size": 32, "warmup_steps": 1, "lofast_layers": [6],
              "lofast_heads": [8], "lofast_gamma_vo": [0.5], "lofast_epochs": 1,
-             "frozen_epochs": 1, "frozen_max_train": 32, "n_test": 2, "cert_eps": [0.5],
+             "frozen_epochs": {"sst2": 1, "yelp_polarity": 1, "qqp": 2},
+             "frozen_lr_decay_epochs": {"qqp": [1]},  # QQP's step decay, one epoch in
+             "frozen_max_train": 32, "n_test": 2, "cert_eps": [0.5],
              "attack_steps": 2, "attack_restarts": 1},
     "certvit": {"pretrain_epochs": 1, "batch_size": 128, "warmup_steps": 1, "adapt_epochs": 1,
                 "dr_iterations": 1, "dr_projection_steps": 2, "dr_batch_size": 32,
@@ -142,6 +145,8 @@ def write_standins(mirror: Path) -> None:
         pix = x.reshape(n, 3, 32, 32).transpose(2, 3, 1, 0)  # (32, 32, 3, N)
         labels = np.array([[c if c else 10] for c in y], dtype=np.uint8)  # digit 0 is label 10
         savemat(svhn / f"{split}_32x32.mat", {"X": pix, "y": labels})
+
+    write_imagenette(mirror / "Imagenette" / "raw", per_class=2)
 
     sst = mirror / "SST2"
     sst.mkdir()
@@ -262,6 +267,7 @@ def test_data(dry):
         assert m[name]["source"].startswith("mirror "), m[name]
     assert m["cifar100"]["n_train"] == N_TRAIN and m["svhn"]["n_test"] == 10
     assert m["cifar10"]["shape"] == m["svhn"]["shape"] == "3x32x32"
+    assert m["imagenette"]["shape"] == "3x224x224" and m["imagenette"]["n_test"] == 10
 
 
 def test_train_and_certify_grid_point(dry):
@@ -282,7 +288,7 @@ def test_specformer(dry):
     for stage in ("specformer_runs", "specformer_table5", "specformer_certified", "specformer"):
         _repro(dry, stage)  # the units (each its own DVC stage), then the gathering stage
     m = _metrics(dry, "reports/metrics/specformer.json")
-    assert set(m["units"]) == {"cifar100", "lambda0", "certified"}
+    assert set(m["units"]) == {"cifar100", "imagenette", "lambda0", "certified"}
     assert {k.split("/")[0] for k in m["msvp_ablation"]} == {"0.0001,0,0"}
 
 

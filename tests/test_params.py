@@ -20,7 +20,7 @@ def test_committed_params_are_valid_paper_scale():
     p = load_params(ROOT / "params.yaml")
     assert p["base"].scale == "paper"
     assert set(p["data"].datasets) == {"mnist", "fashion_mnist", "cifar10", "cifar100", "svhn",
-                                       "sst2", "yelp_polarity", "qqp"}
+                                       "imagenette", "sst2", "yelp_polarity", "qqp"}
     assert set(p["data"].optional) == {"yelp_polarity", "qqp"}  # offline: skipped, recorded
 
 
@@ -39,8 +39,8 @@ def test_yaml_12_semantics(tmp_path):
         ("data", "max_train", "1000", r"^data\.max_train: expected int, got str"),
         ("data", "max_train", -5, r"^data\.max_train: must be >= 0"),
         ("data", "download", "yes", r"^data\.download: expected true/false"),
-        ("data", "datasets", ["mnist", "imagenette"],
-         r"^data\.datasets: unknown value 'imagenette'"),
+        ("data", "datasets", ["mnist", "tinyimagenet"],
+         r"^data\.datasets: unknown value 'tinyimagenet'"),
         ("data", "datasets", "mnist", r"^data\.datasets: expected a list"),
         ("data", "datasets", ["mnist", "mnist"], r"duplicate"),
         ("data", "optional", ["yelp"], r"^data\.optional: unknown value 'yelp'"),
@@ -54,8 +54,8 @@ def test_yaml_12_semantics(tmp_path):
         ("text", "olsa_alpha1", 0.0, r"^text\.olsa_alpha1: must be > 0"),
         ("crown", "datasets", ["cifar10", "sst2"],
          r"^crown\.datasets: 'sst2' is not an image dataset; choose from mnist, "),
-        ("crown", "datasets", ["svhn", "imagenette"],
-         r"^crown\.datasets: 'imagenette' is not an image dataset"),
+        ("crown", "datasets", ["svhn", "sst2"],
+         r"^crown\.datasets: 'sst2' is not an image dataset"),
         ("crown", "datasets", [], r"^crown\.datasets: needs at least one entry"),
         ("crown", "datasets", ["svhn", "svhn"], r"^crown\.datasets: has duplicate entries"),
         ("crown", "datasets", "cifar10", r"^crown\.datasets: expected a list"),

@@ -13,7 +13,7 @@ from attncert.data import DataUnavailable, load_sample
 from attncert.figures import specformer as figs
 from attncert.models import ViTConfig, build_vit
 from attncert.msvp import exact_head_sigma
-from attncert.paper import SPECFORMER_TABLE1
+from attncert import paper as paper_module
 from attncert.params import load_params
 from attncert.stages import specformer as stage
 from attncert.train import TrainConfig, evaluate
@@ -57,7 +57,7 @@ def test_attack_specs_labels_and_validation():
     assert sf.AttackSpec("pgd_linf", 2 / 255, 2).label == "PGD-2 2/255"
     assert sf.AttackSpec("cw_linf", 8 / 255, 20).label == "CW-20 8/255"
     assert sf.AttackSpec("pgd_l2", 0.5, 20).label == "L2-PGD-20 0.5"
-    assert set(SPECFORMER_TABLE1["vanilla"]) <= {"clean", "FGSM 2/255", "PGD-2 2/255"}
+    assert set(paper_module.SPECFORMER_ATTACKS["standard"]) == {"clean", "FGSM 2/255", "PGD-2 2/255"}
     with pytest.raises(ValueError, match="unknown attack"):
         sf.AttackSpec("autoattack", 0.1, 1)
     with pytest.raises(ValueError, match="eps > 0"):
@@ -77,10 +77,12 @@ def test_robust_accuracy_rows_and_table():
     tagged = [{**r, "dataset": "toy", "training": t, "method": m}
               for t, m in (("adversarial", "vanilla"), ("standard", "specformer"),
                            ("standard", "vanilla")) for r in rows]
-    table = sf.comparison_table(tagged, SPECFORMER_TABLE1, "cifar10")
+    table = sf.comparison_table(tagged, paper_module.specformer_rows([stage.TABLE1_RUN]))
     assert list(table.index) == [("standard", "vanilla"), ("standard", "specformer"),
-                                 ("adversarial", "vanilla")]
-    assert table.loc[("standard", "specformer"), ("cifar10", "PGD-2 2/255", "paper")] == 29.53
+                                 ("adversarial", "vanilla"), ("adversarial", "specformer")]
+    assert table.loc[("standard", "specformer"),
+                     (stage.TABLE1_RUN, "PGD-2 2/255", "paper")] == 29.53
+    assert table.loc[("adversarial", "vanilla"), (stage.TABLE1_RUN, "CW-20 8/255", "paper")] == 34.34
     assert table.loc[("standard", "vanilla"), ("toy", "clean", "ours")] == pytest.approx(
         100 * acc["clean"])
 
@@ -189,7 +191,7 @@ def test_paper_scale_cifar_grid_code_path(dataset, num_classes, mirror, tmp_path
     torchvision downloads of the full datasets.
     """
     paper = load_params(ROOT / "params.yaml")["specformer"]
-    assert paper.datasets == ["cifar10", "cifar100"] and dataset in paper.datasets
+    assert paper.datasets == ["cifar10", "cifar100", "imagenette"] and dataset in paper.datasets
     p = dataclasses.replace(paper, **TINY, sources=[sf.SCRATCH], methods=list(sf.METHODS),
                             adv_methods=list(sf.METHODS))
     data = cifar_shaped(dataset, num_classes, mirror, tmp_path, p.max_train)
@@ -228,10 +230,10 @@ def test_paper_scale_cifar_grid_code_path(dataset, num_classes, mirror, tmp_path
     for _, run in df.groupby(["training", "method"]):
         clean = run.loc[run["kind"] == "clean", "accuracy"].item()
         assert (run["accuracy"] <= clean + 1e-12).all()
-    table = sf.comparison_table(rows, SPECFORMER_TABLE1, "cifar10")
-    assert len(table) == len(plan)
-    if dataset == "cifar10":  # the labels meet SpecFormer Table 1's columns
-        assert (dataset, "PGD-2 2/255", "paper") in table.columns
+    # a model trained from scratch stands for no cell of SpecFormer's tables (pre-trained)
+    assert paper_module.specformer_rows([dataset]) == []
+    table = sf.comparison_table(rows, paper_module.specformer_rows([dataset]))
+    assert len(table) == len(plan) and "paper" not in table.columns.get_level_values(2)
 
 
 # -- the paper-scale pre-trained route, with a tiny saved ViTForImageClassification ---------
@@ -296,9 +298,12 @@ def test_paper_scale_pretrained_code_path(dataset, num_classes, mirror, tmp_path
         rows += [{"dataset": label, "training": training, "method": method, **r} for r in got]
     df = pd.DataFrame(rows)
     assert len(df) == len(plan) * len(specs) and df["accuracy"].between(0, 1).all()
-    table = sf.comparison_table(rows, SPECFORMER_TABLE1, label)
+    # the tiny checkpoint's runs labelled as the hub ViT-S's: the labels meet Tables 1-2
+    vit_s = paper_module.specformer_rows([sf.run_label(dataset, "WinKawaks/vit-small-patch16-224")])
+    table = sf.comparison_table(rows, [{**r, "dataset": label} for r in vit_s])
     assert len(table) == len(plan)
     assert (label, "PGD-2 2/255", "paper") in table.columns
+    assert (label, "PGD-20 8/255", "paper") in table.columns
     frame = sf.max_sigma_frame({"vanilla": model})
     assert len(frame) == 2 * 3  # two layers x (q, k, v) of the loaded model
     # resumes the same run; another starting checkpoint or recipe clears it
@@ -360,6 +365,30 @@ def test_msvp_sees_the_pretrained_heads(tiny_pretrained):
     assert model.head.weight.grad is None
 
 
+def test_tables_1_2_stand_beside_the_runs_of_their_backbones():
+    """SpecFormer Tables 1-2 cells beside the hub checkpoints standing for its ViT-S and
+    DeiT-Ti only, per dataset and training, at the attack labels of its columns."""
+    ref = paper_module.specformer_reference
+    vit_s, deit = "vit-small-patch16-224", "deit-tiny-patch16-224"
+    assert ref(f"cifar10@{vit_s}", "standard", "specformer", "PGD-2 2/255")[0] == 29.53
+    assert ref(f"cifar100@{deit}", "adversarial", "vanilla", "PGD-20 8/255")[0] == 17.40
+    value, label = ref(f"imagenette@{vit_s}", "standard", "vanilla", "FGSM 2/255")
+    assert value == 72.60 and "Table 1 (ViT-S, imagenette" in label and "3925" in label
+    assert "8 blocks" in label
+    assert ref("cifar10", "standard", "vanilla", "clean") is None  # from scratch
+    assert ref(f"svhn@{vit_s}", "standard", "vanilla", "clean") is None
+    assert ref(f"cifar10@{vit_s}", "adversarial", "vanilla", "CW-2 8/255") is None
+    assert ref(f"cifar10@{vit_s}", "standard", "l2former", "clean") is None
+    rows = paper_module.specformer_rows([f"cifar10@{vit_s}", f"imagenette@{deit}", "cifar10"])
+    assert len(rows) == 2 * 2 * 2 * 3  # two runs x two trainings x two methods x three columns
+    head = {r["key"]: r for r in stage.headline_rows(
+        {"robustness": {f"cifar100@{deit}/adversarial/specformer/CW-20 8/255": 0.2,
+                        "cifar100/standard/vanilla/clean": 0.5}}, {})}
+    assert head[f"robustness/cifar100@{deit}/adversarial/specformer/CW-20 8/255"][
+        "paper"] == pytest.approx(0.1636)
+    assert head["robustness/cifar100/standard/vanilla/clean"]["paper"] is None
+
+
 def test_table5_and_table3_stand_beside_their_own_runs():
     """Table 5's row beside the CIFAR-10 ViT-S ablation run with the same triple and training,
     Table 3's ratios beside each training's step-time ratio; nothing beside another run."""
@@ -383,6 +412,11 @@ def test_table5_and_table3_stand_beside_their_own_runs():
     assert "step_time_ratio/vanilla" not in rows
     other = {r["key"]: r for r in stage.headline_rows({**m, "table5_run": "fashion_mnist"}, {})}
     assert all(r["paper"] is None for k, r in other.items() if k.startswith("msvp_ablation"))
+    # a paper number beside a run below the paper scale says it is not like for like
+    assert all("like for like" not in (r["source"] or "") for r in rows.values())
+    cpu = {r["key"]: r for r in stage.headline_rows({**m, "scale": "cpu"}, {})}
+    assert "cpu scale" in cpu["step_time_ratio/specformer"]["source"]
+    assert "not like for like" in cpu[f"msvp_ablation/{lam}/standard/PGD-2 2/255"]["source"]
 
 
 # -- the stage's units and the gathering stage ----------------------------------------------

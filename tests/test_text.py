@@ -1,5 +1,6 @@
 """SST-2 text models: tokenizer, OLSA layers and bounds, certification, attacks, training."""
 
+import dataclasses
 import math
 import sys
 import types
@@ -546,6 +547,35 @@ def test_frozen_olsa_head_takes_alpha1_and_residual():
     assert torch.sigmoid(layer.theta_ff).item() == pytest.approx(0.2)
 
 
+def test_frozen_head_map_to_hidden_is_counted_by_the_certificate():
+    """OLSA sec. 5.1's hidden 256 over BERT's 768: the head reads the states through a trained
+    1-Lipschitz map W / ||W||_2; the bound (with the map's exact norm) stays above the logits'
+    Jacobian norm at any states, after the map is trained away from semi-orthogonal."""
+    encoder = torch.nn.Linear(1, 1)
+    encoder.config = types.SimpleNamespace(hidden_size=24)  # only its width is read here
+    with pytest.raises(ValueError, match="width must be in"):
+        FrozenEncoderOLSA(heads=2, encoder=encoder, hidden=32)
+    torch.manual_seed(0)
+    model = FrozenEncoderOLSA(heads=2, encoder=encoder, hidden=8, max_len=6).double().eval()
+    assert tuple(model.project_in.weight.shape) == (8, 24)
+    with torch.no_grad():  # a trained map: no longer semi-orthogonal
+        model.project_in.weight.mul_(torch.rand(8, 1, dtype=torch.float64) * 3 + 0.1)
+        model.head.weight.add_(torch.randn_like(model.head.weight))
+    mask = torch.ones(5, 6, dtype=torch.bool)
+    mask[3:, 4:] = False
+    e = 2.0 * torch.nn.functional.normalize(torch.randn(5, 6, 24, dtype=torch.float64), dim=-1)
+    lip = model.lipschitz(mask)
+    assert torch.allclose(lip, torch.ones_like(lip), atol=1e-6)
+    for i in range(5):
+        n = int(mask[i].sum())
+        jac = torch.autograd.functional.jacobian(
+            lambda x: model(x.reshape(1, n, 24), mask[i:i + 1, :n])[0], e[i, :n].reshape(-1))
+        assert torch.linalg.matrix_norm(jac, 2) <= lip[i] + 1e-9
+    normalised = model.project_in.weight_effective  # the bound carries the map's own norm
+    model.project_in.weight_effective = lambda: 3.0 * normalised()
+    assert torch.allclose(model.lipschitz(mask), 3.0 * lip)
+
+
 def test_frozen_minilm_olsa_head(tokenizer):
     model = FrozenEncoderOLSA(heads=8)
     model.train()
@@ -579,6 +609,22 @@ def test_text_train_config_validation():
         TextTrainConfig(logit_scale=0.0)
     with pytest.raises(ValueError, match="unknown key"):
         TextTrainConfig.from_dict({"epochs": 1, "margin": "olsa"})
+
+
+def test_step_schedule_decays_after_the_named_epochs():
+    """OLSA's QQP schedule: x0.1 at the 40th epoch, i.e. from the first step of epoch 41."""
+    from attncert.loop import lr_schedule
+
+    cfg = TextTrainConfig(epochs=50, warmup_steps=2, lr_decay_epochs=(40,))
+    f = lr_schedule(cfg, steps_per_epoch=10)
+    assert [f(0), f(1), f(2)] == [0.5, 1.0, 1.0]
+    assert f(399) == 1.0 and f(400) == pytest.approx(0.1) and f(499) == pytest.approx(0.1)
+    two = lr_schedule(dataclasses.replace(cfg, lr_decay_epochs=(10, 20), warmup_steps=0), 10)
+    assert two(150) == pytest.approx(0.1) and two(200) == pytest.approx(0.01)
+    cosine = lr_schedule(TextTrainConfig(epochs=2, warmup_steps=0), 10)
+    assert cosine(0) == 1.0 and cosine(19) < 0.01
+    with pytest.raises(ValueError, match="lr_decay_epochs"):
+        TextTrainConfig(epochs=40, lr_decay_epochs=(40,))
 
 
 def test_bucketed_batches_cover_every_index_once():

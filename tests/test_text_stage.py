@@ -373,7 +373,9 @@ def test_the_stage_trains_yelp_and_qqp_and_reports_a_skipped_dataset(tmp_path, m
         attention_alpha1=[], hidden=16, heads=2, epochs={"sst2": 1, "yelp_polarity": 1},
         olsa_deep_depths=[3], batch_size=16, warmup_steps=1,
         lofast_layers=[1], lofast_heads=[2], lofast_gamma_vo=[0.5], lofast_dim=8,
-        lofast_mlp_hidden=8, lofast_epochs=1, frozen_epochs=1, n_test=0, n_attack=3,
+        lofast_mlp_hidden=8, lofast_epochs=1, n_test=0, n_attack=3, frozen_hidden=16,
+        frozen_epochs={"sst2": 1, "yelp_polarity": 1, "qqp": 2},
+        frozen_lr_decay_epochs={"sst2": [], "yelp_polarity": [], "qqp": [1]},
         cert_batch_size=8, cert_eps=[0.1], attack_steps=1, attack_restarts=1,
         results_dir=str(tmp_path / "results"), metrics=str(tmp_path / "text.json"))
     for what in ("ok", "skipped"):

@@ -12,10 +12,19 @@ and ``brief`` marks the rows shown in README and index.html.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 UNITS = ("fraction", "percent", "ratio", "seconds", "count", "value")
+
+
+def scale_caveat(m: Mapping[str, Any]) -> str:
+    """"" for a metrics file written at the paper scale, else the caveat a paper number's
+    source carries beside it: ours is a smaller model or budget (``m["scale"]``, the
+    ``base.scale`` the stage ran at; a file without one is taken as the paper scale's)."""
+    scale = m.get("scale", "paper")
+    return "" if scale == "paper" else (f"; ours at the {scale} scale: a smaller model and "
+                                        "budget, not like for like")
 
 
 def row(key: str, label: str, ours: Any, unit: str, paper_value: float | None = None,

@@ -1,6 +1,6 @@
 """The epoch loop every training run shares: AdamW or SGD with momentum (:func:`optimizer`), a
-per-step cosine schedule with warmup,
-the forward pass and loss at the training precision, optional gradient clipping, an atomic
+per-step schedule with warmup (cosine, or step decays at given epochs: :func:`lr_schedule`), the
+forward pass and loss at the training precision, optional gradient clipping, an atomic
 checkpoint and the metrics file after every epoch, and resume from that checkpoint.
 
 What differs between runs is a :class:`Steps`: how an epoch's data is cut into batches, how a
@@ -75,6 +75,30 @@ def cosine_schedule(total_steps: int, warmup_steps: int) -> Callable[[int], floa
     return factor
 
 
+def step_schedule(steps_per_epoch: int, warmup_steps: int, decay_epochs: Sequence[int],
+                  decay: float) -> Callable[[int], float]:
+    """LR factor per step: linear warmup, then ``decay`` ** (the number of ``decay_epochs``
+    already reached): the step ``e * steps_per_epoch`` starts epoch ``e + 1``, so a decay at
+    epoch 40 applies from the first step of epoch 41 on ("decays by 0.1 at the 40th epoch")."""
+    def factor(step: int) -> float:
+        if step < warmup_steps:
+            return (step + 1) / warmup_steps
+        done = step // steps_per_epoch  # whole epochs completed before this step
+        return decay ** sum(done >= e for e in decay_epochs)
+    return factor
+
+
+def lr_schedule(config: Any, steps_per_epoch: int) -> Callable[[int], float]:
+    """The LR factor per step of a run: :func:`step_schedule` when the config lists
+    ``lr_decay_epochs`` (decayed by ``lr_decay`` at each), else :func:`cosine_schedule` over
+    all its steps."""
+    decay_epochs = tuple(getattr(config, "lr_decay_epochs", ()) or ())
+    if decay_epochs:
+        return step_schedule(steps_per_epoch, config.warmup_steps, decay_epochs,
+                             config.lr_decay)
+    return cosine_schedule(config.epochs * steps_per_epoch, config.warmup_steps)
+
+
 OPTIMIZERS = ("adamw", "sgd")
 
 
@@ -123,8 +147,7 @@ def run_epochs(model: nn.Module, steps: Steps, eval_data: Any, config: Any, ckpt
 
     steps_per_epoch = math.ceil(steps.n / config.batch_size)
     opt = optimizer(steps.params, config)
-    sched = torch.optim.lr_scheduler.LambdaLR(
-        opt, cosine_schedule(config.epochs * steps_per_epoch, config.warmup_steps))
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lr_schedule(config, steps_per_epoch))
     cfg_dict = dataclasses.asdict(config)
     states = {"model": model, "optimizer": opt, "scheduler": sched, **steps.states}
     metrics, start, _ = load_checkpoint(ckpt_path, cfg_dict, states)

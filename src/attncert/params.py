@@ -27,7 +27,7 @@ from ruamel.yaml import YAML
 PARAMS_FILE = "params.yaml"
 
 #: Image datasets the data stage can prepare, and the text datasets.
-IMAGE_DATASETS = ("mnist", "fashion_mnist", "cifar10", "cifar100", "svhn")
+IMAGE_DATASETS = ("mnist", "fashion_mnist", "cifar10", "cifar100", "svhn", "imagenette")
 TEXT_DATASETS = ("sst2", "yelp_polarity", "qqp")
 DATASETS = IMAGE_DATASETS + TEXT_DATASETS
 #: Small real evaluation sets shipped with the offline mirror.

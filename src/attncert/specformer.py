@@ -297,22 +297,18 @@ def robust_accuracy(model: nn.Module, x: Tensor, y: Tensor, specs: Sequence[Atta
 
 
 def comparison_table(rows: Sequence[Mapping[str, Any]],
-                     paper: Mapping[str, Mapping[str, float]] | None = None,
-                     paper_dataset: str = "cifar10") -> pd.DataFrame:
+                     paper_rows: Sequence[Mapping[str, Any]] = ()) -> pd.DataFrame:
     """SpecFormer's Table 1/2 layout: (training, method) x (dataset, attack, source), in %.
 
     ``rows``: :func:`robust_accuracy` rows with ``training``, ``method`` and ``dataset``
-    added. ``paper``: {method: {attack label (:attr:`AttackSpec.label`): accuracy %}} for
-    standard training on ``paper_dataset``, drawn as source "paper" beside ours (e.g.
-    :data:`attncert.paper.SPECFORMER_TABLE1`).
+    added. ``paper_rows``: the paper's cells (training, method, dataset, attack, accuracy in
+    %), drawn as source "paper" beside ours (:func:`attncert.paper.specformer_rows`).
     """
     df = pd.DataFrame(rows).assign(source="ours")
     df["accuracy"] = 100 * df["accuracy"]
-    if paper:
-        extra = [{"training": "standard", "method": m, "dataset": paper_dataset,
-                  "attack": a, "accuracy": v, "source": "paper"}
-                 for m, accs in paper.items() for a, v in accs.items()]
-        df = pd.concat([df, pd.DataFrame(extra)], ignore_index=True)
+    if paper_rows:
+        df = pd.concat([df, pd.DataFrame(paper_rows).assign(source="paper")],
+                       ignore_index=True)
     order = list(dict.fromkeys(df["attack"]))
     table = df.pivot_table(index=["training", "method"], columns=["dataset", "attack", "source"],
                            values="accuracy", aggfunc="first")

@@ -24,6 +24,7 @@ DATASETS = {
     "cifar10": (3, 32, 10, 50000, 10000),
     "cifar100": (3, 32, 100, 50000, 10000),
     "svhn": (3, 32, 10, 73257, 26032),
+    "imagenette": (3, 224, 10, 9469, 3925),  # Imagenette 2, the 224-pixel evaluation crop
 }
 SST2 = {"train": 67349, "dev": 872, "test": 1821}
 #: the text stage's datasets: labelled examples per split (Yelp polarity has no dev split,

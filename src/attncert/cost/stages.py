@@ -197,8 +197,8 @@ def text_sizes(t, sizes: dict[str, int]) -> dict[str, int]:
 
 def text_work(p) -> list[Work]:
     """The text stage's models as :func:`attncert.stages.text.jobs` lists them on every
-    dataset of ``text.datasets`` and ``text.frozen_datasets`` (the frozen encoder's head
-    counted through the encoder's forward below)."""
+    dataset of ``text.datasets`` and ``text.frozen_datasets`` (the frozen encoder's forward
+    once per sentence, its head on the cached states)."""
     from attncert.stages.text import STUDY, UNITS, jobs, text_datasets, unit_jobs
 
     t = p["text"]
@@ -254,20 +254,41 @@ def text_work(p) -> list[Work]:
             out += _in_unit(items, unit(dataset, name))
         if dataset not in t.frozen_datasets:
             continue
-        # OLSA over a frozen encoder: the encoder's forward on every step and evaluation
-        # sentence (its states are computed once per sentence; counted per epoch: an upper
-        # bound), the audit's forwards
-        steps = t.frozen_epochs * n_steps(n["frozen_train"], t.batch_size)
-        ev = t.frozen_epochs * n_steps(n["eval"], t.cert_batch_size)
+        # OLSA over a frozen encoder: the encoder's forward once per training and evaluation
+        # sentence (its states are cached), then the head trained, evaluated and attacked on
+        # those states (counted on the stage's own head over a stand-in encoder of that width)
+        job = jobs(t, VOCAB, dataset)["frozen-olsa"]
+        head = job.cls(**{**job.kwargs, "encoder": _StandInEncoder(hidden)})
+        c = _frozen_head_counts(head, hidden, t.max_len)
+        sentences = n_steps(n["frozen_train"] + n["eval"], t.batch_size)
         out += _in_unit([
-            Work("text", f"{dataset} frozen-olsa ({t.frozen_source} encoder forward)", "bf16",
-                 steps * enc.flops(t.batch_size), steps * enc.kernels),
-            Work("text", f"{dataset} frozen-olsa: evaluation and audit forwards", "fp32",
-                 (ev + len(t.cert_eps) * t.attack_steps * t.attack_restarts
-                  * n_steps(n["attacked"], t.cert_batch_size))
-                 * 3 * enc.flops(t.cert_batch_size), ev * enc.kernels)],
+            Work("text", f"{dataset} frozen-olsa ({t.frozen_source} encoder forward, once)",
+                 "bf16", sentences * enc.flops(t.batch_size), sentences * enc.kernels),
+            *training_work("text", f"{dataset} frozen-olsa head", c, n["frozen_train"],
+                           n["eval"], job.train["epochs"], t.batch_size, t.cert_batch_size),
+            audit_work("text", f"{dataset} frozen-olsa: PGD audit", c["attack"], n["attacked"],
+                       len(t.cert_eps), t.attack_steps, t.attack_restarts, t.cert_batch_size)],
             unit(dataset, "frozen-olsa"))
     return out
+
+
+class _StandInEncoder(torch.nn.Module):
+    """What the frozen head reads of its encoder when it is given the cached states: the
+    width (``config.hidden_size``)."""
+
+    def __init__(self, hidden: int):
+        super().__init__()
+        self.config = type("Config", (), {"hidden_size": hidden})()
+
+
+def _frozen_head_counts(head, hidden: int, max_len: int) -> dict:
+    """The frozen head's train / forward / attack counts on cached (B, L, hidden) states."""
+    def states(b):
+        return (torch.randn(b, max_len, hidden), torch.ones(b, max_len, dtype=torch.bool),
+                torch.zeros(b, dtype=torch.long))
+    torch.manual_seed(0)
+    return {"train": fit(train_step(head, states)), "forward": fit(forward(head, states)),
+            "attack": fit(attack_step(head, states))}
 
 
 @functools.cache

@@ -109,9 +109,17 @@ def stratified_indices(labels: Sequence[int], k: int, seed: int) -> torch.Tensor
     return order
 
 
-def channel_stats(x: torch.Tensor) -> tuple[list[float], list[float]]:
-    """Per-channel mean and std of uint8 images in [0, 1] pixel space."""
-    xf = x.to(torch.float64) / 255.0
-    mean = xf.mean(dim=(0, 2, 3))
-    std = xf.std(dim=(0, 2, 3))
-    return mean.tolist(), std.tolist()
+def channel_stats(x: torch.Tensor, chunk: int = 1024) -> tuple[list[float], list[float]]:
+    """Per-channel mean and std of uint8 images in [0, 1] pixel space, in float64 sums over
+    chunks of ``chunk`` images (never a float copy of the whole set: ImageNet-sized splits)."""
+    c = x.shape[1]
+    total = torch.zeros(c, dtype=torch.float64)
+    squares = torch.zeros(c, dtype=torch.float64)
+    for start in range(0, len(x), chunk):
+        xf = x[start:start + chunk].to(torch.float64) / 255.0
+        total += xf.sum(dim=(0, 2, 3))
+        squares += xf.square().sum(dim=(0, 2, 3))
+    n = x.numel() // c
+    mean = total / n
+    var = (squares - n * mean.square()).clamp_min(0) / max(n - 1, 1)  # unbiased, as Tensor.std
+    return mean.tolist(), var.sqrt().tolist()

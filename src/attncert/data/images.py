@@ -1,5 +1,7 @@
-"""Image datasets (MNIST, Fashion-MNIST, CIFAR-10/100, SVHN) through torchvision's own classes:
-fetch (mirror, then download), and process into uint8 (N, C, H, W) with seeded subsets."""
+"""Image datasets (MNIST, Fashion-MNIST, CIFAR-10/100, SVHN, Imagenette) through torchvision's
+own classes: fetch (mirror, then download), and process into uint8 (N, C, H, W) with seeded
+subsets. Imagenette's JPEGs of every size become the standard ViT evaluation crop
+(:func:`imagenet_crop`), 224 x 224."""
 
 from __future__ import annotations
 
@@ -30,6 +32,9 @@ class ImageDataset:
     tv_class: str
     root_is_parent: bool  # MNIST-style classes append <folder>/raw to root themselves
     split_kwargs: Callable[[str], dict]
+    #: a folder of JPEGs (Imagenette) rather than arrays in memory: decoded and cropped
+    #: (:func:`imagenet_crop`) when processed
+    jpeg_files: bool = False
 
     def tv_root(self, raw_dir: Path) -> Path:
         return raw_dir if self.root_is_parent else raw_dir / self.folder / "raw"
@@ -53,8 +58,38 @@ IMAGE_DATASETS: dict[str, ImageDataset] = {
         ImageDataset("cifar10", "CIFAR10", "CIFAR10", False, _train_flag),
         ImageDataset("cifar100", "CIFAR100", "CIFAR100", False, _train_flag),
         ImageDataset("svhn", "SVHN", "SVHN", False, lambda s: {"split": s}),
+        # Imagenette 2 (fastai's current release, 9469 train / 3925 val images, 10 ImageNet
+        # classes), 320-pixel shorter side; "test" is its validation split
+        ImageDataset("imagenette", "Imagenette", "Imagenette", False,
+                     lambda s: {"split": "train" if s == "train" else "val", "size": "320px"},
+                     jpeg_files=True),
     )
 }
+
+
+def imagenet_crop(image: torch.Tensor) -> torch.Tensor:
+    """The standard ViT evaluation crop: shorter side 256, centre 224 x 224."""
+    from torchvision.transforms import v2
+
+    return v2.Compose([v2.Resize(256, antialias=True), v2.CenterCrop(224)])(image)
+
+
+def _decode_crop(path: str) -> torch.Tensor:
+    from torchvision.io import ImageReadMode, decode_image
+
+    return imagenet_crop(decode_image(path, mode=ImageReadMode.RGB))
+
+
+def jpeg_tensors(ds, indices: torch.Tensor, desc: str, progress: bool = True
+                 ) -> tuple[torch.Tensor, torch.Tensor]:
+    """The ``indices`` images of a torchvision folder dataset (Imagenette) decoded and cropped
+    (:func:`imagenet_crop`) into uint8 (N, 3, 224, 224), and their labels."""
+    from tqdm.auto import tqdm
+
+    ds.loader = _decode_crop
+    pairs = [ds[int(i)] for i in tqdm(indices, desc=desc, disable=not progress)]
+    return (torch.stack([x for x, _ in pairs]).contiguous(),
+            torch.tensor([y for _, y in pairs], dtype=torch.int64))
 
 
 def fetch_image(name: str, raw_dir: Path, mirror: Path | None, download: bool) -> str:
@@ -104,16 +139,23 @@ def to_uint8_nchw(ds) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 def process_image(name: str, raw_dir: Path, max_train: int, max_test: int, seed: int,
-                  source: str) -> dict[str, Any]:
+                  source: str, progress: bool = True) -> dict[str, Any]:
     spec = IMAGE_DATASETS[name]
     out: dict[str, Any] = {"name": name, "kind": "image", "source": source}
     for split, k in (("train", max_train), ("test", max_test)):
         ds = spec.load_split(raw_dir, split)
-        x, y = to_uint8_nchw(ds)
-        idx = subset_indices(len(y), k, seed)
-        out[split] = {"x": x[idx].clone(), "y": y[idx].clone()}
+        if spec.jpeg_files:  # only the subset is decoded
+            x, y = jpeg_tensors(ds, subset_indices(len(ds), k, seed), f"{name} {split}",
+                                progress)
+        else:
+            x, y = to_uint8_nchw(ds)
+            idx = subset_indices(len(y), k, seed)
+            x, y = x[idx].clone(), y[idx].clone()
+        out[split] = {"x": x, "y": y}
         if split == "train":
-            out["classes"] = [str(c) for c in getattr(ds, "classes", range(int(y.max()) + 1))]
+            classes = getattr(ds, "classes", range(int(y.max()) + 1))
+            # Imagenette names each class by a tuple of synonyms: the first
+            out["classes"] = [str(c[0] if isinstance(c, tuple) else c) for c in classes]
     out["mean"], out["std"] = channel_stats(out["train"]["x"])
     out["shape"] = list(out["train"]["x"].shape[1:])
     return out

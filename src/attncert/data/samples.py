@@ -13,20 +13,13 @@ from attncert.data.common import (
     DataUnavailable,
     channel_stats,
 )
-from attncert.data.images import IMAGE_DATASETS, loads_from, to_uint8_nchw
+from attncert.data.images import IMAGE_DATASETS, imagenet_crop, loads_from, to_uint8_nchw
 
 SAMPLE_FOLDERS = {"cifar10_sample": "CIFAR10-sample", "imagenet_sample": "ImageNet-sample",
                   "imagenet_val": "ImageNet/val"}
 #: ImageNet-1k: its classes are the sorted WordNet ids, the label order of every ImageNet model
 IMAGENET_CLASSES = 1000
 IMAGE_SUFFIXES = (".jpeg", ".jpg", ".png")
-
-
-def _imagenet_crop(image: torch.Tensor) -> torch.Tensor:
-    """The standard ViT evaluation crop: shorter side 256, centre 224 x 224."""
-    from torchvision.transforms import v2
-
-    return v2.Compose([v2.Resize(256, antialias=True), v2.CenterCrop(224)])(image)
 
 
 def load_imagenet_val(mirror: Path | None, raw_dir: Path, max_images: int, seed: int,
@@ -67,7 +60,7 @@ def load_imagenet_val(mirror: Path | None, raw_dir: Path, max_images: int, seed:
     if not files:
         raise DataUnavailable(f"imagenet_val: no images under {folder}/<wnid>/")
     idx = stratified_indices([k for _, k in files], max_images, seed).tolist()
-    x = torch.stack([_imagenet_crop(decode_image(str(files[i][0]), mode=ImageReadMode.RGB))
+    x = torch.stack([imagenet_crop(decode_image(str(files[i][0]), mode=ImageReadMode.RGB))
                      for i in tqdm(idx, desc="imagenet_val", disable=not progress)])
     y = torch.tensor([files[i][1] for i in idx], dtype=torch.int64)
     mean, std = channel_stats(x)
@@ -97,7 +90,7 @@ def load_sample(name: str, mirror: Path | None, raw_dir: Path,
     if files:
         imgs = [decode_image(str(f), mode=ImageReadMode.RGB) for f, _ in files]
         if name == "imagenet_sample":  # the standard ViT evaluation crop
-            imgs = [_imagenet_crop(im) for im in imgs]
+            imgs = [imagenet_crop(im) for im in imgs]
         x = torch.stack(imgs)
         y = torch.tensor([label for _, label in files], dtype=torch.int64)
         source = f"mirror {folder}"

@@ -65,7 +65,8 @@ def prepare(datasets: list[str], samples: list[str], mirror: str, raw_dir: str,
     rows = []
     for name in tqdm(list(sources), desc="process", disable=not progress):
         if name in IMAGE_DATASETS:
-            obj = process_image(name, raw, max_train, max_test, subset_seed, sources[name])
+            obj = process_image(name, raw, max_train, max_test, subset_seed, sources[name],
+                                progress)
         elif name in HUB_TEXT_DATASETS:
             obj = process_hub_text(name, raw, max_train, max_test, subset_seed, sources[name])
         else:

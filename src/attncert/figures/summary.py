@@ -207,15 +207,15 @@ def plot_cost(df: pd.DataFrame) -> Figure:
 # -- SpecFormer --------------------------------------------------------------------------------
 def specformer_frame(m: Mapping) -> pd.DataFrame:
     """(dataset, training, method, attack, accuracy %, source) of the SpecFormer metrics'
-    robustness table, with SpecFormer Table 1 (CIFAR-10, standard training) beside."""
+    robustness table, with the SpecFormer Table 1-2 cells its runs stand for beside
+    (:func:`attncert.paper.specformer_rows`)."""
     rows = []
     for key, acc in m.get("robustness", {}).items():
         dataset, training, method, attack = key.split("/", 3)
         rows.append({"dataset": dataset, "training": training, "method": method,
                      "attack": attack, "accuracy": 100 * acc, "source": OURS})
-    rows += [{"dataset": "cifar10", "training": "standard", "method": method, "attack": attack,
-              "accuracy": acc, "source": "paper: SpecFormer Table 1"}
-             for method, accs in paper.SPECFORMER_TABLE1.items() for attack, acc in accs.items()]
+    rows += [{**r, "source": f"paper: SpecFormer Table {1 if r['training'] == 'standard' else 2}"}
+             for r in paper.specformer_rows(list(dict.fromkeys(r["dataset"] for r in rows)))]
     return pd.DataFrame(rows)
 
 

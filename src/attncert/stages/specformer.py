@@ -25,7 +25,7 @@ import torch
 from attncert import certify, paper
 from attncert import specformer as sf
 from attncert.data import as_float, load_processed
-from attncert.headline import row
+from attncert.headline import row, scale_caveat
 from attncert.io import atomic_path, write_json
 from attncert.loop import OPTIMIZERS
 from attncert.models import ViTConfig
@@ -430,8 +430,7 @@ def run(p: Params, base: BaseParams) -> Result:
     }
     write_json(p.metrics, metrics)
     return Result(overview=overview, trained=pd.DataFrame(train_rows), robustness=robustness,
-                  comparison=sf.comparison_table(rows, paper.SPECFORMER_TABLE1,
-                                                 sf.run_label("cifar10", p.sources[0])),
+                  comparison=sf.comparison_table(rows, paper.specformer_rows(labels)),
                   runs=labels, sigma=sigma, ratios=ratios, msvp_ratio=msvp_ratio,
                   refusal=refusal, cert_sigma=pd.DataFrame(records[CERTIFIED]["cert_sigma"]),
                   certified=certified, metrics=metrics)
@@ -499,10 +498,9 @@ def _certified_pair(p: Params, data: Mapping[str, Any], dataset: str, seed: int,
     return rows, sigmas
 
 
-#: the run SpecFormer's Table 1 / Table 5 CIFAR-10 numbers are of: its ViT-S fine-tuned on
-#: CIFAR-10 (ours: the hub's ViT-S/16, 12 x 384 where its is 8 x 768: fidelity.yaml)
+#: the run SpecFormer's Table 5 CIFAR-10 numbers are of: its ViT-S fine-tuned on CIFAR-10
+#: (ours: the hub's ViT-S/16, 12 x 384 where its is 8 x 768: fidelity.yaml)
 TABLE1_RUN = sf.run_label("cifar10", "WinKawaks/vit-small-patch16-224")
-TABLE1_SOURCE = "SpecFormer Table 1 (ViT-S, CIFAR-10; its ViT-S is 8 blocks x 768)"
 #: Table 5's column names as our attack labels (standard: 2/255; adversarial: 8/255)
 TABLE5_ATTACKS = {"standard": {"clean": "clean", "FGSM 2/255": "fgsm", "PGD-2 2/255": "pgd2"},
                   "adversarial": {"clean": "at_clean", "CW-20 8/255": "cw20",
@@ -510,18 +508,17 @@ TABLE5_ATTACKS = {"standard": {"clean": "clean", "FGSM 2/255": "fgsm", "PGD-2 2/
 
 
 def headline_rows(m: Mapping, item: Mapping) -> list[dict]:
-    """Robust accuracy per run and attack (SpecFormer Table 1 beside the ViT-S CIFAR-10
-    standard runs), the lambda ablation (Table 5 beside where its triple and run match), the
-    step-time ratios of both trainings (Table 3) and the certified pair's certified
-    accuracy."""
+    """Robust accuracy per run and attack (SpecFormer Tables 1-2 beside the runs of the hub
+    checkpoints that stand for its ViT-S and DeiT-Ti: :func:`attncert.paper.specformer_reference`),
+    the lambda ablation (Table 5 beside where its triple and run match), the step-time ratios
+    of both trainings (Table 3) and the certified pair's certified accuracy."""
     rows = []
     for key, acc in m.get("robustness", {}).items():
         dataset, training, method, attack = key.split("/", 3)
-        ref = None
-        if dataset == TABLE1_RUN and training == "standard":
-            ref = paper.SPECFORMER_TABLE1.get(method, {}).get(attack)
+        ref = paper.specformer_reference(dataset, training, method, attack)
         rows.append(row(f"robustness/{key}", f"{dataset} {training} {method}: {attack}", acc,
-                        "fraction", None if ref is None else ref / 100, TABLE1_SOURCE,
+                        "fraction", None if ref is None else ref[0] / 100,
+                        None if ref is None else ref[1],
                         brief=training == "standard" and method in ("vanilla", "specformer")))
     table5 = m.get("table5_run") == TABLE1_RUN
     for key, acc in m.get("msvp_ablation", {}).items():
@@ -531,7 +528,7 @@ def headline_rows(m: Mapping, item: Mapping) -> list[dict]:
                else None)
         rows.append(row(f"msvp_ablation/{key}", f"MSVP lambda ({lam}), {training}: {attack}",
                         acc, "fraction", None if ref is None else ref / 100,
-                        "SpecFormer Table 5 (CIFAR-10)"))
+                        f"SpecFormer Table 5 (CIFAR-10){scale_caveat(m)}"))
     for training, key, ref in (("standard", "step_time_ratio", paper.SPECFORMER_TABLE3),
                                ("adversarial", "step_time_ratio_adversarial",
                                 paper.SPECFORMER_TABLE3)):
@@ -540,7 +537,7 @@ def headline_rows(m: Mapping, item: Mapping) -> list[dict]:
                 continue
             rows.append(row(f"{key}/{method}", f"{method} step time / vanilla ({training})",
                             ratio, "ratio", ref[training].get(method),
-                            f"SpecFormer Table 3 ({training} training)",
+                            f"SpecFormer Table 3 ({training} training, ViT-S){scale_caveat(m)}",
                             brief=method == "specformer"))
     for r in m.get("certified", []):
         for k, v in r.items():

@@ -28,7 +28,7 @@ import torch
 
 from attncert import paper
 from attncert.data import dataset_skipped, load_processed
-from attncert.headline import row
+from attncert.headline import row, scale_caveat
 from attncert.io import atomic_path, write_json
 from attncert.params import BaseParams, ParamsError, nonneg, one_of, param, positive, unique
 from attncert.records import read_record, unit_key
@@ -106,7 +106,13 @@ class Params:
     lofast_logit_scale: float = param(positive, doc="CE temperature of the LoFAST grid (its "
                                                     "head is free, unlike OLSA's)")
     frozen_source: str = param(doc="the frozen encoder: 'minilm-package', a hub id or a folder")
-    frozen_epochs: int = param(positive)
+    frozen_hidden: int = param(nonneg, doc="the frozen head's width, reached by a 1-Lipschitz "
+                                           "map from the encoder's (0 = the encoder's width)")
+    frozen_epochs: dict[str, int] = param(doc="the frozen head's epochs per frozen dataset")
+    frozen_lr: dict[str, float] = param(doc="the frozen head's learning rate per frozen dataset")
+    frozen_lr_decay_epochs: dict[str, list[int]] = param(
+        doc="per frozen dataset: the LR x 0.1 after each of these epochs (a step schedule); "
+            "[] = the cosine schedule")
     frozen_max_train: int = param(nonneg, doc="seeded subset of the whole training split "
                                               "for the frozen-encoder head, independent of "
                                               "max_train (0 = all of it)")
@@ -135,6 +141,29 @@ class Params:
                            f"{self.datasets}), got {sorted(self.epochs)}")
         if any(e <= 0 for e in self.epochs.values()):
             fail("epochs", f"must be > 0, got {self.epochs}")
+        for key in ("frozen_epochs", "frozen_lr", "frozen_lr_decay_epochs"):
+            table = getattr(self, key)
+            lacking = [d for d in self.frozen_datasets if d not in table]
+            if lacking:
+                fail(key, f"needs an entry for {lacking} (one per dataset of "
+                          f"text.frozen_datasets {self.frozen_datasets}), got {sorted(table)}")
+        for d, e in self.frozen_epochs.items():
+            if isinstance(e, bool) or not isinstance(e, int) or e <= 0:
+                fail(f"frozen_epochs.{d}", f"must be an int > 0, got {e!r}")
+        for d, lr in self.frozen_lr.items():
+            if isinstance(lr, bool) or not isinstance(lr, int | float) or not lr > 0:
+                fail(f"frozen_lr.{d}", f"must be a number > 0, got {lr!r}")
+        for d, decays in self.frozen_lr_decay_epochs.items():
+            last = self.frozen_epochs.get(d, 0)
+            if not isinstance(decays, list) or any(
+                    isinstance(e, bool) or not isinstance(e, int) or not 0 < e < last
+                    for e in decays):
+                fail(f"frozen_lr_decay_epochs.{d}", f"must list epochs in [1, {last - 1}] "
+                                                    f"(text.frozen_epochs.{d} = {last}), got "
+                                                    f"{decays!r}")
+        if self.frozen_hidden % self.heads:
+            fail("frozen_hidden", f"{self.frozen_hidden} is not divisible by text.heads = "
+                                  f"{self.heads}")
         both = sorted(set(self.olsa_depths) & set(self.olsa_deep_depths))
         if both:
             fail("olsa_deep_depths", f"{both} already in text.olsa_depths")
@@ -188,10 +217,14 @@ def jobs(p: Params, vocab: int, dataset: str = STUDY, sep_token_id: int | None =
     frozen = {}
     if dataset in p.frozen_datasets:
         pair = {} if sep_token_id is None else {"sep_token_id": sep_token_id}
+        width = {} if p.frozen_hidden == 0 else {"hidden": p.frozen_hidden}
+        decays = {"lr_decay_epochs": tuple(p.frozen_lr_decay_epochs[dataset])
+                  } if p.frozen_lr_decay_epochs[dataset] else {}
         frozen["frozen-olsa"] = Job("olsa", FrozenEncoderOLSA,
                                     dict(source=p.frozen_source, heads=p.heads, max_len=p.max_len,
-                                         **olsa_layer, **pair),
-                                    dict(epochs=p.frozen_epochs, lr=p.lr, gamma=0.0))
+                                         **olsa_layer, **pair, **width),
+                                    dict(epochs=p.frozen_epochs[dataset],
+                                         lr=p.frozen_lr[dataset], gamma=0.0, **decays))
     if dataset != STUDY:
         scratch = p.olsa_depths if dataset in p.datasets else []
         return {f"olsa-L{d}-g{g:g}": Job("olsa", OLSAClassifier, dict(olsa, depth=d), olsa_train)
@@ -623,10 +656,7 @@ def headline_rows(m: Mapping, item: Mapping) -> list[dict]:
     the differences to the depth-0 baseline, the residual gates, alpha1, the attention's max
     probability against 1/n, certified accuracy per eps, certification cost."""
     ref, shi = paper.OLSA_AVG_RADIUS["sst"], paper.OLSA_SHI_AVG_RADIUS["sst"]
-    # below the paper scale our models are smaller and trained less: not like for like
-    scale = m.get("scale", "paper")
-    unlike = "" if scale == "paper" else (f"; ours at the {scale} scale: a smaller model and "
-                                           "budget, not like for like")
+    unlike = scale_caveat(m)  # below the paper scale: not like for like
     src = (f"OLSA section 5 ({OLSA_PAPER_DEPTH}-layer OLSA, SST; softmax constant "
            f"{paper.OLSA_SOFTMAX_LIPSCHITZ:g}: unsound, ours 1/2; Shi et al.: {shi:g}){unlike}")
     split = m.get("reported_split", "test")

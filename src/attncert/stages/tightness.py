@@ -14,7 +14,7 @@ import pandas as pd
 import torch
 
 from attncert import tightness
-from attncert.headline import eps_match, row
+from attncert.headline import eps_match, row, scale_caveat
 from attncert.io import write_json
 from attncert.params import BaseParams, ParamsError, nonneg, one_of_numbers, param, positive
 from attncert.train import resolve_device
@@ -86,7 +86,8 @@ def run(p: Params, base: BaseParams) -> Result:
                                                seed, steps, restarts)
     f4 = tightness.figure4_input_norm(w, x, p.fig4_scales, p.fig3_eps, steps, restarts, True,
                                       seed)
-    summary = tightness.summary_metrics(t3, f1, f3, f4, layer_source)
+    summary = {"scale": base.scale,
+               **tightness.summary_metrics(t3, f1, f3, f4, layer_source)}
     write_json(p.metrics, summary)
     return Result(layer_source, dev, tuple(x.shape), w.h, x.dtype, t3, f1, f3, f4, summary)
 
@@ -103,7 +104,8 @@ def headline_rows(m: Mapping, item: Mapping) -> list[dict]:
             i = eps_match(eps, t3["eps"])
             ref = t3[label][i] / t3["PGD"][i] if in_paper and i is not None else None
             rows.append(row(f"table3_{key}_over_pgd/{eps}", f"{label} / PGD at eps {eps}",
-                             ratio, "ratio", ref, "LoFAST Table 3", brief=in_paper))
+                             ratio, "ratio", ref, f"LoFAST Table 3{scale_caveat(m)}",
+                             brief=in_paper))
     for key in ("max_lofast_M_over_pgd", "fig1_delta21_M_over_pgd_max", "fig3_ratio_max",
                 "fig4_lofast_M_over_pgd_max"):
         if key in m:

@@ -162,21 +162,35 @@ class OLSAClassifier(_OLSAStack):
 
 
 class FrozenEncoderOLSA(_OLSAStack):
-    """Frozen pre-trained encoder -> token states normalised to ``token_norm`` -> 1-layer OLSA
-    head (OLSA over frozen BERT, trained with gamma = 0). Certificates are in the head's input
-    space (the normalised token states), see the module docstring.
+    """Frozen pre-trained encoder -> token states normalised to ``token_norm`` -> [a linear
+    map to ``hidden`` features] -> 1-layer OLSA head (OLSA over frozen BERT, trained with
+    gamma = 0). Certificates are in the head's input space (the normalised token states), see
+    the module docstring.
+
+    ``hidden`` (None: the encoder's width, no map) sets the head's width, as OLSA sec. 5.1's
+    hidden 256 over BERT's 768: the map is W / ||W||_2 (:class:`SpectralNormLinear`, started
+    semi-orthogonal and trained), so it is 1-Lipschitz and keeps every token within
+    ``token_norm``; the certificate multiplies its exact spectral norm in (:meth:`lipschitz`),
+    and every OLSA layer projects its input onto the ball it assumes in any case.
     """
 
     def __init__(self, source: str = PACKAGE_SOURCE, heads: int = 8, num_classes: int = 2,
                  depth: int = 1, max_len: int = 32, token_norm: float = 2.0,
                  alpha1: float = 4.0, group_size: int = 2, iters: int = 1,
                  residual: str = "averaged", residual_init: float = 0.5,
-                 encoder: nn.Module | None = None, sep_token_id: int | None = None):
+                 encoder: nn.Module | None = None, sep_token_id: int | None = None,
+                 hidden: int | None = None):
         encoder = load_encoder(source) if encoder is None else encoder
-        super().__init__(encoder.config.hidden_size, depth, heads, num_classes, token_norm,
+        width = encoder.config.hidden_size
+        if hidden is not None and not 0 < hidden <= width:
+            raise ValueError(f"hidden {hidden}: the head's width must be in [1, {width}] (the "
+                             f"encoder's width; a wider map would add no information)")
+        super().__init__(hidden or width, depth, heads, num_classes, token_norm,
                          "olsa", max_len, alpha1, group_size, iters, residual, residual_init)
         self.token_norm = float(token_norm)
-        self.embed_dim = encoder.config.hidden_size
+        self.embed_dim = width
+        self.project_in = (SpectralNormLinear(width, hidden)
+                           if hidden is not None and hidden != width else None)
         self.encoder = encoder.requires_grad_(False).eval()
         # sentence pairs: BERT's segment ids from the [SEP] positions (None: all segment 0)
         self.sep_token_id = sep_token_id
@@ -198,6 +212,26 @@ class FrozenEncoderOLSA(_OLSAStack):
         states = self.encoder(input_ids=ids, attention_mask=mask.long(),
                               token_type_ids=types).last_hidden_state
         return normalize_tokens(states, self.token_norm)
+
+    def tokens(self, e: Tensor) -> Tensor:
+        """The head's input: the states, mapped to ``hidden`` features when set."""
+        return e if self.project_in is None else self.project_in(e)
+
+    def head_lipschitz(self) -> Tensor:
+        """||W_head||_2 times the map's spectral norm (both 1 up to rounding), differentiable."""
+        lip = super().head_lipschitz()
+        if self.project_in is None:
+            return lip
+        return lip * torch.linalg.matrix_norm(self.project_in.weight_effective(), 2)
+
+    @torch.no_grad()
+    def lipschitz(self, mask: Tensor) -> Tensor:
+        """(B,) float64: the stack's bound (:meth:`_OLSAStack.lipschitz`) times the exact
+        spectral norm of the map to ``hidden`` features (1 up to rounding)."""
+        total = super().lipschitz(mask)
+        if self.project_in is None:
+            return total
+        return total * spectral_norm_exact(self.project_in.weight_effective())
 
 
 def masked_mean_logits(model: nn.Module, x: Tensor, mask: Tensor | None) -> Tensor:

@@ -60,7 +60,10 @@ class TextTrainConfig:
     1-Lipschitz model are small, so CE(f) learns slowly; s changes the loss only);
     ``gamma``: weight of the certificate regulariser after its ramp (OLSA: 2.0; 0 over a frozen
     encoder); ``gamma_ramp``: fraction of all steps over which it grows linearly from 0;
-    ``bucket``: batches per length-sorted bucket (1 = plain shuffling).
+    ``bucket``: batches per length-sorted bucket (1 = plain shuffling); ``lr_decay_epochs``:
+    the LR is multiplied by ``lr_decay`` after each of these epochs (a step schedule, as
+    OLSA's QQP run) instead of the cosine decay (:func:`attncert.loop.lr_schedule`). The
+    optimiser is AdamW (Adam when ``weight_decay`` is 0).
     """
 
     epochs: int = 3
@@ -75,9 +78,18 @@ class TextTrainConfig:
     bucket: int = 50
     eval_batch_size: int = 256
     seed: int = 0
+    lr_decay_epochs: tuple[int, ...] = ()
+    lr_decay: float = 0.1
 
     def __post_init__(self) -> None:
+        object.__setattr__(self, "lr_decay_epochs", tuple(self.lr_decay_epochs))
+        if any(isinstance(e, bool) or not isinstance(e, int) or not 0 < e < self.epochs
+               for e in self.lr_decay_epochs):
+            raise ValueError(f"TextTrainConfig.lr_decay_epochs must be epochs in [1, "
+                             f"{self.epochs - 1}], got {list(self.lr_decay_epochs)!r}")
         for f in dataclasses.fields(self):
+            if f.name == "lr_decay_epochs":
+                continue
             v = getattr(self, f.name)
             is_int = f.type == "int"
             low = 0 if f.name in _MAY_BE_ZERO else (1 if is_int else None)  # None: > 0
