@@ -50,7 +50,7 @@ COUNTS: dict[str, dict] = {
                   "fig4_scales": [1.0], "attack_steps": 2, "attack_restarts": 1},
     "vit_grid": {k: [v] for k, v in GRID_POINT.items()},
     "train_vit": {"epochs": 1, "warmup_steps": 1},
-    "certify_vit": {"n_test": 2, "cert_eps": [0.1], "attack_steps": 2, "attack_restarts": 1},
+    "certify_vit": {"n_test": 2, "n_attack": 1, "cert_eps": [0.1], "attack_steps": 2, "attack_restarts": 1},
     "specformer": {"datasets": ["cifar100", "imagenette"], "adv_methods": ["specformer"], "max_train": 16,
                    "epochs": 1, "adv_epochs": 1, "batch_size": 8, "eval_batch_size": 8,
                    "warmup_steps": 1, "adv_steps": 1, "n_eval": 2, "attack_steps": 1,
@@ -276,6 +276,7 @@ def test_train_and_certify_grid_point(dry):
     run = run_name(**GRID_POINT)
     cert = _metrics(dry, f"results/vit/{run}/metrics.json")
     assert cert["broken"] == 0 and cert["n"] == COUNTS["certify_vit"]["n_test"]
+    assert cert["n_attacked"] == COUNTS["certify_vit"]["n_attack"]
 
 
 def test_tightness(dry):

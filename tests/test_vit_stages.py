@@ -60,3 +60,49 @@ def test_train_rows():
     rows = train_vit.headline_rows({"clean_acc": 0.8, "train_seconds": 3.0, "epochs": 2}, {})
     assert [(r["key"], r["brief"]) for r in rows] == [
         ("clean_acc", True), ("epochs", False), ("train_seconds", True)]
+
+
+def test_certify_vit_certifies_the_whole_split_and_audits_the_first_n_attack(tmp_path):
+    """n_test 0 certifies every test image; the PGD audit attacks the first n_attack, and its
+    soundness comparison (certified vs PGD accuracy) is on those same points."""
+    import dataclasses
+
+    import pandas as pd
+    import torch
+
+    from attncert.io import torch_save
+    from attncert.models import ViTConfig, build_vit
+    from attncert.models.vit import save_vit
+    from attncert.params import BaseParams, parse_section
+    from attncert.runs import GridPoint
+
+    g = torch.Generator().manual_seed(0)
+    data = {"name": "mnist", "kind": "image", "source": "stand-in", "classes": ["0", "1"],
+            "mean": [0.5], "std": [0.25], "shape": [1, 8, 8],
+            "train": {"x": torch.randint(0, 256, (4, 1, 8, 8), dtype=torch.uint8, generator=g),
+                      "y": torch.tensor([0, 1, 0, 1])},
+            "test": {"x": torch.randint(0, 256, (9, 1, 8, 8), dtype=torch.uint8, generator=g),
+                     "y": torch.randint(0, 2, (9,), generator=g)}}
+    processed = tmp_path / "processed"
+    processed.mkdir()
+    torch_save(data, processed / "mnist.pt")
+    point = GridPoint(runs_dir=str(tmp_path / "runs"), dataset="mnist", depth=1, heads=2,
+                      gamma_vo=0.5)
+    point.run_dir.mkdir(parents=True)
+    torch.manual_seed(0)
+    save_vit(build_vit(ViTConfig(image_size=8, channels=1, patch=4, dim=16, depth=1, heads=2,
+                                 mlp_hidden=32, num_classes=2, kind="lipschitz", pool="mean",
+                                 mean=(0.5,))), point.run_dir / "model.pt")
+    raw = read_yaml(ROOT / "params.yaml")
+    p = dataclasses.replace(parse_section("certify_vit", raw["certify_vit"], certify_vit.Params),
+                            n_test=0, n_attack=4, variants=["lofast_M"], tests=["pairwise"],
+                            cert_eps=[0.05, 0.5], attack_steps=3, attack_restarts=1,
+                            results_dir=str(tmp_path / "results"))
+    base = parse_section("base", {**raw["base"], "device": "cpu"}, BaseParams)
+    out = certify_vit.run(p, base, point, str(processed), torch.device("cpu"))
+    assert out.n == 9 and out.summary["n"] == 9 and out.summary["n_attacked"] == 4
+    samples = pd.read_csv(out.samples)
+    assert len(samples) == 9
+    assert samples["pgd_adversarial_at_0.5"].notna().sum() == 4  # the first four only
+    assert samples["pgd_adversarial_at_0.5"][4:].isna().all()
+    assert out.audit["certified_lofast_M_pairwise"].le(out.audit["robust_acc"]).all()

@@ -47,10 +47,11 @@ def grid_work(p, n_train_max: int, n_test_max: int) -> list[Work]:
                     adv = s.adv_steps if s.adversarial != "none" else 0
                     out += training_work("train_vit", name, c, n_tr, n_te, s.epochs,
                                          s.batch_size, s.eval_batch_size, adv)
-                    out += certify_work("certify_vit", name, cfg, min(cv.n_test, n_te),
+                    n_cert = capped(cv.n_test, n_te)
+                    out += certify_work("certify_vit", name, cfg, n_cert,
                                          cv.variants, len(cv.tests), cv.cert_batch_size)
                     out.append(audit_work("certify_vit", f"{name}: PGD audit", c["attack"],
-                                          min(cv.n_test, n_te), len(cv.cert_eps),
+                                          min(cv.n_attack, n_cert), len(cv.cert_eps),
                                           cv.attack_steps, cv.attack_restarts,
                                           cv.cert_batch_size))
     return out

@@ -1,8 +1,9 @@
 """The certify_vit stage: every bound variant and certificate test on one trained grid point.
 
-The first ``n_test`` test images, in float64: certified radii per variant and test
-(:func:`attncert.certify.certify_table`), then L2 PGD at every eps on every correct point
-(:func:`attncert.certify.audit`): the empirical robust accuracy and the soundness audit. The
+The first ``n_test`` test images (0: all), in float64: certified radii per variant and test
+(:func:`attncert.certify.certify_table`), then L2 PGD at every eps on every correct point of
+the first ``n_attack`` (:func:`attncert.certify.audit`): the empirical robust accuracy and
+the soundness audit, which compares certified and PGD accuracy on those same points. The
 point's results folder receives ``samples.csv`` (one row per test point), ``metrics.json``
 (:func:`attncert.certify.summarize`) and ``certified.png``; a broken certificate then fails the
 stage (:func:`attncert.soundness.require_sound`).
@@ -26,7 +27,7 @@ from attncert.headline import row
 from attncert.io import atomic_path, write_json
 from attncert.models import ViTConfig
 from attncert.models.vit import load_vit
-from attncert.params import BaseParams, one_of, one_of_numbers, param, positive, unique
+from attncert.params import BaseParams, nonneg, one_of, one_of_numbers, param, positive, unique
 from attncert.runs import GridPoint
 
 
@@ -34,7 +35,10 @@ from attncert.runs import GridPoint
 class Params:
     """params.yaml ``certify_vit``."""
 
-    n_test: int = param(positive, doc="first n test images (the same points for every variant)")
+    n_test: int = param(nonneg, doc="first n test images (the same points for every "
+                                    "variant; 0 = the whole test split)")
+    n_attack: int = param(positive, doc="first n of them attacked: PGD accuracy and the "
+                                        "soundness audit")
     cert_batch_size: int = param(positive)
     variants: list[str] = param(one_of(*certify.VARIANTS), unique)
     tests: list[str] = param(one_of(*certify.TESTS), unique)
@@ -69,27 +73,32 @@ def run(p: Params, base: BaseParams, point: GridPoint, processed_dir: str,
     out_dir = Path(p.results_dir) / point.name
     model = load_vit(point.run_dir / "model.pt", device).double()
     data = load_processed(point.dataset, processed_dir)
-    n = min(p.n_test, len(data["test"]["y"]))
+    n = len(data["test"]["y"]) if p.n_test == 0 else min(p.n_test, len(data["test"]["y"]))
     x = as_float(data["test"]["x"][:n]).double().to(device)
     y = data["test"]["y"][:n].to(device)
     table = certify.certify_table(model, x, y, p.variants, p.tests, p.cert_softmax_lipschitz,
                                   p.max_radius, p.cert_batch_size)
-    radii = {f"{v}_{t}": torch.tensor(table[f"radius_{v}_{t}"].to_numpy())
+    # the audit attacks the first n_attack points; its rows compare certified and PGD
+    # accuracy on those same points
+    m = min(p.n_attack, n)
+    radii = {f"{v}_{t}": torch.tensor(table[f"radius_{v}_{t}"].to_numpy()[:m])
              for v in p.variants for t in p.tests}
     torch.manual_seed(base.seed)
-    rows, attacked = certify.audit(model, x, y, radii, p.cert_eps, p.attack_steps,
+    rows, attacked = certify.audit(model, x[:m], y[:m], radii, p.cert_eps, p.attack_steps,
                                    p.attack_restarts, base.seed, p.cert_batch_size,
                                    progress=True)
-    for e, success in zip(p.cert_eps, attacked, strict=True):
-        table[f"pgd_adversarial_at_{e}"] = success.numpy()
-    summary = certify.summarize(table, rows, p.cert_eps, p.variants, p.tests)
+    for e, success in zip(p.cert_eps, attacked, strict=True):  # empty past the attacked
+        table[f"pgd_adversarial_at_{e}"] = pd.array([*success.tolist(), *[None] * (n - m)],
+                                                    dtype="boolean")
+    summary = {**certify.summarize(table, rows, p.cert_eps, p.variants, p.tests),
+               "n_attacked": m}
     samples = out_dir / "samples.csv"
     with atomic_path(samples) as tmp:
         table.to_csv(tmp, index=False)
     write_json(out_dir / "metrics.json", {"run": point.name, "dataset": point.dataset, **summary})
     soundness.require_sound({point.name: rows},
-                            {k: (accs, summary["pgd_acc"])
-                             for k, accs in summary["certified_acc"].items()},
+                            {name: ({str(r["eps"]): r[f"certified_{name}"] for r in rows},
+                                    summary["pgd_acc"]) for name in radii},
                             see=str(samples))
     long = certify.long_certified_accuracy(summary)
     fig = figs.plot_certified(long, f"{point.name}: certified accuracy")
