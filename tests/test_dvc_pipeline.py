@@ -45,6 +45,16 @@ def env(venv_env, mirror):
 def test_smoke_pipeline_runs_offline_and_is_incremental(smoke_repo, env):
     out = _sh(["dvc", "repro"], smoke_repo, env)
     assert "Running stage 'data'" in out and "Running stage 'tightness'" in out
+    # the console of a run logged to a file: every stage's start, end and time, progress as
+    # whole lines (never a WARNING line, never a carriage return), no kernel notice
+    lines = out.splitlines()
+    stages = out.count("Running stage '")
+    assert sum(ln.startswith("nbrun: ") and ln.endswith(": started") for ln in lines) == stages
+    assert sum(ln.startswith("nbrun: ") and ": done in " in ln for ln in lines) == stages
+    progress = ("%|", "it/s", "epoch ")
+    assert not [ln for ln in lines if ln.startswith("WARNING") and any(p in ln for p in progress)]
+    assert not [ln for ln in lines if "Alternative text" in ln]  # a known notice, silenced
+    assert "encryption" not in out and "IProgress" not in out and "\r" not in out
     _check_recorded_metrics(smoke_repo, env["ATTNCERT_DATA_MIRROR"])
     report = nbformat.read(smoke_repo / "reports/notebooks/01_data.ipynb", 4)
     pngs = sum("image/png" in o.get("data", {}) for c in report.cells for o in c.get("outputs", []))

@@ -106,7 +106,7 @@ def test_a_declared_section_is_passed_whole(project, venv_env):
         ("  max_train: 0 ", "  max_trian: 0 ", "data.max_trian"),
         ("  max_train: 0 ", "  max_train: '1e3' ", "data.max_train"),
         ("  max_train: 0 ", "  max_train: -3 ", "data.max_train"),
-        ("svhn, sst2,", "svhn, sst3,", "data.datasets"),
+        ("imagenette, sst2,", "imagenette, sst3,", "data.datasets"),
         ("  device: auto ", "  device: tpu ", "base.device"),
         ("cert_eps: [0.01, 0.03,", "cert_eps: [-0.01, 0.03,", "tightness.cert_eps"),
         ("  attack_steps: 300", "  attack_steps: 3e2", "tightness.attack_steps"),
@@ -143,3 +143,68 @@ def test_declared_parameters(tmp_path):
     p.write_text("# %%\na = 1\n")
     with pytest.raises(NotebookError, match="exactly one cell tagged 'parameters'"):
         declared_parameters(read_notebook(p))
+
+
+CONSOLE = '''# %% tags=["parameters"]
+data = {}
+
+# %%
+import warnings
+from attncert import progress
+progress.LINE_SECONDS = 0.2   # a plain line every 0.2 s: this loop lasts about a second
+print("the report's own output")
+for _ in progress.bar(range(10), desc="slow loop"):
+    __import__("time").sleep(0.1)
+progress.write("a console message")
+'''
+
+
+def test_progress_goes_to_the_console_not_the_report(project, venv_env):
+    """The console (not a terminal here: CI, a log) shows the notebook's start and end with its
+    time and the loop's progress as whole lines; the report holds the notebook's own output
+    and none of the progress, and no kernel notice or WARNING line reaches the console."""
+    (project / "nb.py").write_text(CONSOLE)
+    proc, _ = _run(project, venv_env)
+    assert proc.returncode == 0, proc.stderr
+    lines = proc.stderr.splitlines()
+    assert lines[0] == "nbrun: nb: started" and lines[-1].startswith("nbrun: nb: done in ")
+    loop = [ln for ln in lines if ln.startswith("slow loop:")]
+    assert loop and loop[-1].startswith("slow loop: 100%") and "10/10" in loop[-1]
+    assert len(loop) < 10, "whole lines at most every LINE_SECONDS, not one per update"
+    assert "a console message" in lines
+    assert "\r" not in proc.stderr and "WARNING" not in proc.stderr
+    assert "encryption" not in proc.stderr and "IProgress" not in proc.stderr
+    assert "the report's own output" not in proc.stdout + proc.stderr
+    nb = nbformat.read(project / "out.ipynb", 4)
+    outputs = [o for c in nb.cells for o in c.get("outputs", [])]
+    texts = "".join(o.get("text", "") for o in outputs)
+    assert "the report's own output" in texts
+    assert "slow loop" not in texts and "console message" not in texts
+    assert not any(o.get("name") == "stderr" for o in outputs), "no stderr block in the report"
+
+
+def test_progress_lines_and_heartbeat(tmp_path, monkeypatch):
+    """Off a terminal: a loop shorter than LINE_SECONDS writes nothing, a longer one whole
+    lines; the relay prints a heartbeat after a silence and copies what the kernel wrote."""
+    import io
+
+    from attncert import progress
+
+    console = tmp_path / "console.log"
+    console.write_text("")
+    monkeypatch.setenv(progress.CONSOLE_ENV, str(console))
+    monkeypatch.setenv(progress.TTY_ENV, "0")
+    monkeypatch.setattr(progress, "LINE_SECONDS", 0.05)
+    for _ in progress.bar(range(3), desc="quick"):
+        pass
+    assert console.read_text() == ""
+    for _ in progress.bar(range(4), desc="slow"):
+        time.sleep(0.05)
+    text = console.read_text()
+    assert "\r" not in text and text.splitlines()[-1].startswith("slow: 100%")
+    out = io.StringIO()
+    with progress.Relay(str(console), out, "nbrun: x", heartbeat=0.1, poll=0.02):
+        time.sleep(0.3)
+    assert out.getvalue().startswith(text) and "nbrun: x: running," in out.getvalue()
+    assert progress.elapsed(42) == "42 s" and progress.elapsed(185) == "3 min 05 s"
+    assert progress.elapsed(7620) == "2 h 07 min"

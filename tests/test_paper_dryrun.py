@@ -4,10 +4,10 @@ Every model size, depth, head count, patch, token count, input size (32x32x3) an
 (CIFAR-100's 100) comes from the committed params.yaml; only counts shrink (examples, epochs,
 eval points, attack steps and restarts, grid points: one value per grid axis, taken from the
 paper's list). The data stage takes its normal mirror route on stand-in raw files written
-here in torchvision's layouts (CIFAR-10/100 pickles, SVHN .mat, Imagenette JPEG folders) and GLUE's SST-2 TSVs (train
-and dev labelled, test without labels, as GLUE publishes it); MNIST, Fashion-MNIST and the
-two samples come from the offline mirror. CertViT takes its Hugging Face route on a tiny
-`ViTForImageClassification` saved with `save_pretrained` (224 pixels, patch 16, as
+here in torchvision's layouts (CIFAR-10/100 pickles, SVHN .mat, Imagenette JPEG folders) and
+GLUE's SST-2 TSVs (train and dev labelled, test without labels, as GLUE publishes it); MNIST,
+Fashion-MNIST and the two samples come from the offline mirror. CertViT takes its Hugging Face
+route on a tiny `ViTForImageClassification` saved with `save_pretrained` (224 pixels, patch 16, as
 google/vit-base-patch16-224). A crash at paper shapes fails this test.
 
 Stand-in files cannot carry torchvision's MD5 sums, so the stages run with a
@@ -27,8 +27,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 from checkout import commit_all, copy_worktree
-from standins import write_imagenette
 from ruamel.yaml import YAML
+from standins import write_imagenette
 
 from attncert.params import validate
 from attncert.profile import flatten
@@ -50,8 +50,10 @@ COUNTS: dict[str, dict] = {
                   "fig4_scales": [1.0], "attack_steps": 2, "attack_restarts": 1},
     "vit_grid": {k: [v] for k, v in GRID_POINT.items()},
     "train_vit": {"epochs": 1, "warmup_steps": 1},
-    "certify_vit": {"n_test": 2, "n_attack": 1, "cert_eps": [0.1], "attack_steps": 2, "attack_restarts": 1},
-    "specformer": {"datasets": ["cifar100", "imagenette"], "adv_methods": ["specformer"], "max_train": 16,
+    "certify_vit": {"n_test": 2, "n_attack": 1, "cert_eps": [0.1], "attack_steps": 2,
+                    "attack_restarts": 1},
+    "specformer": {"datasets": ["cifar100", "imagenette"], "adv_methods": ["specformer"],
+                   "max_train": 16,
                    "epochs": 1, "adv_epochs": 1, "batch_size": 8, "eval_batch_size": 8,
                    "warmup_steps": 1, "adv_steps": 1, "n_eval": 2, "attack_steps": 1,
                    "attack_eps": [0.5], "timing_steps": 1, "timing_rounds": 1, "timing_warmup": 0,

@@ -8,12 +8,12 @@ import pytest
 import torch
 from matplotlib.figure import Figure
 
+from attncert import paper as paper_module
 from attncert import specformer as sf
 from attncert.data import DataUnavailable, load_sample
 from attncert.figures import specformer as figs
 from attncert.models import ViTConfig, build_vit
 from attncert.msvp import exact_head_sigma
-from attncert import paper as paper_module
 from attncert.params import load_params
 from attncert.stages import specformer as stage
 from attncert.train import TrainConfig, evaluate
@@ -57,7 +57,8 @@ def test_attack_specs_labels_and_validation():
     assert sf.AttackSpec("pgd_linf", 2 / 255, 2).label == "PGD-2 2/255"
     assert sf.AttackSpec("cw_linf", 8 / 255, 20).label == "CW-20 8/255"
     assert sf.AttackSpec("pgd_l2", 0.5, 20).label == "L2-PGD-20 0.5"
-    assert set(paper_module.SPECFORMER_ATTACKS["standard"]) == {"clean", "FGSM 2/255", "PGD-2 2/255"}
+    assert set(paper_module.SPECFORMER_ATTACKS["standard"]) == {"clean", "FGSM 2/255",
+                                                                 "PGD-2 2/255"}
     with pytest.raises(ValueError, match="unknown attack"):
         sf.AttackSpec("autoattack", 0.1, 1)
     with pytest.raises(ValueError, match="eps > 0"):
@@ -82,7 +83,8 @@ def test_robust_accuracy_rows_and_table():
                                  ("adversarial", "vanilla"), ("adversarial", "specformer")]
     assert table.loc[("standard", "specformer"),
                      (stage.TABLE1_RUN, "PGD-2 2/255", "paper")] == 29.53
-    assert table.loc[("adversarial", "vanilla"), (stage.TABLE1_RUN, "CW-20 8/255", "paper")] == 34.34
+    assert table.loc[("adversarial", "vanilla"),
+                     (stage.TABLE1_RUN, "CW-20 8/255", "paper")] == 34.34
     assert table.loc[("standard", "vanilla"), ("toy", "clean", "ours")] == pytest.approx(
         100 * acc["clean"])
 

@@ -569,7 +569,8 @@ def test_frozen_head_map_to_hidden_is_counted_by_the_certificate():
     for i in range(5):
         n = int(mask[i].sum())
         jac = torch.autograd.functional.jacobian(
-            lambda x: model(x.reshape(1, n, 24), mask[i:i + 1, :n])[0], e[i, :n].reshape(-1))
+            lambda x, i=i, n=n: model(x.reshape(1, n, 24), mask[i:i + 1, :n])[0],
+            e[i, :n].reshape(-1))
         assert torch.linalg.matrix_norm(jac, 2) <= lip[i] + 1e-9
     normalised = model.project_in.weight_effective  # the bound carries the map's own norm
     model.project_in.weight_effective = lambda: 3.0 * normalised()

@@ -222,14 +222,15 @@ def certify_table(model, x: Tensor, y: Tensor, variants: Sequence[str] = VARIANT
     unit of the cost ratios. Returns a pandas DataFrame.
     """
     import pandas as pd
-    from tqdm.auto import tqdm
+
+    from attncert.progress import bar
 
     unknown = sorted(set(tests) - set(TESTS))
     if unknown:
         raise ValueError(f"unknown test(s) {unknown}; choose from {TESTS}")
     rows = []
     starts = range(0, len(y), batch_size)
-    for start in tqdm(starts, desc="certify", disable=not progress):
+    for start in bar(starts, desc="certify", enabled=progress):
         xb, yb = x[start:start + batch_size], y[start:start + batch_size]
         with torch.no_grad():
             t0 = _clock(xb)
@@ -272,9 +273,8 @@ def audit(model, x: Tensor, y: Tensor, radii: Mapping[str, Tensor], eps_grid: Se
     a (len(eps_grid), N) bool tensor: PGD found an adversarial example (or the point is
     misclassified).
     """
-    from tqdm.auto import tqdm
-
     from attncert.attacks import attack_copy, verified_pgd_l2
+    from attncert.progress import bar
 
     g = rng.generator(seed, x.device)
     with torch.no_grad():
@@ -284,7 +284,7 @@ def audit(model, x: Tensor, y: Tensor, radii: Mapping[str, Tensor], eps_grid: Se
     idx = correct.nonzero().flatten()
     attacker = attack_copy(model)
     rows, broken_all = [], []
-    for e in tqdm(eps_grid, desc="PGD audit", disable=not progress):
+    for e in bar(eps_grid, desc="PGD audit", enabled=progress):
         success = ~correct  # misclassified points count as attacked successfully
 
         def attack(a: int, b: int, e: float = float(e)) -> Tensor:

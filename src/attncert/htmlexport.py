@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import html
 import json
+import logging
 import re
 import tempfile
 from collections.abc import Mapping, Sequence
@@ -44,8 +45,18 @@ def _exporter(folder: str):
     base.mkdir(exist_ok=True)
     (base / "index.html.j2").write_text(_OFFLINE_TEMPLATE)
     (base / "conf.json").write_text(json.dumps({"base_template": "lab"}))
-    return HTMLExporter(template_name="attncert_offline", extra_template_basedirs=[folder],
-                        embed_images=True, exclude_anchor_links=True)
+    exporter = HTMLExporter(template_name="attncert_offline", extra_template_basedirs=[folder],
+                            embed_images=True, exclude_anchor_links=True)
+    # nbconvert gives every figure without alt text a generic one, and says so once per page
+    # (matplotlib's PNGs have none): a known notice, not a problem of the page
+    if not any(isinstance(f, _NoAltTextNotice) for f in exporter.log.filters):
+        exporter.log.addFilter(_NoAltTextNotice())
+    return exporter
+
+
+class _NoAltTextNotice(logging.Filter):
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not str(record.msg).startswith("Alternative text is missing")
 
 
 def notebook_html(path: str | Path, exporter=None) -> str:

@@ -143,7 +143,7 @@ def run_epochs(model: nn.Module, steps: Steps, eval_data: Any, config: Any, ckpt
     ``ckpt_path``; ``config``: a dataclass with epochs, batch_size, lr, weight_decay,
     warmup_steps and grad_clip (and optionally optimizer and momentum, :func:`optimizer`).
     Returns the per-epoch metrics rows."""
-    from tqdm.auto import tqdm
+    from attncert import progress as console
 
     steps_per_epoch = math.ceil(steps.n / config.batch_size)
     opt = optimizer(steps.params, config)
@@ -158,8 +158,8 @@ def run_epochs(model: nn.Module, steps: Steps, eval_data: Any, config: Any, ckpt
         batches = steps.plan(epoch)
         loss_sum = torch.zeros((), dtype=sum_dtype(dev), device=dev)
         correct = torch.zeros((), dtype=torch.long, device=dev)
-        bar = tqdm(batches, desc=f"epoch {epoch}/{config.epochs}", disable=not progress,
-                   leave=False)
+        bar = console.bar(batches, desc=f"epoch {epoch}/{config.epochs}", enabled=progress,
+                          leave=False)
         with training_matmuls(precision, dev):
             for i, key in enumerate(bar):
                 inputs, yb = steps.batch(key)
@@ -186,9 +186,9 @@ def run_epochs(model: nn.Module, steps: Steps, eval_data: Any, config: Any, ckpt
         save_checkpoint(ckpt_path, cfg_dict, states, epoch, metrics)
         write_json(metrics_path, metrics)
         if progress:
-            tqdm.write(f"epoch {epoch}: loss {row['train_loss']:.4f} train acc "
-                       f"{row['train_acc']:.4f} test acc {row['test_acc']:.4f} "
-                       f"({train_seconds:.1f} s)")
+            console.write(f"epoch {epoch}/{config.epochs}: loss {row['train_loss']:.4f} train "
+                          f"acc {row['train_acc']:.4f} test acc {row['test_acc']:.4f} "
+                          f"({train_seconds:.1f} s)")
         if callback is not None:
             callback(epoch, row)
     if metrics:  # a run stopped between the checkpoint and the metrics file resumes to both

@@ -11,19 +11,27 @@ dataclass), any other entry field by field. Everything is checked before the ker
 the params file, and that the notebook's ``parameters`` cell declares exactly what is passed.
 Errors are one line on stderr, exit status 2; so is a paper-scale stage that would run on the
 CPU (:func:`attncert.doctor.require_device`).
+
+The console shows one line when the notebook starts and one when it ends (its time), and the
+progress of its long loops (:mod:`attncert.progress`), relayed from the kernel; the kernel's
+printed output goes into the executed notebook only.
 """
 
 from __future__ import annotations
 
 import argparse
 import ast
+import contextlib
 import os
 import sys
 import tempfile
+import time
+import warnings
 from pathlib import Path
 
 from attncert.doctor import DeviceError, require_device
 from attncert.params import PARAMS_FILE, ParamsError, load_params
+from attncert.progress import CONSOLE_ENV, TTY_ENV, Relay, elapsed
 
 KERNEL = "python3"
 
@@ -107,25 +115,71 @@ def run(notebook: str, output: str, sections: list[str], params_file: str = PARA
     nb.metadata.setdefault("language_info", {"name": "python"})
     out = Path(output)
     out.parent.mkdir(parents=True, exist_ok=True)
+    label = f"nbrun: {Path(notebook).stem}" + "".join(
+        f" {v}" for v in [unit, *(i.partition("=")[2] for i in items or [])] if v)
     # Execute into a temporary file and rename: a failed run never leaves a half report.
     fd, tmp = tempfile.mkstemp(suffix=".ipynb", dir=out.parent, prefix=f".{out.stem}.")
     os.close(fd)
+    # the kernel's progress goes to a console file relayed here (attncert.progress), never
+    # into the report; the kernel's own output stays in the notebook
+    fd, console = tempfile.mkstemp(suffix=".log", prefix="attncert-console-")
+    os.close(fd)
+    tty = sys.stderr.isatty()
+    env = {CONSOLE_ENV: console, TTY_ENV: "1" if tty else "0"}
+    saved = {k: os.environ.get(k) for k in env}
+    os.environ.update(env)
+    t0 = time.monotonic()
+    print(f"{label}: started", file=sys.stderr, flush=True)
     try:
-        pm.execute_notebook(
-            nb, tmp, parameters=values, kernel_name=KERNEL, language="python",
-            cwd=cwd or os.getcwd(), progress_bar=False, log_output=True,
-            report_mode=False,
-        )
+        with quiet_kernel_start(), Relay(console, sys.stderr, label):
+            pm.execute_notebook(
+                nb, tmp, parameters=values, kernel_name=KERNEL, language="python",
+                cwd=cwd or os.getcwd(), progress_bar=False, log_output=False,
+                report_mode=False, extra_arguments=[KERNEL_LOG_LEVEL],
+            )
         os.chmod(tmp, 0o644)
         os.replace(tmp, out)
         out.with_name(out.stem + ".failed.ipynb").unlink(missing_ok=True)
+        print(f"{label}: done in {elapsed(time.monotonic() - t0)}", file=sys.stderr, flush=True)
     except BaseException:
         # keep the failed notebook next to the output for debugging
         failed = out.with_name(out.stem + ".failed.ipynb")
         if Path(tmp).exists():
             os.replace(tmp, failed)
-            print(f"nbrun: the failed notebook is in {failed}", file=sys.stderr)
+            print(f"{label}: failed after {elapsed(time.monotonic() - t0)}; the notebook is "
+                  f"in {failed}", file=sys.stderr)
         raise
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+        Path(console).unlink(missing_ok=True)
+
+
+#: the kernel's own log (its "running over TCP without encryption" notice at every start): errors
+#: only; the notebook's output is unaffected
+KERNEL_LOG_LEVEL = "--IPKernelApp.log_level=ERROR"
+
+
+@contextlib.contextmanager
+def quiet_kernel_start():
+    """Silence the known, harmless notices of starting a kernel in this process: papermill's
+    and jupyter_client's INFO logs and nbclient's unencrypted-transport warning."""
+    import logging
+
+    loggers = [logging.getLogger(n) for n in ("papermill", "traitlets", "jupyter_client")]
+    levels = [lg.level for lg in loggers]
+    for lg in loggers:
+        lg.setLevel(logging.ERROR)
+    try:
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message=".*without encryption.*")
+            yield
+    finally:
+        for lg, level in zip(loggers, levels, strict=True):
+            lg.setLevel(level)
 
 
 def main(argv: list[str] | None = None) -> int:

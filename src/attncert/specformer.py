@@ -97,8 +97,7 @@ def train_run(model_cfg: ViTConfig, train_cfg: TrainConfig, data: Mapping[str, A
     torch.manual_seed(train_cfg.seed)
     model = build_vit(model_cfg)
     curves, status = train_resumable(model, data["train"], data["test"], train_cfg, ckpt_dir,
-                                     device, fingerprint=fp, precision=precision,
-                                     progress=False)
+                                     device, fingerprint=fp, precision=precision)
     return model.eval(), curves, status
 
 
@@ -142,8 +141,7 @@ def finetune_run(source: str | Path, train_cfg: TrainConfig, data: Mapping[str, 
     fp = phase_fingerprint(model, train_cfg, dataset, data["source"],
                            f"{source}; " + "; ".join(notes), precision)
     curves, status = train_resumable(model, data["train"], data["test"], train_cfg, ckpt_dir,
-                                     device, fingerprint=fp, precision=precision,
-                                     progress=False)
+                                     device, fingerprint=fp, precision=precision)
     return model.eval(), curves, status
 
 

@@ -222,7 +222,7 @@ def constrain(model: nn.Module, images: Tensor, config: DRConfig | None = None,
     one batched DR, or sites spread over streams/devices. ``model`` is not modified: call
     ``result.apply(model)`` (and :func:`freeze_zeros` with ``result.masks`` to fine-tune).
     """
-    from tqdm.auto import tqdm
+    from attncert.progress import bar
 
     cfg = config or DRConfig()
     sites = linear_sites(model, include)
@@ -230,7 +230,7 @@ def constrain(model: nn.Module, images: Tensor, config: DRConfig | None = None,
     inputs = record_inputs(model, images, sites, max_pairs=cfg.max_pairs, generator=g)
     modules = dict(model.named_modules())
     result = DRResult()
-    for s in tqdm(sites, desc="Douglas-Rachford", disable=not progress):
+    for s in bar(sites, desc="Douglas-Rachford", enabled=progress):
         key = f"{s.module}.weight"
         full = result.weights.setdefault(key, modules[s.module].weight.detach().clone())
         rows = slice(None) if s.rows is None else s.rows

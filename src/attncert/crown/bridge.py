@@ -312,13 +312,13 @@ def certify_points(cert: CrownCertifier, x: Tensor, y: Tensor, eps_grid: Sequenc
     (recorded as status "skipped", 0 s). A failure (including non-finite bounds: "overflow")
     is a row, never an exception; certified is then False.
     """
-    from tqdm.auto import tqdm
+    from attncert.progress import bar
 
     if method not in METHODS:
         raise ValueError(f"unknown method {method!r}; choose from {', '.join(METHODS)}")
     rows = []
     pairs = [(i, j) for i in range(len(y)) for j in range(len(eps_grid))]
-    for i, j in tqdm(pairs, desc=method, disable=not progress):
+    for i, j in bar(pairs, desc=method, enabled=progress):
         row = {"index": i, "eps": float(eps_grid[j]), "method": method, "certified": False,
                "margin_lower": math.nan, "seconds": 0.0, "status": "skipped"}
         if skip is not None and bool(skip[i, j]):

@@ -84,10 +84,10 @@ def jpeg_tensors(ds, indices: torch.Tensor, desc: str, progress: bool = True
                  ) -> tuple[torch.Tensor, torch.Tensor]:
     """The ``indices`` images of a torchvision folder dataset (Imagenette) decoded and cropped
     (:func:`imagenet_crop`) into uint8 (N, 3, 224, 224), and their labels."""
-    from tqdm.auto import tqdm
+    from attncert.progress import bar
 
     ds.loader = _decode_crop
-    pairs = [ds[int(i)] for i in tqdm(indices, desc=desc, disable=not progress)]
+    pairs = [ds[int(i)] for i in bar(indices, desc=desc, enabled=progress)]
     return (torch.stack([x for x, _ in pairs]).contiguous(),
             torch.tensor([y for _, y in pairs], dtype=torch.int64))
 

@@ -36,9 +36,9 @@ def load_imagenet_val(mirror: Path | None, raw_dir: Path, max_images: int, seed:
     ImageNet-1k models (``google/vit-base-patch16-224`` included).
     """
     from torchvision.io import ImageReadMode, decode_image
-    from tqdm.auto import tqdm
 
     from attncert.data.common import stratified_indices
+    from attncert.progress import bar
 
     where = [raw_dir / SAMPLE_FOLDERS["imagenet_val"]]
     if mirror:
@@ -61,7 +61,7 @@ def load_imagenet_val(mirror: Path | None, raw_dir: Path, max_images: int, seed:
         raise DataUnavailable(f"imagenet_val: no images under {folder}/<wnid>/")
     idx = stratified_indices([k for _, k in files], max_images, seed).tolist()
     x = torch.stack([imagenet_crop(decode_image(str(files[i][0]), mode=ImageReadMode.RGB))
-                     for i in tqdm(idx, desc="imagenet_val", disable=not progress)])
+                     for i in bar(idx, desc="imagenet_val", enabled=progress)])
     y = torch.tensor([files[i][1] for i in idx], dtype=torch.int64)
     mean, std = channel_stats(x)
     return {"name": "imagenet_val", "kind": "image",

@@ -31,7 +31,7 @@ def prepare(datasets: list[str], samples: list[str], mirror: str, raw_dir: str,
     or when it is not in ``datasets``. ``imagenet_val_images``: the seeded subset of the
     user's ImageNet validation images kept (0 = all; :func:`load_imagenet_val`).
     """
-    from tqdm.auto import tqdm
+    from attncert.progress import bar
 
     mirror_path = resolve_mirror(mirror)
     raw, processed = Path(raw_dir), Path(processed_dir)
@@ -40,7 +40,7 @@ def prepare(datasets: list[str], samples: list[str], mirror: str, raw_dir: str,
     # its processed file, like a sample; every optional dataset gets a file (the data or the
     # record), so a stage that depends on one always finds it
     skipped = {name: "not listed in data.datasets" for name in optional if name not in datasets}
-    for name in tqdm(datasets, desc="fetch", disable=not progress):
+    for name in bar(datasets, desc="fetch", enabled=progress):
         try:
             sources[name] = fetch(name, raw, mirror_path, download)
         except DataUnavailable as exc:
@@ -63,7 +63,7 @@ def prepare(datasets: list[str], samples: list[str], mirror: str, raw_dir: str,
             loaded.append(skipped_sample(name, str(exc)))
 
     rows = []
-    for name in tqdm(list(sources), desc="process", disable=not progress):
+    for name in bar(list(sources), desc="process", enabled=progress):
         if name in IMAGE_DATASETS:
             obj = process_image(name, raw, max_train, max_test, subset_seed, sources[name],
                                 progress)

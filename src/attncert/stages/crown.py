@@ -323,7 +323,7 @@ def train_model(data: Mapping[str, Any], p: Params, depth: int, seed: int,
     fp = runs.fingerprint(model.config, cfg, data.get("name", ""),
                           f"{data.get('source', '')}; first {n} training images", precision)
     curves, _ = train_resumable(model, tr, data["test"], cfg, ckpt_dir, device, fingerprint=fp,
-                                precision=precision, progress=False)
+                                precision=precision)
     seconds = sum(r["seconds"] for r in curves)
     return model.eval(), evaluate(model, data["test"], device)["acc"], seconds
 
@@ -333,7 +333,7 @@ def lofast_frame(model, x: Tensor, y: Tensor, variant: str, eps_grid: Sequence[f
                  max_radius: float = 10.0, batch_size: int = 100) -> pd.DataFrame:
     """One row per point: correct, radius, seconds (per sample) and ``certified_<eps>``."""
     table = certify.certify_table(model, x, y, [variant], ["pairwise"], 1.0, max_radius,
-                                  batch_size, progress=False)
+                                  batch_size)
     out = pd.DataFrame({"index": table["index"], "correct": table["correct"].astype(bool),
                         "radius": table[f"radius_{variant}_pairwise"],
                         "seconds": table[f"seconds_{variant}_pairwise"]})

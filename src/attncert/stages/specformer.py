@@ -485,8 +485,7 @@ def _certified_pair(p: Params, data: Mapping[str, Any], dataset: str, seed: int,
                                    device, precision)
         sigmas.append(sf.max_sigma_frame({label: model}))
         model = model.double()
-        table = certify.certify_table(model, xc, yc, ["lofast_M", "specformer"], ["pairwise"],
-                                      progress=False)
+        table = certify.certify_table(model, xc, yc, ["lofast_M", "specformer"], ["pairwise"])
         correct = torch.tensor(table["correct"].to_numpy())
         for variant in ("lofast_M", "specformer"):
             radius = torch.tensor(table[f"radius_{variant}_pairwise"].to_numpy())

@@ -181,7 +181,7 @@ def train_model(model: nn.Module, spec: Mapping[str, Any], train: Mapping[str, T
               "data": {"n": len(train["y"]), "sha256": digest.hexdigest()[:16]},
               "precision": precision}
     return train_resumable(model, train, dev, config, folder, device, fingerprint=record,
-                           marker=TRAIN_SPEC, precision=precision, progress=False).curves
+                           marker=TRAIN_SPEC, precision=precision).curves
 
 
 def bucketed_batches(lengths: Tensor, batch_size: int, bucket: int, g: torch.Generator
