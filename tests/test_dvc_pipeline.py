@@ -5,6 +5,7 @@ import math
 import os
 import shutil
 import subprocess
+import time
 from pathlib import Path
 
 import nbformat
@@ -55,6 +56,17 @@ def test_smoke_pipeline_runs_offline_and_is_incremental(smoke_repo, env):
     assert not [ln for ln in lines if ln.startswith("WARNING") and any(p in ln for p in progress)]
     assert not [ln for ln in lines if "Alternative text" in ln]  # a known notice, silenced
     assert "encryption" not in out and "IProgress" not in out and "\r" not in out
+    # the DVC metrics are each stage's headline: one narrow table, memory and time included
+    shown = _sh(["dvc", "metrics", "show"], smoke_repo, env).splitlines()
+    assert max(map(len, shown)) <= 200, max(shown, key=len)
+    assert any("reports/headline/certify_vit/" in ln for ln in shown)
+    assert "peak_gb" in shown[0] and "cert" in shown[0].split()
+    head = json.loads((smoke_repo / f"reports/headline/certify_vit/{run_name('mnist', 1, 2, 0.5)}"
+                                     ".json").read_text())
+    cert = json.loads((smoke_repo / f"results/vit/{run_name('mnist', 1, 2, 0.5)}/metrics.json")
+                      .read_text())
+    assert head["cert"] == cert["certified_acc"]["lofast_M_pairwise"][str(head["eps"])]
+    assert head["broken"] == 0 and 0 < head["peak_gb"] < 64 and head["seconds"] > 0
     _check_recorded_metrics(smoke_repo, env["ATTNCERT_DATA_MIRROR"])
     report = nbformat.read(smoke_repo / "reports/notebooks/01_data.ipynb", 4)
     pngs = sum("image/png" in o.get("data", {}) for c in report.cells for o in c.get("outputs", []))
@@ -98,6 +110,39 @@ def test_smoke_pipeline_runs_offline_and_is_incremental(smoke_repo, env):
     assert "Running stage 'tightness'" not in rerun, "the tightness stage does not use data"
     tight = json.loads((smoke_repo / "reports/metrics/tightness.json").read_text())
     assert all(r >= 1.0 for r in tight["table3_lofast_M_over_pgd"].values()), "bound < PGD"
+
+
+def test_an_ablation_and_a_queued_sweep_through_dvc_experiments(smoke_repo, env):
+    """The README's ablation workflow with DVC's own commands, on the smoke run: one
+    `dvc exp run -S` reruns only what reads the key and `dvc metrics diff` names the headline
+    that moved; two values queued and run by `dvc queue start` are kept apart."""
+    point = run_name("mnist", 1, 2, 0.5)
+    if not (smoke_repo / f"results/vit/{point}/metrics.json").is_file():
+        _sh(["dvc", "repro"], smoke_repo, env)
+    commit_all(smoke_repo, "smoke baseline")  # the baseline the experiments compare with
+
+    out = _sh(["dvc", "exp", "run", "-n", "tight-softmax", "-S",
+               "certify_vit.cert_softmax_lipschitz=0.5"], smoke_repo, env)
+    assert "Running stage 'certify_vit@" in out and "Running stage 'train_vit@" not in out
+    assert "Running stage 'data'" not in out
+    diff = _sh(["dvc", "metrics", "diff"], smoke_repo, env)
+    assert f"reports/headline/certify_vit/{point}.json" in diff and "cert" in diff
+    shown = json.loads(_sh(["dvc", "exp", "show", "--json"], smoke_repo, env))
+    names = {e.get("name") for r in shown for e in r.get("experiments") or []}
+    assert "tight-softmax" in names
+
+    for radius in (3.0, 4.0):
+        _sh(["dvc", "exp", "run", "--queue", "-n", f"radius-{radius:g}", "-S",
+             f"certify_vit.max_radius={radius}"], smoke_repo, env)
+    _sh(["dvc", "queue", "start", "--jobs", "1"], smoke_repo, env)
+    for _ in range(180):  # until both ran (each reruns one certify_vit point and figures)
+        status = _sh(["dvc", "queue", "status"], smoke_repo, env)
+        if "Queued" not in status and "Running" not in status:
+            break
+        time.sleep(5)
+    assert status.count("Success") >= 2, status
+    rows = _sh(["dvc", "exp", "show", "--csv", "--only-changed"], smoke_repo, env)
+    assert "radius-3" in rows and "radius-4" in rows and "tight-softmax" in rows
 
 
 def test_samples_without_a_route_are_skipped_and_reported(tmp_path, venv_env, mirror):
@@ -155,10 +200,12 @@ def _untimed(tree, mirror: str | None = None):
 
 def _metrics(repo: Path) -> dict[str, dict]:
     """Every metrics file of the stages (summary.json only gathers them, timings included; a
-    split stage's unit records are what its gathering stage's metrics are made of)."""
+    split stage's unit records are what its gathering stage's metrics are made of; the DVC
+    headline repeats a few of their numbers with the run's time and memory)."""
     paths = [p for p in repo.glob("**/*.json") if ".dvc" not in p.parts
              and p.parts[len(repo.parts)] in ("reports", "runs", "results")
-             and p.name != "summary.json" and "units" not in p.parts]
+             and p.name != "summary.json" and "units" not in p.parts
+             and "headline" not in p.parts]  # the DVC metrics: a few of these numbers
     return {str(p.relative_to(repo)): json.loads(p.read_text()) for p in paths}
 
 

@@ -123,7 +123,8 @@ def test_grid_paths_follow_run_name(stage, spec, item):
     name = runs.run_name(**item)
     paths = [_resolve(p, item) for p in _item_paths(spec, item)]
     assert paths, f"{stage}: no path names the grid point"
-    bad = [p for p in paths if f"/{name}/" not in p and not p.endswith(f"/{name}.ipynb")]
+    bad = [p for p in paths if f"/{name}/" not in p
+           and not p.endswith((f"/{name}.ipynb", f"/{name}.json"))]
     assert not bad, f"{stage}: {bad} do not name the grid point {name} as runs.run_name does"
 
 

@@ -351,7 +351,8 @@ def test_summary_paths_come_from_params_and_run_name():
 
 def test_unknown_stage_is_read_generically_and_required_stages_must_exist(metrics_tree):
     params, root = metrics_tree
-    stages = {**STAGES, "extra": {"cmd": "true", "metrics": [{"reports/extra.json": None}]}}
+    stages = {**STAGES, "extra": {"cmd": "true",
+                                  "outs": [{"reports/extra.json": {"type": "details"}}]}}
     _write(root / "reports/extra.json", {"radius": {"sst2": 0.9, "yelp": 1.7}, "note": "x",
                                          "per_sample": [1, 2]})
     rows = figures_stage.summary(params, stages, root)["stages"]["extra"]["rows"]

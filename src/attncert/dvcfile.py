@@ -1,9 +1,11 @@
 """dvc.yaml resolved with params.yaml: every stage and grid point, its notebook, its metrics.
 
-Where things are comes from dvc.yaml, never from globbing: a stage's metrics files are its
-declared ``metrics`` (``${...}`` templates filled from params; a matrix stage expanded over its
-grid, each point named by :func:`attncert.runs.run_name`), its report is the notebook
-``nbrun`` writes. A metrics file that is missing reads as None.
+Where things are comes from dvc.yaml, never from globbing: a stage's metrics files (every number
+it writes, what the report reads) are its outputs of ``type: details``, its DVC ``metrics`` the
+small headline nbrun writes beside them (:func:`attncert.nbrun.write_headline`: what
+``dvc metrics show`` prints); ``${...}`` templates are filled from params, a matrix stage
+expanded over its grid, each point named by :func:`attncert.runs.run_name`; its report is the
+notebook ``nbrun`` writes. A metrics file that is missing reads as None.
 """
 
 from __future__ import annotations
@@ -35,8 +37,9 @@ class StageRun:
     run: str | None            # the grid point's name (matrix stages), else None
     item: Mapping[str, Any]    # the matrix item ({} for a plain stage)
     notebook: str | None       # nbrun's executed notebook
-    metrics: tuple[str, ...]   # declared metrics files
+    metrics: tuple[str, ...]   # its metrics files: the outputs of ``type: details``
     key: str | None = None     # DVC's name of the matrix point (``stage@key``; ${key})
+    headline: tuple[str, ...] = ()   # its DVC metrics: the headline nbrun writes
 
 
 _TEMPLATE = re.compile(r"\$\{([^}]+)\}")
@@ -82,10 +85,19 @@ def _point_name(item: Mapping[str, Any], key: str) -> str:
     return key
 
 
-def _paths(entries: Iterable[Any] | None) -> list[str]:
+#: the ``type`` of an output that holds a stage's numbers (dvc.yaml)
+DETAILS = "details"
+
+
+def _paths(entries: Iterable[Any] | None, kind: str | None = None) -> list[str]:
+    """The paths of dvc.yaml output entries (those of ``type: kind`` only, when given)."""
     out: list[str] = []
     for e in entries or []:
-        out.extend(e.keys() if isinstance(e, Mapping) else [e])
+        if isinstance(e, Mapping):
+            out.extend(path for path, props in e.items()
+                       if kind is None or (props or {}).get("type") == kind)
+        elif kind is None:
+            out.append(e)
     return out
 
 
@@ -112,7 +124,9 @@ def stage_runs(stages: Mapping[str, Any], params: Params) -> list[StageRun]:
             out.append(StageRun(
                 stage=name, run=_point_name(item, key) if item else None, item=item,
                 notebook=nb, metrics=tuple(resolve(p, params, item, key)
-                                           for p in _paths(spec.get("metrics"))), key=key))
+                                           for p in _paths(spec.get("outs"), DETAILS)),
+                key=key, headline=tuple(resolve(p, params, item, key)
+                                        for p in _paths(spec.get("metrics")))))
     return out
 
 

@@ -41,3 +41,25 @@ def eps_match(eps: str | float, grid: Sequence[float]) -> int | None:
     """Index of ``eps`` (a metrics key like "0.1") in a paper's eps grid, else None."""
     e = float(eps)
     return next((i for i, g in enumerate(grid) if abs(g - e) < 1e-9), None)
+
+
+#: the keys of a stage's DVC headline (:func:`attncert.nbrun.write_headline`), the same in every
+#: stage so that ``dvc metrics show`` prints one narrow table: clean accuracy; certified and
+#: PGD accuracy at ``eps`` (the middle radius of the stage's grid); broken certificates; the
+#: largest bound / PGD ratio (tightness); an average certified radius (text); and, added by
+#: nbrun, the stage's seconds and peak resident memory (GB)
+NUMBERS = ("clean", "cert", "pgd", "eps", "broken", "ratio", "radius", "seconds", "peak_gb")
+
+
+def middle_eps(by_eps: Mapping[str, Any]) -> str | None:
+    """The middle key (by value) of a mapping keyed by eps strings, None when empty."""
+    keys = sorted(by_eps, key=float)
+    return keys[len(keys) // 2] if keys else None
+
+
+def numbers(**values: Any) -> dict[str, float]:
+    """A headline of :data:`NUMBERS` (unknown keys refused), without the values that are None."""
+    unknown = sorted(set(values) - set(NUMBERS))
+    if unknown:
+        raise ValueError(f"headline keys {unknown} are not in {NUMBERS}")
+    return {k: v for k, v in values.items() if v is not None}

@@ -14,7 +14,8 @@ CPU (:func:`attncert.doctor.require_device`).
 
 The console shows one line when the notebook starts and one when it ends (its time), and the
 progress of its long loops (:mod:`attncert.progress`), relayed from the kernel; the kernel's
-printed output goes into the executed notebook only.
+printed output goes into the executed notebook only. After a run, the stage's DVC metrics (its
+headline: a few numbers, the seconds and the peak memory) are written (:func:`write_headline`).
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from __future__ import annotations
 import argparse
 import ast
 import contextlib
+import json
 import os
 import sys
 import tempfile
@@ -140,7 +142,9 @@ def run(notebook: str, output: str, sections: list[str], params_file: str = PARA
         os.chmod(tmp, 0o644)
         os.replace(tmp, out)
         out.with_name(out.stem + ".failed.ipynb").unlink(missing_ok=True)
-        print(f"{label}: done in {elapsed(time.monotonic() - t0)}", file=sys.stderr, flush=True)
+        seconds = time.monotonic() - t0
+        write_headline(params, output, seconds, peak_memory_gb(), cwd)
+        print(f"{label}: done in {elapsed(seconds)}", file=sys.stderr, flush=True)
     except BaseException:
         # keep the failed notebook next to the output for debugging
         failed = out.with_name(out.stem + ".failed.ipynb")
@@ -156,6 +160,47 @@ def run(notebook: str, output: str, sections: list[str], params_file: str = PARA
             else:
                 os.environ[k] = v
         Path(console).unlink(missing_ok=True)
+
+
+def peak_memory_gb() -> float:
+    """The largest peak resident memory of this process and of its finished children (the
+    notebook's kernel), in GB (10^9 bytes)."""
+    import resource
+
+    scale = 1 if sys.platform == "darwin" else 1024  # ru_maxrss: bytes on macOS, else KiB
+    peak = max(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss,
+               resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss)
+    return round(peak * scale / 1e9, 3)
+
+
+def write_headline(params, output: str, seconds: float, peak_gb: float,
+                   cwd: str | None = None) -> list[str]:
+    """Write the DVC metrics (the headline) of the dvc.yaml stage whose report is ``output``:
+    the stage's few numbers (:func:`attncert.report.headline_numbers`, from its metrics file)
+    and the run's seconds and peak memory. Returns the files written (none when no stage of
+    dvc.yaml writes ``output``: nbrun run by hand)."""
+    from attncert.dvcfile import DVC_FILE, read_stages, stage_runs
+    from attncert.io import write_json
+    from attncert.report import headline_numbers
+
+    root = Path(cwd or os.getcwd())
+    if not (root / DVC_FILE).is_file():
+        return []
+    target = (root / output).resolve()
+    written = []
+    for r in stage_runs(read_stages(root / DVC_FILE), params):
+        if r.notebook is None or (root / r.notebook).resolve() != target:
+            continue
+        values: dict = {}
+        for path in r.metrics[:1]:
+            f = root / path
+            if f.is_file():
+                values = headline_numbers(r.stage, json.loads(f.read_text()), r.item)
+        for path in r.headline:
+            write_json(root / path, {**values, "seconds": round(seconds, 1),
+                                     "peak_gb": peak_gb})
+            written.append(path)
+    return written
 
 
 #: the kernel's own log (its "running over TCP without encryption" notice at every start): errors

@@ -39,7 +39,7 @@ from attncert.stages import train_vit as train_vit_stage
 GENERIC_MAX_ROWS = 200
 GENERIC_BRIEF_ROWS = 8
 
-__all__ = ["READERS", "headline_rows", "main",
+__all__ = ["NUMBER_READERS", "READERS", "headline_numbers", "headline_rows", "main",
            # dvc.yaml, resolved (attncert.dvcfile), for the report's callers
            "DVC_FILE", "PARAMS_FILE", "StageRun", "read_stages", "resolve", "stage_runs"]
 
@@ -78,6 +78,23 @@ READERS: dict[str, Callable[[Mapping, Mapping], list[dict]]] = {
 def headline_rows(stage: str, metrics: Mapping, item: Mapping | None = None) -> list[dict]:
     """The headline rows of one metrics file of ``stage`` (``item``: the grid point)."""
     return READERS.get(stage, _generic_rows)(metrics, item or {})
+
+
+#: stage name -> its DVC headline (:data:`attncert.headline.NUMBERS`): the stage module's
+#: ``headline_numbers``
+NUMBER_READERS: dict[str, Callable[[Mapping, Mapping], dict[str, float]]] = {
+    name: module.headline_numbers for name, module in (
+        ("tightness", tightness_stage), ("train_vit", train_vit_stage),
+        ("certify_vit", certify_vit_stage), ("specformer", specformer_stage),
+        ("certvit", certvit_stage), ("text", text_stage), ("crown", crown_stage))}
+
+
+def headline_numbers(stage: str, metrics: Mapping, item: Mapping | None = None
+                     ) -> dict[str, float]:
+    """The few numbers of ``stage``'s metrics that ``dvc metrics show`` prints ({} for a
+    stage without any: data, the unit stages, figures)."""
+    reader = NUMBER_READERS.get(stage)
+    return {} if reader is None else reader(metrics, item or {})
 
 
 # ------------------------------------------------------------------ CLI

@@ -23,7 +23,7 @@ import torch
 from attncert import certify, soundness
 from attncert.data import as_float, load_processed
 from attncert.figures import vit as figs
-from attncert.headline import row
+from attncert.headline import middle_eps, numbers, row
 from attncert.io import atomic_path, write_json
 from attncert.models import ViTConfig
 from attncert.models.vit import load_vit
@@ -130,3 +130,17 @@ def headline_rows(m: Mapping, item: Mapping) -> list[dict]:
     if "broken" in m:
         rows.append(row("broken", "broken certificates", m["broken"], "count"))
     return rows
+
+
+#: the certificate the DVC headline reports (LoFAST(M), pairwise test)
+HEADLINE_CERTIFICATE = "lofast_M_pairwise"
+
+
+def headline_numbers(m: Mapping, item: Mapping) -> dict[str, float]:
+    """The DVC headline: clean accuracy, LoFAST(M)'s certified and PGD accuracy at the middle
+    eps, broken certificates."""
+    pgd = m.get("pgd_acc", {})
+    eps = middle_eps(pgd)
+    cert = m.get("certified_acc", {}).get(HEADLINE_CERTIFICATE, {})
+    return numbers(clean=m.get("clean_acc"), cert=cert.get(eps), pgd=pgd.get(eps),
+                   eps=None if eps is None else float(eps), broken=m.get("broken"))

@@ -28,7 +28,7 @@ from attncert.certvit.douglas_rachford import DRConfig
 from attncert.certvit.spectral import Budgets
 from attncert.certvit.steps import Result, StepLog, baseline_metrics, samples_frame, stage_metrics
 from attncert.data import as_float, load_processed, sample_skipped
-from attncert.headline import eps_match, row
+from attncert.headline import eps_match, middle_eps, numbers, row
 from attncert.io import atomic_path, write_json
 from attncert.paper import CERTVIT_TABLE3, certvit_pixel_eps, certvit_table1
 from attncert.params import (
@@ -613,3 +613,14 @@ def headline_rows(m: Mapping, item: Mapping) -> list[dict]:
         if isinstance(m.get(key), int | float):
             rows.append(row(key, key.replace("_", " "), m[key], unit))
     return rows
+
+
+def headline_numbers(m: Mapping, item: Mapping) -> dict[str, float]:
+    """The DVC headline: the headline mode's final clean accuracy, its certified and PGD
+    accuracy at the middle eps, broken certificates."""
+    pgd = m.get("pgd_acc", {})
+    eps = middle_eps(pgd)
+    clean = m.get("test_clean_acc")
+    return numbers(clean=clean if isinstance(clean, int | float) else None,
+                   cert=m.get("certified_acc", {}).get(eps), pgd=pgd.get(eps),
+                   eps=None if eps is None else float(eps), broken=m.get("broken"))

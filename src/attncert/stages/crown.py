@@ -36,7 +36,7 @@ from attncert.crown import METHODS
 from attncert.crown.bridge import CrownCertifier, certify_points
 from attncert.data import as_float, load_processed
 from attncert.figures import crown as figs
-from attncert.headline import eps_match, row
+from attncert.headline import eps_match, numbers, row
 from attncert.io import atomic_path, write_json
 from attncert.models import ViTConfig, build_vit
 from attncert.params import (
@@ -566,3 +566,16 @@ def dataset_rows(dataset: str, m: Mapping) -> list[dict]:
         if k in m:
             rows.append(row(f"{key}{k}", f"{lab}{label}", m[k], "count"))
     return rows
+
+
+def headline_numbers(m: Mapping, item: Mapping) -> dict[str, float]:
+    """The DVC headline: LoFAST with CROWN on the rest (Table 2), certified accuracy of the
+    first dataset's shallowest model at the middle eps; broken certificates."""
+    rows = next(iter(m.get("datasets", {}).values()), {}).get("table2", [])
+    cert = eps = None
+    if rows:
+        depth = min(r["depth"] for r in rows)
+        at = sorted((r for r in rows if r["depth"] == depth), key=lambda r: r["eps"])
+        mid = at[len(at) // 2]
+        cert, eps = mid["combined_acc"] / 100, mid["eps"]  # Table 2's rows are in %
+    return numbers(cert=cert, eps=eps, broken=m.get("broken"))

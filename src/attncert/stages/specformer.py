@@ -25,7 +25,7 @@ import torch
 from attncert import certify, paper
 from attncert import specformer as sf
 from attncert.data import as_float, load_processed
-from attncert.headline import row, scale_caveat
+from attncert.headline import numbers, row, scale_caveat
 from attncert.io import atomic_path, write_json
 from attncert.loop import OPTIMIZERS
 from attncert.models import ViTConfig
@@ -545,3 +545,13 @@ def headline_rows(m: Mapping, item: Mapping) -> list[dict]:
                                 f"{r['model']} certified {r['variant']} at eps {k[10:]}", v,
                                 "fraction"))
     return rows
+
+
+def headline_numbers(m: Mapping, item: Mapping) -> dict[str, float]:
+    """The DVC headline: the first run's standard SpecFormer model, clean and under PGD-2 at
+    l_inf ``std_eps_255`` (SpecFormer Table 1's attack; not an l2 eps)."""
+    rob = m.get("robustness", {})
+    run = next((k.split("/")[0] for k in rob), None)
+    base = f"{run}/standard/specformer"
+    pgd = next((v for k, v in rob.items() if k.startswith(f"{base}/PGD-2 ")), None)
+    return numbers(clean=rob.get(f"{base}/clean"), pgd=pgd)

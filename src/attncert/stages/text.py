@@ -28,7 +28,7 @@ import torch
 
 from attncert import paper
 from attncert.data import dataset_skipped, load_processed
-from attncert.headline import row, scale_caveat
+from attncert.headline import numbers, row, scale_caveat
 from attncert.io import atomic_path, write_json
 from attncert.params import BaseParams, ParamsError, nonneg, one_of, param, positive, unique
 from attncert.records import read_record, unit_key
@@ -725,3 +725,14 @@ def headline_rows(m: Mapping, item: Mapping) -> list[dict]:
         if key in m:
             rows.append(row(key, label, m[key], "count", brief=True))
     return rows
+
+
+def headline_numbers(m: Mapping, item: Mapping) -> dict[str, float]:
+    """The DVC headline: SST-2's deepest OLSA (accuracy on the reported split, average
+    certified radius of its best variant), broken certificates of every model."""
+    olsa = {int(match.group(1)): r for name, r in m.get("models", {}).items()
+            if (match := _OLSA_NAME.match(name)) and not match.group(2)}
+    deep = olsa[max(olsa)] if olsa else {}
+    radii = deep.get("avg_radius") or {}
+    return numbers(clean=deep.get("test_acc"), radius=max(radii.values()) if radii else None,
+                   broken=m.get("broken"))

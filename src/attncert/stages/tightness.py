@@ -14,7 +14,7 @@ import pandas as pd
 import torch
 
 from attncert import tightness
-from attncert.headline import eps_match, row, scale_caveat
+from attncert.headline import eps_match, numbers, row, scale_caveat
 from attncert.io import write_json
 from attncert.params import BaseParams, ParamsError, nonneg, one_of_numbers, param, positive
 from attncert.train import resolve_device
@@ -111,3 +111,8 @@ def headline_rows(m: Mapping, item: Mapping) -> list[dict]:
         if key in m:
             rows.append(row(key, key.replace("_", " "), m[key], "ratio"))
     return rows
+
+
+def headline_numbers(m: Mapping, item: Mapping) -> dict[str, float]:
+    """The DVC headline: the largest LoFAST(M) / PGD ratio of Table 3."""
+    return numbers(ratio=m.get("max_lofast_M_over_pgd"))

@@ -17,7 +17,7 @@ import torch
 
 from attncert import runs
 from attncert.data import load_processed
-from attncert.headline import row
+from attncert.headline import numbers, row
 from attncert.io import write_json
 from attncert.models import ViTConfig, build_vit, save_vit
 from attncert.models.config import KINDS
@@ -161,3 +161,8 @@ def headline_rows(m: Mapping, item: Mapping) -> list[dict]:
         ("epochs", "epochs", "count", False),
         ("train_seconds", "training seconds", "seconds", True),
         ("parameters", "parameters", "count", False)) if k in m]
+
+
+def headline_numbers(m: Mapping, item: Mapping) -> dict[str, float]:
+    """The DVC headline: the trained model's clean accuracy."""
+    return numbers(clean=m.get("clean_acc"))
