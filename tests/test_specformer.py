@@ -463,3 +463,27 @@ def test_units_then_gather(mirror, tmp_path):
     assert {r["model"] for r in res.metrics["certified"]} == {"lipschitz", "lipschitz + MSVP"}
     with pytest.raises(ValueError, match="other params"):
         stage.run(dataclasses.replace(p, n_eval=10), base)
+
+
+def test_the_hub_revision_is_in_the_notes_and_fingerprint(monkeypatch, tiny_pretrained, mirror,
+                                                          tmp_path):
+    """A checkpoint loaded from the hub carries its commit: the fine-tune's notes (its
+    checkpoint fingerprint) name it, so a run never resumes on other weights; a local folder
+    has none."""
+    import types
+
+    from attncert.certvit import hub_revision, load_model
+
+    assert hub_revision(load_model(tiny_pretrained)) is None  # a local folder
+    assert hub_revision(types.SimpleNamespace(
+        config=types.SimpleNamespace(_commit_hash="abc123"))) == "abc123"
+
+    def from_hub(source):
+        model = load_model(source)
+        model.hub_revision = "0123abcd"
+        return model
+
+    monkeypatch.setattr(sf, "load_model", from_hub)
+    data = cifar_shaped("cifar10", 10, mirror, tmp_path)
+    _, notes = sf.pretrained_model(tiny_pretrained, data, 64, 0)
+    assert notes[0] == "hub revision 0123abcd"

@@ -175,7 +175,7 @@ def run_epochs(model: nn.Module, steps: Steps, eval_data: Any, config: Any, ckpt
                 loss_sum += loss.detach().to(loss_sum.dtype) * len(yb)
                 correct += (logits.detach().argmax(1) == yb).sum()
                 if progress and i % LOG_EVERY == 0:  # the only host sync of a step
-                    bar.set_postfix(loss=f"{loss.item():.4f}")
+                    bar.set_postfix(loss=f"{loss.item():.4f}", refresh=False)
         loss_sum, correct = float(loss_sum), int(correct)
         train_seconds = time.perf_counter() - t0
         ev = steps.evaluate(eval_data)

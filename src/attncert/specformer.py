@@ -41,7 +41,7 @@ from torch import Tensor, nn
 
 from attncert import attacks, rng, runs
 from attncert.batching import in_batches
-from attncert.certvit.load import load_model
+from attncert.certvit.load import hub_revision, load_model
 from attncert.certvit.stage import fit_to_dataset, phase_fingerprint
 from attncert.data import as_float, subset_indices
 from attncert.loop import optimizer
@@ -118,13 +118,16 @@ def pretrained_model(source: str | Path, data: Mapping[str, Any], image_size: in
     :func:`attncert.certvit.load_model`) fitted to ``data``: a seeded head for its classes and
     its images upsampled inside the model to ``image_size`` (integer factor;
     :func:`attncert.certvit.stage.fit_to_dataset`). Returns the model (CPU, eval mode) and one
-    note per change. Raises ValueError when the checkpoint's input size is not ``image_size``.
+    note per change, the hub revision loaded first (part of the fine-tune's checkpoint
+    fingerprint). Raises ValueError when the checkpoint's input size is not ``image_size``.
     """
     model = load_model(source)
     if model.config.image_size != image_size:
         raise ValueError(f"{source}: the checkpoint takes {model.config.image_size}-pixel "
                          f"images, specformer.image_size is {image_size}")
-    return fit_to_dataset(model, data, seed)
+    revision = hub_revision(model)
+    model, notes = fit_to_dataset(model, data, seed)
+    return model, ([f"hub revision {revision}"] if revision else []) + notes
 
 
 def finetune_run(source: str | Path, train_cfg: TrainConfig, data: Mapping[str, Any],

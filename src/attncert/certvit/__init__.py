@@ -52,7 +52,14 @@ from .douglas_rachford import (
     record_inputs,
     soft_threshold,
 )
-from .load import CheckpointUnavailable, hf_normalization, load_model, tiny_hf_vit, vit_from_hf
+from .load import (
+    CheckpointUnavailable,
+    hf_normalization,
+    hub_revision,
+    load_model,
+    tiny_hf_vit,
+    vit_from_hf,
+)
 
 __all__ = [
     "NORMS",
@@ -82,6 +89,7 @@ __all__ = [
     "linear_sites",
     "lipschitz_table",
     "load_adapted",
+    "hub_revision",
     "load_model",
     "norm_lipschitz",
     "project_outputs",

@@ -25,7 +25,7 @@ from attncert.certvit import stage as cv
 from attncert.certvit.adapt import adapt, calibrate_radii
 from attncert.certvit.certificate import certify, global_bound
 from attncert.certvit.douglas_rachford import DRConfig
-from attncert.certvit.load import load_model, tiny_hf_vit
+from attncert.certvit.load import hub_revision, load_model, tiny_hf_vit
 from attncert.certvit.spectral import Budgets
 from attncert.data import as_float
 
@@ -105,4 +105,6 @@ def table3(data: Mapping[str, Any], source: str, folder: str | Path, modes: Sequ
                   "n_attacked": rep["n_attacked"],
                   "pgd_acc": {str(e): a for e, a in rep["pgd_acc"].items()},
                   "broken": rep["broken"]}
-    return out, f"`{source}` -> `{hf.config}`"
+    revision = hub_revision(hf)
+    return out, f"`{source}`" + (f" (hub revision {revision})" if revision else "") + \
+        f" -> `{hf.config}`"

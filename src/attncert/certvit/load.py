@@ -194,7 +194,20 @@ def load_model(source: str | Path, revision: str | None = None,
                          f"{len(missing)} weight(s) of ViTForImageClassification, e.g. "
                          f"{sorted(missing)[:3]}; pass a complete ViTForImageClassification "
                          "checkpoint")
-    return vit_from_hf(hf.eval(), mean, std)
+    model = vit_from_hf(hf.eval(), mean, std)
+    model.hub_revision = hub_revision(hf)
+    return model
+
+
+def hub_revision(model) -> str | None:
+    """The hub commit a pre-trained model was loaded from (transformers records it on the
+    config; our converted ViTs carry it as ``hub_revision``); None for a local folder or
+    file. The stages write it into their reports and checkpoint fingerprints, so a run says
+    which weights it used and never resumes on others."""
+    found = getattr(model, "hub_revision", None)
+    if found is None:
+        found = getattr(getattr(model, "config", None), "_commit_hash", None)
+    return found if isinstance(found, str) and found else None
 
 
 def tiny_hf_vit(path: str | Path, image_size: int = 224, patch_size: int = 16,

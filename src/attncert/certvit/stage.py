@@ -36,7 +36,7 @@ from torch.nn import functional as F
 from attncert import runs
 from attncert.certvit.adapt import Adaptation, ProjectNorm
 from attncert.certvit.douglas_rachford import DRConfig, DRResult, constrain, freeze_zeros
-from attncert.certvit.load import load_model
+from attncert.certvit.load import hub_revision, load_model
 from attncert.certvit.spectral import (
     Budgets,
     budget_bound,
@@ -164,8 +164,11 @@ def source_model(source: str, data: Mapping[str, Any], architecture: Mapping[str
             torch.manual_seed(seed)
             model = build_vit(pretrain_config(data, **architecture))
         return model, "a standard ViT trained by this stage"
-    model, notes = fit_to_dataset(load_model(source), data, seed)
-    return model, "; ".join([f"loaded from {source}", *notes])
+    loaded = load_model(source)
+    revision = hub_revision(loaded)
+    model, notes = fit_to_dataset(loaded, data, seed)
+    where = f"loaded from {source}" + (f" (hub revision {revision})" if revision else "")
+    return model, "; ".join([where, *notes])
 
 
 def state_sha(model: nn.Module) -> str:

@@ -301,6 +301,12 @@ def _fit(todo: Mapping[str, Job], splits: Mapping[str, Mapping], frozen_splits: 
         torch.manual_seed(base.seed)
         model = job.cls(**job.kwargs)
         spec = {"class": job.cls.__name__, **{k: str(v) for k, v in job.kwargs.items()}}
+        # the hub commit of a frozen encoder (transformers records it; None for a folder):
+        # in the report and the resume fingerprint, so a run never resumes on other weights
+        revision = getattr(getattr(getattr(model, "encoder", None), "config", None),
+                           "_commit_hash", None)
+        if revision:
+            spec["hub_revision"] = revision
         data, scratch = splits, None
         if job.cls is FrozenEncoderOLSA:  # the encoder runs once per sentence; the head reads
             t0 = time.perf_counter()       # its states
@@ -318,7 +324,8 @@ def _fit(todo: Mapping[str, Job], splits: Mapping[str, Mapping], frozen_splits: 
         metrics, curve, audits[name] = evaluate_model(name, model, job.family, data["dev"],
                                                       data["test"], **evaluation)
         results[name] = metrics | {"train_seconds": train_seconds, "epochs": job.train["epochs"],
-                                   "gamma": job.train["gamma"]}
+                                   "gamma": job.train["gamma"],
+                                   **({"hub_revision": revision} if revision else {})}
         if scratch is not None:
             del data
             shutil.rmtree(scratch, ignore_errors=True)
