@@ -51,7 +51,7 @@ if note:
 else:
     tight_m = res.metrics("tightness")["tightness"]
     tight = figs.tightness_frame(tight_m)
-    show(figs.plot_tightness(tight))
+    show(figs.plot_tightness(tight), res.key_figure(1, "tightness_of_every_bound"))
     fig3, fig4 = figs.ablation_frames(tight_m)
     if len(fig3) or len(fig4):
         show(figs.plot_ablations(fig3, fig4, tight_m.get("fig3_eps")))
@@ -72,7 +72,8 @@ long = res.certified
 if note:
     display(Markdown(note))
 if points:
-    show(figs.plot_certified_grid(long))  # LoFAST Figure 2 prints no numbers to set beside
+    # LoFAST Figure 2 prints no numbers to set beside
+    show(figs.plot_certified_grid(long), res.key_figure(2, "certified_accuracy_vs_eps"))
     display(long[long.test != "logit"].pivot_table(index=["run", "variant"], columns="eps",
                                                    values="accuracy").mul(100).round(1))
 
@@ -82,7 +83,8 @@ if points:
 # %%
 items = res.items("certify_vit")
 if points:
-    show(figs.plot_tradeoff(figs.tradeoff_frame(points)))
+    show(figs.plot_tradeoff(figs.tradeoff_frame(points)),
+         res.key_figure(3, "certified_vs_clean_accuracy"))
 
 # %% [markdown]
 # ## Certification cost per sample
@@ -125,7 +127,7 @@ if note:
 else:
     text_curves = figs.text_certified_frame(res.metrics("text")["text"])
     if not text_curves.empty:
-        show(figs.plot_text_certified(text_curves))
+        show(figs.plot_text_certified(text_curves), res.key_figure(4, "text_certified_accuracy"))
     rows = res.rows("text")
     fig = figs.plot_headline(rows, "OLSA's SST radius beside ours")
     if fig is not None:
@@ -142,7 +144,7 @@ note = res.note("crown")
 if note:
     display(Markdown(note))
 else:
-    show(figs.plot_crown(figs.crown_frame(crown)))
+    show(figs.plot_crown(figs.crown_frame(crown)), res.key_figure(5, "lofast_vs_crown"))
     display(figs.headline_frame(res.rows("crown")))
 
 # %% [markdown]

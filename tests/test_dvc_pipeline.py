@@ -94,6 +94,10 @@ def test_smoke_pipeline_runs_offline_and_is_incremental(smoke_repo, env):
     tight = json.loads((smoke_repo / "reports/metrics/tightness.json").read_text())
     assert tight["layer"].startswith(f"trained layer blocks.0.attn of runs/vit/{run}/model.pt")
 
+    # the report index opens on the study's key figures (from the figures notebook), embedded
+    index = (smoke_repo / "reports/html/index.html").read_text()
+    assert index.count("<figure>") == 5 and index.index("<figure>") < index.index("<table>")
+
     # a second repro does nothing
     again = _sh(["dvc", "repro"], smoke_repo, env)
     assert "Running stage" not in again

@@ -562,7 +562,24 @@ def test_html_export_is_self_contained(tmp_path):
         "https://cdn.x/require.js"]
 
 
+def _key_figure(root: Path, name: str) -> None:
+    """A PNG the figures notebook would save for the index page."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(3, 2))
+    ax.plot([0, 1], [1, 0])
+    path = root / "reports/html" / htmlexport.KEY_FIGURES / name
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, format="png")
+    plt.close(fig)
+
+
 def _tiny_reports(root: Path) -> list:
+    _key_figure(root, "02_certified_accuracy_vs_eps.png")
+    _key_figure(root, "01_tightness_of_every_bound.png")
     runs = []
     for stage, title in (("data", "01 · Tiny data"), ("tightness", "02 · Tiny tightness")):
         nb = f"{dvcfile.NOTEBOOK_DIR}/{title[:2]}_{stage}.ipynb"
@@ -579,6 +596,11 @@ def test_index_links_every_report(tmp_path):
     assert 'href="01_data.html"' in index and "01 · Tiny data" in index
     assert "specformer <span class=\"nr\">not run</span>" in index
     assert htmlexport.external_refs(index) == []
+    # the index opens on the key figures, embedded, in their order, before the reports
+    captions = re.findall(r"<figcaption>([^<]+)</figcaption>", index)
+    assert captions == ["tightness of every bound", "certified accuracy vs eps"]
+    assert index.index("<figure>") < index.index("<table>")
+    assert all(src.startswith("data:image/png;base64,") for src in _img_sources(index))
     # pages newer than their notebooks are kept
     assert htmlexport.html_export(_tiny_reports(tmp_path), "reports/html", None, tmp_path)[-1:] == [
         tmp_path / "reports/html/index.html"]
@@ -617,12 +639,13 @@ def test_reports_render_in_headless_chromium(tmp_path):
     index = chromium("--dump-dom", (html_dir / "index.html").as_uri()).stdout
     links = re.findall(r'<a href="([^"]+)"', index)
     assert links == ["01_data.html", "02_tightness.html"]   # every report that ran
-    for link in links:   # every figure of every linked report is rendered by the browser
+    for link in ["index.html", *links]:   # every figure of the index and of every report
         page = (html_dir / link).read_text()
         probe = html_dir / f"probe_{link}"
         probe.write_text(page.replace("</body>", _PROBE + "</body>"))
         dom = chromium("--virtual-time-budget=10000", "--dump-dom", probe.as_uri()).stdout
         assert "Tiny" in dom
+        assert "<td></td><td></td><td" not in dom, f"{link}: an empty table row"
         loaded = re.search(r'data-figures="(\d+)/(\d+)"', dom)
         assert loaded, f"{link}: the page did not finish loading"
         assert int(loaded.group(2)) > 0 and loaded.group(1) == loaded.group(2), (

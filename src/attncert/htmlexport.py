@@ -4,6 +4,7 @@ no external scripts) and an index with each report's headline numbers
 
 from __future__ import annotations
 
+import base64
 import html
 import json
 import logging
@@ -16,7 +17,8 @@ from typing import Any
 from attncert import readme
 from attncert.dvcfile import NOTEBOOK_DIR, StageRun
 
-__all__ = ["external_refs", "notebook_html", "describe", "index_html", "html_export"]
+__all__ = ["KEY_FIGURES", "external_refs", "notebook_html", "describe", "index_html",
+           "html_export", "key_figures"]
 
 
 #: lab's page without the scripts it pulls from CDNs (require.js, MathJax, mermaid, widgets):
@@ -93,12 +95,33 @@ def _html_name(notebook: str) -> str:
     return rel.with_suffix(".html").as_posix()
 
 
-def index_html(entries: Sequence[Mapping[str, Any]], title: str = "attncert reports") -> str:
-    """The index page: one row per report (link or 'not run', description, headline numbers).
+#: the index page's figures: PNGs the figures notebook saves under ``<html_dir>/KEY_FIGURES``
+#: (``<order>_<name>.png``), shown first, in file-name order, embedded
+KEY_FIGURES = "key_figures"
+
+
+def key_figures(out_dir: str | Path) -> list[tuple[str, str]]:
+    """(caption, PNG data URI) of every key figure in ``out_dir/KEY_FIGURES``, in name order;
+    the caption is the file name after its order prefix, underscores as spaces."""
+    folder = Path(out_dir) / KEY_FIGURES
+    out = []
+    for png in sorted(folder.glob("*.png")) if folder.is_dir() else []:
+        caption = png.stem.split("_", 1)[-1].replace("_", " ")
+        out.append((caption, "data:image/png;base64,"
+                    + base64.b64encode(png.read_bytes()).decode("ascii")))
+    return out
+
+
+def index_html(entries: Sequence[Mapping[str, Any]], title: str = "attncert reports",
+               figures: Sequence[tuple[str, str]] = ()) -> str:
+    """The index page: the study's key figures (``figures``: (caption, image URI), embedded),
+    then one row per report (link or 'not run', description, headline numbers).
 
     ``entries``: {"stage", "run", "href" (None when not run), "description", "headline"
     (list of "label: value" strings)}."""
     esc = html.escape
+    shown = [f'<figure><img alt="{esc(c)}" src="{uri}"><figcaption>{esc(c)}</figcaption>'
+             f"</figure>" for c, uri in figures]
     rows = []
     for e in entries:
         name = esc(e["stage"] + (f" @ {e['run']}" if e.get("run") else ""))
@@ -114,8 +137,12 @@ def index_html(entries: Sequence[Mapping[str, Any]], title: str = "attncert repo
         "<style>body{font-family:sans-serif;margin:2em;max-width:75em}"
         "table{border-collapse:collapse;width:100%}td,th{border-bottom:1px solid #ccc;"
         "padding:.4em .6em;text-align:left;vertical-align:top}.num{font-size:.9em}"
-        ".nr{color:#a00;font-size:.85em}</style>", "</head>", "<body>",
-        f"<h1>{esc(title)}</h1>",
+        ".nr{color:#a00;font-size:.85em}figure{display:inline-block;margin:0 1em 1em 0;"
+        "vertical-align:top}figure img{max-width:36em}figcaption{font-size:.9em}</style>",
+        "</head>", "<body>", f"<h1>{esc(title)}</h1>",
+        *(["<h2>Key figures</h2>", "<p>From the figures report (the papers' numbers beside "
+           "ours only where the setting matches).</p>", *shown] if shown else []),
+        "<h2>Reports</h2>",
         "<p>Each report is an executed notebook of the pipeline, exported with its figures "
         "embedded; numbers are the headline rows of reports/metrics/summary.json.</p>",
         "<table>", "<tr><th>report</th><th>what it is</th><th>headline</th></tr>", *rows,
@@ -162,5 +189,5 @@ def html_export(runs: Sequence[StageRun], out_dir: str | Path, data: Mapping | N
                 written.append(page)
     index = out_dir / "index.html"
     index.parent.mkdir(parents=True, exist_ok=True)
-    index.write_text(index_html(entries))
+    index.write_text(index_html(entries, figures=key_figures(out_dir)))
     return [*written, index]

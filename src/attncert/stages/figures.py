@@ -30,7 +30,7 @@ from attncert.dvcfile import (
     stage_runs,
 )
 from attncert.figures import summary as figs
-from attncert.htmlexport import html_export
+from attncert.htmlexport import KEY_FIGURES, html_export
 from attncert.io import atomic_path, write_json
 from attncert.params import PARAMS_FILE, load_params, param, unique
 from attncert.params import Params as AllParams
@@ -135,6 +135,7 @@ class Result:
     summary: dict[str, Any]
     certified: pd.DataFrame
     pages: list[Path]
+    html_dir: str = ""
 
     def metrics(self, stage: str) -> dict[str, dict]:
         """{run name (or stage name): metrics} of ``stage``'s runs that wrote them."""
@@ -147,6 +148,11 @@ class Result:
     def note(self, stage: str) -> str | None:
         """A one-line note when ``stage`` has nothing to show."""
         return stage_note(self.summary, stage)
+
+    def key_figure(self, order: int, name: str) -> Path:
+        """Where the notebook saves a figure the index page opens on
+        (:data:`attncert.htmlexport.KEY_FIGURES`)."""
+        return Path(self.html_dir) / KEY_FIGURES / f"{order:02d}_{name}.png"
 
     def rows(self, stage: str) -> list[dict]:
         """``stage``'s headline rows in the summary."""
@@ -167,5 +173,7 @@ def run(p: Params, params_file: str | Path = PARAMS_FILE,
     certified = figs.certified_frame(stage_metrics(loaded, "certify_vit"))
     with atomic_path(p.certified_csv) as tmp:
         figs.certified_csv_frame(certified).to_csv(tmp, index=False)
+    for stale in (Path(p.html_dir) / KEY_FIGURES).glob("*.png"):  # the notebook draws anew
+        stale.unlink()
     pages = html_export(runs, p.html_dir, result)
-    return Result(runs, loaded, result, certified, pages)
+    return Result(runs, loaded, result, certified, pages, p.html_dir)
