@@ -12,6 +12,10 @@ Margin terms (``margin``; on logits f, true class y, s = ``logit_scale``):
           lmt_offset = L eps a term near 0 means a pairwise radius above eps. Unlike "lmt"'s one
           offset for every rival it needs no assumption on the rows' distances, and rows drawn
           together shrink the gaps and the distances alike (no gain in the loss).
+  "lofast": CE(s (f + ||w_y - w_j|| delta_feat(x, eps) (1 - onehot(y))), y), mixed with the
+          plain CE: the pairwise certificate's own test with LoFAST's end-to-end bound at a
+          training radius, differentiated through it (:mod:`attncert.certified_training`; it
+          needs the model and its input, so :func:`attncert.train.step_loss` computes it).
 The scale s (a CE temperature) matters for Lipschitz models: their features have norm ~1, so
 unscaled CE wants a huge head; s changes the loss only, never the predictions or certificates.
 """
@@ -27,7 +31,7 @@ from torch.nn import functional as F
 
 __all__ = ["MARGINS", "logit_margin", "radius_loss", "training_loss"]
 
-MARGINS = ("none", "lmt", "olsa", "radius")
+MARGINS = ("none", "lmt", "olsa", "radius", "lofast")
 
 
 def logit_margin(logits: Tensor, y: Tensor) -> Tensor:

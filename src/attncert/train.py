@@ -37,8 +37,8 @@ import torch
 from torch import Tensor, nn
 from torch.nn import functional as F
 
+from attncert import certified_training, rng
 from attncert import mix as mixing
-from attncert import rng
 from attncert.attacks import pgd_linf
 from attncert.checkpoint import CHECKPOINT, FINGERPRINT, METRICS, prepare_checkpoint_dir
 from attncert.data import as_float
@@ -78,6 +78,9 @@ class TrainConfig:
     cutmix_alpha: float = 0.0
     mix_prob: float = 0.0
     mix_switch_prob: float = 0.5
+    lofast_eps: float = 0.0  # margin "lofast": the training radius (pixel l2)
+    lofast_ramp: float = 0.0  # share of all steps over which it grows from 0
+    lofast_mix: float = 1.0  # weight of the margin's CE against the plain CE
     seed: int = 0
 
     def __post_init__(self) -> None:
@@ -93,7 +96,8 @@ class TrainConfig:
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, int | float) or not v > 0:
                 raise ValueError(f"TrainConfig.{name} must be a number > 0, got {v!r}")
-        for name in ("weight_decay", "lmt_offset", "olsa_gamma", "grad_clip"):
+        for name in ("weight_decay", "lmt_offset", "olsa_gamma", "grad_clip", "lofast_eps",
+                     "lofast_ramp"):
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, int | float) or v < 0:
                 raise ValueError(f"TrainConfig.{name} must be a number >= 0, got {v!r}")
@@ -115,6 +119,12 @@ class TrainConfig:
                 not 0 <= self.momentum < 1):
             raise ValueError(f"TrainConfig.momentum must be a number in [0, 1), got "
                              f"{self.momentum!r}")
+        if isinstance(self.lofast_mix, bool) or not isinstance(self.lofast_mix, int | float) or (
+                not 0 <= self.lofast_mix <= 1) or self.lofast_ramp > 1:
+            raise ValueError(f"TrainConfig.lofast_mix and lofast_ramp must be in [0, 1], got "
+                             f"{self.lofast_mix!r}, {self.lofast_ramp!r}")
+        if self.margin == "lofast" and not self.lofast_eps > 0:
+            raise ValueError("TrainConfig: margin 'lofast' needs a training radius lofast_eps > 0")
         try:
             spec = self.mix_spec
         except ValueError as e:
@@ -218,13 +228,21 @@ def augment_batch(x: Tensor, mode: str, g: torch.Generator, pad: int = 4) -> Ten
 
 def step_loss(model: nn.Module, xb: Tensor, yb: Tensor, cfg: TrainConfig,
               msvp: MSVP | None = None, generator: torch.Generator | None = None,
-              partner: tuple[Tensor, float] | None = None) -> tuple[Tensor, Tensor]:
+              partner: tuple[Tensor, float] | None = None,
+              progress: tuple[int, int] = (0, 0)) -> tuple[Tensor, Tensor]:
     """(logits, loss) of one training step: on PGD examples when ``cfg.adversarial`` is
     "pgd_linf" (random starts from ``generator``), plus ``msvp()`` when given. ``partner``
     = (y_rev, lam) for a mixed batch (:mod:`attncert.mix`): lam of the loss on ``yb``,
-    1 - lam on y_rev."""
+    1 - lam on y_rev. ``progress`` = (step, total steps): the ``lofast`` margin's radius ramp."""
     if cfg.adversarial == "pgd_linf":
         xb, _ = pgd_linf(model, xb, yb, cfg.adv_eps, cfg.adv_steps, generator=generator)
+    if cfg.margin == "lofast":
+        eps = certified_training.margin_eps(cfg.lofast_eps, cfg.lofast_ramp, *progress)
+        logits, loss = certified_training.lofast_loss(model, xb, yb, eps, cfg.logit_scale,
+                                                      cfg.lofast_mix)
+        if msvp is not None:
+            loss = loss + msvp()
+        return logits, loss
     logits = model(xb)
     head = None
     if cfg.margin == "radius":
@@ -306,7 +324,9 @@ class ImageSteps(Steps):
     def loss(self, inputs: tuple[Tensor, tuple[Tensor, float] | None], y: Tensor, step: int
              ) -> tuple[Tensor, Tensor]:
         x, partner = inputs
-        return step_loss(self.model, x, y, self.config, self.msvp, self.g, partner)
+        total = self.config.epochs * math.ceil(self.n / self.config.batch_size)
+        return step_loss(self.model, x, y, self.config, self.msvp, self.g, partner,
+                         (step, total))
 
     def evaluate(self, data: Any) -> dict[str, float]:
         return evaluate(self.model, data, self.device, self.config.eval_batch_size)

@@ -68,11 +68,12 @@ class MultiHeadAttention(nn.Module):
         b, _, n, _ = heads.shape
         return self.o(heads.transpose(1, 2).reshape(b, n, self.dim))  # concat heads, W^O
 
-    def attention_weights(self):
+    def attention_weights(self, detach: bool = True):
         """The effective per-head matrices as ``attncert.bounds.AttentionWeights`` (x W convention).
 
         wq/wk/wv: (h, d, d_h), head l = weight[l*d_h:(l+1)*d_h, :].T; wo: (h, d_h, d), head l =
-        weight[:, l*d_h:(l+1)*d_h].T. Detached. Raises if the layer has biases (the bounds
+        weight[:, l*d_h:(l+1)*d_h].T. Detached unless ``detach=False`` (a training loss on the
+        bound: :mod:`attncert.certified_training`). Raises if the layer has biases (the bounds
         model bias-free projections).
         """
         from attncert.bounds import AttentionWeights
@@ -80,7 +81,9 @@ class MultiHeadAttention(nn.Module):
         if self.has_bias:
             raise ValueError("attention with biases is not covered by the bounds (bias-free F(X))")
         h, dh, d = self.heads, self.d_head, self.dim
-        wq, wk, wv, wo = (linear_weight(m).detach() for m in (self.q, self.k, self.v, self.o))
+        wq, wk, wv, wo = (linear_weight(m) for m in (self.q, self.k, self.v, self.o))
+        if detach:
+            wq, wk, wv, wo = (w.detach() for w in (wq, wk, wv, wo))
 
         def split_in(w: Tensor) -> Tensor:
             return w.reshape(h, dh, d).transpose(1, 2)

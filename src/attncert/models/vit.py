@@ -103,13 +103,15 @@ class ViT(nn.Module):
         return {f"blocks.{i}.attn": b.attn for i, b in enumerate(self.blocks)}
 
     @torch.no_grad()
-    def attention_inputs(self, x: Tensor) -> tuple[Tensor, dict[str, Tensor]]:
-        """One forward pass: (logits, {attention name: its clean input X_k (B, n, dim)})."""
+    def attention_inputs(self, x: Tensor, detach: bool = True
+                         ) -> tuple[Tensor, dict[str, Tensor]]:
+        """One forward pass: (logits, {attention name: its clean input X_k (B, n, dim)});
+        ``detach=False`` keeps the inputs in the graph (a training loss on the bound)."""
         captured: dict[str, Tensor] = {}
         handles = []
         for name, mod in self.attention_modules().items():
             def hook(_m, args, name=name):
-                captured[name] = args[0].detach()
+                captured[name] = args[0].detach() if detach else args[0]
             handles.append(mod.register_forward_pre_hook(hook))
         try:
             logits = self(x)

@@ -32,13 +32,16 @@ from attncert.params import (
     one_of,
     param,
     positive,
+    probability,
 )
 from attncert.precision import resolve_precision
 from attncert.runs import GridPoint
 from attncert.train import ADVERSARIAL, TrainConfig, evaluate, train_resumable
 
-#: the training margins of the grid (``attncert.train`` also has "radius", not offered here)
-MARGINS = ("none", "lmt", "olsa")
+#: the training margins of the grid (``attncert.train`` also has "radius", not offered here);
+#: "lofast": the pairwise certificate's test with LoFAST's bound at a training radius
+#: (:mod:`attncert.certified_training`)
+MARGINS = ("none", "lmt", "olsa", "lofast")
 
 
 @dataclass(frozen=True)
@@ -64,6 +67,11 @@ class Params:
     margin: str = param(one_of(*MARGINS))
     lmt_offset: float = param(nonneg)
     olsa_gamma: float = param(nonneg)
+    lofast_eps: float = param(nonneg, doc="margin lofast: the training radius (pixel l2)")
+    lofast_ramp: float = param(probability, doc="margin lofast: share of all steps over "
+                                                  "which the radius grows from 0")
+    lofast_mix: float = param(probability, doc="margin lofast: weight of its CE against "
+                                                 "the plain CE")
     logit_scale: float = param(positive)
     augment: str = param(one_of(*AUGMENTS))
     grad_clip: float = param(nonneg)
@@ -100,7 +108,8 @@ def train_config(p: Params, seed: int) -> TrainConfig:
     return TrainConfig(
         epochs=p.epochs, batch_size=p.batch_size, lr=p.lr, weight_decay=p.weight_decay,
         warmup_steps=p.warmup_steps, margin=p.margin, lmt_offset=p.lmt_offset,
-        olsa_gamma=p.olsa_gamma, logit_scale=p.logit_scale, augment=p.augment,
+        olsa_gamma=p.olsa_gamma, lofast_eps=p.lofast_eps, lofast_ramp=p.lofast_ramp,
+        lofast_mix=p.lofast_mix, logit_scale=p.logit_scale, augment=p.augment,
         grad_clip=p.grad_clip, eval_batch_size=p.eval_batch_size,
         msvp_lambda=tuple(p.msvp_lambda), adversarial=p.adversarial, adv_eps=p.adv_eps,
         adv_steps=p.adv_steps, seed=seed)

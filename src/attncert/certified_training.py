@@ -1,0 +1,107 @@
+"""Certified training with the local bound: the ``lofast`` training margin.
+
+A Lipschitz ViT trained with a fixed logit offset (``margin: lmt``) learns margins sized for
+one global constant, which dot-product attention does not have; its certificates then stop far
+below its empirical robustness. This margin trains against the bound the certifier uses
+(LoFAST section 4, "large margin and small local sensitivity at once"): for each training input
+x with label y and a training radius eps,
+
+    delta = delta_feat(x, eps)     the end-to-end bound on the head input's perturbation
+    need_j = ||w_y - w_j|| delta   the pairwise certificate's requirement on rival j
+    loss = (1 - mix) CE(s f, y) + mix CE(s (f + need (1 - onehot(y))), y)
+
+so a term near 0 means f_y - f_j > need_j for every j, the pairwise test at eps. delta_feat is
+:func:`feature_delta`: the certifier's recurrence (eq. 9, :func:`attncert.models.vit.propagate`)
+with every attention layer bounded by LoFAST's Theorem 1 in its xi form (eq. 28) and zeta
+(eq. 15) replaced by its closed-form upper bound :func:`attncert.bounds.lofast.zeta_cheap_upper`:
+every term is an exact small-matrix norm (QR, SVD, eigvalsh), differentiable in the weights and
+in the clean activations, with no iteration and no detached vectors. It is an upper bound on
+the certifier's ``lofast_xi`` (whose zeta is the smaller Lanczos value), so a positive training
+margin at eps is a certificate at eps (:func:`surrogate_certifies` checks it against
+:mod:`attncert.certify`). Certificates after training are unchanged: the float64 certifier
+decides, never this surrogate.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+import torch
+from torch import Tensor
+from torch.nn import functional as F
+
+from attncert.bounds import lofast as lb
+from attncert.bounds.weights import AttentionWeights, attention_probs
+from attncert.models.vit import Component, propagate
+
+__all__ = ["feature_delta", "lofast_loss", "margin_eps", "surrogate_certifies",
+           "surrogate_terms"]
+
+
+def surrogate_terms(x: Tensor, w: AttentionWeights, residual: bool) -> lb.LofastTerms:
+    """Theorem 1's terms of one layer at its clean input ``x`` (B, n, d), xi form, with the
+    closed-form zeta: differentiable, and >= the certifier's ``lofast_xi`` terms."""
+    w = w.like(x)
+    return lb.LofastTerms(lb.zeta_cheap_upper(attention_probs(x, w), w, residual),
+                          lb.xi(x, w), lb.xa_norm(x, w), lb.a_norm(w), lb.b_norm(w), w.d_h)
+
+
+def feature_delta(components: list[Component], inputs: Mapping[str, Tensor],
+                  weights: Mapping[str, AttentionWeights], eps: float | Tensor,
+                  softmax_lipschitz: float = 1.0) -> Tensor:
+    """(B,): the surrogate bound on the head input's perturbation for input perturbations
+    <= eps (pixel l2): the certifier's recurrence with :func:`surrogate_terms` per attention
+    layer. ``inputs``/``weights``: every attention layer's clean input and weights, in the
+    graph when the bound is to be trained against."""
+    def attention_delta(c: Component, xk: Tensor, e: Tensor) -> Tensor:
+        terms = surrogate_terms(xk, weights[c.name], c.residual == "identity")
+        return lb.lofast_from_terms(terms, e, softmax_lipschitz)
+
+    return propagate(components, inputs, eps, attention_delta)
+
+
+def margin_eps(eps: float, ramp: float, step: int, total_steps: int) -> float:
+    """The training radius at ``step``: ``eps`` after a linear ramp from 0 over a ``ramp``
+    share of all ``total_steps`` (0: eps from the first step)."""
+    if ramp <= 0 or total_steps <= 0:
+        return eps
+    return eps * min(1.0, (step + 1) / (ramp * total_steps))
+
+
+def lofast_loss(model, x: Tensor, y: Tensor, eps: float, scale: float, mix: float = 1.0,
+                softmax_lipschitz: float = 1.0) -> tuple[Tensor, Tensor]:
+    """(logits, loss) of the ``lofast`` margin (module docstring) on a batch of images ``x``
+    (pixels in [0, 1]) with labels ``y``. The bound's norms run in float32 outside autocast."""
+    logits, inputs = model.attention_inputs(x, detach=False)
+    ce = F.cross_entropy(scale * logits, y)
+    if mix == 0 or eps == 0:
+        return logits, ce
+    components = model.components()
+    with torch.autocast(x.device.type, enabled=False):
+        inputs32 = {k: v.float() for k, v in inputs.items()}
+        weights = {c.name: c.module.attention_weights(detach=False).like(inputs32[c.name])
+                   for c in components if c.kind == "attention"}
+        delta = feature_delta(components, inputs32, weights, eps, softmax_lipschitz)
+        head = model.head_weight().float()
+        dist = torch.cdist(head, head)[y]  # (B, C): ||w_y - w_j||, 0 at y
+        need = dist * delta[:, None]
+        margin_ce = F.cross_entropy(scale * (logits.float() + need), y)
+    return logits, (1.0 - mix) * ce + mix * margin_ce
+
+
+def surrogate_certifies(model, x: Tensor, y: Tensor, eps: float,
+                        softmax_lipschitz: float = 1.0) -> Tensor:
+    """(B,) bool: the pairwise test at ``eps`` with the surrogate bound, for correctly
+    classified points (what the training margin asks for). With the model in float64 every
+    True is also certified by :func:`attncert.certify.certified_radius` (``lofast_xi``)."""
+    with torch.no_grad():
+        logits, inputs = model.attention_inputs(x)
+        components = model.components()
+        weights = {c.name: c.module.attention_weights().like(inputs[c.name])
+                   for c in components if c.kind == "attention"}
+        delta = feature_delta(components, inputs, weights, eps, softmax_lipschitz)
+        head = model.head_weight()
+        gaps = logits.gather(1, y[:, None]) - logits
+        need = torch.cdist(head, head)[y] * delta[:, None]
+        ok = (gaps > need) | F.one_hot(y, logits.shape[1]).bool()
+    return ok.all(1) & (logits.argmax(1) == y)
