@@ -220,3 +220,17 @@ def test_a_gpu_calibration_sets_the_per_kernel_constant(smoke, tmp_path):
     table = cost.cost_table(p, measured)
     assert "20 us per kernel (measured: NVIDIA X, 2026-11-25" in table
     assert "(not measured)" in cost.cost_table(p, gpu)
+
+
+def test_the_lofast_margin_is_counted_in_the_grid_s_training_step():
+    """The grid's training work follows train_vit.margin: the lofast margin's bound (norms and
+    their backward pass) adds kernels and FLOPs to every step."""
+    from attncert.cost.counting import stand_in, vit_counts
+    from attncert.models import ViTConfig
+
+    cfg = ViTConfig(image_size=28, channels=1, patch=14, dim=32, depth=2, heads=2,
+                    mlp_hidden=32, num_classes=10, kind="lipschitz", pool="mean",
+                    mean=tuple(stand_in("mnist")["mean"]))
+    lmt, lofast = vit_counts(cfg, None, "lmt")["train"], vit_counts(cfg, None, "lofast")["train"]
+    assert vit_counts(cfg, None, "none")["train"] == lmt  # a logit offset adds nothing
+    assert lofast.kernels > lmt.kernels and lofast.flops(64) > lmt.flops(64)

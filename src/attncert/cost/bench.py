@@ -117,3 +117,55 @@ def bench_training(params, batch: int, steps: int = 5, device: str = "auto",
 def _sync(dev: torch.device) -> None:
     if dev.type == "cuda":
         torch.cuda.synchronize(dev)
+
+
+#: the grid's training margins timed against LMT (``python -m attncert.cost bench``)
+BENCH_MARGINS = ("none", "lmt", "olsa", "lofast")
+
+
+def bench_margins(params, batch: int, steps: int = 5, device: str = "auto",
+                  precision: str = "auto") -> list[dict[str, Any]]:
+    """Seconds per training step of the grid's Lipschitz ViT with each training margin
+    (:func:`attncert.train.step_loss`, the grid's own settings; ``lofast`` at its radius or,
+    when the grid's is 0, at 0.1), and each one's ratio to LMT's."""
+    import dataclasses
+
+    from attncert.models import build_vit
+    from attncert.precision import autocast, resolve_precision, training_matmuls
+    from attncert.runs import GridPoint
+    from attncert.stages import train_vit
+    from attncert.train import resolve_device, step_loss
+
+    g, s = params["vit_grid"], params["train_vit"]
+    ds = g.dataset[0]
+    cfg = train_vit.model_config(s, GridPoint(g.runs_dir, ds, max(g.depth), max(g.heads),
+                                              g.gamma_vo[0]), stand_in(ds))
+    dev = resolve_device(device)
+    prec = resolve_precision(precision, dev)
+    x, y = (a.to(dev) for a in random_images(cfg, batch))
+    rows = []
+    for margin in BENCH_MARGINS:
+        train_cfg = dataclasses.replace(train_vit.train_config(s, 0), margin=margin,
+                                        lofast_eps=s.lofast_eps or 0.1)
+        torch.manual_seed(0)
+        model = build_vit(cfg).to(dev).train()
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
+        times = []
+        with training_matmuls(prec, dev):
+            for i in range(steps + 1):
+                _sync(dev)
+                t0 = time.perf_counter()
+                with autocast(prec, dev):
+                    _, loss = step_loss(model, x, y, train_cfg, progress=(10**6, 10**6))
+                opt.zero_grad(set_to_none=True)
+                loss.backward()
+                opt.step()
+                _sync(dev)
+                if i:
+                    times.append(time.perf_counter() - t0)
+        times.sort()
+        rows.append({"margin": margin, "ms_per_step": 1e3 * times[len(times) // 2]})
+    lmt = next(r["ms_per_step"] for r in rows if r["margin"] == "lmt")
+    for r in rows:
+        r["vs_lmt"] = r["ms_per_step"] / lmt
+    return rows

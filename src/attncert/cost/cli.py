@@ -11,7 +11,7 @@ from pathlib import Path
 
 import torch
 
-from attncert.cost.bench import bench_training
+from attncert.cost.bench import bench_margins, bench_training
 from attncert.cost.calibrate import CALIBRATION_FILE, calibrated
 from attncert.cost.counting import (
     GPUS,
@@ -68,6 +68,10 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{'model':>34} {'ms/step':>9} {'params':>11}  shape")
         for r in rows:
             print(f"{r['model']:>34} {r['ms_per_step']:9.1f} {r['parameters']:11,}  {r['shape']}")
+        print(f"\nthe grid's Lipschitz ViT by training margin (train_vit), batch {args.batch}")
+        print(f"{'margin':>10} {'ms/step':>9} {'x LMT':>7}")
+        for r in bench_margins(params, args.batch, args.steps, args.device):
+            print(f"{r['margin']:>10} {r['ms_per_step']:9.1f} {r['vs_lmt']:7.2f}")
         return 0
     torch.set_num_threads(max(1, min(torch.get_num_threads(), 2)))
     if args.command == "plan":

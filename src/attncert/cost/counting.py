@@ -184,7 +184,8 @@ def attack_step(model: nn.Module, batch: Callable[[int], tuple]) -> Callable[[in
     return make
 
 
-def _vit_counts(cfg, train: bool = True, dtype=torch.float32, msvp_lambda=None):
+def _vit_counts(cfg, train: bool = True, dtype=torch.float32, msvp_lambda=None,
+                margin: str = "none"):
     from attncert.models import build_vit
     from attncert.msvp import MSVP
 
@@ -194,19 +195,44 @@ def _vit_counts(cfg, train: bool = True, dtype=torch.float32, msvp_lambda=None):
     out = {"forward": fit(forward(model, batch)), "attack": fit(attack_step(model, batch))}
     if train:
         msvp = MSVP(model, *msvp_lambda) if msvp_lambda and any(msvp_lambda) else None
-        out["train"] = fit(train_step(model, batch, msvp=msvp))
+        out["train"] = fit(lofast_train_step(model, batch) if margin == "lofast"
+                           else train_step(model, batch, msvp=msvp))
     return out
 
 
-def vit_counts(cfg, msvp: tuple[float, ...] | None = None) -> dict[str, Counts]:
-    """Train step, forward and attack step of a ViT config (cached per shape: a norm bound
-    such as gamma_vo changes no FLOP)."""
-    return _vit_counts_cached(dataclasses.replace(cfg, gamma_vo=1.0), msvp)
+def lofast_train_step(model: nn.Module, batch: Callable[[int], tuple]
+                      ) -> Callable[[int], Callable[[], None]]:
+    """make(b): one training step with the ``lofast`` margin (the bound's norms and their
+    backward pass included: :func:`attncert.certified_training.lofast_loss`)."""
+    from attncert.certified_training import lofast_loss
+
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
+
+    def make(b):
+        x, y = batch(b)
+
+        def step():
+            model.train()
+            _, loss = lofast_loss(model, x, y, eps=0.1, scale=1.0)
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            opt.step()
+        return step
+    return make
+
+
+def vit_counts(cfg, msvp: tuple[float, ...] | None = None, margin: str = "none"
+               ) -> dict[str, Counts]:
+    """Train step (with the training ``margin``: only "lofast" changes the counts), forward
+    and attack step of a ViT config (cached per shape: a norm bound such as gamma_vo changes
+    no FLOP)."""
+    return _vit_counts_cached(dataclasses.replace(cfg, gamma_vo=1.0), msvp,
+                              "lofast" if margin == "lofast" else "none")
 
 
 @functools.cache
-def _vit_counts_cached(cfg, msvp):
-    return _vit_counts(cfg, msvp_lambda=msvp)
+def _vit_counts_cached(cfg, msvp, margin):
+    return _vit_counts(cfg, msvp_lambda=msvp, margin=margin)
 
 
 def vit_forward64(cfg) -> Counts:

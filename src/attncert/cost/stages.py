@@ -43,7 +43,7 @@ def grid_work(p, n_train_max: int, n_test_max: int) -> list[Work]:
                     point = GridPoint(g.runs_dir, ds, depth, heads, vo)
                     name = point.name
                     cfg = train_vit.model_config(s, point, stand_in(ds))
-                    c = vit_counts(cfg, tuple(s.msvp_lambda))
+                    c = vit_counts(cfg, tuple(s.msvp_lambda), s.margin)
                     adv = s.adv_steps if s.adversarial != "none" else 0
                     out += training_work("train_vit", name, c, n_tr, n_te, s.epochs,
                                          s.batch_size, s.eval_batch_size, adv)
