@@ -16,7 +16,8 @@ CPU test and raises only on the GPU. This module gives the tests a second device
       a 'cuda' device type for generator");
     * an operator that mixes simdev tensors with host tensors of one or more dimensions
       (CUDA: "Expected all tensors to be on the same device"), apart from the mixes CUDA
-      accepts (host index tensors, copies);
+      accepts (host index tensors into a device tensor, copies), and device indices into a
+      host tensor (CUDA: "indices should be either on cpu or on the same device");
     * a tensor drawn on the host with an explicit (seeded) generator, or sliced, cast or
       reshaped from one, and then copied to the device (a host draw and a transfer where a
       draw on the device costs neither).
@@ -240,6 +241,11 @@ class _Mode(TorchDispatchMode):
                 if not isinstance(t, SimTensor) and t.dim() > 0 and t.device.type != "meta":
                     self._fail(f"{name}: expected all tensors on one device, found {NAME}:0 "
                                f"and a host tensor of shape {tuple(t.shape)}")
+        if (on_sim and name.startswith(("aten::index", "aten::_index_put"))
+                and isinstance(args[0], torch.Tensor) and not isinstance(args[0], SimTensor)
+                and args[0].dim() > 0):  # CUDA: "indices should be either on cpu or on the
+            self._fail(f"{name}: a host tensor of shape {tuple(args[0].shape)} indexed by "
+                       f"{NAME} indices")  # same device as the indexed tensor"
         if name == "aten::copy_" and isinstance(args[0], SimTensor):
             src = args[1]
             if not isinstance(src, SimTensor) and self._is_host_drawn(src):

@@ -52,6 +52,8 @@ def test_simulated_device_fails_like_a_gpu_and_passes_correct_code():
         assert z.device == x.device and z[torch.tensor([0, 2])].shape == (2, 4)
         torch.nn.init.normal_(torch.empty(2, 2, device=x.device), generator=g_dev)
         bad = {
+            "device indices into a host tensor": lambda: torch.ones(5)[torch.tensor(
+                [0, 2], device=x.device)],
             "generator": lambda: torch.randn(3, generator=g_host, device=x.device),
             "host generator in place": lambda: torch.empty(2, device=x.device).uniform_(
                 generator=g_host),
@@ -146,11 +148,11 @@ def test_certify_table_and_audit_on_the_device():
 # -- the text PGD audit (OLSA text classifier, embeddings space) ----------------------------
 
 
-def _olsa_text():
+def _olsa_text(attention: str = "olsa"):
     from attncert.text.models import OLSAClassifier
 
     torch.manual_seed(0)
-    model = OLSAClassifier(12, max_len=8, dim=8, depth=1, heads=2, attention="olsa",
+    model = OLSAClassifier(12, max_len=8, dim=8, depth=1, heads=2, attention=attention,
                            alpha1=1.0, residual="averaged", residual_init=0.1).double().eval()
     g = torch.Generator().manual_seed(0)
     ids = torch.randint(3, 12, (6, 8), generator=g)
@@ -173,10 +175,11 @@ def test_text_audit_on_the_device():
     assert sim.draws_on_device > 0 and rows == ref
 
 
-def test_text_olsa_certificates_on_the_device():
+@pytest.mark.parametrize("attention", ["olsa", "l2"])  # l2: Kim et al.'s, a control of text
+def test_text_olsa_certificates_on_the_device(attention):
     from attncert.text.train_text import certify_rows
 
-    model, ids, mask, y = _olsa_text()
+    model, ids, mask, y = _olsa_text(attention)
     data = {"ids": ids, "mask": mask, "y": y}
     ref = certify_rows(model, data, batch_size=4)
     with simulated_device() as sim:

@@ -249,7 +249,8 @@ def dry(tmp_path_factory, mirror):
     env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"
     env.update(DVC_NO_ANALYTICS="1", ATTNCERT_DATA_MIRROR=str(stand), HF_HUB_OFFLINE="1",
                OMP_NUM_THREADS="1", ATTNCERT_ALLOW_CPU_PAPER="1",  # paper shapes on the CPU
-               PYTHONPATH=os.pathsep.join([str(shim), str(repo / "src")]))
+               PYTHONPATH=os.pathsep.join([str(shim), str(repo / "src"),
+                                           *filter(None, [env.get("PYTHONPATH")])]))
     return repo, env
 
 

@@ -169,3 +169,42 @@ def bench_margins(params, batch: int, steps: int = 5, device: str = "auto",
     for r in rows:
         r["vs_lmt"] = r["ms_per_step"] / lmt
     return rows
+
+
+def bench_crown(params, device: str = "auto", points: int = 2) -> list[dict[str, Any]]:
+    """Seconds per CROWN bound of the crown stage's ViT at its paper shape (every depth, every
+    method of ``crown.methods``, the smallest ``cert_eps``, ``crown.bound_dtype``), on
+    ``points`` random images of the first dataset's shape. The weights are the untrained
+    initialisation: a bound's cost follows the graph's shape, not the weights' values. Build
+    time (once per model) is reported apart; a bound that fails (a domain error of loose
+    intermediate bounds, the time limit) counts with the seconds it ran, and its status shows."""
+    from attncert.crown.bridge import CrownCertifier, certify_points
+    from attncert.models import build_vit
+    from attncert.stages import crown as crown_stage
+    from attncert.train import resolve_device
+
+    c = params["crown"]
+    dev = resolve_device(device)
+    dtype = getattr(torch, c.bound_dtype)
+    rows = []
+    for depth in c.depths:
+        cfg = crown_stage.vit_config(stand_in(c.datasets[0]), c, depth)
+        torch.manual_seed(0)
+        model = build_vit(cfg).to(device=dev, dtype=dtype).eval()
+        x, _ = random_images(cfg, points, dtype)
+        x = x.to(dev)
+        with torch.no_grad():
+            y = model(x).argmax(-1)
+        cert = CrownCertifier.from_vit(model, x.shape[1:], dtype)
+        for method in c.methods:
+            _sync(dev)
+            out = certify_points(cert, x, y, [min(c.cert_eps)], method, c.time_limit,
+                                 c.alpha_iterations)
+            _sync(dev)
+            rows.append({"depth": depth, "method": method, "device": str(dev),
+                         "dtype": c.bound_dtype, "tokens": (cfg.image_size // cfg.patch) ** 2,
+                         "build_seconds": cert.build_seconds,
+                         "seconds_per_bound": sum(r["seconds"] for r in out) / len(out),
+                         "status": ",".join(sorted({r["status"] for r in out}))})
+        del cert, model
+    return rows

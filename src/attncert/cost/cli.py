@@ -1,6 +1,6 @@
 """Cost of the study at the scale of a params file: GPU-hours per stage, and training step times.
 
-The command line (``python -m attncert.cost table | readme | bench | plan | order``) and the
+The command line (``python -m attncert.cost table | readme | bench | crown | plan | order``) and the
 README block it rewrites between the cost markers.
 """
 
@@ -11,7 +11,7 @@ from pathlib import Path
 
 import torch
 
-from attncert.cost.bench import bench_margins, bench_training
+from attncert.cost.bench import bench_crown, bench_margins, bench_training
 from attncert.cost.calibrate import CALIBRATION_FILE, calibrated
 from attncert.cost.counting import (
     GPUS,
@@ -43,13 +43,14 @@ def main(argv: list[str] | None = None) -> int:
 
     ap = argparse.ArgumentParser(prog="python -m attncert.cost",
                                  description=__doc__.splitlines()[0])
-    ap.add_argument("command", choices=["table", "readme", "bench", "plan", "order"])
+    ap.add_argument("command", choices=["table", "readme", "bench", "crown", "plan", "order"])
     ap.add_argument("--params", default="params.yaml")
     ap.add_argument("--gpu", default="h100", choices=sorted(GPUS))
     ap.add_argument("--utilisation", type=float, default=UTILISATION)
     ap.add_argument("--batch", type=int, default=32, help="bench: batch size")
     ap.add_argument("--steps", type=int, default=5, help="bench: timed steps per model")
-    ap.add_argument("--device", default="auto", help="bench: auto | cpu | cuda ...")
+    ap.add_argument("--device", default="auto", help="bench, crown: auto | cpu | cuda ...")
+    ap.add_argument("--points", type=int, default=2, help="crown: points bounded per method")
     ap.add_argument("--gpus", type=int, nargs="+", default=[1, 2, 4, 8],
                     help="plan: GPU counts to schedule the units on")
     ap.add_argument("--calibration", default=CALIBRATION_FILE,
@@ -72,6 +73,13 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{'margin':>10} {'ms/step':>9} {'x LMT':>7}")
         for r in bench_margins(params, args.batch, args.steps, args.device):
             print(f"{r['margin']:>10} {r['ms_per_step']:9.1f} {r['vs_lmt']:7.2f}")
+        return 0
+    if args.command == "crown":
+        print(f"one CROWN bound (point x eps) of the crown stage's ViT, {args.points} points")
+        print(f"{'depth':>5} {'method':>12} {'tokens':>6} {'build s':>8} {'s/bound':>8}  status")
+        for r in bench_crown(params, args.device, args.points):
+            print(f"{r['depth']:>5} {r['method']:>12} {r['tokens']:>6} "
+                  f"{r['build_seconds']:8.2f} {r['seconds_per_bound']:8.2f}  {r['status']}")
         return 0
     torch.set_num_threads(max(1, min(torch.get_num_threads(), 2)))
     if args.command == "plan":

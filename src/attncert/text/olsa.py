@@ -193,7 +193,8 @@ class L2Attention(nn.Module):
         """(max_len + 1,) Theorem 3.2 bound for every length (entry 0 unused)."""
         heads = self._per_head(wq, wv, wo)
         return torch.tensor([1.0] + [kim_l2_attention_lipschitz(*heads, n)
-                                     for n in range(1, max_len + 1)], dtype=torch.float64)
+                                     for n in range(1, max_len + 1)], dtype=torch.float64,
+                            device=wq.device)
 
     def _probs(self, y: Tensor, mask: Tensor) -> Tensor:
         # -||y_i - y_j||^2 = 2 y_i.y_j - ||y_j||^2 - ||y_i||^2; the last term cancels in softmax
