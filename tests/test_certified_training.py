@@ -90,6 +90,33 @@ def test_the_margin_is_differentiable_and_its_gradient_lowers_the_bound():
     assert bound() < before
 
 
+def test_the_margin_trains_the_clean_logits():
+    """The loss's logits stay in the autograd graph: with the radius at 0 its gradient is the
+    plain cross-entropy's, in every parameter (the forward pass that also captures the
+    attention inputs must not run without autograd), and with a radius the clean
+    cross-entropy still moves the embedding."""
+    model = _model(dtype=torch.float32).train()
+    x, y = _data(dtype=torch.float32)
+    params = list(model.parameters())
+    _, zero = ct.lofast_loss(model, x, y, eps=0.0, scale=5.0)
+    plain = F.cross_entropy(5.0 * model(x), y)
+    assert torch.equal(zero, plain)
+    g0 = torch.autograd.grad(zero, params, allow_unused=True)
+    g1 = torch.autograd.grad(plain, params, allow_unused=True)
+    for a, b in zip(g0, g1, strict=True):
+        assert (a is None) == (b is None)
+        if a is not None:
+            torch.testing.assert_close(a, b)
+    _, loss = ct.lofast_loss(model, x, y, eps=0.1, scale=5.0, mix=0.5)
+    grads = dict(zip([n for n, _ in model.named_parameters()],
+                     torch.autograd.grad(loss, params, allow_unused=True), strict=True))
+    assert all(g is not None and torch.isfinite(g).all() for n, g in grads.items()
+               if n.startswith(("embed", "head"))), "the clean path reaches every layer"
+    with torch.no_grad():
+        _, inputs = model.attention_inputs(x, detach=False)
+    assert not any(t.requires_grad for t in inputs.values()), "no_grad outside wins"
+
+
 def test_the_radius_ramp_and_the_config_checks():
     assert ct.margin_eps(0.5, 0.0, 0, 100) == 0.5
     assert ct.margin_eps(0.5, 0.5, 0, 100) == pytest.approx(0.01)

@@ -2,6 +2,7 @@
 
 import dataclasses
 import json
+import math
 import re
 import shutil
 from pathlib import Path
@@ -220,6 +221,36 @@ def test_a_gpu_calibration_sets_the_per_kernel_constant(smoke, tmp_path):
     table = cost.cost_table(p, measured)
     assert "20 us per kernel (measured: NVIDIA X, 2026-11-25" in table
     assert "(not measured)" in cost.cost_table(p, gpu)
+    # without make gpu-check's own file, the committed GPU measurement is the constant
+    committed = json.loads((ROOT / calibrate.COMMITTED_CALIBRATION).read_text())
+    assert committed["kernel_seconds"] > 0 and committed["steps"][0]["device"].startswith("cuda")
+    with pytest.MonkeyPatch.context() as mp:
+        mp.chdir(ROOT)
+        if not Path(calibrate.CALIBRATION_FILE).is_file():
+            assert calibrate.calibrated(gpu).kernel_seconds == committed["kernel_seconds"]
+
+
+def test_crown_bounds_are_costed_from_the_measured_seconds(tmp_path, monkeypatch):
+    """A bound measured on CUDA counts as measured; one measured on the CPU only is scaled
+    by the CUDA / CPU ratio of the bounds measured on both; none measured: NaN."""
+    from attncert.cost import bench, stages
+
+    path = tmp_path / "crown.json"
+    rows = [{"device": "cpu", "depth": 3, "method": "crown", "seconds_per_bound": 4.0},
+            {"device": "cpu", "depth": 3, "method": "alpha_crown", "seconds_per_bound": 40.0},
+            {"device": "cuda:0", "depth": 3, "method": "crown", "seconds_per_bound": 6.0,
+             "machine": "NVIDIA X", "date": "2026-11-26"}]
+    bench.merge_crown_bench(path, rows[:2])
+    bench.merge_crown_bench(path, rows[2:])  # another device type: the CPU rows stay
+    bench.merge_crown_bench(path, rows[:2])  # the same device type: replaced, not doubled
+    assert len(json.loads(path.read_text())["rows"]) == 3
+    assert stages.crown_bound_seconds(3, "crown", path) == (6.0, "measured on CUDA")
+    sec, how = stages.crown_bound_seconds(3, "alpha_crown", path)
+    assert sec == pytest.approx(60.0) and "CUDA / CPU" in how
+    assert math.isnan(stages.crown_bound_seconds(4, "crown", path)[0])
+    # the committed measurement exists and the table states the seconds it used
+    committed = json.loads((ROOT / stages.CROWN_BENCH).read_text())["rows"]
+    assert {r["device"].split(":")[0] for r in committed} == {"cpu", "cuda"}
 
 
 def test_the_lofast_margin_is_counted_in_the_grid_s_training_step():

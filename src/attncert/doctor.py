@@ -85,6 +85,33 @@ def check_gpu_ids(ids: Sequence[str], scale: str = "paper",
     return f"GPUs {' '.join(ids)} visible"
 
 
+def _driver() -> str:
+    """The NVIDIA driver's version (nvidia-smi) and the CUDA version it supports (the CUDA
+    driver API, through torch); "unknown" for what neither says."""
+    import shutil
+    import subprocess
+
+    import torch
+
+    found = []
+    smi = shutil.which("nvidia-smi")
+    if smi:
+        try:
+            out = subprocess.run([smi, "--query-gpu=driver_version", "--format=csv,noheader"],
+                                 capture_output=True, text=True, timeout=30).stdout.split()
+            found += out[:1]
+        except (OSError, subprocess.SubprocessError):
+            pass
+    api = getattr(torch._C, "_cuda_getDriverVersion", None)
+    try:
+        v = int(api()) if api else 0
+    except RuntimeError:
+        v = 0
+    if v:
+        found.append(f"(CUDA {v // 1000}.{v % 1000 // 10})")
+    return " ".join(found) or "unknown"
+
+
 def report() -> list[tuple[str, str]]:
     """(what, value) rows: torch, CUDA, driver, each GPU's name, memory and bf16 support."""
     import torch
@@ -94,11 +121,7 @@ def report() -> list[tuple[str, str]]:
     if not torch.cuda.is_available():
         rows.append(("GPUs", f"none usable: {_cuda_summary()}"))
         return rows
-    try:
-        driver = torch.cuda.driver_version() if hasattr(torch.cuda, "driver_version") else None
-    except RuntimeError:
-        driver = None
-    rows.append(("CUDA driver", str(driver) if driver else "unknown"))
+    rows.append(("CUDA driver", _driver()))
     for i in range(torch.cuda.device_count()):
         free, total = torch.cuda.mem_get_info(i)
         props = torch.cuda.get_device_properties(i)

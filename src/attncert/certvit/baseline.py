@@ -72,7 +72,8 @@ class PixelLinear(nn.Module):
 
 def certify_linear(model: PixelLinear, x: Tensor, y: Tensor, eps_grid: Sequence[float],
                    attack_steps: int = 0, attack_restarts: int = 1, batch_size: int = 256,
-                   seed: int = 0, n_attack: int | None = None) -> dict:
+                   seed: int = 0, n_attack: int | None = None,
+                   attack_batch_size: int | None = None) -> dict:
     """The exact pairwise radius of every point and the report of
     :func:`attncert.certvit.certify` (same keys; ``lipschitz`` 1 in place of ``bound``)."""
     if not isinstance(model, PixelLinear):
@@ -81,4 +82,5 @@ def certify_linear(model: PixelLinear, x: Tensor, y: Tensor, eps_grid: Sequence[
     with torch.no_grad():
         rows = model.head_weight().detach()
     return certify_pairwise(model, x, y, rows, 1.0, eps_grid, attack_steps, attack_restarts,
-                            batch_size, seed, n_attack=n_attack) | {"lipschitz": 1.0}
+                            batch_size, seed, n_attack=n_attack,
+                            attack_batch_size=attack_batch_size) | {"lipschitz": 1.0}

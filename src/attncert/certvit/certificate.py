@@ -179,14 +179,17 @@ def _logits(model: nn.Module, x: Tensor, batch_size: int) -> Tensor:
 
 def certify(model: ViT, x: Tensor, y: Tensor, eps_grid: Sequence[float],
             attack_steps: int = 0, attack_restarts: int = 1, batch_size: int = 256,
-            seed: int = 0, n_attack: int | None = None) -> dict:
+            seed: int = 0, n_attack: int | None = None,
+            attack_batch_size: int | None = None) -> dict:
     """Certify (x, y) (pixels in [0, 1], float) with the global bound; optionally audit it.
 
     Returns ``bound`` (:class:`GlobalBound`), per-sample ``prediction``, ``correct``,
     ``radius`` (CPU tensors), ``clean_acc``, ``certified_acc`` {eps: fraction correct and
     radius >= eps}, ``seconds_per_sample`` (bound + forward + radii) and, with
     ``attack_steps`` > 0, the L2 PGD audit of :func:`attncert.certify.audit` on the first
-    ``n_attack`` points (None: all): ``n_attacked``, ``audit`` rows, ``pgd_acc`` {eps:
+    ``n_attack`` points (None: all) in batches of ``attack_batch_size`` (None:
+    ``batch_size``; a PGD step keeps activations for the backward pass, so it needs a smaller
+    batch than the certificate's forward pass): ``n_attacked``, ``audit`` rows, ``pgd_acc`` {eps:
     accuracy under attack}, ``attacked_certified_acc`` (certified accuracy on the same
     points, the one to set beside ``pgd_acc``) and ``broken`` (certified points PGD broke:
     must be 0).
@@ -196,14 +199,14 @@ def certify(model: ViT, x: Tensor, y: Tensor, eps_grid: Sequence[float],
     bound = global_bound(model)
     return certify_pairwise(model, x, y, bound.head_weight, bound.features, eps_grid,
                             attack_steps, attack_restarts, batch_size, seed, t0,
-                            n_attack) | {"bound": bound}
+                            n_attack, attack_batch_size) | {"bound": bound}
 
 
 def certify_pairwise(model: nn.Module, x: Tensor, y: Tensor, head_weight: Tensor,
                      features_lipschitz: float, eps_grid: Sequence[float],
                      attack_steps: int = 0, attack_restarts: int = 1, batch_size: int = 256,
                      seed: int = 0, started: float | None = None,
-                     n_attack: int | None = None) -> dict:
+                     n_attack: int | None = None, attack_batch_size: int | None = None) -> dict:
     """:func:`certify` for any model whose logits are ``head_weight`` (C, d) applied to
     features with the given global Lipschitz constant (plus a bias): the same report, no
     ``bound`` key. ``started``: the perf_counter time the certificate's cost counts from."""
@@ -226,7 +229,7 @@ def certify_pairwise(model: nn.Module, x: Tensor, y: Tensor, head_weight: Tensor
     if attack_steps > 0:
         n = len(y) if n_attack is None else min(n_attack, len(y))
         rows, _ = audit(model, x[:n], y[:n], {"certvit": radius[:n]}, eps_grid, attack_steps,
-                        attack_restarts, seed, batch_size)
+                        attack_restarts, seed, attack_batch_size or batch_size)
         out["n_attacked"] = n
         out["audit"] = rows
         out["pgd_acc"] = {r["eps"]: r["robust_acc"] for r in rows}

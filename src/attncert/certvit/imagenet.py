@@ -62,7 +62,8 @@ def table3(data: Mapping[str, Any], source: str, folder: str | Path, modes: Sequ
            norm: str, radius_quantile: float, dr: DRConfig, budgets: Budgets,
            calibration: int, cert_eps: Sequence[float], attack_steps: int,
            attack_restarts: int, batch_size: int, seed: int, device: str | torch.device,
-           n_attack: int | None = None) -> tuple[dict[str, dict[str, Any]], str]:
+           n_attack: int | None = None, attack_batch_size: int | None = None
+           ) -> tuple[dict[str, dict[str, Any]], str]:
     """Per mode: the images certified and used for calibration, the loaded model's clean
     accuracy, the adapted and final ones, the pairwise bound adapted and constrained,
     certified and PGD accuracy by eps (str keys; PGD on the first ``n_attack``) and broken
@@ -93,7 +94,7 @@ def table3(data: Mapping[str, Any], source: str, folder: str | Path, modes: Sequ
         adapted_acc = _accuracy(model, x, y, batch_size)
         model, _ = cv.constrain_mode(m, model, cal, dr, budgets)
         rep = certify(model, x, y, cert_eps, attack_steps, attack_restarts, batch_size, seed,
-                      n_attack=n_attack)
+                      n_attack=n_attack, attack_batch_size=attack_batch_size)
         label = f"ImageNet ({m})"
         soundness.require_sound({label: rep["audit"]},
                                 {label: (rep["attacked_certified_acc"], rep["pgd_acc"])})

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import functools
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
@@ -171,13 +171,19 @@ def bench_margins(params, batch: int, steps: int = 5, device: str = "auto",
     return rows
 
 
-def bench_crown(params, device: str = "auto", points: int = 2) -> list[dict[str, Any]]:
+def bench_crown(params, device: str = "auto", points: int = 2,
+                methods: list[str] | None = None, depths: list[int] | None = None
+                ) -> Iterator[dict[str, Any]]:
     """Seconds per CROWN bound of the crown stage's ViT at its paper shape (every depth, every
     method of ``crown.methods``, the smallest ``cert_eps``, ``crown.bound_dtype``), on
     ``points`` random images of the first dataset's shape. The weights are the untrained
     initialisation: a bound's cost follows the graph's shape, not the weights' values. Build
     time (once per model) is reported apart; a bound that fails (a domain error of loose
-    intermediate bounds, the time limit) counts with the seconds it ran, and its status shows."""
+    intermediate bounds, the time limit) counts with the seconds it ran, and its status shows.
+    ``methods``, ``depths``: subsets of ``crown.methods``, ``crown.depths`` (None: all). Yields
+    a row as each (depth, method) ends, so a caller keeps what finished before an
+    out-of-memory kill; ``peak_gb``: the device's peak allocation during the bounds (CUDA) or
+    the process's peak resident memory so far (CPU)."""
     from attncert.crown.bridge import CrownCertifier, certify_points
     from attncert.models import build_vit
     from attncert.stages import crown as crown_stage
@@ -186,8 +192,7 @@ def bench_crown(params, device: str = "auto", points: int = 2) -> list[dict[str,
     c = params["crown"]
     dev = resolve_device(device)
     dtype = getattr(torch, c.bound_dtype)
-    rows = []
-    for depth in c.depths:
+    for depth in depths or c.depths:
         cfg = crown_stage.vit_config(stand_in(c.datasets[0]), c, depth)
         torch.manual_seed(0)
         model = build_vit(cfg).to(device=dev, dtype=dtype).eval()
@@ -196,15 +201,54 @@ def bench_crown(params, device: str = "auto", points: int = 2) -> list[dict[str,
         with torch.no_grad():
             y = model(x).argmax(-1)
         cert = CrownCertifier.from_vit(model, x.shape[1:], dtype)
-        for method in c.methods:
+        for method in methods or c.methods:
+            if dev.type == "cuda":
+                torch.cuda.reset_peak_memory_stats(dev)
             _sync(dev)
             out = certify_points(cert, x, y, [min(c.cert_eps)], method, c.time_limit,
                                  c.alpha_iterations)
             _sync(dev)
-            rows.append({"depth": depth, "method": method, "device": str(dev),
-                         "dtype": c.bound_dtype, "tokens": (cfg.image_size // cfg.patch) ** 2,
-                         "build_seconds": cert.build_seconds,
-                         "seconds_per_bound": sum(r["seconds"] for r in out) / len(out),
-                         "status": ",".join(sorted({r["status"] for r in out}))})
+            yield {"depth": depth, "method": method, "device": str(dev),
+                   "dtype": c.bound_dtype, "tokens": (cfg.image_size // cfg.patch) ** 2,
+                   "build_seconds": cert.build_seconds,
+                   "seconds_per_bound": sum(r["seconds"] for r in out) / len(out),
+                   "status": ",".join(sorted({r["status"] for r in out})),
+                   "peak_gb": _peak_gb(dev)}
         del cert, model
-    return rows
+
+
+def _peak_gb(dev: torch.device) -> float:
+    if dev.type == "cuda":
+        return torch.cuda.max_memory_allocated(dev) / 2**30
+    import resource
+
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20  # KiB on Linux
+
+
+def merge_crown_bench(path, rows: list[dict[str, Any]]) -> dict[str, Any]:
+    """Merge :func:`bench_crown` ``rows`` into the JSON file at ``path`` (a row replaces the
+    row of the same device type, depth and method; others are kept), each row dated (a row's
+    own date, machine and torch, when it has them, are kept); written atomically."""
+    import datetime
+    import json
+    import platform
+    from pathlib import Path
+
+    from attncert.io import write_json
+
+    path = Path(path)
+    old = json.loads(path.read_text())["rows"] if path.is_file() else []
+    types = {r["device"].split(":")[0] for r in rows}
+    key = lambda r: (r["device"].split(":")[0], r["depth"], r["method"])  # noqa: E731
+    keys = {key(r) for r in rows}
+    date = datetime.date.today().isoformat()
+    if all("machine" in r for r in rows):  # measured elsewhere: as recorded there
+        machine = ""
+    elif "cuda" in types:
+        machine = torch.cuda.get_device_name() if torch.cuda.is_available() else "cuda"
+    else:
+        machine = f"{platform.processor() or platform.machine()}, {torch.get_num_threads()} threads"
+    new = [{"date": date, "machine": machine, "torch": torch.__version__} | r for r in rows]
+    record = {"rows": sorted([r for r in old if key(r) not in keys] + new, key=key)}
+    write_json(path, record)
+    return record

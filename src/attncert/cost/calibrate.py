@@ -5,8 +5,9 @@ bench_training`) on a CUDA device and divides each by the kernels the same step 
 (counted as the cost model counts them, :func:`attncert.cost.counting.count`); the smallest
 quotient over the model kinds, the most launch-bound step, is an upper bound of the seconds
 per kernel (it still contains that step's FLOP time). The result goes to
-:data:`CALIBRATION_FILE`, which ``python -m attncert.cost`` reads when it exists
-(:func:`calibrated`): the cost table then says where and when its constant was measured.
+:data:`CALIBRATION_FILE`, which ``python -m attncert.cost`` reads when it exists, else the
+committed measurement :data:`COMMITTED_CALIBRATION` (:func:`calibrated`): the cost table
+says where and when its constant was measured.
 """
 
 from __future__ import annotations
@@ -22,6 +23,9 @@ from attncert.io import write_json
 
 #: written by ``python -m attncert.doctor --calibrate`` (``make gpu-check``)
 CALIBRATION_FILE = "reports/gpu_check.json"
+#: the project's last GPU measurement, committed: the cost table's constant where no
+#: ``make gpu-check`` of this machine's own exists
+COMMITTED_CALIBRATION = "docs/gpu_check.json"
 
 
 def kernel_seconds(rows: list[dict[str, Any]], params, batch: int) -> dict[str, float]:
@@ -65,9 +69,13 @@ def measure(params, device: str = "cuda", batch: int = 8, steps: int = 5,
     return record
 
 
-def calibrated(gpu: GPU, path: str | Path = CALIBRATION_FILE) -> GPU:
+def calibrated(gpu: GPU, path: str | Path | None = None) -> GPU:
     """``gpu`` with the per-kernel constant of the calibration at ``path`` (unchanged when
-    there is none)."""
+    there is none); ``None``: this machine's ``make gpu-check`` (:data:`CALIBRATION_FILE`),
+    else the committed one (:data:`COMMITTED_CALIBRATION`)."""
+    if path is None:
+        path = next((p for p in (CALIBRATION_FILE, COMMITTED_CALIBRATION) if Path(p).is_file()),
+                    CALIBRATION_FILE)
     path = Path(path)
     if not path.is_file():
         return gpu

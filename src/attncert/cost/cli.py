@@ -12,11 +12,12 @@ from pathlib import Path
 import torch
 
 from attncert.cost.bench import bench_crown, bench_margins, bench_training
-from attncert.cost.calibrate import CALIBRATION_FILE, calibrated
+from attncert.cost.calibrate import CALIBRATION_FILE, COMMITTED_CALIBRATION, calibrated
 from attncert.cost.counting import (
     GPUS,
     UTILISATION,
 )
+from attncert.cost.stages import CROWN_BENCH
 from attncert.cost.table import cost_table
 
 # -- command line -----------------------------------------------------------------------------
@@ -51,11 +52,18 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--steps", type=int, default=5, help="bench: timed steps per model")
     ap.add_argument("--device", default="auto", help="bench, crown: auto | cpu | cuda ...")
     ap.add_argument("--points", type=int, default=2, help="crown: points bounded per method")
+    ap.add_argument("--methods", nargs="+", default=None,
+                    help="crown: these of crown.methods (default: all)")
+    ap.add_argument("--depths", type=int, nargs="+", default=None,
+                    help="crown: these of crown.depths (default: all)")
+    ap.add_argument("--write", metavar="PATH", nargs="?", const=CROWN_BENCH, default=None,
+                    help=f"crown: merge the rows into PATH (default {CROWN_BENCH}, which the "
+                         "cost table reads), replacing this device type's rows")
     ap.add_argument("--gpus", type=int, nargs="+", default=[1, 2, 4, 8],
                     help="plan: GPU counts to schedule the units on")
-    ap.add_argument("--calibration", default=CALIBRATION_FILE,
-                    help="the per-kernel constant measured by make gpu-check (used when the "
-                         "file exists)")
+    ap.add_argument("--calibration", default=None,
+                    help=f"the per-kernel constant's measurement (default: {CALIBRATION_FILE} "
+                         f"of make gpu-check, else the committed {COMMITTED_CALIBRATION})")
     args = ap.parse_args(argv)
     if not 0 < args.utilisation <= 1:
         ap.error("--utilisation must be in (0, 1]")
@@ -76,10 +84,16 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if args.command == "crown":
         print(f"one CROWN bound (point x eps) of the crown stage's ViT, {args.points} points")
-        print(f"{'depth':>5} {'method':>12} {'tokens':>6} {'build s':>8} {'s/bound':>8}  status")
-        for r in bench_crown(params, args.device, args.points):
+        print(f"{'depth':>5} {'method':>12} {'tokens':>6} {'build s':>8} {'s/bound':>8} "
+              f"{'peak GB':>7}  status")
+        from attncert.cost.bench import merge_crown_bench
+
+        for r in bench_crown(params, args.device, args.points, args.methods, args.depths):
             print(f"{r['depth']:>5} {r['method']:>12} {r['tokens']:>6} "
-                  f"{r['build_seconds']:8.2f} {r['seconds_per_bound']:8.2f}  {r['status']}")
+                  f"{r['build_seconds']:8.2f} {r['seconds_per_bound']:8.2f} "
+                  f"{r['peak_gb']:7.1f}  {r['status']}", flush=True)
+            if args.write:  # row by row: an out-of-memory kill keeps what finished
+                merge_crown_bench(args.write, [r])
         return 0
     torch.set_num_threads(max(1, min(torch.get_num_threads(), 2)))
     if args.command == "plan":

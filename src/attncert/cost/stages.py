@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import functools
 import math
+from pathlib import Path
 
 import torch
 
@@ -146,10 +147,41 @@ def _in_unit(items: list[Work], unit: str) -> list[Work]:
     return items
 
 
+#: seconds per CROWN bound measured at the paper shape (``python -m attncert.cost crown
+#: --device D --write``): rows of :func:`attncert.cost.bench.bench_crown`, per device type
+CROWN_BENCH = "docs/crown_bench.json"
+
+
+def crown_bound_seconds(depth: int, method: str, path: str | Path = CROWN_BENCH
+                        ) -> tuple[float, str]:
+    """(seconds, how) of one CROWN bound of the crown ViT of ``depth`` on a GPU: measured on
+    CUDA where :data:`CROWN_BENCH` has it; else the CPU's measurement times the median
+    CUDA / CPU ratio of the bounds measured on both ("scaled"); else NaN ("not measured")."""
+    import json
+    import statistics
+
+    path = Path(path)
+    rows = json.loads(path.read_text())["rows"] if path.is_file() else []
+    by = {(r["device"].split(":")[0], r["depth"], r["method"]): r["seconds_per_bound"]
+          for r in rows if math.isfinite(r["seconds_per_bound"])}
+    if ("cuda", depth, method) in by:
+        return by["cuda", depth, method], "measured on CUDA"
+    if ("cpu", depth, method) not in by:
+        return math.nan, "not measured"
+    ratios = [v / by["cpu", d, m] for (dev, d, m), v in by.items()
+              if dev == "cuda" and ("cpu", d, m) in by]
+    if not ratios:
+        return by["cpu", depth, method], "measured on the CPU, not scaled"
+    ratio = statistics.median(ratios)
+    return by["cpu", depth, method] * ratio, f"the CPU's x {ratio:.2g} (CUDA / CPU)"
+
+
 def crown_work(p, n_train_max: int, n_test_max: int) -> tuple[list[Work], float]:
     """Per unit (dataset x depth, ``crown_unit@<dataset>-<depth>``): training, LoFAST, the PGD
-    audit and CROWN's bounds at their worst (points x eps x methods x time limit, capped by
-    the unit's time budget). Returns the items and the bounds' worst seconds in all."""
+    audit and CROWN's bounds: every point x eps x method run, each at its measured seconds
+    per bound (:func:`crown_bound_seconds`; the time limit where none is measured or past
+    it), capped by the unit's time budget. Returns the items and the bounds' seconds in
+    all."""
     from attncert.stages import crown as crown_stage
 
     c_p = p["crown"]
@@ -168,7 +200,11 @@ def crown_work(p, n_train_max: int, n_test_max: int) -> tuple[list[Work], float]
             items.append(audit_work("crown", f"{dataset} L{depth}: PGD audit", c["attack"], n,
                                     len(c_p.cert_eps), c_p.attack_steps, c_p.attack_restarts,
                                     100))
-            worst = n * len(c_p.cert_eps) * len(c_p.methods) * c_p.time_limit
+            worst = 0.0
+            for method in c_p.methods:
+                sec, _ = crown_bound_seconds(depth, method)
+                limit = c_p.time_limit or math.inf
+                worst += n * len(c_p.cert_eps) * (limit if math.isnan(sec) else min(sec, limit))
             worst = min(worst, c_p.time_budget) if c_p.time_budget else worst
             items.append(Work("crown", f"{dataset} L{depth}: CROWN bounds (at most)", "fp64",
                               0.0, 0.0, fixed_seconds=worst))

@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import math
+
 from attncert.cost.counting import (
     GPU,
     UTILISATION,
 )
 from attncert.cost.stages import (
     certvit_work,
+    crown_bound_seconds,
     crown_work,
     grid_work,
     specformer_work,
@@ -76,11 +79,19 @@ def cost_table(params, gpu: GPU, utilisation: float = UTILISATION) -> str:
               else "")
     skip = ("; points LoFAST certifies skip CROWN (crown.skip_lofast_certified), so fewer run"
             if c.skip_lofast_certified else "")
+    per = []
+    for m in c.methods:
+        secs = [(d, *crown_bound_seconds(d, m)) for d in c.depths]
+        per.append(f"{m} " + ", ".join(f"L{d} {'-' if math.isnan(v) else f'{v:.3g}'} s"
+                                       for d, v, _ in secs)
+                   + f" ({'; '.join(sorted({how for _, _, how in secs}))})")
     lines.append(f"| of which crown: CROWN / alpha-CROWN bounds | - | at most "
-                 f"{crown_seconds / 3600:.3g} | time limit | in the crown row and the total, "
+                 f"{crown_seconds / 3600:.3g} | bounds | in the crown row and the total, "
                  f"at their worst: {len(c.datasets)} datasets x {len(c.depths)} depths (one "
                  f"unit each) x {c.n_test} points x {len(c.cert_eps)} eps x {len(c.methods)} "
-                 f"methods x {c.time_limit:g} s{budget}{skip} |")
+                 f"methods, each bound at its seconds at the paper shape on a GPU "
+                 f"({'; '.join(per)}; `python -m attncert.cost crown`; unmeasured or past it: "
+                 f"the time limit {c.time_limit:g} s){budget}{skip} |")
     head = (f"Scale `{params['base'].scale}`; one {gpu.name} at {utilisation:.0%} of its dense "
             f"peak per precision (bf16 {gpu.bf16 / 1e12:.0f}, TF32 {gpu.tf32 / 1e12:.0f}, "
             f"FP32 {gpu.fp32 / 1e12:.0f}, FP64 {gpu.fp64 / 1e12:.0f} TFLOP/s) and "

@@ -102,11 +102,15 @@ class ViT(nn.Module):
         """Attention layers by module name ("blocks.0.attn", ...), in forward order."""
         return {f"blocks.{i}.attn": b.attn for i, b in enumerate(self.blocks)}
 
-    @torch.no_grad()
     def attention_inputs(self, x: Tensor, detach: bool = True
                          ) -> tuple[Tensor, dict[str, Tensor]]:
         """One forward pass: (logits, {attention name: its clean input X_k (B, n, dim)});
-        ``detach=False`` keeps the inputs in the graph (a training loss on the bound)."""
+        ``detach=True`` runs it without autograd; ``detach=False`` keeps the logits and the
+        inputs in the graph (a training loss on the logits and the bound)."""
+        with torch.set_grad_enabled(torch.is_grad_enabled() and not detach):
+            return self._attention_inputs(x, detach)
+
+    def _attention_inputs(self, x: Tensor, detach: bool) -> tuple[Tensor, dict[str, Tensor]]:
         captured: dict[str, Tensor] = {}
         handles = []
         for name, mod in self.attention_modules().items():

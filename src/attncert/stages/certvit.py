@@ -124,7 +124,9 @@ class Params:
     n_test: int = param(nonneg, doc="the first n test images are certified (0 = the whole "
                                     "split)")
     n_attack: int = param(positive, doc="the first n certified images are attacked (PGD audit)")
-    eval_batch_size: int = param(positive)
+    eval_batch_size: int = param(positive, doc="images per certificate and accuracy pass")
+    attack_batch_size: int = param(positive, doc="images attacked at once by the PGD audit "
+                                                 "(halved on a CUDA out-of-memory error)")
     cert_eps: list[float] = param(positive, unique)
     attack_steps: int = param(positive)
     attack_restarts: int = param(positive)
@@ -374,7 +376,7 @@ def _certify(p: Params, base: BaseParams, r: Result, cfg: Configs, final: Mappin
     linear_seconds = time.perf_counter() - t0
     audit = dict(eps_grid=p.cert_eps, attack_steps=p.attack_steps,
                  attack_restarts=p.attack_restarts, batch_size=p.eval_batch_size,
-                 seed=base.seed, n_attack=p.n_attack)
+                 seed=base.seed, n_attack=p.n_attack, attack_batch_size=p.attack_batch_size)
     r.baseline = certify_linear(linear, x, y, **audit)
     r.reports, seconds = {}, {}
     for m in r.modes:
@@ -417,7 +419,7 @@ def _imagenet(p: Params, base: BaseParams, r: Result, cfg: Configs,
         modes, line = imagenet.table3(
             data, source, folder, r.modes, p.norm, p.radius_quantile, cfg.dr, cfg.budgets,
             p.imagenet_calibration, p.cert_eps, p.attack_steps, p.attack_restarts,
-            p.eval_batch_size, base.seed, r.device, p.n_attack)
+            p.eval_batch_size, base.seed, r.device, p.n_attack, p.attack_batch_size)
         models[source] = {"paper_model": CERTVIT_TABLE3_SOURCES.get(source), "modes": modes}
         lines.append(line)
     r.imagenet_model = "; ".join(lines)
