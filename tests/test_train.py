@@ -173,6 +173,30 @@ def test_training_learns_the_toy_task(tmp_path):
     torch.testing.assert_close(again(x), model.eval()(x))
 
 
+def test_training_learns_the_toy_task_with_the_lofast_margin(tmp_path):
+    """The certified-training margin trains the classifier (its loss keeps the clean logits
+    in the autograd graph), not only the bound."""
+    data = toy_data(192, 0)
+    model = fresh_model()
+    cfg = TrainConfig(epochs=6, batch_size=32, lr=1e-2, margin="lofast", lofast_eps=0.01,
+                      lofast_mix=0.5, logit_scale=5.0)
+    before = evaluate(model, data)["acc"]
+    train(model, data, data, cfg, tmp_path, device="cpu", progress=False)
+    assert evaluate(model, data)["acc"] >= max(0.9, before)
+
+
+def test_a_diverging_run_stops_with_one_clear_error(tmp_path):
+    from attncert.loop import TrainingDiverged
+
+    data = toy_data(64, 0)
+    model = fresh_model()
+    with torch.no_grad():  # weights already non-finite: the first step's loss is NaN
+        next(model.parameters()).fill_(float("nan"))
+    cfg = TrainConfig(epochs=1, batch_size=32, lr=1e-2)
+    with pytest.raises(TrainingDiverged, match="training diverged in epoch 1.*grad_clip"):
+        train(model, data, data, cfg, tmp_path, device="cpu", progress=False)
+
+
 def test_losses():
     logits = torch.tensor([[2.0, 0.5, -1.0], [0.0, 1.0, 3.0]])
     y = torch.tensor([0, 1])

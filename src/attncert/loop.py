@@ -29,6 +29,17 @@ from attncert.precision import autocast, training_matmuls
 LOG_EVERY = 50  # steps between progress-bar loss read-outs (each one waits for the device)
 
 
+class TrainingDiverged(RuntimeError):
+    """The loss or the weights became non-finite: the checkpoint of the last finished epoch
+    is kept; lower the learning rate or set ``grad_clip`` and run again."""
+
+
+def _diverged(epoch: int, step: int, what: str) -> TrainingDiverged:
+    return TrainingDiverged(
+        f"training diverged in epoch {epoch} (step {step}): {what}. The last finished epoch's "
+        "checkpoint is kept; lower lr or set grad_clip (train_vit.grad_clip) and run again")
+
+
 class Steps:
     """One run's batches and loss. Subclasses set ``n`` (training examples), ``params`` (what
     the optimiser updates and gradient clipping sees), ``states`` (extra checkpoint entries
@@ -163,8 +174,11 @@ def run_epochs(model: nn.Module, steps: Steps, eval_data: Any, config: Any, ckpt
         with training_matmuls(precision, dev):
             for i, key in enumerate(bar):
                 inputs, yb = steps.batch(key)
-                with autocast(precision, dev):
-                    logits, loss = steps.loss(inputs, yb, (epoch - 1) * steps_per_epoch + i)
+                try:
+                    with autocast(precision, dev):
+                        logits, loss = steps.loss(inputs, yb, (epoch - 1) * steps_per_epoch + i)
+                except torch.linalg.LinAlgError as exc:  # an exact norm of non-finite weights
+                    raise _diverged(epoch, i, f"{exc}".split(":")[0]) from exc
                 opt.zero_grad(set_to_none=True)
                 loss.backward()
                 if config.grad_clip > 0:
@@ -175,8 +189,13 @@ def run_epochs(model: nn.Module, steps: Steps, eval_data: Any, config: Any, ckpt
                 loss_sum += loss.detach().to(loss_sum.dtype) * len(yb)
                 correct += (logits.detach().argmax(1) == yb).sum()
                 if progress and i % LOG_EVERY == 0:  # the only host sync of a step
-                    bar.set_postfix(loss=f"{loss.item():.4f}", refresh=False)
+                    value = loss.item()
+                    if not math.isfinite(value):
+                        raise _diverged(epoch, i, f"the loss is {value}")
+                    bar.set_postfix(loss=f"{value:.4f}", refresh=False)
         loss_sum, correct = float(loss_sum), int(correct)
+        if not math.isfinite(loss_sum):
+            raise _diverged(epoch, steps_per_epoch, f"the epoch's summed loss is {loss_sum}")
         train_seconds = time.perf_counter() - t0
         ev = steps.evaluate(eval_data)
         row = {"epoch": epoch, "train_loss": loss_sum / steps.n, "train_acc": correct / steps.n,
