@@ -117,6 +117,30 @@ def test_the_margin_trains_the_clean_logits():
     assert not any(t.requires_grad for t in inputs.values()), "no_grad outside wins"
 
 
+def test_the_norm_of_a_product_has_a_finite_gradient_at_rank_deficient_factors():
+    """A trained attention's X W^K can lose rank (4 tokens, 32 columns); QR's derivative is NaN
+    there, and one NaN step ends a training run. The differentiable norm is the same value."""
+    from attncert.bounds.spectral import norm_of_product
+
+    g = torch.Generator().manual_seed(0)
+    u = torch.randn(4, 8, generator=g, dtype=torch.float64)
+    u[:, 4:] = u[:, :4]  # rank 4 of 8 columns (and a wide u: 4 rows)
+    v = torch.randn(16, 8, generator=g, dtype=torch.float64)
+    v[:, 7] = 0.0
+    with torch.no_grad():
+        exact = norm_of_product(u, v)
+    u.requires_grad_(True)
+    v.requires_grad_(True)
+    value = norm_of_product(u, v)
+    torch.testing.assert_close(value, exact)
+    gu, gv = torch.autograd.grad(value, (u, v))
+    assert torch.isfinite(gu).all() and torch.isfinite(gv).all()
+    # the QR route's derivative at the same point is not finite
+    ru, rv = torch.linalg.qr(u).R, torch.linalg.qr(v).R
+    old = torch.autograd.grad(torch.linalg.svdvals(ru @ rv.T)[0], (u, v))
+    assert not all(torch.isfinite(t).all() for t in old)
+
+
 def test_the_radius_ramp_and_the_config_checks():
     assert ct.margin_eps(0.5, 0.0, 0, 100) == 0.5
     assert ct.margin_eps(0.5, 0.5, 0, 100) == pytest.approx(0.01)

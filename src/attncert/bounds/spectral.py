@@ -107,11 +107,15 @@ def norm_of_product(u: Tensor, v: Tensor, mode: str = "upper") -> Tensor:
     """Exact ||u v^T|| for u (..., n, r), v (..., m, r) with small r, via R_u R_v^T (r x r).
 
     Batch dims broadcast. Used for ||X B_l^T|| = ||(X W^K)(W^Q)^T||, ||X A_l||, ||A_l||, ||B_l||.
+    In autograd (a training loss) the norm is taken of u v^T itself: QR's derivative divides
+    by R's diagonal and is NaN for a rank-deficient u or v (a trained attention's X W^K), while
+    the largest singular value's derivative needs only its singular vectors.
     """
-    grad = torch.is_grad_enabled() and (u.requires_grad or v.requires_grad)
-    qr_mode = "reduced" if grad else "r"  # mode "r" has no derivative
-    r_u = torch.linalg.qr(u, mode=qr_mode).R
-    r_v = torch.linalg.qr(v, mode=qr_mode).R
+    if torch.is_grad_enabled() and (u.requires_grad or v.requires_grad):
+        s = torch.linalg.svdvals(u @ v.transpose(-1, -2))[..., 0]
+        return fp_pad(s, u.shape[-2] + v.shape[-2] + u.shape[-1]) if mode == "upper" else s
+    r_u = torch.linalg.qr(u, mode="r").R
+    r_v = torch.linalg.qr(v, mode="r").R
     s = torch.linalg.svdvals(r_u @ r_v.transpose(-1, -2))[..., 0]
     return fp_pad(s, u.shape[-2] + v.shape[-2] + u.shape[-1]) if mode == "upper" else s
 
