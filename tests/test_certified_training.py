@@ -135,7 +135,14 @@ def test_the_norm_of_a_product_has_a_finite_gradient_at_rank_deficient_factors()
     torch.testing.assert_close(value, exact)
     gu, gv = torch.autograd.grad(value, (u, v))
     assert torch.isfinite(gu).all() and torch.isfinite(gv).all()
-    # the QR route's derivative at the same point is not finite
+    # at full-rank factors the derivative is the dense reference's, svdvals(u v^T)[0]
+    uf = torch.randn(6, 8, generator=g, dtype=torch.float64, requires_grad=True)
+    vf = torch.randn(16, 8, generator=g, dtype=torch.float64, requires_grad=True)
+    ours = torch.autograd.grad(norm_of_product(uf, vf, mode="exact"), (uf, vf))
+    dense = torch.autograd.grad(torch.linalg.svdvals(uf @ vf.T)[0], (uf, vf))
+    for o, d in zip(ours, dense, strict=True):
+        torch.testing.assert_close(o, d)
+    # the QR route's derivative at the rank-deficient point is not finite
     ru, rv = torch.linalg.qr(u).R, torch.linalg.qr(v).R
     old = torch.autograd.grad(torch.linalg.svdvals(ru @ rv.T)[0], (u, v))
     assert not all(torch.isfinite(t).all() for t in old)

@@ -37,7 +37,7 @@ class TrainingDiverged(RuntimeError):
 def _diverged(epoch: int, step: int, what: str) -> TrainingDiverged:
     return TrainingDiverged(
         f"training diverged in epoch {epoch} (step {step}): {what}. The last finished epoch's "
-        "checkpoint is kept; lower lr or set grad_clip (train_vit.grad_clip) and run again")
+        "checkpoint is kept; lower the stage's lr or set its grad_clip and run again")
 
 
 class Steps:
@@ -177,8 +177,8 @@ def run_epochs(model: nn.Module, steps: Steps, eval_data: Any, config: Any, ckpt
                 try:
                     with autocast(precision, dev):
                         logits, loss = steps.loss(inputs, yb, (epoch - 1) * steps_per_epoch + i)
-                except torch.linalg.LinAlgError as exc:  # an exact norm of non-finite weights
-                    raise _diverged(epoch, i, f"{exc}".split(":")[0]) from exc
+                except torch.linalg.LinAlgError as exc:  # an exact norm of the weights failed
+                    raise _diverged(epoch, i, str(exc)) from exc
                 opt.zero_grad(set_to_none=True)
                 loss.backward()
                 if config.grad_clip > 0:

@@ -109,7 +109,9 @@ def norm_of_product(u: Tensor, v: Tensor, mode: str = "upper") -> Tensor:
     Batch dims broadcast. Used for ||X B_l^T|| = ||(X W^K)(W^Q)^T||, ||X A_l||, ||A_l||, ||B_l||.
     In autograd (a training loss) the norm is taken of u v^T itself: QR's derivative divides
     by R's diagonal and is NaN for a rank-deficient u or v (a trained attention's X W^K), while
-    the largest singular value's derivative needs only its singular vectors.
+    the largest singular value's derivative needs only its singular vectors. (Holding the top
+    singular vectors fixed, a^T u v^T b, has the same derivative but measured slower here:
+    200 against 167 ms per cpu-scale lofast step.)
     """
     if torch.is_grad_enabled() and (u.requires_grad or v.requires_grad):
         s = torch.linalg.svdvals(u @ v.transpose(-1, -2))[..., 0]

@@ -58,7 +58,8 @@ def main(argv: list[str] | None = None) -> int:
                     help="crown: these of crown.depths (default: all)")
     ap.add_argument("--write", metavar="PATH", nargs="?", const=CROWN_BENCH, default=None,
                     help=f"crown: merge the rows into PATH (default {CROWN_BENCH}, which the "
-                         "cost table reads), replacing this device type's rows")
+                         "cost table reads), each replacing the row of its device type, depth "
+                         "and method")
     ap.add_argument("--gpus", type=int, nargs="+", default=[1, 2, 4, 8],
                     help="plan: GPU counts to schedule the units on")
     ap.add_argument("--calibration", default=None,
