@@ -167,7 +167,7 @@ def test_the_multi_gpu_plan_schedules_units_longest_first(smoke):
     grid = [u for u in hours if u.startswith("grid ")]
     assert len(grid) == len(g.dataset) * len(g.depth) * len(g.heads) * len(g.gamma_vo)
     assert "certvit" in set(hours)
-    gathering = {"specformer", "text", "crown"}  # split stages: their units carry the work
+    gathering = {"specformer", "text", "crown", "frontier"}  # split stages: units do the work
     assert not set(hours) & {"tightness", "figures", "data", *gathering}
     # every other unit is a DVC stage that scripts/repro-gpus hands out under that name
     from attncert import dvcfile
@@ -176,7 +176,8 @@ def test_the_multi_gpu_plan_schedules_units_longest_first(smoke):
              for r in dvcfile.stage_runs(dvcfile.read_stages(ROOT / "dvc.yaml"), p)}
     units = set(hours) - set(grid)
     assert units <= names
-    assert {u.split("@")[0] for u in units} >= {"specformer_runs", "text_unit", "crown_unit"}
+    assert {u.split("@")[0] for u in units} >= {"specformer_runs", "text_unit", "crown_unit",
+                                                "frontier_unit"}
     # scripts/repro-gpus leaves exactly the gathering stages (and data, tightness, figures)
     # to its final repro
     script = (ROOT / "scripts" / "repro-gpus").read_text()

@@ -186,7 +186,7 @@ def _sources_outside_parameters(path: Path) -> str:
 
 @pytest.mark.parametrize("path", sorted((ROOT / "src/attncert/crown").glob("*.py"))
                          + [ROOT / "src/attncert/stages/crown.py",
-                            ROOT / "notebooks/08_crown.py"], ids=lambda p: p.name)
+                            ROOT / "notebooks/09_crown.py"], ids=lambda p: p.name)
 def test_crown_code_never_pins_the_cpu(path):
     """The device comes from base.device: no `.cpu()`, no 'cpu' literal (the parameters cell's
     default aside, which papermill replaces)."""

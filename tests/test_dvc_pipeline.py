@@ -173,7 +173,7 @@ def test_samples_without_a_route_are_skipped_and_reported(tmp_path, venv_env, mi
     cert = json.loads((repo / "reports/metrics/certvit.json").read_text())
     assert cert["imagenet"].startswith("skipped: imagenet_val: not listed in data.samples; "
                                        "imagenet_sample: not found")
-    report = nbformat.read(repo / "reports/notebooks/07_certvit.ipynb", 4)
+    report = nbformat.read(repo / "reports/notebooks/08_certvit.ipynb", 4)
     assert "ImageNet route skipped" in str(report.cells)
     assert not (repo / "runs/certvit/imagenet").exists()
 

@@ -52,6 +52,9 @@ COUNTS: dict[str, dict] = {
     "train_vit": {"epochs": 1, "warmup_steps": 1},
     "certify_vit": {"n_test": 2, "n_attack": 1, "cert_eps": [0.1], "attack_steps": 2,
                     "attack_restarts": 1},
+    "frontier": {"settings": ["lmt-0.2", "lofast-0.25", "linear-0.5"], "holdout": 50,
+                 "n_val": 2, "n_attack": 1, "cert_eps": [0.25], "attack_steps": 2,
+                 "attack_restarts": 1, "linear_epochs": 1},
     "specformer": {"datasets": ["cifar100", "imagenette"], "adv_methods": ["specformer"],
                    "max_train": 16,
                    "epochs": 1, "adv_epochs": 1, "batch_size": 8, "eval_batch_size": 8,
@@ -100,7 +103,7 @@ def test_overrides_keep_shapes():
         assert key in paper, f"{key}: not in params.yaml"
         leaf = key.split(".")[-1]
         narrowed = ("olsa_depths", "olsa_deep_depths", "lofast_layers", "lofast_heads",
-                    "lofast_gamma_vo", "depths", "gamma_ablation")
+                    "lofast_gamma_vo", "depths", "gamma_ablation", "settings")
         if key.startswith("vit_grid.") or leaf in narrowed:
             assert set(value) <= set(paper[key]), f"{key}: {value} is not from {paper[key]}"
         else:
@@ -283,6 +286,15 @@ def test_train_and_certify_grid_point(dry):
     assert cert["n_attacked"] == COUNTS["certify_vit"]["n_attack"]
 
 
+def test_frontier(dry):
+    """The grid's paper shape trained with each margin on the held-out split of CIFAR-10."""
+    _repro(dry, "frontier_unit")  # the units (each its own DVC stage), then the gathering stage
+    _repro(dry, "frontier")
+    m = _metrics(dry, "results/frontier/metrics.json")
+    assert m["broken"] == 0 and m["settings"] == COUNTS["frontier"]["settings"]
+    assert {r["n_val"] for r in m["rows"]} == {COUNTS["frontier"]["n_val"]}
+
+
 def test_tightness(dry):
     _repro(dry, "tightness")
     tight = _metrics(dry, "reports/metrics/tightness.json")
@@ -352,6 +364,6 @@ def test_crown(dry):
 def test_figures(dry):
     """The figures stage through the runner: a stage that did not run is shown as not run."""
     repo, env = dry
-    _sh(["python", "-m", "attncert.nbrun", "notebooks/09_figures.py",
-         "reports/notebooks/09_figures.ipynb", "--section", "base.scale", "--section", "figures"],
+    _sh(["python", "-m", "attncert.nbrun", "notebooks/10_figures.py",
+         "reports/notebooks/10_figures.ipynb", "--section", "base.scale", "--section", "figures"],
         repo, env)

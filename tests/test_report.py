@@ -94,7 +94,7 @@ def _text_metrics() -> dict:
 
 
 def _crown_metrics(*datasets: str) -> dict:
-    """The crown stage's metrics file as notebooks/08_crown.py writes it (accuracies in %)."""
+    """The crown stage's metrics file as notebooks/09_crown.py writes it (accuracies in %)."""
     parts = {ds: _crown_part() for ds in datasets or ("cifar10", "svhn")}
     return {"datasets": parts, "eps": [0.02, 0.05, 0.1], "depths": [3], "broken": 0,
             "stage_seconds": 100.0}

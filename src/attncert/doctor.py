@@ -19,8 +19,8 @@ from collections.abc import Iterable, Sequence
 from typing import Any
 
 #: params.yaml sections whose stages train or certify models (data and figures need no GPU).
-DEVICE_SECTIONS = frozenset({"tightness", "vit_grid", "train_vit", "certify_vit", "specformer",
-                             "certvit", "crown", "text"})
+DEVICE_SECTIONS = frozenset({"tightness", "vit_grid", "train_vit", "certify_vit", "frontier",
+                             "specformer", "certvit", "crown", "text"})
 #: where ``--calibrate`` writes (attncert.cost.calibrate.CALIBRATION_FILE, without importing it)
 CALIBRATION = "reports/gpu_check.json"
 #: set to 1 to run the paper scale on a CPU anyway (the paper-shaped dry run of the tests does)

@@ -49,6 +49,13 @@ def fail(key: str, msg: str) -> typing.NoReturn:
     raise ParamsError(f"{key}: {msg}")
 
 
+def image_datasets(key: str, v: list) -> None:
+    """Every entry an image dataset (the ViTs take images; a text dataset has no patches)."""
+    bad = [d for d in v if d not in IMAGE_DATASETS]
+    if bad:
+        fail(key, f"{bad[0]!r} is not an image dataset; choose from {', '.join(IMAGE_DATASETS)}")
+
+
 def nonneg(key: str, v: Any) -> None:
     values = v if isinstance(v, list) else [v]
     if any(x < 0 for x in values):
@@ -165,6 +172,7 @@ SECTIONS: dict[str, type | str] = {
     "vit_grid": VitGridParams,
     "train_vit": "attncert.stages.train_vit:Params",
     "certify_vit": "attncert.stages.certify_vit:Params",
+    "frontier": "attncert.stages.frontier:Params",
     "specformer": "attncert.stages.specformer:Params",
     "certvit": "attncert.stages.certvit:Params",
     "crown": "attncert.stages.crown:Params",

@@ -30,6 +30,7 @@ from attncert.stages import certify_vit as certify_vit_stage
 from attncert.stages import certvit as certvit_stage
 from attncert.stages import crown as crown_stage
 from attncert.stages import data as data_stage
+from attncert.stages import frontier as frontier_stage
 from attncert.stages import specformer as specformer_stage
 from attncert.stages import text as text_stage
 from attncert.stages import tightness as tightness_stage
@@ -68,6 +69,7 @@ READERS: dict[str, Callable[[Mapping, Mapping], list[dict]]] = {
     "tightness": tightness_stage.headline_rows,
     "train_vit": train_vit_stage.headline_rows,
     "certify_vit": certify_vit_stage.headline_rows,
+    "frontier": frontier_stage.headline_rows,
     "specformer": specformer_stage.headline_rows,
     "certvit": certvit_stage.headline_rows,
     "text": text_stage.headline_rows,
@@ -85,7 +87,8 @@ def headline_rows(stage: str, metrics: Mapping, item: Mapping | None = None) -> 
 NUMBER_READERS: dict[str, Callable[[Mapping, Mapping], dict[str, float]]] = {
     name: module.headline_numbers for name, module in (
         ("tightness", tightness_stage), ("train_vit", train_vit_stage),
-        ("certify_vit", certify_vit_stage), ("specformer", specformer_stage),
+        ("certify_vit", certify_vit_stage), ("frontier", frontier_stage),
+        ("specformer", specformer_stage),
         ("certvit", certvit_stage), ("text", text_stage), ("crown", crown_stage))}
 
 

@@ -58,6 +58,39 @@ def grid_work(p, n_train_max: int, n_test_max: int) -> list[Work]:
     return out
 
 
+def frontier_work(p, n_train_max: int) -> list[Work]:
+    """Per unit (``frontier_unit@<dataset>-<setting>``): the ViT of the frontier's grid shape
+    trained with its margin on the training split minus the held-out images, LoFAST(M) on
+    ``n_val`` of those and the PGD audit on ``n_attack``. The linear baseline's units (a
+    linear model on pixels) are left out: seconds, next to a ViT's hours."""
+    from attncert.runs import GridPoint
+    from attncert.stages import frontier, train_vit
+
+    f, s = p["frontier"], p["train_vit"]
+    out = []
+    for ds in f.datasets:
+        _, _, _, n_tr, _ = DATASETS[ds]
+        n_tr = capped(n_train_max, n_tr) - f.holdout
+        point = GridPoint(f.work_dir, ds, f.depth, f.heads, f.gamma_vo)
+        cfg = train_vit.model_config(s, point, stand_in(ds))
+        for setting in f.settings:
+            kind, _ = frontier.parse_setting(setting)
+            if kind == "linear":
+                continue
+            name = f"{ds}-{setting}"
+            c = vit_counts(cfg, tuple(s.msvp_lambda), kind)
+            adv = s.adv_steps if s.adversarial != "none" else 0
+            items = training_work("frontier", name, c, n_tr, min(f.holdout, n_tr), s.epochs,
+                                  s.batch_size, s.eval_batch_size, adv)
+            items += certify_work("frontier", name, cfg, f.n_val, ["lofast_M"], 1,
+                                  f.cert_batch_size)
+            items.append(audit_work("frontier", f"{name}: PGD audit", c["attack"], f.n_attack,
+                                    len(f.cert_eps), f.attack_steps, f.attack_restarts,
+                                    f.cert_batch_size))
+            out += _in_unit(items, f"frontier_unit@{name}")
+    return out
+
+
 def tightness_work(p) -> list[Work]:
     t = p["tightness"]
     setup, step = layer_pgd_counts(t.n_tokens, t.dim, t.heads)

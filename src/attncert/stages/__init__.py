@@ -22,9 +22,9 @@ writes one record per unit; the stage itself (``run``) gathers the records.
 """
 
 #: the pipeline's stages in order (dvc.yaml), each owned by its module
-STAGES = ("data", "tightness", "train_vit", "certify_vit", "specformer", "text", "certvit",
-          "crown", "figures")
+STAGES = ("data", "tightness", "train_vit", "certify_vit", "frontier", "specformer", "text",
+          "certvit", "crown", "figures")
 #: dvc.yaml's unit stages of a split stage: unit stage -> the stage whose module runs it
 UNIT_STAGES = {"specformer_runs": "specformer", "specformer_table5": "specformer",
                "specformer_certified": "specformer", "text_unit": "text",
-               "crown_unit": "crown"}
+               "crown_unit": "crown", "frontier_unit": "frontier"}

@@ -40,12 +40,11 @@ from attncert.headline import eps_match, numbers, row
 from attncert.io import atomic_path, write_json
 from attncert.models import ViTConfig, build_vit
 from attncert.params import (
-    IMAGE_DATASETS,
     NORMALIZE,
     VIT_POOLS,
     BaseParams,
     ParamsError,
-    fail,
+    image_datasets,
     nonempty,
     nonneg,
     one_of,
@@ -61,13 +60,6 @@ from attncert.train import TrainConfig, evaluate, resolve_device, train_resumabl
 #: LoFAST's certificate variants compared with CROWN (pairwise test); the CROWN methods are
 #: the keys of :data:`attncert.crown.METHODS` (crown, alpha_crown).
 LOFAST_VARIANTS = ("lofast_M", "lofast_xi")
-
-
-def image_datasets(key: str, v: list) -> None:
-    """Every entry an image dataset (the ViTs take images; a text dataset has no patches)."""
-    bad = [d for d in v if d not in IMAGE_DATASETS]
-    if bad:
-        fail(key, f"{bad[0]!r} is not an image dataset; choose from {', '.join(IMAGE_DATASETS)}")
 
 
 @dataclass(frozen=True)

@@ -9,7 +9,7 @@
 # ---
 
 # %% [markdown]
-# # 08 · LoFAST vs CROWN, and LoFAST + CROWN (LoFAST Tables 1-2)
+# # 09 · LoFAST vs CROWN, and LoFAST + CROWN (LoFAST Tables 1-2)
 #
 # One Lipschitz ViT per depth is trained here on each dataset of `datasets` (stream blocks,
 # 128-d features at the paper scale; CIFAR-10 and SVHN, LoFAST Table 2's rows). The first
@@ -24,7 +24,7 @@
 # LoFAST and the audit in float64, CROWN in `bound_dtype`.
 #
 # **Units.** Each (dataset, depth) trains, certifies and audits in its own DVC stage and report
-# (`08_crown_unit`, `crown_unit@<dataset>-<depth>`), so that several GPUs share the stage; a
+# (`09_crown_unit`, `crown_unit@<dataset>-<depth>`), so that several GPUs share the stage; a
 # unit fails on a broken certificate or when more than `max_error_share` of its CROWN bounds
 # fail. This report gathers their records and trains nothing.
 

@@ -9,7 +9,7 @@
 # ---
 
 # %% [markdown]
-# # 08 · LoFAST vs CROWN: one unit (a dataset and a depth)
+# # 09 · LoFAST vs CROWN: one unit (a dataset and a depth)
 #
 # The crown stage is split into independent units, one per (dataset, depth), each its own DVC
 # stage, so that several GPUs share it (`scripts/repro-gpus`). This unit trains its Lipschitz
@@ -18,7 +18,7 @@
 # seconds of CROWN bounds; with `skip_lofast_certified` only where LoFAST did not certify),
 # then audits every certified point with L2 PGD. It fails on a broken certificate, on a
 # combination that certifies less than one of its methods, or when more than
-# `max_error_share` of the CROWN bounds that ran ended in an error. `08_crown` gathers the
+# `max_error_share` of the CROWN bounds that ran ended in an error. `09_crown` gathers the
 # units into LoFAST's Tables 1-2.
 
 # %% tags=["parameters"]

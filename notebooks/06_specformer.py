@@ -9,7 +9,7 @@
 # ---
 
 # %% [markdown]
-# # 05 · SpecFormer (MSVP) and the Lipschitz-attention baselines, attacked and compared
+# # 06 · SpecFormer (MSVP) and the Lipschitz-attention baselines, attacked and compared
 #
 # Five methods on one ViT skeleton (MATH.md sections 1, 3, 7, 8): **vanilla** (dot-product
 # attention, LayerNorm), **specformer** (vanilla + the maximum singular value penalty on every
@@ -40,7 +40,7 @@
 # max_{j != y} f_j - f_y.
 #
 # **Units.** The work runs in independent units, each its own DVC stage and report
-# (`05_specformer_unit`, one per dataset, per Table 5 lambda and for the certified pair), so
+# (`06_specformer_unit`, one per dataset, per Table 5 lambda and for the certified pair), so
 # that several GPUs share it; this report gathers their records and trains nothing.
 
 # %% tags=["parameters"]

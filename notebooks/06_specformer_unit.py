@@ -9,7 +9,7 @@
 # ---
 
 # %% [markdown]
-# # 05 · SpecFormer: one unit of work
+# # 06 · SpecFormer: one unit of work
 #
 # The specformer stage is split into independent units, each its own DVC stage, so that
 # several GPUs share it (`scripts/repro-gpus`): **a dataset** (every source, training and
@@ -18,7 +18,7 @@
 # i-th `msvp_lambda_ablation` triple of SpecFormer Table 5: the specformer method on the first
 # dataset and source, both trainings, attacked; the triple equal to `msvp_lambda` reuses the
 # main runs' models) and **`certified`** (the Lipschitz ViT trained without and with MSVP,
-# certified). This report shows the unit's own tables; `05_specformer` gathers every unit and
+# certified). This report shows the unit's own tables; `06_specformer` gathers every unit and
 # compares with the paper. Checkpoints: `results_dir/ckpt/<unit>/` (an interrupted unit
 # resumes).
 

@@ -9,7 +9,7 @@
 # ---
 
 # %% [markdown]
-# # 09 · Comparison figures and the study's summary
+# # 10 · Comparison figures and the study's summary
 #
 # Every stage's saved metrics side by side, with the papers' numbers drawn beside ours where
 # a paper gives them (labelled "paper:" and the table; the papers' models and settings differ from
@@ -26,6 +26,7 @@ figures = {}  # params.yaml `figures`, passed whole by attncert.nbrun
 import pandas as pd
 from IPython.display import Markdown, display
 
+from attncert.figures import frontier as frontier_figs
 from attncert.figures import show
 from attncert.figures import summary as figs
 from attncert.params import parse_section
@@ -87,6 +88,22 @@ if points:
          res.key_figure(3, "certified_vs_clean_accuracy"))
 
 # %% [markdown]
+# ## The frontier: certified vs clean accuracy per training margin (validation split)
+# The grid's ViT shape trained with each margin setting, the linear baseline in black and
+# PGD accuracy dotted (`05_frontier`); measured on images held out of the training split.
+
+# %%
+front = res.metrics("frontier").get("frontier")
+if front:
+    show(frontier_figs.plot_frontier(pd.DataFrame(front["rows"]), front["eps"],
+                                     front["select_eps"]),
+         res.key_figure(4, "frontier_per_training_margin"))
+    display(Markdown(f"Selected on validation: `{front['selected']}`; the grid trains with "
+                     f"`{front['grid_setting']}`."))
+else:
+    display(Markdown(res.note("frontier") or "(the frontier stage has not run)"))
+
+# %% [markdown]
 # ## Certification cost per sample
 # Seconds per sample of the whole certificate (radius by bisection), mean over the grid with
 # its range, and the crown stage's LoFAST and CROWN seconds per dataset and depth; LoFAST
@@ -127,7 +144,7 @@ if note:
 else:
     text_curves = figs.text_certified_frame(res.metrics("text")["text"])
     if not text_curves.empty:
-        show(figs.plot_text_certified(text_curves), res.key_figure(4, "text_certified_accuracy"))
+        show(figs.plot_text_certified(text_curves), res.key_figure(5, "text_certified_accuracy"))
     rows = res.rows("text")
     fig = figs.plot_headline(rows, "OLSA's SST radius beside ours")
     if fig is not None:
@@ -144,7 +161,7 @@ note = res.note("crown")
 if note:
     display(Markdown(note))
 else:
-    show(figs.plot_crown(figs.crown_frame(crown)), res.key_figure(5, "lofast_vs_crown"))
+    show(figs.plot_crown(figs.crown_frame(crown)), res.key_figure(6, "lofast_vs_crown"))
     display(figs.headline_frame(res.rows("crown")))
 
 # %% [markdown]

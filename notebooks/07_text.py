@@ -9,7 +9,7 @@
 # ---
 
 # %% [markdown]
-# # 06 · Sentiment transformers on SST-2: OLSA, Kim-L2, LoFAST's small BERT, OLSA over MiniLM
+# # 07 · Sentiment transformers on SST-2: OLSA, Kim-L2, LoFAST's small BERT, OLSA over MiniLM
 #
 # Every model reads WordPiece ids and is certified in **one embedding space**: word
 # embeddings of norm 2 (OLSA's), and eps is the l2 (Frobenius) radius of a perturbation of the
@@ -26,7 +26,7 @@
 # certificate fails the stage.
 #
 # **Units.** The models train in independent units, each its own DVC stage and report
-# (`06_text_unit`: SST-2's OLSA depths, its controls, LoFAST's grid, the frozen-encoder head,
+# (`07_text_unit`: SST-2's OLSA depths, its controls, LoFAST's grid, the frozen-encoder head,
 # then Yelp and QQP), so that several GPUs share the stage; this report gathers their records
 # and trains nothing.
 

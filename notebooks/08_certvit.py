@@ -9,7 +9,7 @@
 # ---
 
 # %% [markdown]
-# # 07 · CertViT: certifying a pre-trained ViT
+# # 08 · CertViT: certifying a pre-trained ViT
 #
 # CertViT (Gupta et al. 2023) in five steps, each measured: a **pre-trained** standard ViT
 # (trained here, or a Hugging Face checkpoint through the same loader) is **adapted** (every

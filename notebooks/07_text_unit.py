@@ -9,7 +9,7 @@
 # ---
 
 # %% [markdown]
-# # 06 · Sentiment transformers: one unit of work
+# # 07 · Sentiment transformers: one unit of work
 #
 # The text stage is split into independent units, each its own DVC stage, so that several
 # GPUs share it (`scripts/repro-gpus`): on SST-2 **`sst2-olsa`** (OLSA at depth 0 and at every
@@ -18,7 +18,7 @@
 # **`sst2-frozen`** (the OLSA head over the frozen encoder); then **`yelp_polarity`** and
 # **`qqp`** (OLSA from scratch and the frozen head where the scale lists them). This report
 # shows the unit's models and its soundness audit (a broken certificate fails the unit);
-# `06_text` gathers every unit. Checkpoints: `results_dir/ckpt/<unit>/<model>` (an
+# `07_text` gathers every unit. Checkpoints: `results_dir/ckpt/<unit>/<model>` (an
 # interrupted unit resumes).
 
 # %% tags=["parameters"]

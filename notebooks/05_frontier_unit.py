@@ -1,0 +1,55 @@
+# ---
+# jupyter:
+#   jupytext:
+#     formats: py:percent
+#   kernelspec:
+#     display_name: Python 3
+#     language: python
+#     name: python3
+# ---
+
+# %% [markdown]
+# # 05 · The frontier: one unit (a dataset and a training setting)
+#
+# The frontier stage is split into independent units, one per (dataset, setting), each its
+# own DVC stage. This unit trains the `train_vit` ViT of the frontier's grid shape with
+# `train_vit`'s recipe and this setting's margin (`lmt-<offset>`, `lofast-<radius>`), or the
+# linear baseline (`linear-<offset>`), on the training split minus its last `holdout` images
+# (checkpoint `work_dir/ckpt/<unit>`: an interrupted unit resumes). It is measured on the held
+# out images only: clean accuracy, certified accuracy (LoFAST(M), pairwise test; the linear
+# model's exact radius) and L2 PGD accuracy, which audits every certificate (a broken one
+# fails the unit). `05_frontier` gathers the units and selects a setting.
+
+# %% tags=["parameters"]
+base = {}  # params.yaml `base`, passed whole by attncert.nbrun
+train_vit = {}  # params.yaml `train_vit`: the recipe every ViT setting trains with
+frontier = {}  # params.yaml `frontier`
+processed_dir = "data/processed"
+unit = ""  # one of attncert.stages.frontier.units: <dataset>-<setting> (nbrun --unit)
+
+# %%
+import pandas as pd
+from IPython.display import Markdown, display
+
+from attncert.params import BaseParams, parse_section
+from attncert.runtime import configure
+from attncert.stages import frontier as stage
+from attncert.stages import train_vit as train_stage
+
+b = parse_section("base", base, BaseParams)
+configure(b)  # threads, deterministic algorithms (attncert.runtime)
+tv = parse_section("train_vit", train_vit, train_stage.Params)
+p = parse_section("frontier", frontier, stage.Params)
+rec = stage.run_unit(p, b, tv, processed_dir, unit)
+display(Markdown(f"**Unit** `{unit}` ({b.scale} scale, device {rec['device']}, "
+                 f"{rec['seconds'] / 60:.1f} min; checkpoint: {rec['checkpoint']}): "
+                 f"{rec['epochs']} epochs in {rec['train_seconds']:.0f} s, "
+                 f"{rec['n_val']} validation points certified, {rec['n_attacked']} attacked."))
+
+# %% [markdown]
+# ## Clean, certified and PGD accuracy on the validation points
+
+# %%
+pd.DataFrame({"certified": rec["certified_acc"], "PGD": rec["pgd_acc"]}).mul(100).round(1) \
+    .rename_axis("eps").T.assign(clean=round(100 * rec["clean_acc"], 1),
+                                 broken=rec["broken"])

@@ -1,0 +1,49 @@
+"""The frontier stage's figure: certified against clean accuracy per training setting."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import matplotlib.pyplot as plt
+import pandas as pd
+import seaborn as sns
+from matplotlib.figure import Figure
+
+__all__ = ["plot_frontier"]
+
+
+def plot_frontier(table: pd.DataFrame, eps: Sequence[float], select_eps: float) -> Figure:
+    """One column per dataset. Top: certified accuracy against eps for every setting (solid)
+    and its PGD accuracy (dotted, the same colour; an upper bound on what any certificate can
+    reach), the linear baseline in black. Bottom: certified accuracy at ``select_eps`` against
+    clean accuracy, one labelled point per setting (the frontier)."""
+    sns.set_theme(style="whitegrid", context="paper")
+    datasets = list(dict.fromkeys(table["dataset"]))
+    settings = list(dict.fromkeys(table["setting"]))
+    palette = dict(zip([s for s in settings if not s.startswith("linear-")],
+                       sns.color_palette("tab10"), strict=False))
+    palette.update({s: "black" for s in settings if s.startswith("linear-")})
+    fig, axes = plt.subplots(2, len(datasets), figsize=(5 * len(datasets), 7.5),
+                             squeeze=False, constrained_layout=True)
+    for col, ds in enumerate(datasets):
+        top, bottom = axes[0, col], axes[1, col]
+        part = table[table["dataset"] == ds]
+        for _, r in part.iterrows():
+            c = palette[r["setting"]]
+            top.plot(eps, [r[f"certified@{e:g}"] for e in eps], marker="o", color=c,
+                     label=f"{r['setting']} certified")
+            top.plot(eps, [r[f"pgd@{e:g}"] for e in eps], ls=":", marker=".", color=c,
+                     label=f"{r['setting']} PGD")
+            bottom.scatter(r["clean"], r[f"certified@{select_eps:g}"], color=c, s=40,
+                           marker="s" if r["kind"] == "linear" else "o")
+            bottom.annotate(r["setting"], (r["clean"], r[f"certified@{select_eps:g}"]),
+                            textcoords="offset points", xytext=(4, 3), fontsize=7)
+        top.set(xscale="log", ylim=(-2, 102), title=f"{ds}: validation split",
+                xlabel=r"$\epsilon$ ($\ell_2$, pixel space)", ylabel="accuracy (%)")
+        top.set_xticks(list(eps), [f"{e:g}" for e in eps])
+        top.minorticks_off()
+        bottom.set(xlabel="clean accuracy (%)",
+                   ylabel=f"certified accuracy at eps {select_eps:g} (%)")
+        if col == len(datasets) - 1:
+            top.legend(fontsize=6, loc="upper left", bbox_to_anchor=(1.01, 1), frameon=False)
+    return fig
