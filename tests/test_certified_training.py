@@ -142,6 +142,14 @@ def test_the_norm_of_a_product_has_a_finite_gradient_at_rank_deficient_factors()
     dense = torch.autograd.grad(torch.linalg.svdvals(uf @ vf.T)[0], (uf, vf))
     for o, d in zip(ours, dense, strict=True):
         torch.testing.assert_close(o, d)
+    # float32 and batched, a rank-1 product (every singular value but one repeated at 0):
+    # the value is the dense reference's and its derivative finite
+    u1 = torch.randn(3, 1, 8, generator=g).expand(3, 4, 8).clone().requires_grad_(True)
+    v1 = torch.randn(3, 16, 8, generator=g).requires_grad_(True)
+    val = norm_of_product(u1, v1, mode="exact")
+    ref = torch.linalg.svdvals((u1 @ v1.transpose(1, 2)).double())[:, 0]
+    torch.testing.assert_close(val.double(), ref, rtol=1e-5, atol=1e-5)
+    assert all(torch.isfinite(t).all() for t in torch.autograd.grad(val.sum(), (u1, v1)))
     # the QR route's derivative at the rank-deficient point is not finite
     ru, rv = torch.linalg.qr(u).R, torch.linalg.qr(v).R
     old = torch.autograd.grad(torch.linalg.svdvals(ru @ rv.T)[0], (u, v))

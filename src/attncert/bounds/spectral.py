@@ -107,14 +107,20 @@ def norm_of_product(u: Tensor, v: Tensor, mode: str = "upper") -> Tensor:
     """Exact ||u v^T|| for u (..., n, r), v (..., m, r) with small r, via R_u R_v^T (r x r).
 
     Batch dims broadcast. Used for ||X B_l^T|| = ||(X W^K)(W^Q)^T||, ||X A_l||, ||A_l||, ||B_l||.
-    In autograd (a training loss) the norm is taken of u v^T itself: QR's derivative divides
-    by R's diagonal and is NaN for a rank-deficient u or v (a trained attention's X W^K), while
-    the largest singular value's derivative needs only its singular vectors. (Holding the top
-    singular vectors fixed, a^T u v^T b, has the same derivative but measured slower here:
-    200 against 167 ms per cpu-scale lofast step.)
+    In autograd (a training loss) the norm is the square root of the largest eigenvalue of the
+    smaller Gram matrix of u v^T, v (u^T u) v^T or u (v^T v) u^T (symmetric): QR's derivative
+    divides by R's diagonal and is NaN for a rank-deficient u or v (a trained attention's
+    X W^K), and LAPACK's SVD can fail to converge on such a product (many repeated zero
+    singular values), while the symmetric eigensolver does not, and the largest eigenvalue's
+    derivative needs only its eigenvector. (Holding the top singular vectors fixed,
+    a^T u v^T b, has the same derivative but measured slower here.)
     """
     if torch.is_grad_enabled() and (u.requires_grad or v.requires_grad):
-        s = torch.linalg.svdvals(u @ v.transpose(-1, -2))[..., 0]
+        a, b = (v, u) if v.shape[-2] <= u.shape[-2] else (u, v)
+        gram = a @ (b.transpose(-1, -2) @ b) @ a.transpose(-1, -2)
+        gram = (gram + gram.transpose(-1, -2)) / 2
+        top = torch.linalg.eigvalsh(gram)[..., -1]
+        s = top.clamp_min(torch.finfo(top.dtype).tiny).sqrt()
         return fp_pad(s, u.shape[-2] + v.shape[-2] + u.shape[-1]) if mode == "upper" else s
     r_u = torch.linalg.qr(u, mode="r").R
     r_v = torch.linalg.qr(v, mode="r").R
