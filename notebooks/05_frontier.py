@@ -31,10 +31,12 @@ from IPython.display import Markdown, display
 
 from attncert.figures import show
 from attncert.params import BaseParams, parse_section
+from attncert.runtime import configure
 from attncert.stages import frontier as stage
 from attncert.stages import train_vit as train_stage
 
 b = parse_section("base", base, BaseParams)
+configure(b)  # threads, deterministic algorithms (attncert.runtime)
 tv = parse_section("train_vit", train_vit, train_stage.Params)
 p = parse_section("frontier", frontier, stage.Params)
 res = stage.run(p, b, tv)
