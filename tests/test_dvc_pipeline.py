@@ -139,7 +139,7 @@ def test_an_ablation_and_a_queued_sweep_through_dvc_experiments(smoke_repo, env)
         _sh(["dvc", "exp", "run", "--queue", "-n", f"radius-{radius:g}", "-S",
              f"certify_vit.max_radius={radius}"], smoke_repo, env)
     _sh(["dvc", "queue", "start", "--jobs", "1"], smoke_repo, env)
-    for _ in range(180):  # until both ran (each reruns one certify_vit point and figures)
+    for _ in range(480):  # until both ran: each reruns every stage (README: a queued experiment)
         status = _sh(["dvc", "queue", "status"], smoke_repo, env)
         if "Queued" not in status and "Running" not in status:
             break
