@@ -19,8 +19,9 @@ from attncert.runs import run_name
 pytestmark = pytest.mark.slow
 
 
-def _sh(cmd, cwd, env):
-    proc = subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True, timeout=1800)
+def _sh(cmd, cwd, env, timeout: float = 1800):
+    proc = subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True,
+                          timeout=timeout)
     assert proc.returncode == 0, f"{cmd}: {proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
     return proc.stdout + proc.stderr
 
@@ -138,7 +139,8 @@ def test_an_ablation_and_a_queued_sweep_through_dvc_experiments(smoke_repo, env)
     for radius in (3.0, 4.0):
         _sh(["dvc", "exp", "run", "--queue", "-n", f"radius-{radius:g}", "-S",
              f"certify_vit.max_radius={radius}"], smoke_repo, env)
-    _sh(["dvc", "queue", "start", "--jobs", "1"], smoke_repo, env)
+    # each queued experiment reruns every stage (README): two smoke pipelines
+    _sh(["dvc", "queue", "start", "--jobs", "1"], smoke_repo, env, timeout=3600)
     for _ in range(480):  # until both ran: each reruns every stage (README: a queued experiment)
         status = _sh(["dvc", "queue", "status"], smoke_repo, env)
         if "Queued" not in status and "Running" not in status:
