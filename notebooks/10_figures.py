@@ -88,6 +88,19 @@ if points:
          res.key_figure(3, "certified_vs_clean_accuracy"))
 
 # %% [markdown]
+# ## Each grid point beside the trivial baseline and the frontier
+# The linear model on pixels (the certvit stage's, exact radius) certified on the same first
+# n test images as the grid point; PGD accuracy on each model's own attacked points
+# (`n_attacked`). The frontier's rows (its selected margin setting and its linear model) are
+# on its validation split, held out of the training images: other images than the test rows.
+
+# %%
+if res.beside is not None and len(res.beside):
+    display(res.beside.set_index(["point", "model"]).round(1))
+else:
+    display(Markdown(note or "(no grid point certified yet)"))
+
+# %% [markdown]
 # ## The frontier: certified vs clean accuracy per training margin (validation split)
 # The grid's ViT shape trained with each margin setting, the linear baseline in black and
 # PGD accuracy dotted (`05_frontier`); measured on images held out of the training split.

@@ -10,7 +10,7 @@ import pytest
 import torch
 from matplotlib.figure import Figure
 
-from attncert import params
+from attncert import params, soundness
 from attncert.certvit import (
     NORMS,
     Adaptation,
@@ -322,15 +322,23 @@ def test_the_stage_runs_every_mode_and_writes_its_files(tmp_path):
         table1_mlp_hidden={"mnist": 8}, table1_pretrain_epochs={"mnist": 1},
         table1_batch_size=16, table1_lr=1e-3,
         work_dir=str(tmp_path / "work"), metrics=str(tmp_path / "metrics.json"))
-    res = certvit_stage.run(p, base, torch.device("cpu"))
+    assert certvit_stage.units(p) == ["main", "table1-mnist", "imagenet"]
+    with pytest.raises(ValueError, match="certvit unit 'main' has not run"):
+        certvit_stage.run(p, base)   # the gather reads records only
+    dev = torch.device("cpu")
+    _, res = certvit_stage.run_unit(p, base, dev, "main")
     work = tmp_path / "work"
     assert sorted(d.name for d in (work / "ckpt").iterdir()) == [
         "adapt", "finetune", "linear", "pretrain", "spectral_adapt", "spectral_finetune"]
     for name in ("dr.csv", "lipschitz.csv", "samples.csv"):
         assert (work / name).is_file()
     n_test = len(res.test["y"])  # n_test 0: the whole test split, attacked on the first 5
-    assert len(pd.read_csv(work / "samples.csv")) == 2 * n_test
-    m = json.loads((tmp_path / "metrics.json").read_text())
+    assert len(pd.read_csv(work / "samples.csv")) == 3 * n_test  # two modes, the baseline
+    _, sub = certvit_stage.run_unit(p, base, dev, "table1-mnist")
+    net, none = certvit_stage.run_unit(p, base, dev, "imagenet")
+    assert none is None and (work / "imagenet").is_dir()   # a DVC output, even when skipped
+    m = certvit_stage.run(p, base)
+    assert m == json.loads((tmp_path / "metrics.json").read_text())
     assert m["n_test"] == n_test > 5 and m["n_attacked"] == m["linear_baseline"]["n_attacked"] == 5
     assert m["headline_mode"] == res.headline == "spectral" and set(m["modes"]) == set(res.modes)
     assert m["broken"] == 0 and m["linear_baseline"]["broken"] == 0
@@ -345,20 +353,29 @@ def test_the_stage_runs_every_mode_and_writes_its_files(tmp_path):
     assert rows["certified_acc/0.4867"]["brief"]
     assert "first 5 test images" in rows["pgd_acc/0.4867"]["label"]
     # CertViT Table 1: the same steps on a small ViT trained here, in its own folder
-    sub = res.table1["mnist"]
     assert sub.pretrained.config.dim == 8 and sub.pretrained.config.patch == 4
     t1 = work / "table1" / "mnist"
     assert (t1 / "ckpt" / "spectral_finetune").is_dir() and (t1 / "samples.csv").is_file()
-    assert json.loads((t1 / "metrics.json").read_text())["table1"] == {}
     entry = m["table1"]["mnist"]
     assert entry["source"] == stage.PIPELINE and set(entry["modes"]) == set(res.modes)
     assert entry["modes"]["spectral"]["lipschitz_pairwise"] == pytest.approx(
         sub.bounds["spectral"]["final"].pairwise)
-    frame = certvit_stage.table1_frame(res)
+    frame = certvit_stage.table1_frame(m["table1"])
     assert list(frame["model"]) == [*res.modes, "linear baseline (pixels)"]
     assert set(frame["eps"]) == {0.4867} and frame["paper clean (%)"].iloc[0] == 97.8
     assert rows["table1/mnist/modes/spectral/certified_acc/0.4867"]["paper"] == 0.545
     assert m["total_seconds"] > entry["total_seconds"] > 0
+    # a record computed from other params is stale; a broken certificate fails the gather
+    other = dataclasses.replace(p, attack_steps=3)
+    with pytest.raises(ValueError, match="ran with other params"):
+        certvit_stage.run(other, base)
+    record = json.loads((work / "units" / "table1-mnist.json").read_text())
+    record["modes"]["paper"]["broken"] = 1
+    (work / "units" / "table1-mnist.json").write_text(json.dumps(record))
+    with pytest.raises(soundness.UnsoundCertificateError, match="table1-mnist"):
+        certvit_stage.run(p, base)
+    with pytest.raises(ValueError, match="not one of"):
+        certvit_stage.run_unit(p, base, dev, "table1-cifar10")
 
 
 def test_the_imagenet_route_certifies_a_tiny_hf_vit_in_every_mode(tmp_path):

@@ -330,7 +330,9 @@ def test_text(dry):
 
 def test_certvit(dry):
     """The Hugging Face route: a saved ViTForImageClassification of the paper's class."""
-    _repro(dry, "certvit")
+    for unit in ("certvit_main", "certvit_table1", "certvit_imagenet"):  # each its own stage
+        _repro(dry, unit)
+    _repro(dry, "certvit")  # the gathering stage
     m = _metrics(dry, "reports/metrics/certvit.json")
     assert m["source"].endswith("hf-vit") and m["broken"] == 0
     # CertViT Table 1: the paper's small ViTs (6 layers, d 128) on every dataset it lists

@@ -13,10 +13,12 @@ import subprocess
 from pathlib import Path
 
 import nbformat
+import pandas as pd
 import pytest
 
 from attncert import dvcfile, htmlexport, paper, report
 from attncert import readme as results_md
+from attncert.figures import summary as summary_figs
 from attncert.params import read_yaml, validate
 from attncert.runs import run_name
 from attncert.stages import figures as figures_stage
@@ -689,3 +691,42 @@ def test_certvit_rows_headline_pairwise_bound_and_the_paper_mode_beside():
     del m["lipschitz_pairwise"]  # metrics written before the pairwise constant existed
     rows = {r["key"]: r for r in report.headline_rows("certvit", m)}
     assert rows["lipschitz/final"]["ours"] == 5.0
+
+
+def test_grid_points_sit_beside_the_baseline_on_the_same_images_and_the_frontier():
+    """The linear baseline is certified on the grid point's first n test images (n the smaller
+    count), each row carries its split and counts, the frontier's rows are labelled
+    validation; a dataset the baseline did not certify gets no baseline row."""
+    m = {"dataset": "mnist", "n": 4, "clean_acc": 0.75, "n_attacked": 4,
+         "certified_acc": {"lofast_M_pairwise": {"0.5": 0.5, "1.0": 0.25}},
+         "pgd_acc": {"0.5": 0.75, "1.0": 0.5}}
+    grid = pd.DataFrame({"index": range(4), "correct": [True, True, True, False],
+                         "radius_lofast_M_pairwise": [0.6, 1.2, 0.1, 2.0]})
+    base = pd.DataFrame({"mode": "linear", "index": [2, 1, 0], "correct": [True, False, True],
+                         "radius": [0.7, 3.0, 0.4]})
+    baseline = {"dataset": "mnist", "samples": base, "n_attacked": 3,
+                "metrics": {"n_attacked": 3, "pgd_acc": {"0.5": 0.5, "1.0": 0.25, "2.0": 0.0}}}
+    frontier = {"selected": "lofast-0.5", "rows": [
+        {"dataset": "mnist", "setting": s, "kind": s.split("-")[0], "clean": c,
+         "certified@0.5": 50.0, "pgd@0.5": 60.0, "n_val": 10, "n_attacked": 10}
+        for s, c in (("lmt-0.2", 99.0), ("lofast-0.5", 95.0), ("linear-0.5", 90.0))]
+        + [{"dataset": "fashion_mnist", "setting": "lofast-0.5", "kind": "lofast",
+            "clean": 80.0, "certified@0.5": 40.0, "pgd@0.5": 50.0, "n_val": 10,
+            "n_attacked": 10}]}
+    t = summary_figs.beside_baselines({"p": m, "q": {**m, "dataset": "svhn"}},
+                                      {"p": grid, "q": grid}, baseline, frontier)
+    p = t[t.point == "p"].set_index("model")
+    assert list(p.index) == ["ViT (lofast_M_pairwise)", "linear baseline (certvit stage)",
+                             "frontier lofast-0.5", "frontier linear-0.5"]
+    vit, lin = p.loc["ViT (lofast_M_pairwise)"], p.loc["linear baseline (certvit stage)"]
+    assert vit["n"] == lin["n"] == 3 and vit["split"] == lin["split"] == "test"
+    assert vit["clean"] == 100.0 and vit["certified@0.5"] == pytest.approx(100 * 2 / 3)
+    assert vit["certified@1"] == pytest.approx(100 / 3) and vit["pgd@0.5"] == 75.0
+    assert lin["clean"] == pytest.approx(100 * 2 / 3)   # images 0 and 2 of the sorted index
+    assert lin["certified@0.5"] == pytest.approx(100 / 3) and lin["certified@1"] == 0.0
+    assert lin["n_attacked"] == 3 and "pgd@2" not in t   # only the grid's eps
+    assert p.loc["frontier lofast-0.5", "split"] == "validation"
+    assert p.loc["frontier lofast-0.5", "clean"] == 95.0
+    assert pd.isna(p.loc["frontier lofast-0.5", "certified@1"])   # not measured there
+    q = t[t.point == "q"]
+    assert list(q.model) == ["ViT (lofast_M_pairwise)"] and q.n.iloc[0] == 4

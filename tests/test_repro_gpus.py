@@ -14,7 +14,8 @@ echo "CUDA_VISIBLE_DEVICES=$CUDA_VISIBLE_DEVICES $*" >>"$DVC_LOG"
 case "$*" in
   "stage list --name-only")
     printf 'data\\ntrain_vit@mnist-1-2-0.5\\ncertify_vit@mnist-1-2-0.5\\nspecformer_runs@mnist\\n'
-    printf 'specformer_certified\\nspecformer\\ntext_unit@sst2-olsa\\ntext\\ncertvit\\n'
+    printf 'specformer_certified\\nspecformer\\ntext_unit@sst2-olsa\\ntext\\ncertvit_main\\n'
+    printf 'certvit_imagenet\\ncertvit\\n'
     printf 'crown_unit@mnist-3\\ncrown\\ntightness\\nfigures\\n' ;;
   *"--single-item text_unit@sst2-olsa"*) echo "text: simulated failure" >&2; exit 1 ;;
 esac
@@ -48,8 +49,9 @@ def test_a_failing_unit_does_not_stop_the_others(tmp_path, venv_env):
     ran = [c.split(" --single-item ", 1)[1] for c in calls if "--single-item" in c]
     assert sorted(ran) == sorted(["train_vit@mnist-1-2-0.5 certify_vit@mnist-1-2-0.5",
                                   "specformer_runs@mnist", "specformer_certified",
-                                  "text_unit@sst2-olsa", "certvit", "crown_unit@mnist-3"])
-    # the gathering stages (specformer, text, crown) wait for the final repro
+                                  "text_unit@sst2-olsa", "certvit_main", "certvit_imagenet",
+                                  "crown_unit@mnist-3"])
+    # the gathering stages (specformer, text, certvit, crown) wait for the final repro
     assert {c.split()[0] for c in calls if "--single-item" in c} <= {
         "CUDA_VISIBLE_DEVICES=0", "CUDA_VISIBLE_DEVICES=1"}  # one GPU per worker slot
     assert not any(c.endswith(" repro") for c in calls), "no final repro after a failure"
@@ -62,5 +64,6 @@ def test_the_unit_list_for_several_nodes(tmp_path, venv_env):
     assert proc.returncode == 0, proc.stderr
     assert sorted(proc.stdout.splitlines()) == sorted([
         "train_vit@mnist-1-2-0.5 certify_vit@mnist-1-2-0.5", "specformer_runs@mnist",
-        "specformer_certified", "text_unit@sst2-olsa", "certvit", "crown_unit@mnist-3"])
+        "specformer_certified", "text_unit@sst2-olsa", "certvit_main", "certvit_imagenet",
+        "crown_unit@mnist-3"])
     assert "repro" not in log.read_text()

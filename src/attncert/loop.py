@@ -148,11 +148,12 @@ def lipschitz_diagnostics(model: nn.Module) -> dict[str, float]:
 
 def run_epochs(model: nn.Module, steps: Steps, eval_data: Any, config: Any, ckpt_path: Path,
                metrics_path: Path, dev: torch.device, precision: str, progress: bool = True,
-               callback: Callable[[int, dict[str, Any]], None] | None = None
-               ) -> list[dict[str, Any]]:
+               callback: Callable[[int, dict[str, Any]], None] | None = None,
+               eval_name: str = "test") -> list[dict[str, Any]]:
     """Train ``model`` (already on ``dev``) for ``config.epochs`` epochs, resuming from
     ``ckpt_path``; ``config``: a dataclass with epochs, batch_size, lr, weight_decay,
     warmup_steps and grad_clip (and optionally optimizer and momentum, :func:`optimizer`).
+    ``eval_name``: what the epoch line calls ``eval_data`` (its rows keep the ``test_`` keys).
     Returns the per-epoch metrics rows."""
     from attncert import progress as console
 
@@ -206,7 +207,7 @@ def run_epochs(model: nn.Module, steps: Steps, eval_data: Any, config: Any, ckpt
         write_json(metrics_path, metrics)
         if progress:
             console.write(f"epoch {epoch}/{config.epochs}: loss {row['train_loss']:.4f} train "
-                          f"acc {row['train_acc']:.4f} test acc {row['test_acc']:.4f} "
+                          f"acc {row['train_acc']:.4f} {eval_name} acc {row['test_acc']:.4f} "
                           f"({train_seconds:.1f} s)")
         if callback is not None:
             callback(epoch, row)

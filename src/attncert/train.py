@@ -336,7 +336,7 @@ def train(model: nn.Module, train_data: Any, eval_data: Any, config: Any,
           checkpoint_dir: str | Path, device: str | torch.device = "auto",
           progress: bool = True, metrics_path: str | Path | None = None,
           callback: Callable[[int, dict[str, Any]], None] | None = None,
-          precision: str = "auto") -> list[dict[str, Any]]:
+          precision: str = "auto", eval_name: str = "test") -> list[dict[str, Any]]:
     """Train ``model`` in place; return the per-epoch metrics rows.
 
     ``config``: a :class:`TrainConfig` (``train_data``/``eval_data``: (x, y) or {"x", "y"}
@@ -360,7 +360,7 @@ def train(model: nn.Module, train_data: Any, eval_data: Any, config: Any,
     model.to(dev)
     steps = config.steps(model, train_data, dev)
     return run_epochs(model, steps, eval_data, config, ckpt_path, metrics_path, dev, precision,
-                      progress, callback)
+                      progress, callback, eval_name)
 
 
 class Trained(NamedTuple):
@@ -376,7 +376,8 @@ def train_resumable(model: nn.Module, train_data: Any, test_data: Any, config: A
                     fingerprint: Mapping[str, Any], marker: str = FINGERPRINT,
                     metrics_path: str | Path | None = None, precision: str = "auto",
                     progress: bool = True,
-                    callback: Callable[[int, dict[str, Any]], None] | None = None) -> Trained:
+                    callback: Callable[[int, dict[str, Any]], None] | None = None,
+                    eval_name: str = "test") -> Trained:
     """:func:`train` in ``ckpt_dir``, resumed only when the folder was written for the same run.
 
     ``fingerprint``: a JSON-able record of everything that decides the run (e.g.
@@ -390,5 +391,5 @@ def train_resumable(model: nn.Module, train_data: Any, test_data: Any, config: A
     if status.startswith("cleared"):
         print(f"{ckpt_dir}: checkpoint {status}; training starts over", flush=True)
     curves = train(model, train_data, test_data, config, ckpt_dir, device, progress,
-                   metrics_path, callback, precision)
+                   metrics_path, callback, precision, eval_name)
     return Trained(curves, status)

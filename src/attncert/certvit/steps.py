@@ -24,8 +24,11 @@ from attncert import paper
 from attncert.certvit.certificate import GlobalBound
 from attncert.train import evaluate
 
-__all__ = ["Result", "StepLog", "baseline_metrics", "mode_steps", "paper_row", "samples_frame",
-           "stage_metrics"]
+__all__ = ["BASELINE", "Result", "StepLog", "baseline_metrics", "mode_steps", "paper_row",
+           "samples_frame", "stage_metrics"]
+
+#: the linear baseline's mode name in samples.csv and the reports
+BASELINE = "linear baseline (pixels)"
 
 
 def mode_steps(logs: Mapping[str, StepLog]):
@@ -154,10 +157,7 @@ class Result:
     reports: dict[str, dict] | None = None  # mode -> attncert.certvit.certify's report
     baseline: dict | None = None  # the linear baseline's certify_linear report
     baseline_status: str = ""
-    imagenet: dict | str = ""  # CertViT Table 3: images, model -> mode -> numbers; or why skipped
-    imagenet_model: str = ""
     metrics: dict | None = None
-    table1: dict[str, Result] = field(default_factory=dict)  # CertViT Table 1: dataset -> run
 
     @property
     def headline(self) -> str:
@@ -170,7 +170,7 @@ class Result:
 
     def with_baseline(self) -> dict[str, dict]:
         """Every mode's certificate report and the linear baseline's."""
-        return {**self.reports, "linear baseline (pixels)": self.baseline}
+        return {**self.reports, BASELINE: self.baseline}
 
     def pairwise(self) -> pd.DataFrame:
         """The certificate's constant (features x max ||w_j - w_k||) per step and mode."""

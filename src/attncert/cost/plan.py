@@ -1,14 +1,14 @@
 """The multi-GPU schedule: the paper scale's units of work, longest first on N GPUs.
 
 A unit is what ``scripts/repro-gpus`` hands one GPU: a grid point (its ``train_vit`` and
-``certify_vit`` stages), a unit stage of a split stage (``specformer_runs@<dataset>``,
-``text_unit@<unit>``, ``crown_unit@<dataset>-<depth>``...: ``Work.unit``) or a stage that
-needs only the data (``certvit``); ``tightness``, the gathering stages and ``figures`` run
-after every unit. Each unit's hours come from the same per-work estimate as the cost table
-(CROWN's bounds at their worst: the time limit of every bound, capped by the unit's time
-budget). Longest-processing-time-first list scheduling gives the makespan on N GPUs (within
-4/3 of the optimum); the speed-up over one GPU cannot exceed total / longest unit, so a stage
-that is one unit bounds it.
+``certify_vit`` stages) or a unit stage of a split stage (``specformer_runs@<dataset>``,
+``text_unit@<unit>``, ``crown_unit@<dataset>-<depth>``, ``certvit_table1@<dataset>``...:
+``Work.unit``); ``tightness``, the gathering stages and ``figures`` run after every unit.
+Each unit's hours come from the same per-work estimate as the cost table (CROWN's bounds at
+their worst: the time limit of every bound, capped by the unit's time budget).
+Longest-processing-time-first list scheduling gives the makespan on N GPUs (within 4/3 of the
+optimum); the speed-up over one GPU cannot exceed total / longest unit, so a stage that is one
+unit bounds it.
 """
 
 from __future__ import annotations

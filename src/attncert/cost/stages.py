@@ -3,6 +3,7 @@ text and CertViT."""
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import math
 from pathlib import Path
@@ -377,13 +378,17 @@ def _encoder_forward(hidden: int, layers: int, heads: int, inter: int, max_len: 
 
 
 def certvit_work(p, n_train_max: int, n_test_max: int) -> list[Work]:
-    """The certvit stage: its own run, then one run per CertViT Table 1 dataset (a small ViT
-    trained here: ``Params.table1``)."""
+    """The certvit stage's units: its own run (``certvit_main``), one run per CertViT Table 1
+    dataset (a small ViT trained here: ``Params.table1``; ``certvit_table1@<dataset>``) and
+    Table 3's ImageNet route (``certvit_imagenet``)."""
     cv = p["certvit"]
-    out = _certvit_run_work(cv, n_train_max, n_test_max, "")
+    out = [dataclasses.replace(w, unit="certvit_main")
+           for w in _certvit_run_work(cv, n_train_max, n_test_max, "")]
     for d in cv.table1_datasets:
-        out += _certvit_run_work(cv.table1(d, DATASETS[d][1]), n_train_max, n_test_max,
-                                 f"Table 1 {d}: ")
+        out += [dataclasses.replace(w, unit=f"certvit_table1@{d}")
+                for w in _certvit_run_work(cv.table1(d, DATASETS[d][1]), n_train_max,
+                                           n_test_max, f"Table 1 {d}: ")]
+    n_before = len(out)
     for source in cv.imagenet_sources:  # Table 3: the user's validation images
         if source not in HF_VITS:
             continue
@@ -414,6 +419,7 @@ def certvit_work(p, n_train_max: int, n_test_max: int) -> list[Work]:
             out.append(audit_work("certvit", f"{what}: PGD audit", c["attack"],
                                   min(cv.n_attack, n), len(cv.cert_eps), cv.attack_steps,
                                   cv.attack_restarts, cv.eval_batch_size))
+    out[n_before:] = [dataclasses.replace(w, unit="certvit_imagenet") for w in out[n_before:]]
     return out
 
 

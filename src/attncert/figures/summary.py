@@ -12,6 +12,7 @@ from collections.abc import Mapping, Sequence
 import matplotlib.pyplot as plt
 import pandas as pd
 import seaborn as sns
+import torch
 from matplotlib.figure import Figure
 
 from attncert import paper
@@ -106,6 +107,67 @@ def certified_frame(points: Mapping[str, Mapping]) -> pd.DataFrame:
     frames = [long_certified_accuracy(m).assign(run=run) for run, m in points.items()]
     cols = ["run", "variant", "test", "eps", "accuracy"]
     return pd.concat(frames, ignore_index=True)[cols] if frames else pd.DataFrame(columns=cols)
+
+
+def beside_baselines(points: Mapping[str, Mapping], samples: Mapping[str, pd.DataFrame],
+                     baseline: Mapping | None = None, frontier: Mapping | None = None,
+                     certificate: str = "lofast_M_pairwise") -> pd.DataFrame:
+    """Every grid point beside the trivial baseline and the frontier, in percent.
+
+    ``points``: {run: certify_vit metrics}; ``samples``: {run: its samples.csv}. ``baseline``:
+    the certvit stage's linear model on pixels, ``{"dataset", "samples" (its samples.csv rows),
+    "metrics" (its metrics entry)}``: certified accuracy on the same first n test images as the
+    grid point (n the smaller count), PGD accuracy on each model's own attacked points (the
+    first ``n_attacked``). ``frontier``: the frontier stage's metrics, its selected setting and
+    linear baseline on its validation split (not the test split: a different set of images).
+    """
+    from attncert.certify import certified_accuracy
+
+    rows = []
+
+    def add(run, model, split, n, clean, cert, pgd, n_attacked):
+        rows.append({"point": run, "model": model, "split": split, "n": n,
+                     "clean": 100 * clean,
+                     **{f"certified@{e:g}": 100 * a for e, a in cert.items()},
+                     **{f"pgd@{e:g}": 100 * a for e, a in pgd.items()},
+                     "n_attacked": n_attacked})
+
+    def on_first(df: pd.DataFrame, n: int, radius: str, eps: list[float]):
+        df = df.sort_values("index").head(n) if "index" in df else df.head(n)
+        correct = torch.tensor(df["correct"].astype(bool).to_numpy())
+        return (float(correct.double().mean()),
+                certified_accuracy(correct, torch.tensor(df[radius].to_numpy()), eps))
+
+    for run, m in points.items():
+        eps = sorted(float(e) for e in m["certified_acc"][certificate])
+        pgd = {float(e): a for e, a in m["pgd_acc"].items()}
+        grid = samples.get(run)
+        n = len(grid) if grid is not None else m["n"]
+        base = baseline if baseline and baseline["dataset"] == m["dataset"] else None
+        if base is not None:
+            n = min(n, len(base["samples"]))
+        if grid is not None:
+            clean, cert = on_first(grid, n, f"radius_{certificate}", eps)
+        else:
+            clean, cert = m["clean_acc"], {e: m["certified_acc"][certificate][str(e)]
+                                          for e in eps}
+        add(run, f"ViT ({certificate})", "test", n, clean, cert, pgd, m.get("n_attacked"))
+        if base is not None:
+            clean, cert = on_first(base["samples"], n, "radius", eps)
+            bm = base["metrics"]
+            add(run, "linear baseline (certvit stage)", "test", n, clean, cert,
+                {float(e): a for e, a in bm["pgd_acc"].items() if float(e) in eps},
+                bm["n_attacked"])
+        for r in (frontier or {}).get("rows", []):
+            if r["dataset"] != m["dataset"] or not (
+                    r["setting"] == frontier.get("selected") or r["kind"] == "linear"):
+                continue
+            cols = {float(k.split("@")[1]): r[k] / 100 for k in r if k.startswith("certified@")}
+            pgd_f = {float(k.split("@")[1]): r[k] / 100 for k in r if k.startswith("pgd@")}
+            add(run, f"frontier {r['setting']}", "validation", r["n_val"], r["clean"] / 100,
+                {e: a for e, a in cols.items() if e in eps},
+                {e: a for e, a in pgd_f.items() if e in eps}, r["n_attacked"])
+    return pd.DataFrame(rows)
 
 
 def certified_csv_frame(long: pd.DataFrame) -> pd.DataFrame:

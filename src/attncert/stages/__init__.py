@@ -27,4 +27,5 @@ STAGES = ("data", "tightness", "train_vit", "certify_vit", "frontier", "specform
 #: dvc.yaml's unit stages of a split stage: unit stage -> the stage whose module runs it
 UNIT_STAGES = {"specformer_runs": "specformer", "specformer_table5": "specformer",
                "specformer_certified": "specformer", "text_unit": "text",
-               "crown_unit": "crown", "frontier_unit": "frontier"}
+               "crown_unit": "crown", "frontier_unit": "frontier", "certvit_main": "certvit",
+               "certvit_table1": "certvit", "certvit_imagenet": "certvit"}

@@ -1,8 +1,14 @@
 """The CertViT stage: a pre-trained standard ViT adapted, constrained by Douglas-Rachford
 splitting, fine-tuned and certified in every constraining mode side by side, beside a linear
-classifier on pixels. Every training phase is a resumable checkpoint folder under
-``work_dir/ckpt``; a broken certificate fails the stage. The methods (adaptation, the
-constraining modes and their budgets, the certificate) live in :mod:`attncert.certvit`.
+classifier on pixels. Every training phase is a resumable checkpoint folder; a broken
+certificate fails the unit. The methods (adaptation, the constraining modes and their budgets,
+the certificate) live in :mod:`attncert.certvit`.
+
+The stage is split into independent units (:func:`units`, one DVC stage each, so that several
+GPUs share it): ``main`` (the section's own ViT, ``certvit_main``), ``table1-<dataset>`` (a
+CertViT Table 1 ViT trained here, ``certvit_table1@<dataset>``) and ``imagenet`` (CertViT
+Table 3's ImageNet-pretrained ViTs, ``certvit_imagenet``). :func:`run_unit` writes one record
+per unit; :func:`run` gathers them into the stage's metrics file.
 """
 
 from __future__ import annotations
@@ -26,7 +32,14 @@ from attncert.certvit.baseline import PixelLinear, certify_linear
 from attncert.certvit.certificate import certify, global_bound, lipschitz_table
 from attncert.certvit.douglas_rachford import DRConfig
 from attncert.certvit.spectral import Budgets
-from attncert.certvit.steps import Result, StepLog, baseline_metrics, samples_frame, stage_metrics
+from attncert.certvit.steps import (
+    BASELINE,
+    Result,
+    StepLog,
+    baseline_metrics,
+    samples_frame,
+    stage_metrics,
+)
 from attncert.data import as_float, load_processed, sample_skipped
 from attncert.headline import eps_match, middle_eps, numbers, row
 from attncert.io import atomic_path, write_json
@@ -43,6 +56,7 @@ from attncert.params import (
     unit_interval,
 )
 from attncert.precision import resolve_precision
+from attncert.records import read_record, unit_key
 from attncert.train import TrainConfig, train_resumable
 
 #: The fine-tune losses after constraining (``paper`` mode; ``spectral`` trains with the
@@ -252,12 +266,11 @@ def _train(p: Params, base: BaseParams, r: Result, model, cfg: TrainConfig, fold
     return status
 
 
-def run(p: Params, base: BaseParams, device: torch.device, table1_run: bool = False) -> Result:
-    """The stage: every step of every mode, the certificates and their audit (raises
-    :class:`attncert.soundness.UnsoundCertificateError` on a broken one), the ImageNet smoke
-    path, then the same for CertViT Table 1's small ViTs (``Result.table1``; each in
-    ``work_dir/table1/<dataset>``); writes ``work_dir``'s dr.csv, lipschitz.csv and
-    samples.csv and the metrics file. ``table1_run``: this is one of those runs."""
+def run_main(p: Params, base: BaseParams, device: torch.device) -> Result:
+    """One run of the steps on ``p``'s ViT: every step of every mode, the certificates and
+    their audit (raises :class:`attncert.soundness.UnsoundCertificateError` on a broken one);
+    writes ``work_dir``'s dr.csv, lipschitz.csv and samples.csv (the ``main`` unit, and each
+    Table 1 unit in ``Params.table1``'s folder). ``Result.metrics``: its record's numbers."""
     torch.manual_seed(base.seed)
     data = load_processed(p.dataset, p.processed_dir)
     architecture = dict(patch=p.patch, dim=p.dim, depth=p.depth, heads=p.heads,
@@ -302,16 +315,7 @@ def run(p: Params, base: BaseParams, device: torch.device, table1_run: bool = Fa
         r.lipschitz.to_csv(tmp, index=False)
     # 5. certificates, the linear baseline, the soundness audit
     seconds, linear_seconds = _certify(p, base, r, cfg, final)
-    # 6. CertViT Table 3: ImageNet-pretrained ViTs on ImageNet validation images
-    _imagenet(p, base, r, cfg, seconds)
-    # 7. CertViT Table 1: the same steps on a small ViT trained here, per dataset
-    if not table1_run:
-        (work / "table1").mkdir(parents=True, exist_ok=True)  # a DVC output, even when empty
-    r.table1 = {d: run(p.table1(d, int(load_processed(d, p.processed_dir)["train"]["x"]
-                                       .shape[-1])), base, device, table1_run=True)
-                for d in p.table1_datasets}
     r.metrics = _metrics(p, base, r, seconds, pre_seconds, linear_seconds)
-    write_json(p.metrics, r.metrics)
     return r
 
 
@@ -384,65 +388,155 @@ def _certify(p: Params, base: BaseParams, r: Result, cfg: Configs, final: Mappin
         r.reports[m] = certify(final[m], x, y, **audit)
         seconds[m] = {"certify_and_audit": time.perf_counter() - t0}
     samples_csv = Path(p.work_dir) / "samples.csv"
-    with atomic_path(samples_csv) as tmp:
-        samples_frame(r.reports, y).to_csv(tmp, index=False)
     every = r.with_baseline()
+    with atomic_path(samples_csv) as tmp:  # the baseline's rows: figures compares like for like
+        samples_frame(every, y).to_csv(tmp, index=False)
     soundness.require_sound({m: rep["audit"] for m, rep in every.items()},
                             {m: (rep["attacked_certified_acc"], rep["pgd_acc"])
                              for m, rep in every.items()}, see=str(samples_csv))
     return seconds, linear_seconds
 
 
-def _imagenet(p: Params, base: BaseParams, r: Result, cfg: Configs,
-              seconds: dict[str, dict[str, float]]) -> None:
+def imagenet_route(p: Params, base: BaseParams, device: torch.device) -> dict[str, Any]:
     """CertViT Table 3's route (:func:`attncert.certvit.imagenet.table3`), every model of
     ``imagenet_sources`` on the user's ImageNet validation images, else the 20-image sample,
-    or why it is skipped (ImageNet images have no public download route)."""
+    or why it is skipped (ImageNet images have no public download route): the ``imagenet``
+    unit's record ({"imagenet": the numbers or "skipped: ...", "imagenet_model", "seconds"})."""
+    (Path(p.work_dir) / "imagenet").mkdir(parents=True, exist_ok=True)  # a DVC output, even empty
     sources = [s for s in p.imagenet_sources if s != NO_IMAGENET]
     if not sources:
-        r.imagenet = "skipped: imagenet_sources: none"
-        return
+        return {"imagenet": "skipped: imagenet_sources: none", "imagenet_model": "",
+                "seconds": 0.0}
     reasons = {}
     for images in ("imagenet_val", "imagenet_sample"):
         reasons[images] = sample_skipped(images, p.processed_dir)
         if reasons[images] is None:
             break
     else:
-        r.imagenet = "skipped: " + "; ".join(why if why.startswith(name) else f"{name}: {why}"
-                                             for name, why in reasons.items())
-        return
+        return {"imagenet": "skipped: " + "; ".join(
+            why if why.startswith(name) else f"{name}: {why}" for name, why in reasons.items()),
+            "imagenet_model": "", "seconds": 0.0}
     t0 = time.perf_counter()
+    torch.manual_seed(base.seed)
+    cfg = Configs.build(p, base.seed)
+    modes = [m for m in cv.MODES if m in p.constrain]
     data = load_processed(images, p.processed_dir)
     models, lines = {}, []
     for source in sources:
         folder = Path(p.work_dir) / "imagenet" / imagenet.folder_name(source) / "hf"
-        modes, line = imagenet.table3(
-            data, source, folder, r.modes, p.norm, p.radius_quantile, cfg.dr, cfg.budgets,
+        modes_out, line = imagenet.table3(
+            data, source, folder, modes, p.norm, p.radius_quantile, cfg.dr, cfg.budgets,
             p.imagenet_calibration, p.cert_eps, p.attack_steps, p.attack_restarts,
-            p.eval_batch_size, base.seed, r.device, p.n_attack, p.attack_batch_size)
-        models[source] = {"paper_model": CERTVIT_TABLE3_SOURCES.get(source), "modes": modes}
+            p.eval_batch_size, base.seed, device, p.n_attack, p.attack_batch_size)
+        models[source] = {"paper_model": CERTVIT_TABLE3_SOURCES.get(source), "modes": modes_out}
         lines.append(line)
-    r.imagenet_model = "; ".join(lines)
-    r.imagenet = {"images": images, "skipped_images": {k: v for k, v in reasons.items() if v},
-                  "models": models}
-    seconds[r.headline]["imagenet"] = time.perf_counter() - t0
+    return {"imagenet": {"images": images,
+                         "skipped_images": {k: v for k, v in reasons.items() if v},
+                         "models": models},
+            "imagenet_model": "; ".join(lines), "seconds": time.perf_counter() - t0}
 
 
 def _metrics(p: Params, base: BaseParams, r: Result, seconds: Mapping[str, Mapping],
              pre_seconds: float, linear_seconds: float) -> dict[str, Any]:
-    """The metrics file: the headline mode's numbers at the top level, every mode's under
-    ``modes``, the linear baseline, CertViT Table 3's ImageNet route and the Table 1 runs."""
+    """One run's numbers: the headline mode's at the top level, every mode's under ``modes``,
+    the linear baseline's."""
     per_mode = {m: stage_metrics(r.logs[m], r.bounds[m], r.reports[m], seconds[m])
                 for m in r.modes}
     out = {"source": p.source, "dataset": p.dataset, "scale": base.scale,
            "headline_mode": r.headline, **per_mode[r.headline], "modes": per_mode,
-           "linear_baseline": baseline_metrics(r.baseline, linear_seconds),
-           "imagenet": r.imagenet,
-           "table1": {d: table1_entry(sub.metrics) for d, sub in r.table1.items()}}
+           "linear_baseline": baseline_metrics(r.baseline, linear_seconds)}
     # the pre-training is shared by the modes: counted once
     out["total_seconds"] = sum(v["total_seconds"] for v in per_mode.values()) - (
-        (len(r.modes) - 1) * pre_seconds) + linear_seconds + sum(
-        sub.metrics["total_seconds"] for sub in r.table1.values())
+        (len(r.modes) - 1) * pre_seconds) + linear_seconds
+    return out
+
+
+# ------------------------------------------------------------------ units and the gather
+MAIN, IMAGENET, TABLE1 = "main", "imagenet", "table1-"
+
+
+def units(p: Params) -> list[str]:
+    """The stage's independent units, one DVC stage each: ``main`` (``certvit_main``), one per
+    Table 1 dataset (``table1-<dataset>``: ``certvit_table1@<dataset>``) and ``imagenet``
+    (``certvit_imagenet``). :func:`run` gathers them."""
+    return [MAIN, *(TABLE1 + d for d in p.table1_datasets), IMAGENET]
+
+
+def unit_file(p: Params, unit: str) -> Path:
+    """Where :func:`run_unit` writes the unit's record (JSON)."""
+    return Path(p.work_dir) / "units" / f"{unit}.json"
+
+
+def dvc_stage(unit: str) -> str:
+    """The DVC stage that runs ``unit`` (dvc.yaml)."""
+    if unit.startswith(TABLE1):
+        return f"certvit_table1@{unit.removeprefix(TABLE1)}"
+    return f"certvit_{unit}"
+
+
+def table1_params(p: Params, dataset: str) -> Params:
+    """The section of the Table 1 run on ``dataset`` (its images' size from the data)."""
+    size = int(load_processed(dataset, p.processed_dir)["train"]["x"].shape[-1])
+    return p.table1(dataset, size)
+
+
+def run_unit(p: Params, base: BaseParams, device: torch.device, unit: str
+             ) -> tuple[dict[str, Any], Result | None]:
+    """Run one unit of :func:`units`; write its record to :func:`unit_file` and return it
+    with the run's :class:`Result` (``None`` for ``imagenet``). A broken certificate raises
+    before the record is written."""
+    if unit not in units(p):
+        raise ValueError(f"certvit unit {unit!r}: not one of {units(p)}")
+    r = None
+    if unit == IMAGENET:
+        body = imagenet_route(p, base, device)
+    elif unit == MAIN:
+        r = run_main(p, base, device)
+        body = r.metrics
+    else:
+        sub = table1_params(p, unit.removeprefix(TABLE1))
+        r = run_main(sub, base, device)
+        body = table1_entry(r.metrics)
+    record = {"unit": unit, "key": unit_key("certvit", p, base), "device": str(device), **body}
+    write_json(unit_file(p, unit), record)
+    return record, r
+
+
+def read_unit(p: Params, base: BaseParams, unit: str) -> dict[str, Any]:
+    """The record :func:`run_unit` wrote for ``unit``; ValueError when it is missing or was
+    computed from other params (run the unit's DVC stage first)."""
+    return read_record(unit_file(p, unit), unit_key("certvit", p, base),
+                       f"the certvit unit {unit!r}", dvc_stage(unit))
+
+
+def _broken(entry: Mapping[str, Any]) -> int:
+    """Broken certificates in a run's record: every mode's and the linear baseline's."""
+    return sum(int(mm.get("broken", 0)) for mm in entry["modes"].values()) + int(
+        entry["linear_baseline"].get("broken", 0))
+
+
+def run(p: Params, base: BaseParams) -> dict[str, Any]:
+    """Gather every unit's record into the stage's metrics file: the ``main`` run's numbers
+    at the top level, ``imagenet`` (CertViT Table 3's route) and ``table1`` (per dataset).
+    Reads records only (no device); a broken certificate in any record fails the stage."""
+    t0 = time.perf_counter()
+    main = read_unit(p, base, MAIN)
+    table1 = {d: read_unit(p, base, TABLE1 + d) for d in p.table1_datasets}
+    net = read_unit(p, base, IMAGENET)
+    broken = {u: _broken(e) for u, e in [(MAIN, main), *((TABLE1 + d, e)
+                                                          for d, e in table1.items())]}
+    if any(broken.values()):
+        raise soundness.UnsoundCertificateError(
+            f"broken certificates in the certvit units {broken} (see {unit_file(p, MAIN).parent})")
+    drop = ("unit", "key", "device")
+    out = {k: v for k, v in main.items() if k not in drop}
+    out["imagenet"] = net["imagenet"]  # the models' lines: the unit's record and report
+    out["table1"] = {d: {k: v for k, v in e.items() if k not in drop}
+                     for d, e in table1.items()}
+    out["total_seconds"] = (main["total_seconds"] + net["seconds"]
+                            + sum(e["total_seconds"] for e in table1.values())
+                            + time.perf_counter() - t0)
+    write_json(p.metrics, out)
     return out
 
 
@@ -458,23 +552,22 @@ def table1_entry(m: Mapping[str, Any]) -> dict[str, Any]:
             "linear_baseline": m["linear_baseline"], "total_seconds": m["total_seconds"]}
 
 
-def table1_frame(r: Result) -> pd.DataFrame:
-    """One row per Table 1 dataset and mode (and the linear baseline): clean, PGD and
-    certified accuracy (%) at the dataset's CertViT eps (:func:`table1_eps`), the
-    certificate's constant, and CertViT's Table 1 numbers beside where it reports the
-    dataset."""
+def table1_frame(table1: Mapping[str, Mapping[str, Any]]) -> pd.DataFrame:
+    """One row per Table 1 dataset and mode (and the linear baseline) of ``table1``
+    ({dataset: :func:`table1_entry`}): clean, PGD and certified accuracy (%) at the dataset's
+    CertViT eps (:func:`table1_eps`), the certificate's constant, and CertViT's Table 1
+    numbers beside where it reports the dataset."""
     rows = []
-    for d, sub in r.table1.items():
+    for d, entry in table1.items():
         ref, name = certvit_table1(d) or ({}, None)
-        e = table1_eps(d)
-        for label, rep in sub.with_baseline().items():
-            bound = (sub.bounds[label]["final"].pairwise if label in sub.bounds
-                     else rep.get("lipschitz"))
-            rows.append({"dataset": d, "model": label, "eps": e,
-                         "clean (%)": 100 * rep["clean_acc"],
+        e = str(table1_eps(d))
+        every = {**entry["modes"], BASELINE: entry["linear_baseline"]}
+        for label, rep in every.items():
+            rows.append({"dataset": d, "model": label, "eps": float(e),
+                         "clean (%)": 100 * rep.get("test_clean_acc", rep.get("clean_acc")),
                          "PGD (%)": 100 * rep["pgd_acc"][e],
                          "certified (%)": 100 * rep["certified_acc"][e],
-                         "constant": bound, "paper": name,
+                         "constant": rep.get("lipschitz_pairwise", 1.0), "paper": name,
                          "paper clean (%)": ref.get("clean"), "paper PGD (%)": ref.get("pgd"),
                          "paper certified (%)": ref.get("certified"),
                          "paper constant": ref.get("lipschitz")})

@@ -20,6 +20,7 @@ from typing import Any
 import pandas as pd
 
 from attncert import report
+from attncert.certvit.steps import BASELINE
 from attncert.dvcfile import (
     DVC_FILE,
     StageRun,
@@ -136,6 +137,7 @@ class Result:
     certified: pd.DataFrame
     pages: list[Path]
     html_dir: str = ""
+    beside: pd.DataFrame | None = None  # each grid point beside the baseline and the frontier
 
     def metrics(self, stage: str) -> dict[str, dict]:
         """{run name (or stage name): metrics} of ``stage``'s runs that wrote them."""
@@ -176,4 +178,27 @@ def run(p: Params, params_file: str | Path = PARAMS_FILE,
     for stale in (Path(p.html_dir) / KEY_FIGURES).glob("*.png"):  # the notebook draws anew
         stale.unlink()
     pages = html_export(runs, p.html_dir, result)
-    return Result(runs, loaded, result, certified, pages, p.html_dir)
+    return Result(runs, loaded, result, certified, pages, p.html_dir,
+                  beside_baselines(params, loaded))
+
+
+def beside_baselines(params: AllParams, loaded: Sequence[tuple[StageRun, dict]]
+                     ) -> pd.DataFrame:
+    """Each grid point's certified accuracy beside the linear baseline's on the same test images
+    (the certvit stage's, where it certified that dataset) and the frontier's validation rows
+    (:func:`attncert.figures.summary.beside_baselines`), from the saved results."""
+    points = stage_metrics(loaded, "certify_vit")
+    results = Path(params["certify_vit"].results_dir)
+    samples = {run: pd.read_csv(results / run / "samples.csv") for run in points
+               if (results / run / "samples.csv").is_file()}
+    cv = stage_metrics(loaded, "certvit").get("certvit")
+    cv_samples = Path(params["certvit"].work_dir) / "samples.csv"
+    baseline = None
+    if cv and cv.get("linear_baseline") and cv_samples.is_file():
+        rows = pd.read_csv(cv_samples)
+        baseline = {"dataset": params["certvit"].dataset, "metrics": cv["linear_baseline"],
+                    "samples": rows[rows["mode"] == BASELINE]}
+        if baseline["samples"].empty:  # written before the baseline had per-point rows
+            baseline = None
+    frontier = stage_metrics(loaded, "frontier").get("frontier")
+    return figs.beside_baselines(points, samples, baseline, frontier)

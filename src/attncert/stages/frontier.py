@@ -106,6 +106,8 @@ class Params:
     attack_steps: int = param(positive)
     attack_restarts: int = param(positive)
     cert_batch_size: int = param(positive)
+    max_radius: float = param(positive, doc="the radius bisection's upper end (pixel l2): a "
+                                            "radius is reported as at most this")
     linear_epochs: int = param(positive)
     linear_lr: float = param(positive)
     linear_logit_scale: float = param(positive)
@@ -118,6 +120,9 @@ class Params:
                                         f"{self.cert_eps}")
         if self.n_attack > self.n_val:
             fail("frontier.n_attack", f"{self.n_attack} > n_val {self.n_val}")
+        if self.max_radius <= max(self.cert_eps):
+            fail("frontier.max_radius", f"{self.max_radius} must exceed the largest cert_eps "
+                                        f"{max(self.cert_eps)}")
         if self.n_val > self.holdout:
             fail("frontier.n_val", f"{self.n_val} > holdout {self.holdout}")
 
@@ -197,7 +202,8 @@ def run_unit(p: Params, base: BaseParams, tv: train_vit.Params, processed_dir: s
                           f"{data['source']}; training split minus its last {p.holdout}",
                           precision)
     curves, status = train_resumable(model, train, val, cfg, Path(p.work_dir) / "ckpt" / unit,
-                                     dev, fingerprint=fp, precision=precision)
+                                     dev, fingerprint=fp, precision=precision,
+                                     eval_name="validation")
     n = min(p.n_val, len(val["y"]))
     x = as_float(val["x"][:n]).to(dev, torch.float64)
     y = val["y"][:n].to(dev)
@@ -210,7 +216,7 @@ def run_unit(p: Params, base: BaseParams, tv: train_vit.Params, processed_dir: s
             correct = (logits.argmax(1) == y).cpu()
     else:
         variant, test = CERTIFICATE
-        table = certify.certify_table(model, x, y, [variant], [test], 1.0, 10.0,
+        table = certify.certify_table(model, x, y, [variant], [test], 1.0, p.max_radius,
                                       p.cert_batch_size)
         radius = torch.tensor(table[f"radius_{variant}_{test}"].to_numpy())
         correct = torch.tensor(table["correct"].to_numpy()).bool()
