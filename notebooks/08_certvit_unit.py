@@ -59,9 +59,7 @@ section = parse_section("certvit", certvit, stage.Params)
 if unit not in stage.units(section) or unit == stage.IMAGENET:
     raise ValueError(f"unit {unit!r}: this notebook runs main or table1-<dataset> "
                      f"(08_certvit_imagenet runs imagenet)")
-# the run's own params: the section, or the Table 1 run's (its shape and training)
-p = (section if unit == stage.MAIN
-     else stage.table1_params(section, unit.removeprefix(stage.TABLE1)))
+p = stage.unit_params(section, unit)  # the section, or the Table 1 run's shape and training
 record, res = stage.run_unit(section, b, resolve_device(b.device), unit)
 data, modes, logs, bounds = res.data, res.modes, res.logs, res.bounds
 display(Markdown(

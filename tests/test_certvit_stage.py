@@ -374,6 +374,15 @@ def test_the_stage_runs_every_mode_and_writes_its_files(tmp_path):
     (work / "units" / "table1-mnist.json").write_text(json.dumps(record))
     with pytest.raises(soundness.UnsoundCertificateError, match="table1-mnist"):
         certvit_stage.run(p, base)
+    record["modes"]["paper"]["broken"] = 0
+    (work / "units" / "table1-mnist.json").write_text(json.dumps(record))
+    net = json.loads((work / "units" / "imagenet.json").read_text())
+    net["imagenet"] = {"images": "imagenet_sample", "skipped_images": {},
+                       "models": {"tiny": {"paper_model": None, "modes": {"paper": {"broken": 2}}}}}
+    (work / "units" / "imagenet.json").write_text(json.dumps(net))
+    with pytest.raises(soundness.UnsoundCertificateError, match="imagenet"):
+        certvit_stage.run(p, base)
+    assert certvit_stage.unit_params(p, "table1-mnist").dim == 8
     with pytest.raises(ValueError, match="not one of"):
         certvit_stage.run_unit(p, base, dev, "table1-cifar10")
 

@@ -480,6 +480,14 @@ def table1_params(p: Params, dataset: str) -> Params:
     return p.table1(dataset, size)
 
 
+def unit_params(p: Params, unit: str) -> Params:
+    """The params a unit's run uses: the section (``main``, ``imagenet``) or its Table 1
+    run's (:meth:`Params.table1`)."""
+    if unit.startswith(TABLE1):
+        return table1_params(p, unit.removeprefix(TABLE1))
+    return p
+
+
 def run_unit(p: Params, base: BaseParams, device: torch.device, unit: str
              ) -> tuple[dict[str, Any], Result | None]:
     """Run one unit of :func:`units`; write its record to :func:`unit_file` and return it
@@ -494,8 +502,7 @@ def run_unit(p: Params, base: BaseParams, device: torch.device, unit: str
         r = run_main(p, base, device)
         body = r.metrics
     else:
-        sub = table1_params(p, unit.removeprefix(TABLE1))
-        r = run_main(sub, base, device)
+        r = run_main(unit_params(p, unit), base, device)
         body = table1_entry(r.metrics)
     record = {"unit": unit, "key": unit_key("certvit", p, base), "device": str(device), **body}
     write_json(unit_file(p, unit), record)
@@ -525,6 +532,9 @@ def run(p: Params, base: BaseParams) -> dict[str, Any]:
     net = read_unit(p, base, IMAGENET)
     broken = {u: _broken(e) for u, e in [(MAIN, main), *((TABLE1 + d, e)
                                                           for d, e in table1.items())]}
+    if isinstance(net["imagenet"], dict):  # Table 3's route: every model's modes
+        broken[IMAGENET] = sum(int(mm.get("broken", 0)) for e in net["imagenet"]["models"]
+                               .values() for mm in e["modes"].values())
     if any(broken.values()):
         raise soundness.UnsoundCertificateError(
             f"broken certificates in the certvit units {broken} (see {unit_file(p, MAIN).parent})")
