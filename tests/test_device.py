@@ -188,6 +188,27 @@ def test_text_olsa_certificates_on_the_device(attention):
                                   rtol=1e-12)
 
 
+def test_frozen_encoder_states_on_the_device(tmp_path):
+    """The frozen head's encoder states from a model built on the host (as the text stage
+    builds it), computed on the device into a memory-mapped file."""
+    import transformers
+
+    from attncert.text.evaluate import frozen_states
+    from attncert.text.models import FrozenEncoderOLSA
+
+    torch.manual_seed(0)
+    bert = transformers.BertModel(transformers.BertConfig(
+        vocab_size=12, hidden_size=8, num_hidden_layers=1, num_attention_heads=2,
+        intermediate_size=16, max_position_embeddings=16)).eval()
+    mask = torch.arange(8).expand(5, 8) < torch.tensor([[3], [8], [5], [1], [6]])
+    data = {"ids": torch.randint(1, 12, (5, 8)) * mask, "mask": mask, "y": torch.arange(5) % 2}
+    ref = frozen_states(FrozenEncoderOLSA(heads=2, encoder=bert, max_len=8), data, "cpu", 2)
+    with simulated_device() as sim:
+        model = FrozenEncoderOLSA(heads=2, encoder=bert, max_len=8)  # on the host
+        out = frozen_states(model, data, sim.device, 2, path=tmp_path / "train.npy")
+    assert torch.allclose(out["ids"], ref["ids"], atol=1e-6)
+
+
 # -- CertViT: the empirical-Lipschitz audit and the Douglas-Rachford record step ------------
 
 

@@ -239,11 +239,11 @@ def frozen_states(model: nn.Module, data: Mapping[str, Tensor], device,
     states in place of ids (its forward accepts embeddings). ``path``: the states live in a
     memory-mapped ``.npy`` file there, not in host memory (QQP's training states at BERT-base
     width are about 36 GB); the head's training then reads them batch by batch
-    (:class:`attncert.text.train_text.TextSteps`)."""
+    (:class:`attncert.text.train_text.TextSteps`). The model is moved to ``device``."""
     lengths = data["mask"].sum(1)
     keep = int(lengths.max())
     ids, mask = data["ids"][:, :keep], data["mask"][:, :keep]
-    model.eval()
+    model.to(device).eval()
     shape = (*ids.shape, model.embed_dim)
     if path is None:
         states = torch.zeros(shape)
