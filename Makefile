@@ -42,7 +42,7 @@ $(VENV)/.installed: requirements.txt requirements-nodeps.txt pyproject.toml
 	touch $@
 
 pipeline: env
-	$(if $(SCALE),$(PY) -m attncert.profile apply $(SCALE) $(if $(KEEP_EDITS),--keep-edits))
+	$(if $(SCALE),$(PY) -m attncert.pipeline.profile apply $(SCALE) $(if $(KEEP_EDITS),--keep-edits))
 	$(if $(GPUS),scripts/repro-gpus $(GPUS),$(DVC) repro)
 
 # two workers; a test file stays on one worker (the dvc tests share their smoke checkout)
@@ -59,7 +59,7 @@ bench: env
 # on a GPU box: the device-relevant tests, the paper-shaped dry run on cuda, and the measured
 # training step of each model kind (reports/gpu_check.json: the cost model's per-kernel constant)
 gpu-check: env
-	$(PY) -m attncert.doctor --device cuda --calibrate reports/gpu_check.json
+	$(PY) -m attncert.pipeline.doctor --device cuda --calibrate reports/gpu_check.json
 	$(PY) -m pytest -q tests/test_device.py tests/test_doctor.py tests/test_precision.py \
 	  tests/test_batching.py tests/test_checkpoint_rng.py tests/test_certify_clock.py
 	ATTNCERT_DRYRUN_DEVICE=cuda $(PY) -m pytest -q tests/test_paper_dryrun.py

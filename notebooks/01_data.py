@@ -18,7 +18,7 @@
 # belongs to the text models.
 
 # %% tags=["parameters"]
-data = {}  # params.yaml `data`, passed whole by attncert.nbrun
+data = {}  # params.yaml `data`, passed whole by attncert.pipeline.nbrun
 
 # %%
 import pandas as pd
@@ -26,7 +26,7 @@ from IPython.display import Markdown, display
 
 from attncert.figures import data as figs
 from attncert.figures import show
-from attncert.params import parse_section
+from attncert.pipeline.params import parse_section
 from attncert.stages import data as stage
 
 p = parse_section("data", data, stage.Params)

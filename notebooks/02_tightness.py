@@ -17,7 +17,7 @@
 # a LOWER bound, so bound / PGD >= 1 and close to 1 means tight.
 
 # %% tags=["parameters"]
-base = {}       # params.yaml `base` and `tightness`, passed whole by attncert.nbrun
+base = {}       # params.yaml `base` and `tightness`, passed whole by attncert.pipeline.nbrun
 tightness = {}
 
 # %%
@@ -26,13 +26,13 @@ from IPython.display import Markdown, display
 
 from attncert.figures import show
 from attncert.figures import tightness as figs
-from attncert.params import BaseParams, parse_section
-from attncert.runtime import configure
+from attncert.pipeline.params import BaseParams, parse_section
+from attncert.pipeline.runtime import configure
 from attncert.stages import tightness as stage
 from attncert.tightness import paper_table3_frame
 
 b = parse_section("base", base, BaseParams)
-configure(b)  # threads, deterministic algorithms (attncert.runtime)
+configure(b)  # threads, deterministic algorithms (attncert.pipeline.runtime)
 p = parse_section("tightness", tightness, stage.Params)
 res = stage.run(p, b)
 n_inputs, n_tokens, n_features = res.inputs

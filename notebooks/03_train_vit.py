@@ -19,7 +19,7 @@
 # every epoch, so an interrupted `dvc repro` resumes where it stopped.
 
 # %% tags=["parameters"]
-base = {}  # params.yaml `base`, passed whole by attncert.nbrun
+base = {}  # params.yaml `base`, passed whole by attncert.pipeline.nbrun
 vit_grid = {}  # the grid point: one value of each `vit_grid` list (nbrun --item)
 train_vit = {}  # params.yaml `train_vit`
 processed_dir = "data/processed"
@@ -30,14 +30,14 @@ from IPython.display import Markdown, display
 
 from attncert.figures import show
 from attncert.figures import vit as figs
-from attncert.params import BaseParams, parse_section
-from attncert.runs import GridPoint
-from attncert.runtime import configure
+from attncert.pipeline.params import BaseParams, parse_section
+from attncert.pipeline.runs import GridPoint
+from attncert.pipeline.runtime import configure
 from attncert.stages import train_vit as stage
-from attncert.train import resolve_device
+from attncert.training.train import resolve_device
 
 b = parse_section("base", base, BaseParams)
-configure(b)  # threads, deterministic algorithms (attncert.runtime)
+configure(b)  # threads, deterministic algorithms (attncert.pipeline.runtime)
 point = parse_section("vit_grid", vit_grid, GridPoint)
 p = parse_section("train_vit", train_vit, stage.Params)
 dev = resolve_device(b.device)

@@ -14,7 +14,7 @@
 # Every setting of `frontier.settings` trained the same ViT (the grid shape `depth`, `heads`,
 # `gamma_vo`, with `train_vit`'s recipe) and changed only its margin: LMT's fixed logit
 # offset, or certified training with LoFAST's local bound at a training radius
-# (`attncert.certified_training`); `linear-*` is the trivial baseline, a linear model on the
+# (`attncert.training.certified_training`); `linear-*` is the trivial baseline, a linear model on the
 # pixels trained for its exact radius. All are measured on a validation split held out of
 # the training images (the test split is never read): certified accuracy (LoFAST(M), pairwise
 # test) beside PGD accuracy, an upper bound on what any certificate can reach. The selection
@@ -22,7 +22,7 @@
 # (clean + certified accuracy at `select_eps`) / 2.
 
 # %% tags=["parameters"]
-base = {}  # params.yaml `base`, passed whole by attncert.nbrun
+base = {}  # params.yaml `base`, passed whole by attncert.pipeline.nbrun
 train_vit = {}  # params.yaml `train_vit` (its margin: the grid's setting)
 frontier = {}  # params.yaml `frontier`
 
@@ -30,13 +30,13 @@ frontier = {}  # params.yaml `frontier`
 from IPython.display import Markdown, display
 
 from attncert.figures import show
-from attncert.params import BaseParams, parse_section
-from attncert.runtime import configure
+from attncert.pipeline.params import BaseParams, parse_section
+from attncert.pipeline.runtime import configure
 from attncert.stages import frontier as stage
 from attncert.stages import train_vit as train_stage
 
 b = parse_section("base", base, BaseParams)
-configure(b)  # threads, deterministic algorithms (attncert.runtime)
+configure(b)  # threads, deterministic algorithms (attncert.pipeline.runtime)
 tv = parse_section("train_vit", train_vit, train_stage.Params)
 p = parse_section("frontier", frontier, stage.Params)
 res = stage.run(p, b, tv)

@@ -21,7 +21,7 @@
 # fails the unit). `05_frontier` gathers the units and selects a setting.
 
 # %% tags=["parameters"]
-base = {}  # params.yaml `base`, passed whole by attncert.nbrun
+base = {}  # params.yaml `base`, passed whole by attncert.pipeline.nbrun
 train_vit = {}  # params.yaml `train_vit`: the recipe every ViT setting trains with
 frontier = {}  # params.yaml `frontier`
 processed_dir = "data/processed"
@@ -31,13 +31,13 @@ unit = ""  # one of attncert.stages.frontier.units: <dataset>-<setting> (nbrun -
 import pandas as pd
 from IPython.display import Markdown, display
 
-from attncert.params import BaseParams, parse_section
-from attncert.runtime import configure
+from attncert.pipeline.params import BaseParams, parse_section
+from attncert.pipeline.runtime import configure
 from attncert.stages import frontier as stage
 from attncert.stages import train_vit as train_stage
 
 b = parse_section("base", base, BaseParams)
-configure(b)  # threads, deterministic algorithms (attncert.runtime)
+configure(b)  # threads, deterministic algorithms (attncert.pipeline.runtime)
 tv = parse_section("train_vit", train_vit, train_stage.Params)
 p = parse_section("frontier", frontier, stage.Params)
 rec = stage.run_unit(p, b, tv, processed_dir, unit)

@@ -44,8 +44,8 @@
 # that several GPUs share it; this report gathers their records and trains nothing.
 
 # %% tags=["parameters"]
-base = {}  # params.yaml `base`, passed whole by attncert.nbrun
-specformer = {}  # params.yaml `specformer`, passed whole by attncert.nbrun
+base = {}  # params.yaml `base`, passed whole by attncert.pipeline.nbrun
+specformer = {}  # params.yaml `specformer`, passed whole by attncert.pipeline.nbrun
 
 # %%
 import pandas as pd
@@ -53,13 +53,13 @@ from IPython.display import Markdown, display
 
 from attncert.figures import show
 from attncert.figures import specformer as figs
-from attncert.paper import SPECFORMER_STEP_RATIO
-from attncert.params import BaseParams, parse_section
-from attncert.runtime import configure
+from attncert.pipeline.params import BaseParams, parse_section
+from attncert.pipeline.runtime import configure
+from attncert.report.paper import SPECFORMER_STEP_RATIO
 from attncert.stages import specformer as stage
 
 b = parse_section("base", base, BaseParams)
-configure(b)  # threads, deterministic algorithms (attncert.runtime)
+configure(b)  # threads, deterministic algorithms (attncert.pipeline.runtime)
 p = parse_section("specformer", specformer, stage.Params)
 res = stage.run(p, b)
 display(Markdown(res.overview))

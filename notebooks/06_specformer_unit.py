@@ -23,8 +23,8 @@
 # resumes).
 
 # %% tags=["parameters"]
-base = {}  # params.yaml `base`, passed whole by attncert.nbrun
-specformer = {}  # params.yaml `specformer`, passed whole by attncert.nbrun
+base = {}  # params.yaml `base`, passed whole by attncert.pipeline.nbrun
+specformer = {}  # params.yaml `specformer`, passed whole by attncert.pipeline.nbrun
 processed_dir = "data/processed"
 unit = ""  # one of attncert.stages.specformer.units (nbrun --unit)
 
@@ -32,13 +32,13 @@ unit = ""  # one of attncert.stages.specformer.units (nbrun --unit)
 import pandas as pd
 from IPython.display import Markdown, display
 
-from attncert.params import BaseParams, parse_section
-from attncert.runtime import configure
+from attncert.pipeline.params import BaseParams, parse_section
+from attncert.pipeline.runtime import configure
 from attncert.stages import specformer as stage
-from attncert.train import resolve_device
+from attncert.training.train import resolve_device
 
 b = parse_section("base", base, BaseParams)
-configure(b)  # threads, deterministic algorithms (attncert.runtime)
+configure(b)  # threads, deterministic algorithms (attncert.pipeline.runtime)
 p = parse_section("specformer", specformer, stage.Params)
 dev = resolve_device(b.device)
 rec = stage.run_unit(p, b, processed_dir, dev, unit)

@@ -31,7 +31,7 @@
 # and trains nothing.
 
 # %% tags=["parameters"]
-base = {}  # params.yaml `base`, passed whole by attncert.nbrun
+base = {}  # params.yaml `base`, passed whole by attncert.pipeline.nbrun
 text = {}  # params.yaml `text`, passed whole
 
 # %%
@@ -39,12 +39,12 @@ from IPython.display import Markdown, display
 
 from attncert import soundness
 from attncert.figures import show
-from attncert.params import BaseParams, parse_section
-from attncert.runtime import configure
+from attncert.pipeline.params import BaseParams, parse_section
+from attncert.pipeline.runtime import configure
 from attncert.stages import text as stage
 
 b = parse_section("base", base, BaseParams)
-configure(b)  # threads, deterministic algorithms (attncert.runtime)
+configure(b)  # threads, deterministic algorithms (attncert.pipeline.runtime)
 p = parse_section("text", text, stage.Params)
 r = stage.run(p, b)
 d = r.data

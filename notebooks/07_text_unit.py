@@ -22,7 +22,7 @@
 # interrupted unit resumes).
 
 # %% tags=["parameters"]
-base = {}  # params.yaml `base`, passed whole by attncert.nbrun
+base = {}  # params.yaml `base`, passed whole by attncert.pipeline.nbrun
 text = {}  # params.yaml `text`, passed whole
 processed_dir = "data/processed"
 unit = ""  # one of attncert.stages.text.UNITS (nbrun --unit)
@@ -32,12 +32,12 @@ import pandas as pd
 from IPython.display import Markdown, display
 
 from attncert import soundness
-from attncert.params import BaseParams, parse_section
-from attncert.runtime import configure
+from attncert.pipeline.params import BaseParams, parse_section
+from attncert.pipeline.runtime import configure
 from attncert.stages import text as stage
 
 b = parse_section("base", base, BaseParams)
-configure(b)  # threads, deterministic algorithms (attncert.runtime)
+configure(b)  # threads, deterministic algorithms (attncert.pipeline.runtime)
 p = parse_section("text", text, stage.Params)
 rec = stage.run_unit(p, b, processed_dir, unit)
 models = rec["results"] or (rec["entry"] or {}).get("models", {})

@@ -21,19 +21,19 @@
 # MATH.md sections 4-5), and Table 3's route. A broken certificate in any record fails it.
 
 # %% tags=["parameters"]
-base = {}  # params.yaml `base`, passed whole by attncert.nbrun
+base = {}  # params.yaml `base`, passed whole by attncert.pipeline.nbrun
 certvit = {}  # params.yaml `certvit`
 
 # %%
 import pandas as pd
 from IPython.display import Markdown, display
 
-from attncert.params import BaseParams, parse_section
-from attncert.runtime import configure
+from attncert.pipeline.params import BaseParams, parse_section
+from attncert.pipeline.runtime import configure
 from attncert.stages import certvit as stage
 
 b = parse_section("base", base, BaseParams)
-configure(b)  # threads, deterministic algorithms (attncert.runtime)
+configure(b)  # threads, deterministic algorithms (attncert.pipeline.runtime)
 p = parse_section("certvit", certvit, stage.Params)
 m = stage.run(p, b)
 display(Markdown(f"**Scale** {b.scale}; **units** {', '.join(stage.units(p))}; **source** "

@@ -26,19 +26,19 @@
 # that of a random network, not a result.
 
 # %% tags=["parameters"]
-base = {}  # params.yaml `base`, passed whole by attncert.nbrun
+base = {}  # params.yaml `base`, passed whole by attncert.pipeline.nbrun
 certvit = {}  # params.yaml `certvit`
 
 # %%
 from IPython.display import Markdown, display
 
-from attncert.params import BaseParams, parse_section
-from attncert.runtime import configure
+from attncert.pipeline.params import BaseParams, parse_section
+from attncert.pipeline.runtime import configure
 from attncert.stages import certvit as stage
-from attncert.train import resolve_device
+from attncert.training.train import resolve_device
 
 b = parse_section("base", base, BaseParams)
-configure(b)  # threads, deterministic algorithms (attncert.runtime)
+configure(b)  # threads, deterministic algorithms (attncert.pipeline.runtime)
 p = parse_section("certvit", certvit, stage.Params)
 dev = resolve_device(b.device)
 record, _ = stage.run_unit(p, b, dev, stage.IMAGENET)

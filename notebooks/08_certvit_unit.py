@@ -37,7 +37,7 @@
 # L2 PGD (a broken certificate fails the stage).
 
 # %% tags=["parameters"]
-base = {}  # params.yaml `base`, passed whole by attncert.nbrun
+base = {}  # params.yaml `base`, passed whole by attncert.pipeline.nbrun
 certvit = {}  # params.yaml `certvit`
 unit = "main"  # main or table1-<dataset> (attncert.stages.certvit.units; nbrun --unit)
 
@@ -48,13 +48,13 @@ from IPython.display import Markdown, display
 from attncert.certvit.steps import mode_steps, paper_row
 from attncert.figures import certvit as figs
 from attncert.figures import show
-from attncert.params import BaseParams, parse_section
-from attncert.runtime import configure
+from attncert.pipeline.params import BaseParams, parse_section
+from attncert.pipeline.runtime import configure
 from attncert.stages import certvit as stage
-from attncert.train import resolve_device
+from attncert.training.train import resolve_device
 
 b = parse_section("base", base, BaseParams)
-configure(b)  # threads, deterministic algorithms (attncert.runtime)
+configure(b)  # threads, deterministic algorithms (attncert.pipeline.runtime)
 section = parse_section("certvit", certvit, stage.Params)
 if unit not in stage.units(section) or unit == stage.IMAGENET:
     raise ValueError(f"unit {unit!r}: this notebook runs main or table1-<dataset> "
@@ -126,7 +126,7 @@ diagnostics[["mode", "site", "shape", "sigma_before", "sigma_after", "sparsity",
 # `spectral`: every parameter trains, and after each optimiser step every map is projected
 # back into its spectral ball and every norm gain into [-`budget_gain`, `budget_gain`], so
 # the bound never exceeds the sets' bound. The loss is the certificate's own margin
-# (`attncert.train`'s "radius"): each rival's gap per unit of head-row distance pushed past
+# (`attncert.training.train`'s "radius"): each rival's gap per unit of head-row distance pushed past
 # L `margin_eps` at temperature `logit_scale`, L the sets' bound.
 
 # %%

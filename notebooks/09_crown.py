@@ -29,8 +29,8 @@
 # fail. This report gathers their records and trains nothing.
 
 # %% tags=["parameters"]
-base = {}  # params.yaml `base`, passed whole by attncert.nbrun
-crown = {}  # params.yaml `crown`, passed whole by attncert.nbrun
+base = {}  # params.yaml `base`, passed whole by attncert.pipeline.nbrun
+crown = {}  # params.yaml `crown`, passed whole by attncert.pipeline.nbrun
 
 # %%
 import pandas as pd
@@ -38,12 +38,12 @@ from IPython.display import Markdown, display
 
 from attncert.crown import PATCHES
 from attncert.figures import show
-from attncert.params import BaseParams, parse_section
-from attncert.runtime import configure
+from attncert.pipeline.params import BaseParams, parse_section
+from attncert.pipeline.runtime import configure
 from attncert.stages import crown as stage
 
 b = parse_section("base", base, BaseParams)
-configure(b)  # threads, deterministic algorithms (attncert.runtime)
+configure(b)  # threads, deterministic algorithms (attncert.pipeline.runtime)
 p = parse_section("crown", crown, stage.Params)
 res = stage.run(p, b)
 parts = res.datasets

@@ -22,8 +22,8 @@
 # units into LoFAST's Tables 1-2.
 
 # %% tags=["parameters"]
-base = {}  # params.yaml `base`, passed whole by attncert.nbrun
-crown = {}  # params.yaml `crown`, passed whole by attncert.nbrun
+base = {}  # params.yaml `base`, passed whole by attncert.pipeline.nbrun
+crown = {}  # params.yaml `crown`, passed whole by attncert.pipeline.nbrun
 processed_dir = "data/processed"
 unit = ""  # one of attncert.stages.crown.units: <dataset>-L<depth> (nbrun --unit)
 
@@ -31,12 +31,12 @@ unit = ""  # one of attncert.stages.crown.units: <dataset>-L<depth> (nbrun --uni
 import pandas as pd
 from IPython.display import Markdown, display
 
-from attncert.params import BaseParams, parse_section
-from attncert.runtime import configure
+from attncert.pipeline.params import BaseParams, parse_section
+from attncert.pipeline.runtime import configure
 from attncert.stages import crown as stage
 
 b = parse_section("base", base, BaseParams)
-configure(b)  # threads, deterministic algorithms (attncert.runtime)
+configure(b)  # threads, deterministic algorithms (attncert.pipeline.runtime)
 p = parse_section("crown", crown, stage.Params)
 rec = stage.run_unit(p, b, processed_dir, unit)
 t = rec["trained"]

@@ -20,7 +20,7 @@
 
 # %% tags=["parameters"]
 scale = "paper"
-figures = {}  # params.yaml `figures`, passed whole by attncert.nbrun
+figures = {}  # params.yaml `figures`, passed whole by attncert.pipeline.nbrun
 
 # %%
 import pandas as pd
@@ -29,7 +29,7 @@ from IPython.display import Markdown, display
 from attncert.figures import frontier as frontier_figs
 from attncert.figures import show
 from attncert.figures import summary as figs
-from attncert.params import parse_section
+from attncert.pipeline.params import parse_section
 from attncert.stages import figures as stage
 
 p = parse_section("figures", figures, stage.Params)

@@ -4,7 +4,7 @@ import pytest
 import torch
 from torch import nn
 
-from attncert.batching import in_batches
+from attncert.pipeline.batching import in_batches
 
 
 def _oom_above(limit: int):

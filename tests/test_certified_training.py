@@ -5,10 +5,10 @@ import pytest
 import torch
 from torch.nn import functional as F
 
-from attncert import certified_training as ct
 from attncert import certify
 from attncert.models import ViTConfig, build_vit
-from attncert.train import TrainConfig, train
+from attncert.training import certified_training as ct
+from attncert.training.train import TrainConfig, train
 
 
 def _model(seed: int = 0, dtype=torch.float64):

@@ -45,7 +45,7 @@ from attncert.certvit.spectral import (
 )
 from attncert.layers import L2MultiHeadAttention
 from attncert.models.vit import ViTConfig, build_vit, save_vit
-from attncert.train import TrainConfig, train
+from attncert.training.train import TrainConfig, train
 
 TINY = dict(image_size=8, channels=1, patch=4, dim=16, depth=2, heads=2, mlp_hidden=24,
             num_classes=4, kind="standard", block="prenorm", attn_bias=True, mean=(0.3,),
@@ -497,7 +497,7 @@ def test_linear_baseline_radius_is_exact_and_audited(tmp_path):
     past it along the closest rival's direction changes the prediction, PGD inside it never
     does (0 broken), and a training run with the radius loss keeps unit rows."""
     from attncert.certvit import PixelLinear, certify_linear
-    from attncert.train import TrainConfig, train
+    from attncert.training.train import TrainConfig, train
 
     g = torch.Generator().manual_seed(0)
     x = torch.rand(64, 1, 6, 6, generator=g)
@@ -529,8 +529,8 @@ def test_linear_baseline_radius_is_exact_and_audited(tmp_path):
 def test_linear_baseline_checkpoints_like_a_phase(tmp_path):
     """The stage keys the baseline's checkpoint folder on its config, as every phase's."""
     from attncert.certvit import PixelLinear, stage
-    from attncert.checkpoint import prepare_checkpoint_dir
-    from attncert.train import TrainConfig
+    from attncert.training.checkpoint import prepare_checkpoint_dir
+    from attncert.training.train import TrainConfig
 
     model = PixelLinear(36, 2, seed=0)
     cfg = TrainConfig(epochs=1, margin="radius", lmt_offset=0.2)

@@ -10,7 +10,7 @@ import pytest
 import torch
 from matplotlib.figure import Figure
 
-from attncert import params, soundness
+from attncert import soundness
 from attncert.certvit import (
     NORMS,
     Adaptation,
@@ -23,12 +23,13 @@ from attncert.certvit import (
     stage,
     steps,
 )
-from attncert.checkpoint import prepare_checkpoint_dir
 from attncert.figures import certvit as figs
 from attncert.models.vit import ViTConfig, build_vit, save_vit
-from attncert.paper import CERTVIT_CIFAR10, CERTVIT_MNIST
+from attncert.pipeline import params
+from attncert.report.paper import CERTVIT_CIFAR10, CERTVIT_MNIST
 from attncert.stages import certvit as certvit_stage
-from attncert.train import TrainConfig, train
+from attncert.training.checkpoint import prepare_checkpoint_dir
+from attncert.training.train import TrainConfig, train
 
 matplotlib.use("Agg")
 

@@ -4,8 +4,8 @@ when the checkpoint was written."""
 import torch
 from torch import nn
 
-from attncert import checkpoint
-from attncert.checkpoint import load_checkpoint, save_checkpoint
+from attncert.training import checkpoint
+from attncert.training.checkpoint import load_checkpoint, save_checkpoint
 
 
 def _write(path, cuda_state):
@@ -59,7 +59,7 @@ def test_saved_state_names_one_device(monkeypatch):
 def test_an_evaluation_batch_change_resumes_the_run(tmp_path):
     """Lowering eval_batch_size (say after an out-of-memory error) keeps the checkpoint; a
     training setting still clears it."""
-    from attncert.checkpoint import prepare_checkpoint_dir
+    from attncert.training.checkpoint import prepare_checkpoint_dir
 
     fp = {"model": {"dim": 8}, "train": {"lr": 1.0, "eval_batch_size": 500}, "sha": "a"}
     ckpt = tmp_path / "run"

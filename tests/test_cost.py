@@ -10,8 +10,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from attncert import cost, profile
-from attncert.params import load_params, read_yaml
+from attncert import cost
+from attncert.pipeline import profile
+from attncert.pipeline.params import load_params, read_yaml
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -170,7 +171,7 @@ def test_the_multi_gpu_plan_schedules_units_longest_first(smoke):
     gathering = {"specformer", "text", "crown", "frontier", "certvit"}  # units do the work
     assert not set(hours) & {"tightness", "figures", "data", *gathering}
     # every other unit is a DVC stage that scripts/repro-gpus hands out under that name
-    from attncert import dvcfile
+    from attncert.pipeline import dvcfile
 
     names = {f"{r.stage}@{r.key}" if r.key else r.stage
              for r in dvcfile.stage_runs(dvcfile.read_stages(ROOT / "dvc.yaml"), p)}

@@ -13,10 +13,10 @@ from attncert.attacks import pgd_l2
 from attncert.crown import PATCHES, CrownCertifier, CrownViT, apply_patches, certify_points
 from attncert.crown.bridge import margin_spec
 from attncert.models.vit import ViTConfig, build_vit
-from attncert.nbrun import read_notebook
-from attncert.params import load_params
+from attncert.pipeline.nbrun import read_notebook
+from attncert.pipeline.params import load_params
 from attncert.stages import crown as stage
-from attncert.train import resolve_device
+from attncert.training.train import resolve_device
 
 
 def tiny_vit(seed: int = 0, pool: str = "mean") -> torch.nn.Module:
@@ -252,8 +252,8 @@ def test_units_then_gather(tmp_path):
     stage: Tables 1-2 per dataset from the records, a stale or missing record refused."""
     import dataclasses
 
-    from attncert.io import torch_save
-    from attncert.params import BaseParams, load_params
+    from attncert.pipeline.io import torch_save
+    from attncert.pipeline.params import BaseParams, load_params
 
     g = torch.Generator().manual_seed(0)
     x = torch.randint(0, 256, (24, 1, 16, 16), generator=g, dtype=torch.uint8)

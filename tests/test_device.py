@@ -22,7 +22,7 @@ from attncert.certvit import DRConfig, adapt, constrain, empirical_lipschitz
 from attncert.certvit.certificate import certify as certify_global
 from attncert.models.vit import ViTConfig, build_vit
 from attncert.msvp import MSVP
-from attncert.train import ImageSteps, TrainConfig, resolve_device
+from attncert.training.train import ImageSteps, TrainConfig, resolve_device
 
 F64 = torch.float64
 
@@ -341,7 +341,7 @@ def test_resolve_device(monkeypatch):
 
 def test_every_generator_comes_from_the_rng_helper():
     """One convention: the package and the notebooks make generators only through
-    attncert.rng.generator(seed, device)."""
+    attncert.pipeline.rng.generator(seed, device)."""
     root = Path(__file__).resolve().parents[1]
     files = [*(root / "src" / "attncert").rglob("*.py"), *(root / "notebooks").glob("*.py")]
     offenders = [f"{p.relative_to(root)}:{i}" for p in files if p.name != "rng.py"

@@ -6,8 +6,8 @@ import sys
 import pytest
 import torch
 
-from attncert import doctor
-from attncert.doctor import ALLOW_CPU_ENV, DeviceError, check_gpu_ids, require_device
+from attncert.pipeline import doctor
+from attncert.pipeline.doctor import ALLOW_CPU_ENV, DeviceError, check_gpu_ids, require_device
 
 NO_GPU = not torch.cuda.is_available()
 
@@ -37,7 +37,7 @@ def test_nbrun_refuses_before_the_kernel_starts(tmp_path, venv_env):
                                           .replace("device: auto ", "device: cpu  ", 1))
     (tmp_path / "nb.py").write_text('# %% tags=["parameters"]\ncrown = {}\n')
     env = {k: v for k, v in venv_env.items() if k != ALLOW_CPU_ENV}
-    proc = subprocess.run([sys.executable, "-m", "attncert.nbrun", "nb.py", "out.ipynb",
+    proc = subprocess.run([sys.executable, "-m", "attncert.pipeline.nbrun", "nb.py", "out.ipynb",
                            "--section", "crown"], cwd=tmp_path, env=env, capture_output=True,
                           text=True, timeout=300)
     assert proc.returncode == 2, proc.stderr
@@ -73,8 +73,8 @@ def _smoke_params():
     """The smoke profile's shapes (the doctor's steps at the paper shapes take minutes here)."""
     from pathlib import Path
 
-    from attncert import profile
-    from attncert.params import read_yaml, validate
+    from attncert.pipeline import profile
+    from attncert.pipeline.params import read_yaml, validate
 
     root = Path(__file__).resolve().parents[1]
     tree = read_yaml(root / "params.yaml")

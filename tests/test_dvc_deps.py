@@ -15,13 +15,13 @@ from pathlib import Path
 
 import pytest
 
-from attncert import report
-from attncert.params import load_params
+from attncert.pipeline.params import load_params
+from attncert.report import rows as report
 
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGE = "attncert"
 #: every stage's runner: it only passes the params sections that the stage's ``params`` track
-RUNNER = "attncert.nbrun"
+RUNNER = "attncert.pipeline.nbrun"
 CODE_DIRS = ("src/", "notebooks/")
 STAGES = report.read_stages(ROOT / report.DVC_FILE)
 PARAMS = load_params(ROOT / report.PARAMS_FILE)
@@ -192,7 +192,7 @@ def test_missing_and_stale_deps_are_named(tmp_path):
         "src/attncert/sub/b.py": "",
         "src/attncert/old.py": "",
     })
-    spec = {"cmd": "python -m attncert.nbrun notebooks/01_x.py out.ipynb",
+    spec = {"cmd": "python -m attncert.pipeline.nbrun notebooks/01_x.py out.ipynb",
             "deps": ["notebooks/01_x.py", "src/attncert/__init__.py", "src/attncert/a.py",
                      "src/attncert/sub/__init__.py", "src/attncert/old.py", "data/x.pt"]}
     assert dep_problems("x", spec, {}, tmp_path) == [

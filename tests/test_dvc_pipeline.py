@@ -13,8 +13,8 @@ import pytest
 from checkout import commit_all, copy_worktree
 from ruamel.yaml import YAML
 
-from attncert import profile
-from attncert.runs import run_name
+from attncert.pipeline import profile
+from attncert.pipeline.runs import run_name
 
 pytestmark = pytest.mark.slow
 

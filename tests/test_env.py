@@ -2,7 +2,7 @@
 
 from pathlib import Path
 
-from attncert.params import read_yaml
+from attncert.pipeline.params import read_yaml
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from attncert import fidelity
-from attncert.params import read_yaml
+from attncert.pipeline.params import read_yaml
+from attncert.report import fidelity
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -96,12 +96,12 @@ def test_every_key_whose_comment_names_a_paper_has_a_row(record):
 def test_docs_and_readme_are_generated_from_the_record(record, params):
     docs = (ROOT / fidelity.DOCS_FILE).read_text()
     assert docs == fidelity.render_docs(record, params), (
-        "docs/fidelity.md is stale: run python -m attncert.fidelity docs")
+        "docs/fidelity.md is stale: run python -m attncert.report.fidelity docs")
     readme = (ROOT / "README.md").read_text()
     start, end = fidelity.MARKERS
     block = readme.split(start, 1)[1].split(end, 1)[0].strip()
     assert block == fidelity.render_summary(record), (
-        "the README's fidelity summary is stale: run python -m attncert.fidelity docs")
+        "the README's fidelity summary is stale: run python -m attncert.report.fidelity docs")
 
 
 def test_no_row_cites_a_summary(record):

@@ -7,7 +7,7 @@ import pandas as pd
 import pytest
 import torch
 
-from attncert.params import BaseParams, ParamsError, load_params, parse_section
+from attncert.pipeline.params import BaseParams, ParamsError, load_params, parse_section
 from attncert.stages import frontier as stage
 
 ROOT = Path(__file__).resolve().parents[1]

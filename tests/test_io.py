@@ -2,7 +2,7 @@
 
 import torch
 
-from attncert.io import torch_save, write_json
+from attncert.pipeline.io import torch_save, write_json
 
 
 def test_torch_save_is_byte_reproducible_and_loads(tmp_path):

@@ -9,9 +9,9 @@ import torch
 from test_train import Stop, fresh_model, toy_data
 from torch.nn import functional as F
 
-from attncert import mix
-from attncert.loop import optimizer
-from attncert.train import ImageSteps, TrainConfig, step_loss, train
+from attncert.training import mix
+from attncert.training.loop import optimizer
+from attncert.training.train import ImageSteps, TrainConfig, step_loss, train
 
 SPEC = mix.MixSpec(mixup_alpha=0.8, cutmix_alpha=1.0, mix_prob=0.5, mix_switch_prob=0.5)
 

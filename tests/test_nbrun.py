@@ -9,7 +9,12 @@ from pathlib import Path
 import nbformat
 import pytest
 
-from attncert.nbrun import NotebookError, check_parameters, declared_parameters, read_notebook
+from attncert.pipeline.nbrun import (
+    NotebookError,
+    check_parameters,
+    declared_parameters,
+    read_notebook,
+)
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -51,7 +56,7 @@ def _set(project, old, new):
 
 
 def _run(project, venv_env, *extra):
-    cmd = [sys.executable, "-m", "attncert.nbrun", "nb.py", "out.ipynb", "--section", "data",
+    cmd = [sys.executable, "-m", "attncert.pipeline.nbrun", "nb.py", "out.ipynb", "--section", "data",
            *extra]
     t0 = time.perf_counter()
     proc = subprocess.run(cmd, cwd=project, env=venv_env, capture_output=True, text=True)
@@ -150,7 +155,7 @@ data = {}
 
 # %%
 import warnings
-from attncert import progress
+from attncert.pipeline import progress
 progress.LINE_SECONDS = 0.2   # a plain line every 0.2 s: this loop lasts about a second
 print("the report's own output")
 for _ in progress.bar(range(10), desc="slow loop"):
@@ -188,7 +193,7 @@ def test_progress_lines_and_heartbeat(tmp_path, monkeypatch):
     lines; the relay prints a heartbeat after a silence and copies what the kernel wrote."""
     import io
 
-    from attncert import progress
+    from attncert.pipeline import progress
 
     console = tmp_path / "console.log"
     console.write_text("")

@@ -30,9 +30,9 @@ from checkout import commit_all, copy_worktree
 from ruamel.yaml import YAML
 from standins import write_imagenette
 
-from attncert.params import validate
-from attncert.profile import flatten
-from attncert.runs import run_name
+from attncert.pipeline.params import validate
+from attncert.pipeline.profile import flatten
+from attncert.pipeline.runs import run_name
 
 ROOT = Path(__file__).resolve().parents[1]
 pytestmark = pytest.mark.slow
@@ -366,6 +366,6 @@ def test_crown(dry):
 def test_figures(dry):
     """The figures stage through the runner: a stage that did not run is shown as not run."""
     repo, env = dry
-    _sh(["python", "-m", "attncert.nbrun", "notebooks/10_figures.py",
+    _sh(["python", "-m", "attncert.pipeline.nbrun", "notebooks/10_figures.py",
          "reports/notebooks/10_figures.ipynb", "--section", "base.scale", "--section", "figures"],
         repo, env)

@@ -5,8 +5,8 @@ from pathlib import Path
 
 import pytest
 
-from attncert import profile
-from attncert.params import ParamsError, load_params, read_yaml, validate
+from attncert.pipeline import profile
+from attncert.pipeline.params import ParamsError, load_params, read_yaml, validate
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -95,7 +95,7 @@ def test_unknown_section(raw):
 
 def test_float_fields_accept_ints(raw):
     # YAML `1` where a float is declared is widened, never a type error
-    from attncert.params import BaseParams, _check_type
+    from attncert.pipeline.params import BaseParams, _check_type
 
     assert BaseParams is not None
     assert _check_type("k", 1, float) == 1.0 and isinstance(_check_type("k", 1, float), float)

@@ -7,9 +7,10 @@ from pathlib import Path
 
 import pytest
 
-from attncert import report, runs
-from attncert.nbrun import declared_parameters, parse_items, read_notebook
-from attncert.params import load_params
+from attncert.pipeline import runs
+from attncert.pipeline.nbrun import declared_parameters, parse_items, read_notebook
+from attncert.pipeline.params import load_params
+from attncert.report import rows as report
 
 ROOT = Path(__file__).resolve().parents[1]
 PARAMS = load_params(ROOT / report.PARAMS_FILE)
@@ -45,7 +46,7 @@ def _names(entries, item, key=None) -> list[str]:
 
 def _runner_args(cmd: str):
     argv = shlex.split(cmd)
-    i = argv.index("attncert.nbrun")
+    i = argv.index("attncert.pipeline.nbrun")
     assert argv[:i] == ["python", "-m"], cmd
     notebook, output, rest = argv[i + 1], argv[i + 2], argv[i + 3:]
     sections = [rest[j + 1] for j, a in enumerate(rest) if a == "--section"]
@@ -119,7 +120,7 @@ GRID_CASES = ([e for e in EXPANDED if set(e[2]) == GRID_KEYS]
 
 @pytest.mark.parametrize(("stage", "spec", "item"), GRID_CASES, ids=[c[0] for c in GRID_CASES])
 def test_grid_paths_follow_run_name(stage, spec, item):
-    """dvc.yaml's ${item.*} path template is the one attncert.runs.run_name builds."""
+    """dvc.yaml's ${item.*} path template is the one attncert.pipeline.runs.run_name builds."""
     name = runs.run_name(**item)
     paths = [_resolve(p, item) for p in _item_paths(spec, item)]
     assert paths, f"{stage}: no path names the grid point"

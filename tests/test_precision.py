@@ -9,14 +9,14 @@ from test_train import toy_data as _toy
 from attncert import certify
 from attncert.attacks import attack_copy, confirm_l2, pgd_l2, verified_pgd_l2
 from attncert.models.vit import ViTConfig, build_vit
-from attncert.precision import (
+from attncert.training.precision import (
     attack_matmuls,
     autocast,
     require_full_precision,
     resolve_precision,
     training_matmuls,
 )
-from attncert.train import TrainConfig, augment_batch, epoch_generator, train
+from attncert.training.train import TrainConfig, augment_batch, epoch_generator, train
 
 
 def _vit(**kw):

@@ -1,4 +1,4 @@
-"""attncert.report: the summary's numbers are the metrics files' numbers, README's results
+"""attncert.report.rows: the summary's numbers are the metrics files' numbers, README's results
 section is regenerated in place, the HTML export is self-contained (checked in headless
 Chromium where it is installed)."""
 
@@ -16,11 +16,13 @@ import nbformat
 import pandas as pd
 import pytest
 
-from attncert import dvcfile, htmlexport, paper, report
-from attncert import readme as results_md
 from attncert.figures import summary as summary_figs
-from attncert.params import read_yaml, validate
-from attncert.runs import run_name
+from attncert.pipeline import dvcfile
+from attncert.pipeline.params import read_yaml, validate
+from attncert.pipeline.runs import run_name
+from attncert.report import htmlexport, paper
+from attncert.report import readme as results_md
+from attncert.report import rows as report
 from attncert.stages import figures as figures_stage
 from attncert.tightness import PAPER_TABLE3
 
@@ -659,7 +661,7 @@ def test_reports_render_in_headless_chromium(tmp_path):
 
 
 def test_fmt_shows_a_failed_value_as_a_dash():
-    from attncert.readme import fmt
+    from attncert.report.readme import fmt
 
     assert fmt(float("nan"), "percent") == fmt(None, "fraction") == "–"
     assert fmt(80.0, "percent") == "80.0%"

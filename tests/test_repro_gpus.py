@@ -7,7 +7,7 @@ from pathlib import Path
 
 from checkout import commit_all, copy_worktree
 
-from attncert import profile
+from attncert.pipeline import profile
 
 FAKE_DVC = """#!/usr/bin/env bash
 echo "CUDA_VISIBLE_DEVICES=$CUDA_VISIBLE_DEVICES $*" >>"$DVC_LOG"

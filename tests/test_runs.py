@@ -11,12 +11,13 @@ import pytest  # noqa: E402
 import torch  # noqa: E402
 from matplotlib.figure import Figure  # noqa: E402
 
-from attncert import certify, runs  # noqa: E402
-from attncert.checkpoint import prepare_checkpoint_dir  # noqa: E402
+from attncert import certify
 from attncert.figures import vit as figs  # noqa: E402
-from attncert.params import ParamsError, load_params, parse_section  # noqa: E402
-from attncert.runs import GridPoint  # noqa: E402
+from attncert.pipeline import runs  # noqa: E402
+from attncert.pipeline.params import ParamsError, load_params, parse_section  # noqa: E402
+from attncert.pipeline.runs import GridPoint  # noqa: E402
 from attncert.stages import train_vit  # noqa: E402
+from attncert.training.checkpoint import prepare_checkpoint_dir  # noqa: E402
 
 
 def _data(channels=1, size=28, classes=10):
@@ -128,7 +129,7 @@ def test_every_dataset_builder_gives_the_config_it_built_before(channels, size):
 
 
 def test_train_config_uses_every_training_key_and_the_seed():
-    from attncert.train import TrainConfig
+    from attncert.training.train import TrainConfig
 
     s = _settings(epochs=3, lr=0.5, warmup_steps=7, margin="olsa", olsa_gamma=0.1,
                   msvp_lambda=[1e-3, 2e-3, 3e-3], adversarial="pgd_linf", adv_steps=3)

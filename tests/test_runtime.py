@@ -2,8 +2,8 @@
 
 import torch
 
-from attncert.params import BaseParams
-from attncert.runtime import configure
+from attncert.pipeline.params import BaseParams
+from attncert.pipeline.runtime import configure
 
 
 def _base(**kw):

@@ -8,15 +8,15 @@ import pytest
 import torch
 from matplotlib.figure import Figure
 
-from attncert import paper as paper_module
 from attncert import specformer as sf
 from attncert.data import DataUnavailable, load_sample
 from attncert.figures import specformer as figs
 from attncert.models import ViTConfig, build_vit
 from attncert.msvp import exact_head_sigma
-from attncert.params import load_params
+from attncert.pipeline.params import load_params
+from attncert.report import paper as paper_module
 from attncert.stages import specformer as stage
-from attncert.train import TrainConfig, evaluate
+from attncert.training.train import TrainConfig, evaluate
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -394,7 +394,7 @@ def test_tables_1_2_stand_beside_the_runs_of_their_backbones():
 def test_table5_and_table3_stand_beside_their_own_runs():
     """Table 5's row beside the CIFAR-10 ViT-S ablation run with the same triple and training,
     Table 3's ratios beside each training's step-time ratio; nothing beside another run."""
-    from attncert import paper
+    from attncert.report import paper
     from attncert.stages import specformer as stage
 
     lam = "0.0001,0,0"
@@ -429,8 +429,8 @@ def test_units_then_gather(mirror, tmp_path):
     runs it), then :func:`~attncert.stages.specformer.run` gathers them without a device: the
     same tables as one process would give (Table 5 row of ``msvp_lambda`` from the main runs),
     and a record of other params, or a missing one, is refused."""
-    from attncert.io import torch_save
-    from attncert.params import BaseParams
+    from attncert.pipeline.io import torch_save
+    from attncert.pipeline.params import BaseParams
 
     processed = tmp_path / "processed"
     torch_save(cifar_shaped("cifar10", 10, mirror, tmp_path), processed / "cifar10.pt")

@@ -9,7 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from attncert import params, report, stages
+from attncert import stages
+from attncert.pipeline import params
+from attncert.report import rows as report
 
 ROOT = Path(__file__).resolve().parents[1]
 STAGES = report.read_stages(ROOT / report.DVC_FILE)

@@ -39,7 +39,7 @@ from attncert.text.train_text import (
     certify_rows,
     evaluate_text,
 )
-from attncert.train import train as train_loop
+from attncert.training.train import train as train_loop
 
 F64 = torch.float64
 
@@ -614,7 +614,7 @@ def test_text_train_config_validation():
 
 def test_step_schedule_decays_after_the_named_epochs():
     """OLSA's QQP schedule: x0.1 at the 40th epoch, i.e. from the first step of epoch 41."""
-    from attncert.loop import lr_schedule
+    from attncert.training.loop import lr_schedule
 
     cfg = TextTrainConfig(epochs=50, warmup_steps=2, lr_decay_epochs=(40,))
     f = lr_schedule(cfg, steps_per_epoch=10)

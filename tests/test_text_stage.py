@@ -9,8 +9,8 @@ import pytest
 import torch
 from matplotlib.figure import Figure
 
-from attncert import paper
 from attncert.figures import text as figs
+from attncert.report import paper
 from attncert.text.evaluate import (
     attention_statistics,
     attention_table,
@@ -199,7 +199,7 @@ def test_frozen_states_are_the_encoder_outputs_computed_once():
 def test_the_stage_plans_every_model_by_the_names_the_report_reads():
     from pathlib import Path
 
-    from attncert.params import load_params
+    from attncert.pipeline.params import load_params
     from attncert.stages import text as stage
 
     p = load_params(Path(__file__).resolve().parents[1] / "params.yaml")["text"]
@@ -238,7 +238,7 @@ def test_the_stage_plans_every_model_by_the_names_the_report_reads():
 def test_dvc_yaml_runs_every_text_unit():
     from pathlib import Path
 
-    from attncert.dvcfile import read_stages
+    from attncert.pipeline.dvcfile import read_stages
     from attncert.stages import text as stage
 
     spec = read_stages(Path(__file__).resolve().parents[1] / "dvc.yaml")["text_unit"]
@@ -352,8 +352,8 @@ def test_the_stage_trains_yelp_and_qqp_and_reports_a_skipped_dataset(tmp_path, m
     import dataclasses
     from pathlib import Path
 
-    from attncert import params
     from attncert.data import skipped_dataset
+    from attncert.pipeline import params
     from attncert.stages import text as stage
 
     processed = tmp_path / "processed"
@@ -423,7 +423,7 @@ def test_the_stage_trains_yelp_and_qqp_and_reports_a_skipped_dataset(tmp_path, m
 def test_the_text_section_refuses_unknown_or_inconsistent_datasets():
     from pathlib import Path
 
-    from attncert import params
+    from attncert.pipeline import params
     from attncert.stages import text as stage
 
     raw = params.read_yaml(Path(__file__).resolve().parents[1] / "params.yaml")["text"]

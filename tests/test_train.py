@@ -6,11 +6,11 @@ import math
 import pytest
 import torch
 
-from attncert import runs
-from attncert.loop import cosine_schedule, lipschitz_diagnostics
-from attncert.losses import logit_margin, training_loss
 from attncert.models import ViTConfig, build_vit, load_vit, save_vit
-from attncert.train import (
+from attncert.pipeline import runs
+from attncert.training.loop import cosine_schedule, lipschitz_diagnostics
+from attncert.training.losses import logit_margin, training_loss
+from attncert.training.train import (
     TrainConfig,
     augment_batch,
     evaluate,
@@ -186,7 +186,7 @@ def test_training_learns_the_toy_task_with_the_lofast_margin(tmp_path):
 
 
 def test_a_diverging_run_stops_with_one_clear_error(tmp_path):
-    from attncert.loop import TrainingDiverged
+    from attncert.training.loop import TrainingDiverged
 
     data = toy_data(64, 0)
     model = fresh_model()
@@ -293,7 +293,7 @@ def test_msvp_lambda_validation_and_broadcast():
 
 def test_msvp_term_changes_the_loss_and_the_gradients():
     from attncert.msvp import MSVP
-    from attncert.train import step_loss
+    from attncert.training.train import step_loss
 
     data = toy_data(16, 0)
     xb, yb = data["x"].float() / 255, data["y"]
@@ -313,7 +313,7 @@ def test_msvp_term_changes_the_loss_and_the_gradients():
 
 
 def test_adversarial_step_trains_on_pgd_examples():
-    from attncert.train import step_loss
+    from attncert.training.train import step_loss
 
     data = toy_data(16, 0)
     xb, yb = data["x"].float() / 255, data["y"]

@@ -5,8 +5,8 @@ from pathlib import Path
 
 import pytest
 
-from attncert import paper
-from attncert.params import ParamsError, read_yaml, validate
+from attncert.pipeline.params import ParamsError, read_yaml, validate
+from attncert.report import paper
 from attncert.stages import certify_vit, train_vit
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -70,11 +70,11 @@ def test_certify_vit_certifies_the_whole_split_and_audits_the_first_n_attack(tmp
     import pandas as pd
     import torch
 
-    from attncert.io import torch_save
     from attncert.models import ViTConfig, build_vit
     from attncert.models.vit import save_vit
-    from attncert.params import BaseParams, parse_section
-    from attncert.runs import GridPoint
+    from attncert.pipeline.io import torch_save
+    from attncert.pipeline.params import BaseParams, parse_section
+    from attncert.pipeline.runs import GridPoint
 
     g = torch.Generator().manual_seed(0)
     data = {"name": "mnist", "kind": "image", "source": "stand-in", "classes": ["0", "1"],

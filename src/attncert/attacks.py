@@ -13,7 +13,7 @@ import torch
 from torch import Tensor, nn
 from torch.nn import functional as F
 
-from attncert import rng
+from attncert.pipeline import rng
 
 LOSSES = ("ce", "margin")
 
@@ -52,7 +52,7 @@ def project(delta: Tensor, x: Tensor, eps: Tensor, norm: str) -> Tensor:
 
 
 def _random_start(x: Tensor, eps: Tensor, norm: str, g: torch.Generator | None) -> Tensor:
-    """Drawn on x's device with ``g`` (a generator on that device, see attncert.rng)."""
+    """Drawn on x's device with ``g`` (a generator on that device, see attncert.pipeline.rng)."""
     if norm == "l2":  # uniform in the l2 ball
         d = torch.randn(x.shape, generator=g, device=x.device, dtype=x.dtype)
         u = torch.rand(x.shape[0], generator=g, device=x.device, dtype=x.dtype)
@@ -191,7 +191,7 @@ def verified_pgd_l2(model: nn.Module, x: Tensor, y: Tensor, eps: float | Tensor,
     matmuls on CUDA), each result confirmed on ``model`` in x's dtype by :func:`confirm_l2`:
     the soundness audit of a float64 certificate at float32 attack cost. Returns (x_adv in
     x's dtype, success)."""
-    from attncert.precision import attack_matmuls
+    from attncert.training.precision import attack_matmuls
 
     attack_model = attack_copy(model) if attack_model is None else attack_model
     dtype = next(t for t in attack_model.parameters() if t.is_floating_point()).dtype

@@ -28,10 +28,11 @@ from typing import TYPE_CHECKING
 import torch
 from torch import Tensor
 
-from attncert import bounds, rng
-from attncert.batching import in_batches
+from attncert import bounds
 from attncert.models.vit import Component, propagate
-from attncert.precision import require_full_precision
+from attncert.pipeline import rng
+from attncert.pipeline.batching import in_batches
+from attncert.training.precision import require_full_precision
 
 
 def _clock(on: Tensor) -> float:
@@ -223,7 +224,7 @@ def certify_table(model, x: Tensor, y: Tensor, variants: Sequence[str] = VARIANT
     """
     import pandas as pd
 
-    from attncert.progress import bar
+    from attncert.pipeline.progress import bar
 
     unknown = sorted(set(tests) - set(TESTS))
     if unknown:
@@ -274,7 +275,7 @@ def audit(model, x: Tensor, y: Tensor, radii: Mapping[str, Tensor], eps_grid: Se
     misclassified).
     """
     from attncert.attacks import attack_copy, verified_pgd_l2
-    from attncert.progress import bar
+    from attncert.pipeline.progress import bar
 
     g = rng.generator(seed, x.device)
     with torch.no_grad():

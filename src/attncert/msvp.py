@@ -29,8 +29,8 @@ from collections.abc import Mapping
 import torch
 from torch import Tensor, nn
 
-from attncert import rng
 from attncert.layers import linear_weight
+from attncert.pipeline import rng
 
 __all__ = ["MAPS", "MSVP", "exact_head_sigma", "find_attention_modules", "head_blocks",
            "sigma_rows"]

@@ -39,16 +39,17 @@ import pandas as pd
 import torch
 from torch import Tensor, nn
 
-from attncert import attacks, rng, runs
-from attncert.batching import in_batches
+from attncert import attacks
 from attncert.certvit.load import hub_revision, load_model
 from attncert.certvit.stage import fit_to_dataset, phase_fingerprint
 from attncert.data import as_float, subset_indices
-from attncert.loop import optimizer
 from attncert.models import ViT, ViTConfig, build_vit
 from attncert.msvp import MSVP, exact_head_sigma, sigma_rows
-from attncert.precision import resolve_precision
-from attncert.train import TrainConfig, resolve_device, step_loss, train_resumable
+from attncert.pipeline import rng, runs
+from attncert.pipeline.batching import in_batches
+from attncert.training.loop import optimizer
+from attncert.training.precision import resolve_precision
+from attncert.training.train import TrainConfig, resolve_device, step_loss, train_resumable
 
 __all__ = ["ATTACKS", "METHODS", "PRETRAINED_METHODS", "SCRATCH", "AttackSpec", "attack_specs",
            "base_model_config", "comparison_table", "data_config", "eval_split",
@@ -67,7 +68,7 @@ _NAMES = {"clean": "clean", "fgsm": "FGSM", "pgd_linf": "PGD", "cw_linf": "CW",
 
 
 def data_config(data: Mapping[str, Any], normalize: str = "std", **kw: Any) -> ViTConfig:
-    """A ViTConfig for a processed dataset (:func:`attncert.runs.dataset_vit_config`, its
+    """A ViTConfig for a processed dataset (:func:`attncert.pipeline.runs.dataset_vit_config`, its
     ``normalize`` convention): "std" puts (x - mean) / std inside the model, "mean" only
     x - mean (1-Lipschitz, for certified models); ``kw``: the rest."""
     return runs.dataset_vit_config(data, normalize, **kw)
@@ -89,9 +90,9 @@ def train_run(model_cfg: ViTConfig, train_cfg: TrainConfig, data: Mapping[str, A
               dataset: str, ckpt_dir: str | Path, device: str | torch.device = "cpu",
               precision: str = "auto") -> tuple[ViT, list[dict[str, Any]], str]:
     """Build (seeded with ``train_cfg.seed``) and train one model at ``precision``
-    (:mod:`attncert.precision`): (model, per-epoch rows, checkpoint status). A checkpoint in
+    (:mod:`attncert.training.precision`): (model, per-epoch rows, checkpoint status). A checkpoint in
     ``ckpt_dir`` written for the same run resumes; one written for another run is cleared
-    (:func:`attncert.train.train_resumable`)."""
+    (:func:`attncert.training.train.train_resumable`)."""
     precision = resolve_precision(precision, resolve_device(device))
     fp = runs.fingerprint(model_cfg, train_cfg, dataset, data["source"], precision)
     torch.manual_seed(train_cfg.seed)
@@ -164,7 +165,7 @@ def train_configs(*, epochs: int, adv_epochs: int, batch_size: int, lr: float,
                   mix: Mapping[str, float] | None = None) -> tuple[TrainConfig, TrainConfig]:
     """(standard, adversarial): ``optimizer`` (adamw, or sgd with ``momentum``) with a cosine
     schedule, gradients clipped to global norm ``grad_clip`` (0 = off); ``mix``: the
-    standard run's Mixup / CutMix fields of :class:`attncert.train.TrainConfig` (mixup_alpha,
+    standard run's Mixup / CutMix fields of :class:`attncert.training.train.TrainConfig` (mixup_alpha,
     cutmix_alpha, mix_prob, mix_switch_prob; None = off). The adversarial one is the same for
     ``adv_epochs`` with PGD adversarial training at l_inf ``adv_eps_255`` / 255, unmixed
     (PGD attacks the batch's own labels)."""
@@ -280,7 +281,7 @@ def robust_accuracy(model: nn.Module, x: Tensor, y: Tensor, specs: Sequence[Atta
     ``x``: float images in [0, 1] on the model's device; the model runs in eval mode. Random
     starts come from a generator seeded with ``seed`` per attack (reproducible rows). On a
     CUDA out-of-memory error the batch halves and the same images are attacked again
-    (:func:`attncert.batching.in_batches`).
+    (:func:`attncert.pipeline.batching.in_batches`).
     """
     was_training = model.training
     model.eval()
@@ -303,7 +304,7 @@ def comparison_table(rows: Sequence[Mapping[str, Any]],
 
     ``rows``: :func:`robust_accuracy` rows with ``training``, ``method`` and ``dataset``
     added. ``paper_rows``: the paper's cells (training, method, dataset, attack, accuracy in
-    %), drawn as source "paper" beside ours (:func:`attncert.paper.specformer_rows`).
+    %), drawn as source "paper" beside ours (:func:`attncert.report.paper.specformer_rows`).
     """
     df = pd.DataFrame(rows).assign(source="ours")
     df["accuracy"] = 100 * df["accuracy"]
@@ -347,7 +348,7 @@ def step_times(models: Mapping[str, tuple[nn.Module, TrainConfig]], x: Tensor, y
     """Seconds per training step of every method, measured side by side (interleaved).
 
     Each method trains a deep copy of its model (the originals are untouched) with its own
-    optimiser (:func:`attncert.loop.optimizer`) and, when its config enables it, its own
+    optimiser (:func:`attncert.training.loop.optimizer`) and, when its config enables it, its own
     MSVP. One step = :func:`step_loss` (adversarial examples and MSVP included; batches are
     never mixed here), backward, optimiser step, on the same batch
     ``x, y`` (on the models' device) for every method. After ``warmup`` steps each, ``rounds``

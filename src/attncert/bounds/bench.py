@@ -14,7 +14,7 @@ import time
 
 import torch
 
-from .. import rng
+from ..pipeline import rng
 from .lofast import lofast_from_terms, lofast_terms, m_spectral, naive_bound, xi, zeta_spectral
 from .specformer import specformer_bound
 from .weights import AttentionWeights, attention_forward

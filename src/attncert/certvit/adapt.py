@@ -29,7 +29,7 @@ averages every token, class token included, a pooling with constant 1/sqrt(n) in
 the class token's 1; ``head_norm=True``: the head applies unit rows, so a fixed Lipschitz
 margin in the loss keeps its meaning, ``attncert.models.vit.ViTConfig.head_norm``). The
 adapted model is an ordinary ``nn.Module`` (pixels in [0, 1] -> logits): fine-tune it with
-:func:`attncert.train.train` ("adaptation epochs"), then constrain it
+:func:`attncert.training.train.train` ("adaptation epochs"), then constrain it
 (:mod:`attncert.certvit.douglas_rachford`) and certify it (:mod:`attncert.certvit.certificate`).
 """
 
@@ -45,10 +45,10 @@ from pathlib import Path
 import torch
 from torch import Tensor, nn
 
-from attncert.io import torch_save
 from attncert.layers import CenterNorm, L2MultiHeadAttention, MultiHeadAttention
 from attncert.layers.attention_variants import VALUE_MAPS
 from attncert.models.vit import ViT, build_vit
+from attncert.pipeline.io import torch_save
 
 __all__ = [
     "NORMS",

@@ -24,8 +24,8 @@ import torch
 from torch import Tensor, nn
 from torch.nn import functional as F
 
-from attncert import rng
 from attncert.certvit.certificate import certify_pairwise
+from attncert.pipeline import rng
 
 __all__ = ["PixelLinear", "PixelLinearConfig", "certify_linear"]
 

@@ -43,12 +43,12 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor, nn
 
-from attncert.batching import in_batches
 from attncert.bounds import GELU_LIPSCHITZ, spectral_norm
 from attncert.certvit.adapt import norm_lipschitz, output_radius, pool_lipschitz
 from attncert.layers import L2MultiHeadAttention, MultiHeadAttention
 from attncert.models.vit import MLP, ViT
-from attncert.precision import require_full_precision
+from attncert.pipeline.batching import in_batches
+from attncert.training.precision import require_full_precision
 
 __all__ = [
     "GlobalBound",

@@ -54,7 +54,6 @@ from dataclasses import dataclass, field
 import torch
 from torch import Tensor, nn
 
-from attncert import rng
 from attncert.certvit.splitting import (
     DRConfig,
     ProjectionInfo,
@@ -65,6 +64,7 @@ from attncert.certvit.splitting import (
 )
 from attncert.data import as_float
 from attncert.layers import L2MultiHeadAttention
+from attncert.pipeline import rng
 
 __all__ = [
     "DRConfig",
@@ -222,7 +222,7 @@ def constrain(model: nn.Module, images: Tensor, config: DRConfig | None = None,
     one batched DR, or sites spread over streams/devices. ``model`` is not modified: call
     ``result.apply(model)`` (and :func:`freeze_zeros` with ``result.masks`` to fine-tune).
     """
-    from attncert.progress import bar
+    from attncert.pipeline.progress import bar
 
     cfg = config or DRConfig()
     sites = linear_sites(model, include)
@@ -270,7 +270,7 @@ def freeze_zeros(model: nn.Module, masks: Mapping[str, Tensor]) -> MaskHandle:
 
     masks: {parameter name: bool tensor, True = trainable}. Each parameter gets a gradient
     hook grad -> grad * mask, so pruned entries get zero gradient. With the optimizers of
-    :func:`attncert.train.train` (AdamW, fresh state) a zero weight with zero gradient
+    :func:`attncert.training.train.train` (AdamW, fresh state) a zero weight with zero gradient
     stays exactly zero: its moments stay 0, the Adam step is 0 / (0 + eps) = 0 and the
     decoupled weight decay multiplies 0. Works across ``model.to(device)`` (the mask follows
     the gradient's device).

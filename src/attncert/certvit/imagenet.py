@@ -20,7 +20,7 @@ from typing import Any
 
 import torch
 
-from attncert import rng, soundness
+from attncert import soundness
 from attncert.certvit import stage as cv
 from attncert.certvit.adapt import adapt, calibrate_radii
 from attncert.certvit.certificate import certify, global_bound
@@ -28,6 +28,7 @@ from attncert.certvit.douglas_rachford import DRConfig
 from attncert.certvit.load import hub_revision, load_model, tiny_hf_vit
 from attncert.certvit.spectral import Budgets
 from attncert.data import as_float
+from attncert.pipeline import rng
 
 #: ``imagenet_sources`` entry of a tiny random HF ViT (224 pixels, patch 16, 1000 classes)
 TINY = "tiny"

@@ -138,7 +138,7 @@ def project_(model: ViT, sets: list[MapSet]) -> ViT:
 def projected(model: ViT, sets: list[MapSet]) -> Iterator[ViT]:
     """Inside the ``with`` block, every optimiser step that updates ``model`` is followed by
     :func:`project_` (a global optimiser step hook, removed on exit): the model stays in its
-    sets at every step of :func:`attncert.train.train` and in every checkpoint."""
+    sets at every step of :func:`attncert.training.train.train` and in every checkpoint."""
     ids = {id(p) for p in model.parameters()}
 
     def hook(optimizer, _args, _kwargs) -> None:

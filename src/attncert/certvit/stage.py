@@ -5,7 +5,7 @@
   :func:`attncert.certvit.load_model` reads (a Hugging Face id, a local HF folder, a save_vit
   file), fitted to the dataset by :func:`fit_to_dataset`;
 * :func:`phase_fingerprint`: what decides a training phase's resumable checkpoint folder
-  (:func:`attncert.train.train_resumable` clears it when the phase's starting weights or
+  (:func:`attncert.training.train.train_resumable` clears it when the phase's starting weights or
   settings change);
 * :func:`finetune_scope`: what the fine-tune after constraining may change: every weight with
   the pruned ones kept at zero (CertViT), or only the parameters the bound does not depend on
@@ -33,7 +33,6 @@ import torch
 from torch import Tensor, nn
 from torch.nn import functional as F
 
-from attncert import runs
 from attncert.certvit.adapt import Adaptation, ProjectNorm
 from attncert.certvit.douglas_rachford import DRConfig, DRResult, constrain, freeze_zeros
 from attncert.certvit.load import hub_revision, load_model
@@ -47,7 +46,8 @@ from attncert.certvit.spectral import (
 )
 from attncert.layers import CenterNorm, Normalize
 from attncert.models.vit import ViT, ViTConfig, build_vit
-from attncert.train import TrainConfig
+from attncert.pipeline import runs
+from attncert.training.train import TrainConfig
 
 __all__ = [
     "FINETUNE_SCOPES",
@@ -183,8 +183,8 @@ def state_sha(model: nn.Module) -> str:
 
 def phase_fingerprint(model: ViT, config: TrainConfig, dataset: str, data_source: str,
                       note: str = "", precision: str | None = None) -> dict[str, Any]:
-    """The fingerprint of one training phase (:func:`attncert.runs.fingerprint`), taken before
-    it trains: its checkpoint folder (:func:`attncert.train.train_resumable`) is resumed only
+    """The fingerprint of one training phase (:func:`attncert.pipeline.runs.fingerprint`), taken before
+    it trains: its checkpoint folder (:func:`attncert.training.train.train_resumable`) is resumed only
     if it was written for the same model config, training config, dataset, starting weights
     (their hash, :func:`state_sha`), ``note`` (what else decides the phase, e.g. the fine-tune
     scope) and resolved training ``precision`` (when given); otherwise the folder is cleared.
@@ -213,7 +213,7 @@ def bound_parameters(model: ViT) -> list[str]:
 @contextlib.contextmanager
 def frozen(model: nn.Module, names: Sequence[str]) -> Iterator[nn.Module]:
     """Exclude the named parameters from training inside the ``with`` block (no gradient:
-    :func:`attncert.train.train`'s AdamW then leaves them, weight decay included, unchanged)."""
+    :func:`attncert.training.train.train`'s AdamW then leaves them, weight decay included, unchanged)."""
     params = dict(model.named_parameters())
     unknown = sorted(set(names) - set(params))
     if unknown:
@@ -301,7 +301,7 @@ def finetune_context(mode: str, model: ViT, scope: str, masks: Mapping[str, Tens
 
 
 def margin_offset(model: ViT, budgets: Budgets, eps: float) -> float:
-    """The offset L eps of the fine-tune's "radius" loss (:mod:`attncert.train`: each rival's
+    """The offset L eps of the fine-tune's "radius" loss (:mod:`attncert.training.train`: each rival's
     gap per unit of head-row distance, the pairwise certificate's own margin), L the features'
     bound every model in the sets satisfies (:func:`attncert.certvit.spectral.budget_bound`):
     a gap above it certifies eps."""

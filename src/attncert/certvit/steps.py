@@ -20,9 +20,9 @@ import pandas as pd
 import torch
 from torch import nn
 
-from attncert import paper
 from attncert.certvit.certificate import GlobalBound
-from attncert.train import evaluate
+from attncert.report import paper
+from attncert.training.train import evaluate
 
 __all__ = ["BASELINE", "Result", "StepLog", "baseline_metrics", "mode_steps", "paper_row",
            "samples_frame", "stage_metrics"]
@@ -77,7 +77,7 @@ class StepLog:
 
 def paper_row(dataset: str) -> tuple[Mapping[str, float], str]:
     """CertViT's Table 1 ViT row for ``dataset`` (MNIST's for a dataset it does not report)
-    and its label (:func:`attncert.paper.certvit_table1`)."""
+    and its label (:func:`attncert.report.paper.certvit_table1`)."""
     return paper.certvit_table1(dataset) or paper.certvit_table1("mnist")
 
 

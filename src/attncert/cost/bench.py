@@ -24,7 +24,7 @@ def bench_models(params) -> dict[str, tuple[nn.Module, Callable[[int], tuple], s
     """Every trained model kind at its params-file shape: name -> (model, batch(b), shape)."""
     from attncert import specformer as sf
     from attncert.models import build_vit
-    from attncert.runs import GridPoint
+    from attncert.pipeline.runs import GridPoint
     from attncert.stages import train_vit
     from attncert.text.models import (
         LipschitzTextTransformer,
@@ -76,8 +76,8 @@ def bench_training(params, batch: int, steps: int = 5, device: str = "auto",
                    precision: str = "auto") -> list[dict[str, Any]]:
     """Seconds per training step (median of ``steps`` after one warm-up) per model kind."""
     from attncert.msvp import MSVP
-    from attncert.precision import autocast, resolve_precision, training_matmuls
-    from attncert.train import resolve_device
+    from attncert.training.precision import autocast, resolve_precision, training_matmuls
+    from attncert.training.train import resolve_device
 
     dev = resolve_device(device)
     prec = resolve_precision(precision, dev)
@@ -126,15 +126,15 @@ BENCH_MARGINS = ("none", "lmt", "olsa", "lofast")
 def bench_margins(params, batch: int, steps: int = 5, device: str = "auto",
                   precision: str = "auto") -> list[dict[str, Any]]:
     """Seconds per training step of the grid's Lipschitz ViT with each training margin
-    (:func:`attncert.train.step_loss`, the grid's own settings; ``lofast`` at its radius or,
+    (:func:`attncert.training.train.step_loss`, the grid's own settings; ``lofast`` at its radius or,
     when the grid's is 0, at 0.1), and each one's ratio to LMT's."""
     import dataclasses
 
     from attncert.models import build_vit
-    from attncert.precision import autocast, resolve_precision, training_matmuls
-    from attncert.runs import GridPoint
+    from attncert.pipeline.runs import GridPoint
     from attncert.stages import train_vit
-    from attncert.train import resolve_device, step_loss
+    from attncert.training.precision import autocast, resolve_precision, training_matmuls
+    from attncert.training.train import resolve_device, step_loss
 
     g, s = params["vit_grid"], params["train_vit"]
     ds = g.dataset[0]
@@ -187,7 +187,7 @@ def bench_crown(params, device: str = "auto", points: int = 2,
     from attncert.crown.bridge import CrownCertifier, certify_points
     from attncert.models import build_vit
     from attncert.stages import crown as crown_stage
-    from attncert.train import resolve_device
+    from attncert.training.train import resolve_device
 
     c = params["crown"]
     dev = resolve_device(device)
@@ -234,7 +234,7 @@ def merge_crown_bench(path, rows: list[dict[str, Any]]) -> dict[str, Any]:
     import platform
     from pathlib import Path
 
-    from attncert.io import write_json
+    from attncert.pipeline.io import write_json
 
     path = Path(path)
     old = json.loads(path.read_text())["rows"] if path.is_file() else []

@@ -19,9 +19,9 @@ from pathlib import Path
 from typing import Any
 
 from attncert.cost.counting import GPU
-from attncert.io import write_json
+from attncert.pipeline.io import write_json
 
-#: written by ``python -m attncert.doctor --calibrate`` (``make gpu-check``)
+#: written by ``python -m attncert.pipeline.doctor --calibrate`` (``make gpu-check``)
 CALIBRATION_FILE = "reports/gpu_check.json"
 #: the project's last GPU measurement, committed: the cost table's constant where no
 #: ``make gpu-check`` of this machine's own exists
@@ -53,7 +53,7 @@ def measure(params, device: str = "cuda", batch: int = 8, steps: int = 5,
     import torch
 
     from attncert.cost.bench import bench_training
-    from attncert.train import resolve_device
+    from attncert.training.train import resolve_device
 
     dev = resolve_device(device)
     if dev.type != "cuda":

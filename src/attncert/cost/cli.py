@@ -30,7 +30,7 @@ PLAN_MARKERS = ("<!-- plan:start -->", "<!-- plan:end -->")
 def write_readme(table: str, readme: str | Path = "README.md",
                  markers: tuple[str, str] = MARKERS) -> None:
     """Replace README's block between ``markers`` by ``table``."""
-    from attncert.readme import replace_section
+    from attncert.report.readme import replace_section
 
     path = Path(readme)
     try:
@@ -40,7 +40,7 @@ def write_readme(table: str, readme: str | Path = "README.md",
 
 
 def main(argv: list[str] | None = None) -> int:
-    from attncert.params import load_params
+    from attncert.pipeline.params import load_params
 
     ap = argparse.ArgumentParser(prog="python -m attncert.cost",
                                  description=__doc__.splitlines()[0])

@@ -15,7 +15,7 @@ from torch import Tensor, nn
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils.flop_counter import FlopCounterMode
 
-from attncert import rng
+from attncert.pipeline import rng
 
 #: public dataset facts: (channels, image size, classes, training images, test images)
 DATASETS = {
@@ -203,8 +203,8 @@ def _vit_counts(cfg, train: bool = True, dtype=torch.float32, msvp_lambda=None,
 def lofast_train_step(model: nn.Module, batch: Callable[[int], tuple]
                       ) -> Callable[[int], Callable[[], None]]:
     """make(b): one training step with the ``lofast`` margin (the bound's norms and their
-    backward pass included: :func:`attncert.certified_training.lofast_loss`)."""
-    from attncert.certified_training import lofast_loss
+    backward pass included: :func:`attncert.training.certified_training.lofast_loss`)."""
+    from attncert.training.certified_training import lofast_loss
 
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
 

@@ -71,7 +71,7 @@ def dvc_unit_hours(unit: str, hours: dict[str, float]) -> float:
     """The hours of a ``scripts/repro-gpus`` unit (its dvc stage names, space-separated): a
     grid point's ``train_vit@<dataset>-<depth>-<heads>-<gamma_vo>`` or a stage's name; 0 for
     a unit the estimate does not know."""
-    from attncert.runs import run_name
+    from attncert.pipeline.runs import run_name
 
     first = unit.split()[0]
     if first.startswith("train_vit@"):

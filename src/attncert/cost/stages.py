@@ -31,7 +31,7 @@ from attncert.cost.work import Work, audit_work, capped, certify_work, n_steps, 
 
 
 def grid_work(p, n_train_max: int, n_test_max: int) -> list[Work]:
-    from attncert.runs import GridPoint
+    from attncert.pipeline.runs import GridPoint
     from attncert.stages import train_vit
 
     g, s, cv = p["vit_grid"], p["train_vit"], p["certify_vit"]
@@ -64,7 +64,7 @@ def frontier_work(p, n_train_max: int) -> list[Work]:
     trained with its margin on the training split minus the held-out images, LoFAST(M) on
     ``n_val`` of those and the PGD audit on ``n_attack``. The linear baseline's units (a
     linear model on pixels) are left out: seconds, next to a ViT's hours."""
-    from attncert.runs import GridPoint
+    from attncert.pipeline.runs import GridPoint
     from attncert.stages import frontier, train_vit
 
     f, s = p["frontier"], p["train_vit"]

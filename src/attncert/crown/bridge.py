@@ -312,7 +312,7 @@ def certify_points(cert: CrownCertifier, x: Tensor, y: Tensor, eps_grid: Sequenc
     (recorded as status "skipped", 0 s). A failure (including non-finite bounds: "overflow")
     is a row, never an exception; certified is then False.
     """
-    from attncert.progress import bar
+    from attncert.pipeline.progress import bar
 
     if method not in METHODS:
         raise ValueError(f"unknown method {method!r}; choose from {', '.join(METHODS)}")

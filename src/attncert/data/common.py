@@ -12,7 +12,7 @@ from pathlib import Path
 
 import torch
 
-from attncert import rng
+from attncert.pipeline import rng
 
 MIRROR_ENV = "ATTNCERT_DATA_MIRROR"
 SOURCE_MARKER = ".attncert-source"

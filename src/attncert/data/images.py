@@ -84,7 +84,7 @@ def jpeg_tensors(ds, indices: torch.Tensor, desc: str, progress: bool = True
                  ) -> tuple[torch.Tensor, torch.Tensor]:
     """The ``indices`` images of a torchvision folder dataset (Imagenette) decoded and cropped
     (:func:`imagenet_crop`) into uint8 (N, 3, 224, 224), and their labels."""
-    from attncert.progress import bar
+    from attncert.pipeline.progress import bar
 
     ds.loader = _decode_crop
     pairs = [ds[int(i)] for i in bar(indices, desc=desc, enabled=progress)]

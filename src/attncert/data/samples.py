@@ -38,7 +38,7 @@ def load_imagenet_val(mirror: Path | None, raw_dir: Path, max_images: int, seed:
     from torchvision.io import ImageReadMode, decode_image
 
     from attncert.data.common import stratified_indices
-    from attncert.progress import bar
+    from attncert.pipeline.progress import bar
 
     where = [raw_dir / SAMPLE_FOLDERS["imagenet_val"]]
     if mirror:

@@ -15,7 +15,7 @@ from attncert.data.hub_text import HUB_TEXT_DATASETS, fetch_hub_text, process_hu
 from attncert.data.images import IMAGE_DATASETS, fetch_image, process_image
 from attncert.data.samples import SAMPLE_FOLDERS, load_imagenet_val, load_sample
 from attncert.data.sst2 import fetch_sst2, process_sst2
-from attncert.io import torch_save
+from attncert.pipeline.io import torch_save
 
 
 def prepare(datasets: list[str], samples: list[str], mirror: str, raw_dir: str,
@@ -31,7 +31,7 @@ def prepare(datasets: list[str], samples: list[str], mirror: str, raw_dir: str,
     or when it is not in ``datasets``. ``imagenet_val_images``: the seeded subset of the
     user's ImageNet validation images kept (0 = all; :func:`load_imagenet_val`).
     """
-    from attncert.progress import bar
+    from attncert.pipeline.progress import bar
 
     mirror_path = resolve_mirror(mirror)
     raw, processed = Path(raw_dir), Path(processed_dir)

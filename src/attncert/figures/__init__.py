@@ -9,7 +9,7 @@ def show(fig, path=None) -> None:
     from IPython.display import display
 
     if path is not None:
-        from attncert.io import atomic_path
+        from attncert.pipeline.io import atomic_path
 
         with atomic_path(path) as tmp:
             fig.savefig(tmp, format="png", dpi=120, bbox_inches="tight")

@@ -15,7 +15,7 @@ import seaborn as sns
 import torch
 from matplotlib.figure import Figure
 
-from attncert import paper
+from attncert.report import paper
 
 __all__ = ["tightness_frame", "plot_tightness", "ablation_frames", "plot_ablations",
            "certified_frame", "certified_csv_frame",
@@ -270,7 +270,7 @@ def plot_cost(df: pd.DataFrame) -> Figure:
 def specformer_frame(m: Mapping) -> pd.DataFrame:
     """(dataset, training, method, attack, accuracy %, source) of the SpecFormer metrics'
     robustness table, with the SpecFormer Table 1-2 cells its runs stand for beside
-    (:func:`attncert.paper.specformer_rows`)."""
+    (:func:`attncert.report.paper.specformer_rows`)."""
     rows = []
     for key, acc in m.get("robustness", {}).items():
         dataset, training, method, attack = key.split("/", 3)

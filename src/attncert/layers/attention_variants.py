@@ -21,7 +21,7 @@ import math
 import torch
 from torch import Tensor, nn
 
-from .. import rng
+from ..pipeline import rng
 from .attention import MultiHeadAttention, linear_weight
 from .embed import SVD_PAD
 

@@ -9,7 +9,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from attncert.params import dataclass_from_mapping
+from attncert.pipeline.params import dataclass_from_mapping
 
 KINDS = ("lipschitz", "standard")
 BLOCKS = ("stream", "prenorm")

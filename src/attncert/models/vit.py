@@ -37,7 +37,6 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from attncert.io import torch_save
 from attncert.layers import (
     LayerProject,
     MultiHeadAttention,
@@ -48,6 +47,7 @@ from attncert.layers import (
 )
 from attncert.models.blocks import MLP, Block, Component, norm_component, standard_norm
 from attncert.models.config import ATTENTIONS, BLOCKS, KINDS, NORMS, POOLS, ViTConfig
+from attncert.pipeline.io import torch_save
 
 __all__ = ["ATTENTIONS", "BLOCKS", "KINDS", "MLP", "NORMS", "POOLS", "Block", "Component", "ViT",
            "ViTConfig", "build_vit", "lipschitz_product", "load_vit", "propagate", "save_vit"]

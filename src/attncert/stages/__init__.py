@@ -2,15 +2,15 @@
 
 A stage module owns everything about its stage that is not a reusable method:
 
-- ``Params``: its params.yaml section, a frozen dataclass checked by :mod:`attncert.params`
+- ``Params``: its params.yaml section, a frozen dataclass checked by :mod:`attncert.pipeline.params`
   (registered there in ``SECTIONS`` as ``"attncert.stages.<stage>:Params"``);
 - ``run(...)``: the stage's plan, from the validated section(s) to the metrics file and
   artefacts it writes; it returns what the notebook shows;
 - ``headline_rows(metrics, item)``: the rows of its metrics file that the report and README
-  show (:mod:`attncert.headline`); ``figures``, whose metrics file is the summary of the
+  show (:mod:`attncert.report.headline`); ``figures``, whose metrics file is the summary of the
   others' rows, has none.
 
-The stage's notebook only takes its sections (passed whole by :mod:`attncert.nbrun`), calls
+The stage's notebook only takes its sections (passed whole by :mod:`attncert.pipeline.nbrun`), calls
 ``run`` and shows tables and figures. dvc.yaml lists the modules each stage imports
 (``tests/test_dvc_deps.py``): a stage depends on its own module, never on the others' (nbrun
 validates every section before a stage starts, importing the owners by name), except

@@ -23,12 +23,20 @@ import torch
 from attncert import certify, soundness
 from attncert.data import as_float, load_processed
 from attncert.figures import vit as figs
-from attncert.headline import middle_eps, numbers, row
-from attncert.io import atomic_path, write_json
 from attncert.models import ViTConfig
 from attncert.models.vit import load_vit
-from attncert.params import BaseParams, nonneg, one_of, one_of_numbers, param, positive, unique
-from attncert.runs import GridPoint
+from attncert.pipeline.io import atomic_path, write_json
+from attncert.pipeline.params import (
+    BaseParams,
+    nonneg,
+    one_of,
+    one_of_numbers,
+    param,
+    positive,
+    unique,
+)
+from attncert.pipeline.runs import GridPoint
+from attncert.report.headline import middle_eps, numbers, row
 
 
 @dataclass(frozen=True)

@@ -41,10 +41,8 @@ from attncert.certvit.steps import (
     stage_metrics,
 )
 from attncert.data import as_float, load_processed, sample_skipped
-from attncert.headline import eps_match, middle_eps, numbers, row
-from attncert.io import atomic_path, write_json
-from attncert.paper import CERTVIT_TABLE3, certvit_pixel_eps, certvit_table1
-from attncert.params import (
+from attncert.pipeline.io import atomic_path, write_json
+from attncert.pipeline.params import (
     IMAGE_DATASETS,
     BaseParams,
     ParamsError,
@@ -55,12 +53,14 @@ from attncert.params import (
     unique,
     unit_interval,
 )
-from attncert.precision import resolve_precision
-from attncert.records import read_record, unit_key
-from attncert.train import TrainConfig, train_resumable
+from attncert.pipeline.records import read_record, unit_key
+from attncert.report.headline import eps_match, middle_eps, numbers, row
+from attncert.report.paper import CERTVIT_TABLE3, certvit_pixel_eps, certvit_table1
+from attncert.training.precision import resolve_precision
+from attncert.training.train import TrainConfig, train_resumable
 
 #: The fine-tune losses after constraining (``paper`` mode; ``spectral`` trains with the
-#: certificate's own margin, :mod:`attncert.train`'s "radius").
+#: certificate's own margin, :mod:`attncert.training.train`'s "radius").
 MARGINS = ("none", "lmt")
 #: ``imagenet_sources`` entry that skips CertViT Table 3's ImageNet route
 NO_IMAGENET = "none"
@@ -76,7 +76,7 @@ CERTVIT_TABLE3_SOURCES = {"WinKawaks/vit-tiny-patch16-224": "ViT-T/16",
 def table1_eps(dataset: str) -> float:
     """The pixel-space l2 radius CertViT's Table 1 claim covers on ``dataset``: its eps (1.58
     on MNIST, 0.141 on CIFAR) times the smallest std of its input normalisation
-    (:func:`attncert.paper.certvit_pixel_eps`); MNIST's for a dataset it does not report."""
+    (:func:`attncert.report.paper.certvit_pixel_eps`); MNIST's for a dataset it does not report."""
     return certvit_pixel_eps(dataset) or PAPER_EPS
 
 

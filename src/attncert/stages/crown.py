@@ -31,15 +31,15 @@ import torch
 from matplotlib.figure import Figure
 from torch import Tensor
 
-from attncert import certify, paper, runs, soundness
+from attncert import certify, soundness
 from attncert.crown import METHODS
 from attncert.crown.bridge import CrownCertifier, certify_points
 from attncert.data import as_float, load_processed
 from attncert.figures import crown as figs
-from attncert.headline import eps_match, numbers, row
-from attncert.io import atomic_path, write_json
 from attncert.models import ViTConfig, build_vit
-from attncert.params import (
+from attncert.pipeline import runs
+from attncert.pipeline.io import atomic_path, write_json
+from attncert.pipeline.params import (
     NORMALIZE,
     VIT_POOLS,
     BaseParams,
@@ -53,9 +53,11 @@ from attncert.params import (
     probability,
     unique,
 )
-from attncert.precision import resolve_precision
-from attncert.records import read_record, unit_key
-from attncert.train import TrainConfig, evaluate, resolve_device, train_resumable
+from attncert.pipeline.records import read_record, unit_key
+from attncert.report import paper
+from attncert.report.headline import eps_match, numbers, row
+from attncert.training.precision import resolve_precision
+from attncert.training.train import TrainConfig, evaluate, resolve_device, train_resumable
 
 #: LoFAST's certificate variants compared with CROWN (pairwise test); the CROWN methods are
 #: the keys of :data:`attncert.crown.METHODS` (crown, alpha_crown).
@@ -299,7 +301,7 @@ def vit_config(data: Mapping[str, Any], p: Params, depth: int) -> ViTConfig:
 
 def train_model(data: Mapping[str, Any], p: Params, depth: int, seed: int,
                 ckpt_dir: str | Path, device: str | torch.device, precision: str = "auto"):
-    """Train one ViT (resumable in ``ckpt_dir``, at ``precision``: :mod:`attncert.precision`)
+    """Train one ViT (resumable in ``ckpt_dir``, at ``precision``: :mod:`attncert.training.precision`)
     on the first ``max_train`` training images on ``device`` (the stage's ``base.device``);
     returns (model in eval mode, on ``device``, clean test accuracy, training seconds: the sum
     over epochs, so a resumed or already finished run reports the time its training took)."""

@@ -13,9 +13,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from attncert import data
-from attncert.headline import row
-from attncert.io import write_json
-from attncert.params import DATASETS, SAMPLE_SETS, nonneg, one_of, param, positive, unique
+from attncert.pipeline.io import write_json
+from attncert.pipeline.params import DATASETS, SAMPLE_SETS, nonneg, one_of, param, positive, unique
+from attncert.report.headline import row
 
 
 @dataclass(frozen=True)

@@ -1,11 +1,11 @@
 """The figures stage: the study's summary and its exports, from every stage's saved metrics.
 
 Nothing is recomputed: the metrics files are the ones dvc.yaml declares, resolved with
-params.yaml (:mod:`attncert.dvcfile`); each stage's headline rows come from its own reader
-(:func:`attncert.report.headline_rows`). A stage whose metrics are missing is "not run".
+params.yaml (:mod:`attncert.pipeline.dvcfile`); each stage's headline rows come from its own reader
+(:func:`attncert.report.rows.headline_rows`). A stage whose metrics are missing is "not run".
 :func:`run` writes summary.json (a DVC metric), the certified-accuracy table (a DVC plot) and
-the HTML export of every executed notebook (:mod:`attncert.htmlexport`); README's results
-section is rendered from summary.json by :mod:`attncert.readme`.
+the HTML export of every executed notebook (:mod:`attncert.report.htmlexport`); README's results
+section is rendered from summary.json by :mod:`attncert.report.readme`.
 
 This stage has no headline rows of its own: its metrics file is the summary of the others'.
 """
@@ -19,9 +19,9 @@ from typing import Any
 
 import pandas as pd
 
-from attncert import report
 from attncert.certvit.steps import BASELINE
-from attncert.dvcfile import (
+from attncert.figures import summary as figs
+from attncert.pipeline.dvcfile import (
     DVC_FILE,
     StageRun,
     collect,
@@ -30,11 +30,11 @@ from attncert.dvcfile import (
     stage_metrics,
     stage_runs,
 )
-from attncert.figures import summary as figs
-from attncert.htmlexport import KEY_FIGURES, html_export
-from attncert.io import atomic_path, write_json
-from attncert.params import PARAMS_FILE, load_params, param, unique
-from attncert.params import Params as AllParams
+from attncert.pipeline.io import atomic_path, write_json
+from attncert.pipeline.params import PARAMS_FILE, load_params, param, unique
+from attncert.pipeline.params import Params as AllParams
+from attncert.report import rows as report
+from attncert.report.htmlexport import KEY_FIGURES, html_export
 
 #: this stage: it writes the summary, its own metrics are not summarised
 FIGURES_STAGE = "figures"
@@ -153,7 +153,7 @@ class Result:
 
     def key_figure(self, order: int, name: str) -> Path:
         """Where the notebook saves a figure the index page opens on
-        (:data:`attncert.htmlexport.KEY_FIGURES`)."""
+        (:data:`attncert.report.htmlexport.KEY_FIGURES`)."""
         return Path(self.html_dir) / KEY_FIGURES / f"{order:02d}_{name}.png"
 
     def rows(self, stage: str) -> list[dict]:

@@ -4,7 +4,7 @@ margin, measured on a held-out validation split, with the linear baseline and PG
 Every setting of ``settings`` trains the ``train_vit`` ViT of one grid shape (``depth``,
 ``heads``, ``gamma_vo``) with ``train_vit``'s whole recipe but the margin: ``lmt-<offset>``
 (a fixed logit offset), ``lofast-<radius>`` (certified training with the local bound at that
-pixel-l2 radius, :mod:`attncert.certified_training`) or ``linear-<offset>`` (the trivial
+pixel-l2 radius, :mod:`attncert.training.certified_training`) or ``linear-<offset>`` (the trivial
 baseline, :class:`attncert.certvit.baseline.PixelLinear`, trained for its exact radius at that
 offset). Each trains on the training split minus its last ``holdout`` images and is measured on
 the first ``n_val`` of those: clean accuracy, certified accuracy at every ``cert_eps``
@@ -34,15 +34,15 @@ import pandas as pd
 import torch
 from matplotlib.figure import Figure
 
-from attncert import certify, runs, soundness
+from attncert import certify, soundness
 from attncert.certvit.baseline import PixelLinear
 from attncert.certvit.certificate import certified_radius
 from attncert.data import as_float, load_processed
 from attncert.figures import frontier as figs
-from attncert.headline import numbers, row
-from attncert.io import atomic_path, write_json
 from attncert.models import build_vit
-from attncert.params import (
+from attncert.pipeline import runs
+from attncert.pipeline.io import atomic_path, write_json
+from attncert.pipeline.params import (
     BaseParams,
     fail,
     image_datasets,
@@ -51,11 +51,12 @@ from attncert.params import (
     positive,
     unique,
 )
-from attncert.precision import resolve_precision
-from attncert.records import read_record, unit_key
-from attncert.runs import GridPoint
+from attncert.pipeline.records import read_record, unit_key
+from attncert.pipeline.runs import GridPoint
+from attncert.report.headline import numbers, row
 from attncert.stages import train_vit
-from attncert.train import TrainConfig, evaluate, resolve_device, train_resumable
+from attncert.training.precision import resolve_precision
+from attncert.training.train import TrainConfig, evaluate, resolve_device, train_resumable
 
 #: setting kinds: ``<kind>-<value>``
 KINDS = {"lmt": "LMT logit offset", "lofast": "LoFAST certified training at radius",

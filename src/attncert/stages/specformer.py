@@ -22,14 +22,12 @@ from typing import Any
 import pandas as pd
 import torch
 
-from attncert import certify, paper
+from attncert import certify
 from attncert import specformer as sf
 from attncert.data import as_float, load_processed
-from attncert.headline import numbers, row, scale_caveat
-from attncert.io import atomic_path, write_json
-from attncert.loop import OPTIMIZERS
 from attncert.models import ViTConfig
-from attncert.params import (
+from attncert.pipeline.io import atomic_path, write_json
+from attncert.pipeline.params import (
     AUGMENTS,
     IMAGE_DATASETS,
     VIT_BLOCKS,
@@ -44,8 +42,11 @@ from attncert.params import (
     unique,
     unit_interval,
 )
-from attncert.records import read_record, unit_key
-from attncert.train import TrainConfig
+from attncert.pipeline.records import read_record, unit_key
+from attncert.report import paper
+from attncert.report.headline import numbers, row, scale_caveat
+from attncert.training.loop import OPTIMIZERS
+from attncert.training.train import TrainConfig
 
 
 @dataclass(frozen=True)
@@ -96,7 +97,7 @@ class Params:
     finetune_mixup_alpha: float = param(nonneg, doc="Mixup's Beta(alpha, alpha) (0 = none)")
     finetune_cutmix_alpha: float = param(nonneg, doc="CutMix's Beta(alpha, alpha) (0 = none)")
     finetune_mix_prob: float = param(probability, doc="share of standard fine-tune batches "
-                                                        "mixed (0 = off; attncert.mix)")
+                                                        "mixed (0 = off; attncert.training.mix)")
     finetune_mix_switch_prob: float = param(probability, doc="CutMix's share of the mixed "
                                                                "batches when both alphas > 0")
     n_eval: int = param(positive, doc="first n test images attacked")
@@ -508,7 +509,7 @@ TABLE5_ATTACKS = {"standard": {"clean": "clean", "FGSM 2/255": "fgsm", "PGD-2 2/
 
 def headline_rows(m: Mapping, item: Mapping) -> list[dict]:
     """Robust accuracy per run and attack (SpecFormer Tables 1-2 beside the runs of the hub
-    checkpoints that stand for its ViT-S and DeiT-Ti: :func:`attncert.paper.specformer_reference`),
+    checkpoints that stand for its ViT-S and DeiT-Ti: :func:`attncert.report.paper.specformer_reference`),
     the lambda ablation (Table 5 beside where its triple and run match), the step-time ratios
     of both trainings (Table 3) and the certified pair's certified accuracy."""
     rows = []

@@ -26,12 +26,20 @@ from typing import Any, NamedTuple
 import pandas as pd
 import torch
 
-from attncert import paper
 from attncert.data import dataset_skipped, load_processed
-from attncert.headline import numbers, row, scale_caveat
-from attncert.io import atomic_path, write_json
-from attncert.params import BaseParams, ParamsError, nonneg, one_of, param, positive, unique
-from attncert.records import read_record, unit_key
+from attncert.pipeline.io import atomic_path, write_json
+from attncert.pipeline.params import (
+    BaseParams,
+    ParamsError,
+    nonneg,
+    one_of,
+    param,
+    positive,
+    unique,
+)
+from attncert.pipeline.records import read_record, unit_key
+from attncert.report import paper
+from attncert.report.headline import numbers, row, scale_caveat
 from attncert.text.evaluate import attention_table, evaluate_model, frozen_states
 from attncert.text.models import (
     FrozenEncoderOLSA,
@@ -43,7 +51,7 @@ from attncert.text.olsa import RESIDUALS as OLSA_RESIDUALS
 from attncert.text.standard import StandardTextTransformer
 from attncert.text.tokenize import load_tokenizer
 from attncert.text.train_text import TextTrainConfig, encode_split, select_splits, train_model
-from attncert.train import resolve_device
+from attncert.training.train import resolve_device
 
 #: Bound variants of attncert.certify usable on LoFAST's text transformer (pairwise test).
 LOFAST_VARIANTS = ("lofast_M", "lofast_xi", "naive", "global")

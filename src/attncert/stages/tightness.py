@@ -14,10 +14,17 @@ import pandas as pd
 import torch
 
 from attncert import tightness
-from attncert.headline import eps_match, numbers, row, scale_caveat
-from attncert.io import write_json
-from attncert.params import BaseParams, ParamsError, nonneg, one_of_numbers, param, positive
-from attncert.train import resolve_device
+from attncert.pipeline.io import write_json
+from attncert.pipeline.params import (
+    BaseParams,
+    ParamsError,
+    nonneg,
+    one_of_numbers,
+    param,
+    positive,
+)
+from attncert.report.headline import eps_match, numbers, row, scale_caveat
+from attncert.training.train import resolve_device
 
 
 @dataclass(frozen=True)

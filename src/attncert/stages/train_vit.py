@@ -2,8 +2,8 @@
 
 The model and training configs are built once from the validated ``train_vit`` section and the
 grid point (:func:`model_config`, :func:`train_config`); training resumes from the point's
-per-epoch checkpoint (:func:`attncert.train.train_resumable`, keyed by
-:func:`attncert.runs.fingerprint`). The point's folder receives ``model.pt``, ``train.json``
+per-epoch checkpoint (:func:`attncert.training.train.train_resumable`, keyed by
+:func:`attncert.pipeline.runs.fingerprint`). The point's folder receives ``model.pt``, ``train.json``
 (per-epoch rows) and ``metrics.json``.
 """
 
@@ -15,13 +15,12 @@ from typing import Any
 
 import torch
 
-from attncert import runs
 from attncert.data import load_processed
-from attncert.headline import numbers, row
-from attncert.io import write_json
 from attncert.models import ViTConfig, build_vit, save_vit
 from attncert.models.config import KINDS
-from attncert.params import (
+from attncert.pipeline import runs
+from attncert.pipeline.io import write_json
+from attncert.pipeline.params import (
     AUGMENTS,
     NORMALIZE,
     VIT_BLOCKS,
@@ -34,13 +33,14 @@ from attncert.params import (
     positive,
     probability,
 )
-from attncert.precision import resolve_precision
-from attncert.runs import GridPoint
-from attncert.train import ADVERSARIAL, TrainConfig, evaluate, train_resumable
+from attncert.pipeline.runs import GridPoint
+from attncert.report.headline import numbers, row
+from attncert.training.precision import resolve_precision
+from attncert.training.train import ADVERSARIAL, TrainConfig, evaluate, train_resumable
 
-#: the training margins of the grid (``attncert.train`` also has "radius", not offered here);
+#: the training margins of the grid (``attncert.training.train`` also has "radius", not offered here);
 #: "lofast": the pairwise certificate's test with LoFAST's bound at a training radius
-#: (:mod:`attncert.certified_training`)
+#: (:mod:`attncert.training.certified_training`)
 MARGINS = ("none", "lmt", "olsa", "lofast")
 
 

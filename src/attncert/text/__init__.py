@@ -4,6 +4,6 @@
 ``olsa`` (OLSA / L2 attention, the OLSA layer and pooling; ``orthogonal``: orthogonal maps,
 GroupSort; ``olsa_bounds``: the Lipschitz bounds, the certificate regulariser), ``models``
 (OLSAClassifier, FrozenEncoderOLSA, LipschitzTextTransformer), ``train_text`` (the training
-steps for :func:`attncert.train.train`,
+steps for :func:`attncert.training.train.train`,
 evaluation, certification rows) and ``attacks`` (l2 PGD on embeddings and the soundness audit).
 """

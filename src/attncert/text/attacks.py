@@ -17,9 +17,9 @@ from collections.abc import Callable, Sequence
 import torch
 from torch import Tensor
 
-from attncert import rng
 from attncert.attacks import attack_copy, confirm_l2, pgd_l2
-from attncert.precision import attack_matmuls
+from attncert.pipeline import rng
+from attncert.training.precision import attack_matmuls
 
 
 def pgd_embeddings(f: Callable[[Tensor], Tensor], e: Tensor, y: Tensor, eps: float | Tensor,

@@ -253,7 +253,7 @@ def frozen_states(model: nn.Module, data: Mapping[str, Tensor], device,
         Path(path).parent.mkdir(parents=True, exist_ok=True)
         states = torch.from_numpy(np.lib.format.open_memmap(path, mode="w+", dtype=np.float32,
                                                             shape=shape))
-    from attncert.progress import bar
+    from attncert.pipeline.progress import bar
 
     order = lengths.argsort()  # batches of similar length: little padding through the encoder
     for i in bar(range(0, len(ids), batch_size), desc="encoder states", unit="batch"):

@@ -10,7 +10,7 @@ import torch
 from torch import Tensor
 from torch.nn import functional as F
 
-from attncert.losses import logit_margin
+from attncert.training.losses import logit_margin
 
 
 def _kappa(n: Tensor, d: Tensor) -> Tensor:

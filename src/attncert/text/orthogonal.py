@@ -8,7 +8,7 @@ import torch
 from torch import Tensor, nn
 from torch.nn import functional as F
 
-from attncert.precision import full_precision
+from attncert.training.precision import full_precision
 
 
 def newton_orthogonalize(v: Tensor, iters: int) -> Tensor:

@@ -1,14 +1,14 @@
 """Training, evaluation and per-sample certification of the SST-2 text models.
 
 The data: seeded subsets of SST-2's splits (:func:`select_splits`), tokenised
-(:func:`encode_split`). Training is :func:`attncert.train.train` (or
-:func:`attncert.train.train_resumable`, resumed when the model, config and data match:
+(:func:`encode_split`). Training is :func:`attncert.training.train.train` (or
+:func:`attncert.training.train.train_resumable`, resumed when the model, config and data match:
 :func:`train_model`) with a :class:`TextTrainConfig`: the shared epoch loop of
-:mod:`attncert.loop` (AdamW, per-step cosine schedule with warmup, an atomic checkpoint
+:mod:`attncert.training.loop` (AdamW, per-step cosine schedule with warmup, an atomic checkpoint
 every epoch and resume from it, the metrics file) with the text run's :class:`TextSteps` on
 tokenised data {"ids", "mask", "y"}:
 
-* the data order comes from :func:`attncert.train.epoch_generator` (on the CPU, which plans
+* the data order comes from :func:`attncert.training.train.epoch_generator` (on the CPU, which plans
   the batches): batches are drawn from length-sorted buckets (``bucket`` batches each, order
   shuffled), since the OLSA models drop the columns past the longest sentence of a batch and
   attention costs n^2;
@@ -20,7 +20,7 @@ tokenised data {"ids", "mask", "y"}:
 * AdamW sees only the parameters that require a gradient (a frozen encoder stays out).
 
 The tokenised training set moves to the device once and the forward pass and loss run at
-``precision`` (:mod:`attncert.precision`).
+``precision`` (:mod:`attncert.training.precision`).
 """
 
 from __future__ import annotations
@@ -38,11 +38,11 @@ import torch
 from torch import Tensor, nn
 from torch.nn import functional as F
 
-from attncert import rng
-from attncert.loop import Steps
-from attncert.params import dataclass_from_mapping
-from attncert.precision import require_full_precision, resolve_precision
-from attncert.train import epoch_generator, resolve_device, train_resumable
+from attncert.pipeline import rng
+from attncert.pipeline.params import dataclass_from_mapping
+from attncert.training.loop import Steps
+from attncert.training.precision import require_full_precision, resolve_precision
+from attncert.training.train import epoch_generator, resolve_device, train_resumable
 
 from .olsa import certificate_regulariser, certified_radius, gamma_ramp, reproject_orthogonal_
 from .tokenize import encode
@@ -56,13 +56,13 @@ _MAY_BE_ZERO = ("warmup_steps", "seed", "weight_decay", "gamma", "gamma_ramp", "
 class TextTrainConfig:
     """Optimisation settings; every field is validated (a ValueError names the field).
 
-    ``logit_scale``: CE temperature s (as in :class:`attncert.train.TrainConfig`: logits of a
+    ``logit_scale``: CE temperature s (as in :class:`attncert.training.train.TrainConfig`: logits of a
     1-Lipschitz model are small, so CE(f) learns slowly; s changes the loss only);
     ``gamma``: weight of the certificate regulariser after its ramp (OLSA: 2.0; 0 over a frozen
     encoder); ``gamma_ramp``: fraction of all steps over which it grows linearly from 0;
     ``bucket``: batches per length-sorted bucket (1 = plain shuffling); ``lr_decay_epochs``:
     the LR is multiplied by ``lr_decay`` after each of these epochs (a step schedule, as
-    OLSA's QQP run) instead of the cosine decay (:func:`attncert.loop.lr_schedule`). The
+    OLSA's QQP run) instead of the cosine decay (:func:`attncert.training.loop.lr_schedule`). The
     optimiser is AdamW (Adam when ``weight_decay`` is 0).
     """
 
@@ -169,7 +169,7 @@ def select_splits(dataset: Mapping[str, Any], max_train: int, max_eval: int, see
 def train_model(model: nn.Module, spec: Mapping[str, Any], train: Mapping[str, Tensor],
                 dev: Mapping[str, Tensor], config: TextTrainConfig, folder: str | Path,
                 device: torch.device | str, precision: str = "auto") -> list[dict[str, Any]]:
-    """:func:`attncert.train.train_resumable` at ``precision`` in ``folder``, resumed when
+    """:func:`attncert.training.train.train_resumable` at ``precision`` in ``folder``, resumed when
     ``folder/spec.json`` records the same model ``spec``, training config, training data (its
     size and a hash of its token ids and labels) and resolved precision, otherwise started over
     (the folder is cleared). Returns the per-epoch rows."""

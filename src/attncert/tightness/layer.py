@@ -7,8 +7,8 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from attncert import rng
 from attncert.bounds import AttentionWeights
+from attncert.pipeline import rng
 
 
 def layer_project(x: Tensor, radius: float = 1.0) -> Tensor:

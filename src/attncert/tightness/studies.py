@@ -9,7 +9,6 @@ import pandas as pd
 import torch
 from torch import Tensor
 
-from attncert import rng
 from attncert.bounds import (
     AttentionWeights,
     delta21_m,
@@ -22,6 +21,7 @@ from attncert.bounds import (
     pgd_sensitivity,
     specformer_bound,
 )
+from attncert.pipeline import rng
 
 # LoFAST Table 3 (single residual MHA layer of a trained 8-head ViT, bound on ||F(X')-F(X)||_F,
 # mean over test inputs), transcribed in MATH.md section 8.

@@ -1,13 +1,13 @@
 """What this machine offers the pipeline, and the guard that keeps the paper scale off the CPU.
 
-    python -m attncert.doctor                 # torch, CUDA, driver, GPUs, free memory, bf16,
+    python -m attncert.pipeline.doctor                 # torch, CUDA, driver, GPUs, free memory, bf16,
                                               # then one training step of each model kind
-    python -m attncert.doctor --gpus 0 1 2    # exit 2 unless every id is a visible CUDA device
-    python -m attncert.doctor --no-steps      # the report without the model steps
+    python -m attncert.pipeline.doctor --gpus 0 1 2    # exit 2 unless every id is a visible CUDA device
+    python -m attncert.pipeline.doctor --no-steps      # the report without the model steps
 
 At the paper scale a stage that trains or certifies refuses to start on a CPU
 (:func:`require_device`): a paper-scale run there takes months. The runner
-(:mod:`attncert.nbrun`) calls it before any notebook cell runs, so the refusal is one line.
+(:mod:`attncert.pipeline.nbrun`) calls it before any notebook cell runs, so the refusal is one line.
 """
 
 from __future__ import annotations
@@ -50,7 +50,7 @@ def require_device(scale: str, device: str, sections: Iterable[str] = DEVICE_SEC
         return
     if not {s.split(".")[0] for s in sections} & DEVICE_SECTIONS:
         return
-    from attncert.train import resolve_device
+    from attncert.training.train import resolve_device
 
     dev = resolve_device(device)  # cuda / mps that are missing raise their own one line
     if dev.type == "cpu":
@@ -58,7 +58,7 @@ def require_device(scale: str, device: str, sections: Iterable[str] = DEVICE_SEC
                  f"base.device is {device} and {_cuda_summary()}")
         raise DeviceError(
             f"the paper scale would run on the CPU ({found}); it needs weeks of GPU time "
-            "(README 'Cost'). Fix the GPU (python -m attncert.doctor), or run a smaller "
+            "(README 'Cost'). Fix the GPU (python -m attncert.pipeline.doctor), or run a smaller "
             f"scale (make pipeline SCALE=cpu); {ALLOW_CPU_ENV}=1 forces the CPU")
 
 
@@ -139,7 +139,7 @@ def model_steps(params: Any, device: str, batch: int = 8) -> list[dict[str, Any]
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m attncert.doctor",
+    ap = argparse.ArgumentParser(prog="python -m attncert.pipeline.doctor",
                                  description=__doc__.splitlines()[0])
     ap.add_argument("--params", default="params.yaml")
     ap.add_argument("--device", default=None, help="default: base.device of the params file")
@@ -152,7 +152,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--batch", type=int, default=8)
     args = ap.parse_args(argv)
     try:
-        from attncert.params import load_params
+        from attncert.pipeline.params import load_params
 
         params = load_params(args.params)
         if args.gpus is not None:

@@ -1,31 +1,21 @@
-"""The study report: every stage's headline rows, and the report's commands.
-
-    python -m attncert.report summary   # reports/metrics/summary.json from every stage's metrics
-    python -m attncert.report readme    # README.md's results section, from summary.json
-    python -m attncert.report html      # reports/html/: each executed notebook and index.html
+"""Every stage's headline rows (the report's commands are :mod:`attncert.report.__main__`).
 
 Headline rows (:func:`headline_rows`) come from each stage module's ``headline_rows``
-(:mod:`attncert.stages`, rows as :mod:`attncert.headline` describes them); a stage without a
+(:mod:`attncert.stages`, rows as :mod:`attncert.report.headline` describes them); a stage without a
 reader is read generically. Where the metrics files are comes from dvc.yaml resolved with
-params.yaml (:mod:`attncert.dvcfile`); the summary is the figures stage's
-(:mod:`attncert.stages.figures`), README's section :mod:`attncert.readme`'s, the HTML export
-:mod:`attncert.htmlexport`'s.
+params.yaml (:mod:`attncert.pipeline.dvcfile`); the summary is the figures stage's
+(:mod:`attncert.stages.figures`), README's section :mod:`attncert.report.readme`'s, the HTML export
+:mod:`attncert.report.htmlexport`'s.
 """
 
 from __future__ import annotations
 
-import argparse
-import json
-import sys
 from collections.abc import Callable, Mapping
-from pathlib import Path
 from typing import Any
 
-from attncert.dvcfile import DVC_FILE, StageRun, read_stages, resolve, stage_runs
-from attncert.headline import row
-from attncert.htmlexport import html_export
-from attncert.params import PARAMS_FILE, load_params
-from attncert.readme import README_FILE, update_readme
+from attncert.pipeline.dvcfile import DVC_FILE, StageRun, read_stages, resolve, stage_runs
+from attncert.pipeline.params import PARAMS_FILE
+from attncert.report.headline import row
 from attncert.stages import certify_vit as certify_vit_stage
 from attncert.stages import certvit as certvit_stage
 from attncert.stages import crown as crown_stage
@@ -40,8 +30,8 @@ from attncert.stages import train_vit as train_vit_stage
 GENERIC_MAX_ROWS = 200
 GENERIC_BRIEF_ROWS = 8
 
-__all__ = ["NUMBER_READERS", "READERS", "headline_numbers", "headline_rows", "main",
-           # dvc.yaml, resolved (attncert.dvcfile), for the report's callers
+__all__ = ["NUMBER_READERS", "READERS", "headline_numbers", "headline_rows",
+           # dvc.yaml, resolved (attncert.pipeline.dvcfile), for the report's callers
            "DVC_FILE", "PARAMS_FILE", "StageRun", "read_stages", "resolve", "stage_runs"]
 
 
@@ -82,7 +72,7 @@ def headline_rows(stage: str, metrics: Mapping, item: Mapping | None = None) -> 
     return READERS.get(stage, _generic_rows)(metrics, item or {})
 
 
-#: stage name -> its DVC headline (:data:`attncert.headline.NUMBERS`): the stage module's
+#: stage name -> its DVC headline (:data:`attncert.report.headline.NUMBERS`): the stage module's
 #: ``headline_numbers``
 NUMBER_READERS: dict[str, Callable[[Mapping, Mapping], dict[str, float]]] = {
     name: module.headline_numbers for name, module in (
@@ -98,38 +88,3 @@ def headline_numbers(stage: str, metrics: Mapping, item: Mapping | None = None
     stage without any: data, the unit stages, figures)."""
     reader = NUMBER_READERS.get(stage)
     return {} if reader is None else reader(metrics, item or {})
-
-
-# ------------------------------------------------------------------ CLI
-def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m attncert.report",
-                                 description=__doc__.split("\n")[0])
-    ap.add_argument("command", choices=("summary", "readme", "html"))
-    ap.add_argument("--params", default=PARAMS_FILE)
-    ap.add_argument("--dvc", default=DVC_FILE)
-    ap.add_argument("--readme", default=README_FILE)
-    ap.add_argument("--force", action="store_true", help="html: export every page again")
-    args = ap.parse_args(argv)
-    params = load_params(args.params)
-    fig = params["figures"]
-    if args.command == "readme":
-        changed = update_readme(args.readme, fig.summary)
-        print(f"{args.readme}: results section {'updated' if changed else 'unchanged'}")
-        return 0
-    stages = read_stages(args.dvc)
-    if args.command == "summary":
-        # the figures stage builds the summary from this module's rows
-        from attncert.stages import figures as figures_stage
-
-        figures_stage.write_summary(fig.summary, figures_stage.summary(
-            params, stages, required=fig.required))
-        print(f"wrote {fig.summary}")
-        return 0
-    data = json.loads(Path(fig.summary).read_text()) if Path(fig.summary).is_file() else None
-    pages = html_export(stage_runs(stages, params), fig.html_dir, data, force=args.force)
-    print(f"{fig.html_dir}: {len(pages)} page(s) written")
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

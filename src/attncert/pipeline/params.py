@@ -32,7 +32,7 @@ TEXT_DATASETS = ("sst2", "yelp_polarity", "qqp")
 DATASETS = IMAGE_DATASETS + TEXT_DATASETS
 #: Small real evaluation sets shipped with the offline mirror.
 SAMPLE_SETS = ("cifar10_sample", "imagenet_sample", "imagenet_val")
-#: Training precisions (``attncert.precision``); certificates are always float64.
+#: Training precisions (``attncert.training.precision``); certificates are always float64.
 PRECISIONS = ("auto", "bf16", "tf32", "fp32")
 
 
@@ -143,7 +143,7 @@ AUGMENTS = ("none", "crop", "crop_flip")
 class VitGridParams:
     """The ViT grid (a DVC matrix: every combination is one train_vit and one certify_vit
     stage). A stage gets ONE value of each list through ``nbrun --item`` and parses it as
-    :class:`attncert.runs.GridPoint`."""
+    :class:`attncert.pipeline.runs.GridPoint`."""
 
     runs_dir: str = param(doc="one folder per grid point: checkpoints, model, metrics")
     dataset: list[str] = param(one_of(*IMAGE_DATASETS), unique)

@@ -1,19 +1,19 @@
 """Run one pipeline notebook with papermill, parameters taken from params.yaml.
 
-    python -m attncert.nbrun notebooks/01_data.py reports/notebooks/01_data.ipynb --section data
-    python -m attncert.nbrun notebooks/03_train_vit.py OUT.ipynb --section vit_grid \
+    python -m attncert.pipeline.nbrun notebooks/01_data.py reports/notebooks/01_data.ipynb --section data
+    python -m attncert.pipeline.nbrun notebooks/03_train_vit.py OUT.ipynb --section vit_grid \
         --section train_vit --item dataset=mnist --item depth=3 --item heads=4 --item gamma_vo=0.5
 
-params.yaml is read once (YAML 1.2, validated by ``attncert.params``); the chosen sections
+params.yaml is read once (YAML 1.2, validated by ``attncert.pipeline.params``); the chosen sections
 are passed to papermill with their real Python types: a section whose name the notebook's
 ``parameters`` cell declares as one dict (the stage module parses it back into its
 dataclass), any other entry field by field. Everything is checked before the kernel starts:
 the params file, and that the notebook's ``parameters`` cell declares exactly what is passed.
 Errors are one line on stderr, exit status 2; so is a paper-scale stage that would run on the
-CPU (:func:`attncert.doctor.require_device`).
+CPU (:func:`attncert.pipeline.doctor.require_device`).
 
 The console shows one line when the notebook starts and one when it ends (its time), and the
-progress of its long loops (:mod:`attncert.progress`), relayed from the kernel; the kernel's
+progress of its long loops (:mod:`attncert.pipeline.progress`), relayed from the kernel; the kernel's
 printed output goes into the executed notebook only. After a run, the stage's DVC metrics (its
 headline: a few numbers, the seconds and the peak memory) are written (:func:`write_headline`).
 """
@@ -31,9 +31,9 @@ import time
 import warnings
 from pathlib import Path
 
-from attncert.doctor import DeviceError, require_device
-from attncert.params import PARAMS_FILE, ParamsError, load_params
-from attncert.progress import CONSOLE_ENV, TTY_ENV, Relay, elapsed
+from attncert.pipeline.doctor import DeviceError, require_device
+from attncert.pipeline.params import PARAMS_FILE, ParamsError, load_params
+from attncert.pipeline.progress import CONSOLE_ENV, TTY_ENV, Relay, elapsed
 
 KERNEL = "python3"
 
@@ -122,7 +122,7 @@ def run(notebook: str, output: str, sections: list[str], params_file: str = PARA
     # Execute into a temporary file and rename: a failed run never leaves a half report.
     fd, tmp = tempfile.mkstemp(suffix=".ipynb", dir=out.parent, prefix=f".{out.stem}.")
     os.close(fd)
-    # the kernel's progress goes to a console file relayed here (attncert.progress), never
+    # the kernel's progress goes to a console file relayed here (attncert.pipeline.progress), never
     # into the report; the kernel's own output stays in the notebook
     fd, console = tempfile.mkstemp(suffix=".log", prefix="attncert-console-")
     os.close(fd)
@@ -176,12 +176,12 @@ def peak_memory_gb() -> float:
 def write_headline(params, output: str, seconds: float, peak_gb: float,
                    cwd: str | None = None) -> list[str]:
     """Write the DVC metrics (the headline) of the dvc.yaml stage whose report is ``output``:
-    the stage's few numbers (:func:`attncert.report.headline_numbers`, from its metrics file)
+    the stage's few numbers (:func:`attncert.report.rows.headline_numbers`, from its metrics file)
     and the run's seconds and peak memory. Returns the files written (none when no stage of
     dvc.yaml writes ``output``: nbrun run by hand)."""
-    from attncert.dvcfile import DVC_FILE, read_stages, stage_runs
-    from attncert.io import write_json
-    from attncert.report import headline_numbers
+    from attncert.pipeline.dvcfile import DVC_FILE, read_stages, stage_runs
+    from attncert.pipeline.io import write_json
+    from attncert.report.rows import headline_numbers
 
     root = Path(cwd or os.getcwd())
     if not (root / DVC_FILE).is_file():
@@ -228,7 +228,7 @@ def quiet_kernel_start():
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m attncert.nbrun",
+    ap = argparse.ArgumentParser(prog="python -m attncert.pipeline.nbrun",
                                  description=__doc__.split("\n")[0])
     ap.add_argument("notebook", help="jupytext .py (percent) notebook")
     ap.add_argument("output", help="executed .ipynb to write")

@@ -23,7 +23,7 @@ from collections.abc import Iterator
 
 import torch
 
-from attncert.params import PRECISIONS
+from attncert.pipeline.params import PRECISIONS
 
 #: device types whose autocast state a certificate checks
 AUTOCAST_DEVICES = ("cpu", "cuda")

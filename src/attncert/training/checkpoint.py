@@ -17,7 +17,7 @@ from typing import Any
 
 import torch
 
-from attncert.io import torch_save, write_json
+from attncert.pipeline.io import torch_save, write_json
 
 CHECKPOINT = "last.pt"
 METRICS = "metrics.json"

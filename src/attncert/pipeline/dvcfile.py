@@ -2,9 +2,9 @@
 
 Where things are comes from dvc.yaml, never from globbing: a stage's metrics files (every number
 it writes, what the report reads) are its outputs of ``type: details``, its DVC ``metrics`` the
-small headline nbrun writes beside them (:func:`attncert.nbrun.write_headline`: what
+small headline nbrun writes beside them (:func:`attncert.pipeline.nbrun.write_headline`: what
 ``dvc metrics show`` prints); ``${...}`` templates are filled from params, a matrix stage
-expanded over its grid, each point named by :func:`attncert.runs.run_name`; its report is the
+expanded over its grid, each point named by :func:`attncert.pipeline.runs.run_name`; its report is the
 notebook ``nbrun`` writes. A metrics file that is missing reads as None.
 """
 
@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from attncert.params import Params, read_yaml
+from attncert.pipeline.params import Params, read_yaml
 
 DVC_FILE = "dvc.yaml"
 #: executed notebooks live under here (dvc.yaml's nbrun outputs)
@@ -79,7 +79,7 @@ def _matrix_items(matrix: Mapping[str, Any], params: Params
 
 def _point_name(item: Mapping[str, Any], key: str) -> str:
     if set(item) == {"dataset", "depth", "heads", "gamma_vo"}:
-        from attncert.runs import run_name
+        from attncert.pipeline.runs import run_name
 
         return run_name(**item)
     return key
@@ -103,9 +103,9 @@ def _paths(entries: Iterable[Any] | None, kind: str | None = None) -> list[str]:
 
 def _nbrun_output(cmd: str) -> str | None:
     argv = shlex.split(cmd)
-    if "attncert.nbrun" not in argv:
+    if "attncert.pipeline.nbrun" not in argv:
         return None
-    i = argv.index("attncert.nbrun")
+    i = argv.index("attncert.pipeline.nbrun")
     return argv[i + 2] if len(argv) > i + 2 else None
 
 

@@ -24,4 +24,4 @@ def check(gen: torch.Generator | None, device: str | torch.device, what: str = "
     if gen is not None and gen.device.type != torch.device(device).type:
         raise ValueError(f"{what}: the generator is on {gen.device} but the tensors it draws "
                          f"for are on {torch.device(device)}; make it with "
-                         f"attncert.rng.generator(seed, device)")
+                         f"attncert.pipeline.rng.generator(seed, device)")

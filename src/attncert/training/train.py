@@ -1,7 +1,7 @@
 """Training loop: cross-entropy (+ an optional margin term), AdamW or SGD, per-step cosine
 schedule, seeded data order, an atomic checkpoint every epoch and resume from it.
 
-The loss: :func:`attncert.losses.training_loss` (CE at ``logit_scale`` plus the ``margin``
+The loss: :func:`attncert.training.losses.training_loss` (CE at ``logit_scale`` plus the ``margin``
 term). Optional terms, both off by default:
   msvp_lambda = (lam_q, lam_k, lam_v), any > 0: + SpecFormer's MSVP (eq. 12-14, MATH.md
           section 7; :class:`attncert.msvp.MSVP`, its power-iteration vectors saved in the
@@ -10,19 +10,19 @@ term). Optional terms, both off by default:
           Table 2): every batch is replaced by CE-PGD examples, ||x' - x||_inf <= adv_eps,
           adv_steps steps of 2.5 adv_eps / adv_steps from a random start drawn from the
           epoch's generator (resume stays exact); train_acc is then the adversarial accuracy.
-Mixup / CutMix (:mod:`attncert.mix`, off by default): with probability mix_prob a batch is
+Mixup / CutMix (:mod:`attncert.training.mix`, off by default): with probability mix_prob a batch is
 mixed with itself reversed, and the loss is lam CE(s f, y) + (1 - lam) CE(s f, y_rev); only
 with margin "none" and without adversarial training. train_acc counts the batch's own labels.
 
 Speed: the training set moves to the device once (uint8 images stay uint8 there); each batch
 is indexed, converted and augmented on the device with the epoch's generator, which lives on
-that device. The forward pass and loss run at ``precision`` (:mod:`attncert.precision`: bf16
+that device. The forward pass and loss run at ``precision`` (:mod:`attncert.training.precision`: bf16
 autocast on CUDA by default, float32 on CPU); evaluation and everything after training run
 outside autocast.
 
-The epoch loop (optimiser, schedule, checkpoint, metrics file, resume) is :mod:`attncert.loop`,
+The epoch loop (optimiser, schedule, checkpoint, metrics file, resume) is :mod:`attncert.training.loop`,
 shared with the text models; :func:`train_resumable` adds the checkpoint folder's fingerprint
-check (:mod:`attncert.checkpoint`): a run whose settings changed starts over.
+check (:mod:`attncert.training.checkpoint`): a run whose settings changed starts over.
 """
 
 from __future__ import annotations
@@ -37,16 +37,17 @@ import torch
 from torch import Tensor, nn
 from torch.nn import functional as F
 
-from attncert import certified_training, rng
-from attncert import mix as mixing
 from attncert.attacks import pgd_linf
-from attncert.checkpoint import CHECKPOINT, FINGERPRINT, METRICS, prepare_checkpoint_dir
 from attncert.data import as_float
-from attncert.loop import OPTIMIZERS, Steps, run_epochs, sum_dtype
-from attncert.losses import MARGINS, training_loss
 from attncert.msvp import MSVP
-from attncert.params import dataclass_from_mapping
-from attncert.precision import resolve_precision
+from attncert.pipeline import rng
+from attncert.pipeline.params import dataclass_from_mapping
+from attncert.training import certified_training
+from attncert.training import mix as mixing
+from attncert.training.checkpoint import CHECKPOINT, FINGERPRINT, METRICS, prepare_checkpoint_dir
+from attncert.training.loop import OPTIMIZERS, Steps, run_epochs, sum_dtype
+from attncert.training.losses import MARGINS, training_loss
+from attncert.training.precision import resolve_precision
 
 AUGMENTS = ("none", "crop", "crop_flip")
 ADVERSARIAL = ("none", "pgd_linf")
@@ -72,9 +73,9 @@ class TrainConfig:
     adversarial: str = "none"  # "pgd_linf": PGD adversarial training (module docstring)
     adv_eps: float = 8 / 255  # l_inf radius in pixel space
     adv_steps: int = 10
-    optimizer: str = "adamw"  # adamw | sgd (attncert.loop.optimizer)
+    optimizer: str = "adamw"  # adamw | sgd (attncert.training.loop.optimizer)
     momentum: float = 0.9  # sgd only
-    mixup_alpha: float = 0.0  # Mixup / CutMix (attncert.mix); mix_prob 0 = off
+    mixup_alpha: float = 0.0  # Mixup / CutMix (attncert.training.mix); mix_prob 0 = off
     cutmix_alpha: float = 0.0
     mix_prob: float = 0.0
     mix_switch_prob: float = 0.5
@@ -232,7 +233,7 @@ def step_loss(model: nn.Module, xb: Tensor, yb: Tensor, cfg: TrainConfig,
               progress: tuple[int, int] = (0, 0)) -> tuple[Tensor, Tensor]:
     """(logits, loss) of one training step: on PGD examples when ``cfg.adversarial`` is
     "pgd_linf" (random starts from ``generator``), plus ``msvp()`` when given. ``partner``
-    = (y_rev, lam) for a mixed batch (:mod:`attncert.mix`): lam of the loss on ``yb``,
+    = (y_rev, lam) for a mixed batch (:mod:`attncert.training.mix`): lam of the loss on ``yb``,
     1 - lam on y_rev. ``progress`` = (step, total steps): the ``lofast`` margin's radius ramp."""
     if cfg.adversarial == "pgd_linf":
         xb, _ = pgd_linf(model, xb, yb, cfg.adv_eps, cfg.adv_steps, generator=generator)
@@ -286,7 +287,7 @@ def evaluate(model: nn.Module, data: Any, device: torch.device | str = "cpu",
 class ImageSteps(Steps):
     """Images: the training set on the device once; per epoch a seeded permutation, batches
     converted and augmented there with the epoch's generator, then mixed as planned on the
-    host (:func:`attncert.mix.plan_epoch`); the loss of :func:`step_loss` (PGD examples and
+    host (:func:`attncert.training.mix.plan_epoch`); the loss of :func:`step_loss` (PGD examples and
     MSVP when configured, MSVP's vectors checkpointed)."""
 
     def __init__(self, model: nn.Module, train_data: Any, config: TrainConfig,
@@ -341,9 +342,9 @@ def train(model: nn.Module, train_data: Any, eval_data: Any, config: Any,
 
     ``config``: a :class:`TrainConfig` (``train_data``/``eval_data``: (x, y) or {"x", "y"}
     with uint8 or float [0, 1] images) or another config whose ``steps(model, train_data,
-    device)`` gives the run's :class:`attncert.loop.Steps` (the text models'
+    device)`` gives the run's :class:`attncert.training.loop.Steps` (the text models'
     :class:`attncert.text.train_text.TextTrainConfig`). ``precision``: of the training forward
-    pass and loss (:mod:`attncert.precision`; the params' ``base.precision``).
+    pass and loss (:mod:`attncert.training.precision`; the params' ``base.precision``).
     After every epoch the full state goes atomically to ``checkpoint_dir/last.pt`` and the
     metrics list to ``metrics_path`` (default ``checkpoint_dir/metrics.json``); a later call
     with the same config resumes from that checkpoint (a different config is an error: use
@@ -381,7 +382,7 @@ def train_resumable(model: nn.Module, train_data: Any, test_data: Any, config: A
     """:func:`train` in ``ckpt_dir``, resumed only when the folder was written for the same run.
 
     ``fingerprint``: a JSON-able record of everything that decides the run (e.g.
-    :func:`attncert.runs.fingerprint`; it should name the resolved ``precision``), stored as
+    :func:`attncert.pipeline.runs.fingerprint`; it should name the resolved ``precision``), stored as
     ``ckpt_dir/marker``. A folder with another fingerprint is cleared and the run starts over
     (printed, and named in the returned status); the same fingerprint resumes from the last
     finished epoch, and a finished run only reads its rows back. The per-epoch rows go to

@@ -14,8 +14,8 @@
 Our value is never written in the record: it is read from ``params.yaml`` when the record is
 rendered (``docs/fidelity.md``, the README summary) or checked, so the two cannot drift.
 
-    python -m attncert.fidelity check       # the record's schema and every "same" row
-    python -m attncert.fidelity docs        # rewrite docs/fidelity.md and the README summary
+    python -m attncert.report.fidelity check       # the record's schema and every "same" row
+    python -m attncert.report.fidelity docs        # rewrite docs/fidelity.md and the README summary
 """
 
 from __future__ import annotations
@@ -131,7 +131,7 @@ def parse(raw: Any, source: str = FIDELITY_FILE) -> Record:
 
 
 def load(path: str | Path = FIDELITY_FILE) -> Record:
-    from attncert.params import read_yaml
+    from attncert.pipeline.params import read_yaml
 
     path = Path(path)
     if not path.is_file():
@@ -201,7 +201,7 @@ STATUS_LABEL = {"same": "same", "deviates": "deviates", "not_stated": "ours (not
 def render_docs(record: Record, params: Mapping) -> str:
     """docs/fidelity.md: per paper, its tables and figures, then every setting."""
     out = ["# Fidelity: the paper scale against the four papers", "",
-           f"Generated from `{FIDELITY_FILE}` and `params.yaml` by `python -m attncert.fidelity "
+           f"Generated from `{FIDELITY_FILE}` and `params.yaml` by `python -m attncert.report.fidelity "
            "docs`; do not edit by hand. \"where\" is the section, table or appendix of the paper's "
            "full text that states the value. \"ours\" is `params.yaml` at the paper scale; a row "
            "marked *same* is checked by the tests (`tests/test_fidelity.py`). The cpu and smoke "
@@ -246,7 +246,7 @@ def render_summary(record: Record) -> str:
 
 def write_readme(summary: str, readme: str | Path = "README.md") -> None:
     """Replace the README's block between :data:`MARKERS` with ``summary``."""
-    from attncert.readme import replace_section
+    from attncert.report.readme import replace_section
 
     path = Path(readme)
     try:
@@ -256,9 +256,9 @@ def write_readme(summary: str, readme: str | Path = "README.md") -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from attncert.params import PARAMS_FILE, read_yaml
+    from attncert.pipeline.params import PARAMS_FILE, read_yaml
 
-    ap = argparse.ArgumentParser(prog="python -m attncert.fidelity",
+    ap = argparse.ArgumentParser(prog="python -m attncert.report.fidelity",
                                  description=__doc__.splitlines()[0])
     ap.add_argument("command", choices=["check", "docs"])
     ap.add_argument("--record", default=FIDELITY_FILE)

@@ -1,9 +1,9 @@
 """Scale profiles: apply profiles/<name>.yaml on top of the committed (paper) params.yaml.
 
-    python -m attncert.profile apply smoke     # writes params.yaml, keeps its comments
-    python -m attncert.profile apply paper     # back to the committed paper scale
-    python -m attncert.profile apply cpu --keep-edits   # carry edits of scale-dependent keys
-    python -m attncert.profile show cpu        # the overrides, as `dvc exp run -S` arguments
+    python -m attncert.pipeline.profile apply smoke     # writes params.yaml, keeps its comments
+    python -m attncert.pipeline.profile apply paper     # back to the committed paper scale
+    python -m attncert.pipeline.profile apply cpu --keep-edits   # carry edits of scale-dependent keys
+    python -m attncert.pipeline.profile show cpu        # the overrides, as `dvc exp run -S` arguments
 
 The base is params.yaml as committed at git HEAD (so profiles never stack); outside a git
 checkout the current params.yaml is the base when its base.scale is 'paper'. A profile may
@@ -33,8 +33,8 @@ from typing import Any
 
 from ruamel.yaml import YAML
 
-from attncert.io import atomic_path, write_json
-from attncert.params import PARAMS_FILE, ParamsError, read_yaml, validate
+from attncert.pipeline.io import atomic_path, write_json
+from attncert.pipeline.params import PARAMS_FILE, ParamsError, read_yaml, validate
 
 PROFILE_DIR = "profiles"
 PAPER = "paper"
@@ -155,7 +155,7 @@ def apply(name: str, root: Path = Path(), keep_edits: bool = False
             raise ParamsError(
                 f"{PARAMS_FILE}: edited {', '.join(f'{k}={v}' for k, v in clash.items())}, "
                 f"set differently by the {old_scale} and {name} scales; undo the edit(s), or "
-                f"keep them with `python -m attncert.profile apply {name} --keep-edits` "
+                f"keep them with `python -m attncert.pipeline.profile apply {name} --keep-edits` "
                 f"(make pipeline SCALE={name} KEEP_EDITS=1)")
     if edited:  # the edits' own nodes: a list keeps its flow style
         current = rt.load((root / PARAMS_FILE).read_text())
@@ -187,7 +187,7 @@ def _record(root: Path) -> dict[str, Any]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m attncert.profile",
+    ap = argparse.ArgumentParser(prog="python -m attncert.pipeline.profile",
                                  description=__doc__.split("\n")[0])
     ap.add_argument("action", choices=["apply", "show"])
     ap.add_argument("name")

@@ -5,7 +5,7 @@ checkpoint and the metrics file after every epoch, and resume from that checkpoi
 
 What differs between runs is a :class:`Steps`: how an epoch's data is cut into batches, how a
 batch becomes logits and a loss, what runs after each optimiser step and how the model is
-evaluated (:class:`attncert.train.ImageSteps` for images, :class:`attncert.text.train_text.
+evaluated (:class:`attncert.training.train.ImageSteps` for images, :class:`attncert.text.train_text.
 TextSteps` for tokenised text). The loss and accuracy sums stay on the device and are read
 once per epoch.
 """
@@ -22,9 +22,9 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from attncert.checkpoint import load_checkpoint, save_checkpoint
-from attncert.io import write_json
-from attncert.precision import autocast, training_matmuls
+from attncert.pipeline.io import write_json
+from attncert.training.checkpoint import load_checkpoint, save_checkpoint
+from attncert.training.precision import autocast, training_matmuls
 
 LOG_EVERY = 50  # steps between progress-bar loss read-outs (each one waits for the device)
 
@@ -155,7 +155,7 @@ def run_epochs(model: nn.Module, steps: Steps, eval_data: Any, config: Any, ckpt
     warmup_steps and grad_clip (and optionally optimizer and momentum, :func:`optimizer`).
     ``eval_name``: what the epoch line calls ``eval_data`` (its rows keep the ``test_`` keys).
     Returns the per-epoch metrics rows."""
-    from attncert import progress as console
+    from attncert.pipeline import progress as console
 
     steps_per_epoch = math.ceil(steps.n / config.batch_size)
     opt = optimizer(steps.params, config)

@@ -4,7 +4,7 @@ A grid point (a DVC matrix item of ``vit_grid``, :class:`GridPoint`) is a datase
 number of heads and gamma_vo; the ``train_vit`` stage (:mod:`attncert.stages.train_vit`) builds
 its configs from its section. Its folder ``<runs_dir>/<name>/`` holds ``ckpt/`` (the per-epoch
 checkpoint, kept between ``dvc repro`` runs so that training resumes; cleared when the run's
-:func:`fingerprint` changes, :func:`attncert.train.train_resumable`), ``model.pt`` (the final
+:func:`fingerprint` changes, :func:`attncert.training.train.train_resumable`), ``model.pt`` (the final
 model) and ``train.json`` (per-epoch metrics).
 """
 
@@ -18,8 +18,8 @@ from pathlib import Path
 from typing import Any
 
 from attncert.models import ViTConfig
-from attncert.params import IMAGE_DATASETS, NORMALIZE, one_of, param, positive
-from attncert.train import TrainConfig
+from attncert.pipeline.params import IMAGE_DATASETS, NORMALIZE, one_of, param, positive
+from attncert.training.train import TrainConfig
 
 
 @dataclass(frozen=True)
@@ -53,7 +53,7 @@ def dataset_vit_config(data: Mapping[str, Any], normalize: str, **fields: Any) -
     """A ViTConfig sized by a processed dataset (``attncert.data.load_processed``): image size
     and channels from its training images, the number of classes, and its pixel statistics.
 
-    ``normalize`` (one of :data:`attncert.params.NORMALIZE`) puts the statistics inside the
+    ``normalize`` (one of :data:`attncert.pipeline.params.NORMALIZE`) puts the statistics inside the
     model: "mean" subtracts the mean only (1-Lipschitz), "std" also divides by the std (the
     certificate counts 1 / min std), "none" feeds pixels as they are. ``fields``: every other
     ViTConfig field.
@@ -70,7 +70,7 @@ def dataset_vit_config(data: Mapping[str, Any], normalize: str, **fields: Any) -
 def fingerprint(model_cfg: ViTConfig, train_cfg: TrainConfig, dataset: str,
                 data_source: str, precision: str | None = None) -> dict[str, Any]:
     """What decides a run's checkpoint; ``precision`` (the resolved training precision,
-    :func:`attncert.precision.resolve_precision`) is part of it when given."""
+    :func:`attncert.training.precision.resolve_precision`) is part of it when given."""
     d = {"dataset": dataset, "data": data_source, "model": model_cfg.to_dict(),
          "train": {k: getattr(train_cfg, k) for k in TrainConfig.__dataclass_fields__}}
     if precision is not None:

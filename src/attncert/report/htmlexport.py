@@ -14,8 +14,8 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from attncert import readme
-from attncert.dvcfile import NOTEBOOK_DIR, StageRun
+from attncert.pipeline.dvcfile import NOTEBOOK_DIR, StageRun
+from attncert.report import readme
 
 __all__ = ["KEY_FIGURES", "external_refs", "notebook_html", "describe", "index_html",
            "html_export", "key_figures"]
