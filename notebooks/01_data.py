@@ -26,11 +26,11 @@ from IPython.display import Markdown, display
 
 from attncert.figures import data as figs
 from attncert.figures import show
-from attncert.pipeline.params import parse_section
+from attncert.pipeline.context import setup
 from attncert.stages import data as stage
 
-p = parse_section("data", data, stage.Params)
-summary = stage.run(p)
+p, ctx = setup(stage, data)
+summary = stage.run(p, ctx)
 
 # %% [markdown]
 # ## Sources and sizes

@@ -26,15 +26,13 @@ from IPython.display import Markdown, display
 
 from attncert.figures import show
 from attncert.figures import tightness as figs
-from attncert.pipeline.params import BaseParams, parse_section
-from attncert.pipeline.runtime import configure
+from attncert.pipeline.context import setup
 from attncert.stages import tightness as stage
 from attncert.tightness import paper_table3_frame
 
-b = parse_section("base", base, BaseParams)
-configure(b)  # threads, deterministic algorithms (attncert.pipeline.runtime)
-p = parse_section("tightness", tightness, stage.Params)
-res = stage.run(p, b)
+p, ctx = setup(stage, tightness, base)
+b = ctx.base
+res = stage.run(p, ctx)
 n_inputs, n_tokens, n_features = res.inputs
 display(Markdown(f"**Layer:** {res.layer_source}  \n**Scale:** {b.scale}, {n_inputs} inputs of "
                  f"{n_tokens} tokens x {n_features} features, {res.heads} heads, device "

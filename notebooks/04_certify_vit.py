@@ -31,18 +31,12 @@ from IPython.display import Markdown, display
 
 from attncert.figures import show
 from attncert.figures import vit as figs
-from attncert.pipeline.params import BaseParams, parse_section
-from attncert.pipeline.runs import GridPoint
-from attncert.pipeline.runtime import configure
+from attncert.pipeline.context import setup
 from attncert.stages import certify_vit as stage
-from attncert.training.train import resolve_device
 
-b = parse_section("base", base, BaseParams)
-configure(b)  # threads, deterministic algorithms (attncert.pipeline.runtime)
-point = parse_section("vit_grid", vit_grid, GridPoint)
-p = parse_section("certify_vit", certify_vit, stage.Params)
-dev = resolve_device(b.device)
-result = stage.run(p, b, point, processed_dir, dev)
+p, ctx = setup(stage, certify_vit, base, point=vit_grid, processed_dir=processed_dir)
+b, dev = ctx.base, ctx.device
+result = stage.run(p, ctx)
 display(Markdown(f"**Run** `{result.name}` ({b.scale} scale, device {dev}): the first "
                  f"{result.n} test images of {result.dataset}, float64 (trained at precision "
                  f"`{b.precision}`; certificates never run under autocast).  \n"

@@ -30,16 +30,12 @@ frontier = {}  # params.yaml `frontier`
 from IPython.display import Markdown, display
 
 from attncert.figures import show
-from attncert.pipeline.params import BaseParams, parse_section
-from attncert.pipeline.runtime import configure
+from attncert.pipeline.context import setup
 from attncert.stages import frontier as stage
-from attncert.stages import train_vit as train_stage
 
-b = parse_section("base", base, BaseParams)
-configure(b)  # threads, deterministic algorithms (attncert.pipeline.runtime)
-tv = parse_section("train_vit", train_vit, train_stage.Params)
-p = parse_section("frontier", frontier, stage.Params)
-res = stage.run(p, b, tv)
+p, ctx = setup(stage, frontier, base, sections={"train_vit": train_vit}, device=False)
+b = ctx.base
+res = stage.run(p, ctx)
 verdict = ("trains its grid with it" if res.metrics["grid_is_selected"] else
            f"trains its grid with `{res.grid_setting}`, not the selected setting: set "
            "`train_vit`'s margin to it in the scale's profile")

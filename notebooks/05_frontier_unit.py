@@ -31,16 +31,13 @@ unit = ""  # one of attncert.stages.frontier.units: <dataset>-<setting> (nbrun -
 import pandas as pd
 from IPython.display import Markdown, display
 
-from attncert.pipeline.params import BaseParams, parse_section
-from attncert.pipeline.runtime import configure
+from attncert.pipeline.context import setup
 from attncert.stages import frontier as stage
-from attncert.stages import train_vit as train_stage
 
-b = parse_section("base", base, BaseParams)
-configure(b)  # threads, deterministic algorithms (attncert.pipeline.runtime)
-tv = parse_section("train_vit", train_vit, train_stage.Params)
-p = parse_section("frontier", frontier, stage.Params)
-rec = stage.run_unit(p, b, tv, processed_dir, unit)
+p, ctx = setup(stage, frontier, base, item=unit, processed_dir=processed_dir,
+               sections={"train_vit": train_vit})
+b = ctx.base
+rec = stage.run(p, ctx)
 display(Markdown(f"**Unit** `{unit}` ({b.scale} scale, device {rec['device']}, "
                  f"{rec['seconds'] / 60:.1f} min; checkpoint: {rec['checkpoint']}): "
                  f"{rec['epochs']} epochs in {rec['train_seconds']:.0f} s, "

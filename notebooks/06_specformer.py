@@ -53,15 +53,13 @@ from IPython.display import Markdown, display
 
 from attncert.figures import show
 from attncert.figures import specformer as figs
-from attncert.pipeline.params import BaseParams, parse_section
-from attncert.pipeline.runtime import configure
+from attncert.pipeline.context import setup
 from attncert.report.paper import SPECFORMER_STEP_RATIO
 from attncert.stages import specformer as stage
 
-b = parse_section("base", base, BaseParams)
-configure(b)  # threads, deterministic algorithms (attncert.pipeline.runtime)
-p = parse_section("specformer", specformer, stage.Params)
-res = stage.run(p, b)
+p, ctx = setup(stage, specformer, base, device=False)
+b = ctx.base
+res = stage.run(p, ctx)
 display(Markdown(res.overview))
 
 # %% [markdown]

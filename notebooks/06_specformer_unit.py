@@ -32,16 +32,13 @@ unit = ""  # one of attncert.stages.specformer.units (nbrun --unit)
 import pandas as pd
 from IPython.display import Markdown, display
 
-from attncert.pipeline.params import BaseParams, parse_section
-from attncert.pipeline.runtime import configure
+from attncert.pipeline.context import setup
 from attncert.stages import specformer as stage
-from attncert.training.train import resolve_device
 
-b = parse_section("base", base, BaseParams)
-configure(b)  # threads, deterministic algorithms (attncert.pipeline.runtime)
-p = parse_section("specformer", specformer, stage.Params)
-dev = resolve_device(b.device)
-rec = stage.run_unit(p, b, processed_dir, dev, unit)
+p, ctx = setup(stage, specformer, base, item=unit, processed_dir=processed_dir)
+b = ctx.base
+dev = ctx.device
+rec = stage.run(p, ctx)
 display(Markdown(f"**Unit** `{unit}` ({b.scale} scale, device {dev})  \n**Data** {rec['data']}"
                  + "".join(f"  \n{k}: {v}" for k, v in rec["notes"].items())))
 

@@ -28,14 +28,13 @@ certvit = {}  # params.yaml `certvit`
 import pandas as pd
 from IPython.display import Markdown, display
 
-from attncert.pipeline.params import BaseParams, parse_section
-from attncert.pipeline.runtime import configure
+from attncert.certvit import tables
+from attncert.pipeline.context import setup
 from attncert.stages import certvit as stage
 
-b = parse_section("base", base, BaseParams)
-configure(b)  # threads, deterministic algorithms (attncert.pipeline.runtime)
-p = parse_section("certvit", certvit, stage.Params)
-m = stage.run(p, b)
+p, ctx = setup(stage, certvit, base, device=False)
+b = ctx.base
+m = stage.run(p, ctx)
 display(Markdown(f"**Scale** {b.scale}; **units** {', '.join(stage.units(p))}; **source** "
                  f"`{m['source']}` on {m['dataset']} (headline mode `{m['headline_mode']}`)."))
 
@@ -51,7 +50,7 @@ pd.DataFrame(stage.headline_rows(m, {}))[["key", "label", "ours", "paper", "sour
 
 # %%
 if m["table1"]:
-    display(stage.table1_frame(m["table1"]).round(4))
+    display(tables.table1_frame(m["table1"]).round(4))
 else:
     display(Markdown("**Table 1 runs:** none (`table1_datasets` is empty at this scale)."))
 
@@ -63,6 +62,6 @@ if isinstance(m["imagenet"], dict):
     record = stage.read_unit(p, b, stage.IMAGENET)
     display(Markdown(f"**Images** `{m['imagenet']['images']}`; **models** "
                      f"{record['imagenet_model']}"))
-    display(stage.imagenet_frame(m["imagenet"]))
+    display(tables.imagenet_frame(m["imagenet"]))
 else:
     display(Markdown(f"**ImageNet route {m['imagenet']}**"))

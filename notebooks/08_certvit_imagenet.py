@@ -32,21 +32,19 @@ certvit = {}  # params.yaml `certvit`
 # %%
 from IPython.display import Markdown, display
 
-from attncert.pipeline.params import BaseParams, parse_section
-from attncert.pipeline.runtime import configure
+from attncert.certvit import tables
+from attncert.pipeline.context import setup
 from attncert.stages import certvit as stage
-from attncert.training.train import resolve_device
 
-b = parse_section("base", base, BaseParams)
-configure(b)  # threads, deterministic algorithms (attncert.pipeline.runtime)
-p = parse_section("certvit", certvit, stage.Params)
-dev = resolve_device(b.device)
-record, _ = stage.run_unit(p, b, dev, stage.IMAGENET)
+p, ctx = setup(stage, certvit, base, item=stage.IMAGENET)
+b = ctx.base
+dev = ctx.device
+record, _ = stage.run(p, ctx)
 net = record["imagenet"]
 if isinstance(net, dict):
     display(Markdown(f"**Scale** {b.scale}, device {dev}.  \n**Images** `{net['images']}`"
                      + "".join(f" ({k} skipped: {v})" for k, v in net["skipped_images"].items())
                      + f"; **models** {record['imagenet_model']}"))
-    display(stage.imagenet_frame(net))
+    display(tables.imagenet_frame(net))
 else:
     display(Markdown(f"**ImageNet route {net}**"))

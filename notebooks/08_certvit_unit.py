@@ -45,22 +45,20 @@ unit = "main"  # main or table1-<dataset> (attncert.stages.certvit.units; nbrun 
 import pandas as pd
 from IPython.display import Markdown, display
 
+from attncert.certvit import tables
 from attncert.certvit.steps import mode_steps, paper_row
 from attncert.figures import certvit as figs
 from attncert.figures import show
-from attncert.pipeline.params import BaseParams, parse_section
-from attncert.pipeline.runtime import configure
+from attncert.pipeline.context import setup
 from attncert.stages import certvit as stage
-from attncert.training.train import resolve_device
 
-b = parse_section("base", base, BaseParams)
-configure(b)  # threads, deterministic algorithms (attncert.pipeline.runtime)
-section = parse_section("certvit", certvit, stage.Params)
+section, ctx = setup(stage, certvit, base, item=unit)
+b = ctx.base
 if unit not in stage.units(section) or unit == stage.IMAGENET:
     raise ValueError(f"unit {unit!r}: this notebook runs main or table1-<dataset> "
                      f"(08_certvit_imagenet runs imagenet)")
 p = stage.unit_params(section, unit)  # the section, or the Table 1 run's shape and training
-record, res = stage.run_unit(section, b, resolve_device(b.device), unit)
+record, res = stage.run(section, ctx)
 data, modes, logs, bounds = res.data, res.modes, res.logs, res.bounds
 display(Markdown(
     f"**Unit** `{unit}`, scale {b.scale}, device {res.device}.  \n**Data** {p.dataset}: "
@@ -217,14 +215,14 @@ display(Markdown(
 # %%
 if unit == stage.MAIN:
     reference, label = paper_row(p.dataset)
-    e_px = str(stage.table1_eps(p.dataset))
+    e_px = str(tables.table1_eps(p.dataset))
     ours = ", ".join(f"{m} {100 * res.reports[m]['certified_acc'].get(e_px, float('nan')):.1f}%"
                      for m in modes)
     display(Markdown(f"{label}: {reference['certified']}% certified at its eps "
                      f"{reference['eps']:g}, the pixel-space radius {e_px} on {p.dataset}. "
                      f"Ours at that radius: {ours} (another model: not like for like)."))
 else:
-    display(stage.table1_frame({p.dataset: record}).round(4))
+    display(tables.table1_frame({p.dataset: record}).round(4))
 
 # %%
 pd.Series({k: f"{v:.4g}" if isinstance(v, float) else v for k, v in record.items()

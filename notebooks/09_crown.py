@@ -38,14 +38,12 @@ from IPython.display import Markdown, display
 
 from attncert.crown import PATCHES
 from attncert.figures import show
-from attncert.pipeline.params import BaseParams, parse_section
-from attncert.pipeline.runtime import configure
+from attncert.pipeline.context import setup
 from attncert.stages import crown as stage
 
-b = parse_section("base", base, BaseParams)
-configure(b)  # threads, deterministic algorithms (attncert.pipeline.runtime)
-p = parse_section("crown", crown, stage.Params)
-res = stage.run(p, b)
+p, ctx = setup(stage, crown, base, device=False)
+b = ctx.base
+res = stage.run(p, ctx)
 parts = res.datasets
 display(Markdown(f"**{b.scale} scale**: {', '.join(p.datasets)}, depths {p.depths}, {p.dim}-d, "
                  f"patch {p.patch}, {', '.join(f'{k}: {r.n}' for k, r in parts.items())} test "

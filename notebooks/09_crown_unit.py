@@ -31,14 +31,12 @@ unit = ""  # one of attncert.stages.crown.units: <dataset>-L<depth> (nbrun --uni
 import pandas as pd
 from IPython.display import Markdown, display
 
-from attncert.pipeline.params import BaseParams, parse_section
-from attncert.pipeline.runtime import configure
+from attncert.pipeline.context import setup
 from attncert.stages import crown as stage
 
-b = parse_section("base", base, BaseParams)
-configure(b)  # threads, deterministic algorithms (attncert.pipeline.runtime)
-p = parse_section("crown", crown, stage.Params)
-rec = stage.run_unit(p, b, processed_dir, unit)
+p, ctx = setup(stage, crown, base, item=unit, processed_dir=processed_dir)
+b = ctx.base
+rec = stage.run(p, ctx)
 t = rec["trained"]
 display(Markdown(f"**Unit** `{unit}` ({b.scale} scale, device {rec['device']}, "
                  f"{rec['seconds'] / 60:.1f} min): clean accuracy {t['test_acc']:.2f}%, "

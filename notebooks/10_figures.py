@@ -29,11 +29,11 @@ from IPython.display import Markdown, display
 from attncert.figures import frontier as frontier_figs
 from attncert.figures import show
 from attncert.figures import summary as figs
-from attncert.pipeline.params import parse_section
+from attncert.pipeline.context import setup
 from attncert.stages import figures as stage
 
-p = parse_section("figures", figures, stage.Params)
-res = stage.run(p)
+p, ctx = setup(stage, figures)
+res = stage.run(p, ctx)
 result = res.summary
 display(Markdown(f"**Scale** {scale}: {len(res.runs)} stage runs declared in dvc.yaml."))
 pd.DataFrame([{"stage": name, "status": e["status"], "metrics read": len(e["metrics"]),

@@ -4,6 +4,8 @@ import math
 
 import pytest
 import torch
+from helpers import gen as _gen
+from helpers import randomise as _randomise
 from torch.nn import functional as F
 
 from attncert.bounds import kim_l2_attention_lipschitz
@@ -18,20 +20,6 @@ from attncert.layers import (
 )
 
 F64 = torch.float64
-
-
-def _gen(seed):
-    return torch.Generator().manual_seed(seed)
-
-
-def _randomise(module, seed, scale=0.5):
-    """Seeded random parameters (biases included), float64."""
-    g = _gen(seed)
-    module.double()
-    with torch.no_grad():
-        for p in module.parameters():
-            p.copy_(scale * torch.randn(p.shape, generator=g, dtype=F64))
-    return module
 
 
 def _head(linear, h, d_h):

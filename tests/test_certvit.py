@@ -5,6 +5,7 @@ import math
 
 import pytest
 import torch
+from helpers import TINY_VIT, tiny_vit
 from torch import nn
 
 from attncert.attacks import pgd_l2
@@ -46,15 +47,6 @@ from attncert.certvit.spectral import (
 from attncert.layers import L2MultiHeadAttention
 from attncert.models.vit import ViTConfig, build_vit, save_vit
 from attncert.training.train import TrainConfig, train
-
-TINY = dict(image_size=8, channels=1, patch=4, dim=16, depth=2, heads=2, mlp_hidden=24,
-            num_classes=4, kind="standard", block="prenorm", attn_bias=True, mean=(0.3,),
-            std=(0.4,))
-
-
-def tiny_vit(**kw):
-    torch.manual_seed(0)
-    return build_vit(ViTConfig(**{**TINY, **kw})).eval()
 
 
 def pixels(b, seed=0, shape=(1, 8, 8)):
@@ -107,7 +99,7 @@ def test_save_vit_checkpoint_and_refusals(tmp_path):
     x = pixels(3)
     with torch.no_grad():
         torch.testing.assert_close(load_model(tmp_path / "m.pt")(x), model(x))
-    save_vit(build_vit(ViTConfig(**{**TINY, "kind": "lipschitz", "attn_bias": False})),
+    save_vit(build_vit(ViTConfig(**{**TINY_VIT, "kind": "lipschitz", "attn_bias": False})),
              tmp_path / "lip.pt")
     with pytest.raises(ValueError, match="standard"):
         load_model(tmp_path / "lip.pt")
@@ -528,7 +520,8 @@ def test_linear_baseline_radius_is_exact_and_audited(tmp_path):
 
 def test_linear_baseline_checkpoints_like_a_phase(tmp_path):
     """The stage keys the baseline's checkpoint folder on its config, as every phase's."""
-    from attncert.certvit import PixelLinear, stage
+    from attncert.certvit import PixelLinear
+    from attncert.certvit import methods as stage
     from attncert.training.checkpoint import prepare_checkpoint_dir
     from attncert.training.train import TrainConfig
 

@@ -1,5 +1,5 @@
 """The CertViT stage (attncert.stages.certvit), the methods it plans with
-(attncert.certvit.stage), the record of its steps (attncert.certvit.steps) and its figures."""
+(attncert.certvit.methods), the record of its steps (attncert.certvit.steps) and its figures."""
 
 import dataclasses
 import math
@@ -8,6 +8,7 @@ import matplotlib
 import pandas as pd
 import pytest
 import torch
+from helpers import tiny_vit
 from matplotlib.figure import Figure
 
 from attncert import soundness
@@ -20,27 +21,20 @@ from attncert.certvit import (
     global_bound,
     lipschitz_table,
     load_model,
-    stage,
     steps,
 )
+from attncert.certvit import methods as stage
+from attncert.certvit import tables as cv_tables
 from attncert.figures import certvit as figs
-from attncert.models.vit import ViTConfig, build_vit, save_vit
+from attncert.models.vit import save_vit
 from attncert.pipeline import params
+from attncert.pipeline.context import make_context
 from attncert.report.paper import CERTVIT_CIFAR10, CERTVIT_MNIST
 from attncert.stages import certvit as certvit_stage
 from attncert.training.checkpoint import prepare_checkpoint_dir
 from attncert.training.train import TrainConfig, train
 
 matplotlib.use("Agg")
-
-TINY = dict(image_size=8, channels=1, patch=4, dim=16, depth=2, heads=2, mlp_hidden=24,
-            num_classes=4, kind="standard", block="prenorm", pool="cls", attn_bias=True,
-            mean=(0.3,), std=(0.4,))
-
-
-def tiny_vit(**kw):
-    torch.manual_seed(0)
-    return build_vit(ViTConfig(**{**TINY, **kw})).eval()
 
 
 def dataset(n=32, size=8, classes=4, channels=1, seed=0):
@@ -76,8 +70,8 @@ def test_the_section_takes_the_library_s_choices():
     with pytest.raises(params.ParamsError, match="table1_grid"):
         dataclasses.replace(p, table1_grid={**p.table1_grid, "cifar10": 5}).table1("cifar10", 32)
     # its eps (normalised input) as the pixel radius it covers: eps x min(std), rounded down
-    assert certvit_stage.table1_eps("mnist") == 0.4867 == pytest.approx(1.58 * 0.3081, abs=1e-4)
-    assert (certvit_stage.table1_eps("cifar10"), certvit_stage.table1_eps("cifar100")) == (
+    assert cv_tables.table1_eps("mnist") == 0.4867 == pytest.approx(1.58 * 0.3081, abs=1e-4)
+    assert (cv_tables.table1_eps("cifar10"), cv_tables.table1_eps("cifar100")) == (
         0.0281, 0.0361)
 
 
@@ -325,9 +319,8 @@ def test_the_stage_runs_every_mode_and_writes_its_files(tmp_path):
         work_dir=str(tmp_path / "work"), metrics=str(tmp_path / "metrics.json"))
     assert certvit_stage.units(p) == ["main", "table1-mnist", "imagenet"]
     with pytest.raises(ValueError, match="certvit unit 'main' has not run"):
-        certvit_stage.run(p, base)   # the gather reads records only
-    dev = torch.device("cpu")
-    _, res = certvit_stage.run_unit(p, base, dev, "main")
+        certvit_stage.run(p, make_context(base, device=False))   # the gather reads records only
+    _, res = certvit_stage.run(p, make_context(base, item="main"))
     work = tmp_path / "work"
     assert sorted(d.name for d in (work / "ckpt").iterdir()) == [
         "adapt", "finetune", "linear", "pretrain", "spectral_adapt", "spectral_finetune"]
@@ -335,10 +328,10 @@ def test_the_stage_runs_every_mode_and_writes_its_files(tmp_path):
         assert (work / name).is_file()
     n_test = len(res.test["y"])  # n_test 0: the whole test split, attacked on the first 5
     assert len(pd.read_csv(work / "samples.csv")) == 3 * n_test  # two modes, the baseline
-    _, sub = certvit_stage.run_unit(p, base, dev, "table1-mnist")
-    net, none = certvit_stage.run_unit(p, base, dev, "imagenet")
+    _, sub = certvit_stage.run(p, make_context(base, item="table1-mnist"))
+    net, none = certvit_stage.run(p, make_context(base, item="imagenet"))
     assert none is None and (work / "imagenet").is_dir()   # a DVC output, even when skipped
-    m = certvit_stage.run(p, base)
+    m = certvit_stage.run(p, make_context(base, device=False))
     assert m == json.loads((tmp_path / "metrics.json").read_text())
     assert m["n_test"] == n_test > 5 and m["n_attacked"] == m["linear_baseline"]["n_attacked"] == 5
     assert m["headline_mode"] == res.headline == "spectral" and set(m["modes"]) == set(res.modes)
@@ -361,7 +354,7 @@ def test_the_stage_runs_every_mode_and_writes_its_files(tmp_path):
     assert entry["source"] == stage.PIPELINE and set(entry["modes"]) == set(res.modes)
     assert entry["modes"]["spectral"]["lipschitz_pairwise"] == pytest.approx(
         sub.bounds["spectral"]["final"].pairwise)
-    frame = certvit_stage.table1_frame(m["table1"])
+    frame = cv_tables.table1_frame(m["table1"])
     assert list(frame["model"]) == [*res.modes, "linear baseline (pixels)"]
     assert set(frame["eps"]) == {0.4867} and frame["paper clean (%)"].iloc[0] == 97.8
     assert rows["table1/mnist/modes/spectral/certified_acc/0.4867"]["paper"] == 0.545
@@ -369,12 +362,12 @@ def test_the_stage_runs_every_mode_and_writes_its_files(tmp_path):
     # a record computed from other params is stale; a broken certificate fails the gather
     other = dataclasses.replace(p, attack_steps=3)
     with pytest.raises(ValueError, match="ran with other params"):
-        certvit_stage.run(other, base)
+        certvit_stage.run(other, make_context(base, device=False))
     record = json.loads((work / "units" / "table1-mnist.json").read_text())
     record["modes"]["paper"]["broken"] = 1
     (work / "units" / "table1-mnist.json").write_text(json.dumps(record))
     with pytest.raises(soundness.UnsoundCertificateError, match="table1-mnist"):
-        certvit_stage.run(p, base)
+        certvit_stage.run(p, make_context(base, device=False))
     record["modes"]["paper"]["broken"] = 0
     (work / "units" / "table1-mnist.json").write_text(json.dumps(record))
     net = json.loads((work / "units" / "imagenet.json").read_text())
@@ -382,10 +375,10 @@ def test_the_stage_runs_every_mode_and_writes_its_files(tmp_path):
                        "models": {"tiny": {"paper_model": None, "modes": {"paper": {"broken": 2}}}}}
     (work / "units" / "imagenet.json").write_text(json.dumps(net))
     with pytest.raises(soundness.UnsoundCertificateError, match="imagenet"):
-        certvit_stage.run(p, base)
+        certvit_stage.run(p, make_context(base, device=False))
     assert certvit_stage.unit_params(p, "table1-mnist").dim == 8
     with pytest.raises(ValueError, match="not one of"):
-        certvit_stage.run_unit(p, base, dev, "table1-cifar10")
+        certvit_stage.run(p, make_context(base, item="table1-cifar10"))
 
 
 def test_the_imagenet_route_certifies_a_tiny_hf_vit_in_every_mode(tmp_path):

@@ -13,6 +13,7 @@ from attncert.attacks import pgd_l2
 from attncert.crown import PATCHES, CrownCertifier, CrownViT, apply_patches, certify_points
 from attncert.crown.bridge import margin_spec
 from attncert.models.vit import ViTConfig, build_vit
+from attncert.pipeline.context import make_context
 from attncert.pipeline.nbrun import read_notebook
 from attncert.pipeline.params import load_params
 from attncert.stages import crown as stage
@@ -271,13 +272,13 @@ def test_units_then_gather(tmp_path):
                       deterministic=False)
     assert stage.units(p) == ["mnist-L1", "mnist-L2"]
     with pytest.raises(ValueError, match="has not run"):
-        stage.run(p, base)
+        stage.run(p, make_context(base, device=False))
     for unit in stage.units(p):
-        rec = stage.run_unit(p, base, str(tmp_path / "processed"), unit)
+        rec = stage.run(p, make_context(base, item=unit, processed_dir=str(tmp_path / "processed")))
         assert rec["n"] == 3 and (tmp_path / "w" / "ckpt" / "mnist" / unit[-2:]).is_dir()
-    res = stage.run(p, base)
+    res = stage.run(p, make_context(base, device=False))
     part = res.datasets["mnist"]
     assert list(part.table1["depth"]) == [1, 1, 2, 2] and set(part.ratio) == {"1", "2"}
     assert (tmp_path / "w" / "crown.csv").is_file() and res.device == "cpu"
     with pytest.raises(ValueError, match="other params"):
-        stage.run(dataclasses.replace(p, n_test=2), base)
+        stage.run(dataclasses.replace(p, n_test=2), make_context(base, device=False))

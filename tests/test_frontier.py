@@ -7,11 +7,18 @@ import pandas as pd
 import pytest
 import torch
 
+from attncert.pipeline.context import make_context
 from attncert.pipeline.params import BaseParams, ParamsError, load_params, parse_section
 from attncert.stages import frontier as stage
 
 ROOT = Path(__file__).resolve().parents[1]
 PAPER = load_params(ROOT / "params.yaml")
+
+
+def _ctx(base, tv, unit=None):
+    """The frontier's context: the unit (None: the gathering stage), train_vit's recipe."""
+    return make_context(base, item=unit, processed_dir="processed", sections={"train_vit": tv},
+                        device=unit is not None)
 
 
 def test_settings_parse_and_bad_ones_are_refused():
@@ -89,30 +96,30 @@ def test_units_train_on_the_training_split_minus_the_held_out_images_then_gather
     train, val = stage.split(data, p.holdout)
     assert torch.equal(val["x"], x[40:]) and torch.equal(train["x"], x[:40])
     with pytest.raises(ValueError, match="has not run"):
-        stage.run(p, base, tv)
+        stage.run(p, _ctx(base, tv))
     for unit in stage.units(p):
-        rec = stage.run_unit(p, base, tv, "processed", unit)
+        rec = stage.run(p, _ctx(base, tv, unit))
         assert rec["n_val"] == 12 and rec["n_attacked"] == 10 and rec["broken"] == 0
         for e in ("0.1", "0.5"):  # never above what PGD leaves on the same points
             assert rec["certified_acc_attacked"][e] <= rec["pgd_acc"][e]
     assert rec["kind"] == "linear" and seen == {"mnist": "processed"}
-    again = stage.run_unit(p, base, tv, "processed", "mnist-lmt-0.2")
+    again = stage.run(p, _ctx(base, tv, "mnist-lmt-0.2"))
     assert again["checkpoint"] == "resume" and again["clean_acc"] == \
-        stage.read_unit(p, base, tv, "mnist-lmt-0.2")["clean_acc"]
-    res = stage.run(p, base, tv)
+        stage.read_unit(p, _ctx(base, tv), "mnist-lmt-0.2")["clean_acc"]
+    res = stage.run(p, _ctx(base, tv))
     assert list(res.table["setting"]) == p.settings and res.selected in p.settings[:2]
     assert res.metrics["grid_setting"] == "lmt-0.2"
     assert res.metrics["grid_is_selected"] == (res.selected == "lmt-0.2")
     assert (tmp_path / "w" / "frontier.csv").is_file()
     assert (tmp_path / "w" / "frontier.png").is_file()
     with pytest.raises(ValueError, match="other params"):
-        stage.run(dataclasses.replace(p, n_val=11), base, tv)
+        stage.run(dataclasses.replace(p, n_val=11), _ctx(base, tv))
     with pytest.raises(ValueError, match="other params"):  # the recipe is part of the key
-        stage.run(p, base, dataclasses.replace(tv, lr=0.5))
+        stage.run(p, _ctx(base, dataclasses.replace(tv, lr=0.5)))
 
 
 def test_the_cost_model_counts_every_vit_unit():
-    from attncert.cost.stages import frontier_work
+    from attncert.cost.vision_stages import frontier_work
 
     items = frontier_work(PAPER, 0)
     f = PAPER["frontier"]

@@ -4,6 +4,7 @@ import math
 
 import pytest
 import torch
+from helpers import gen as _gen
 
 from attncert.bounds import (
     GELU_LIPSCHITZ,
@@ -24,10 +25,6 @@ def _one_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(before)
-
-
-def _gen(seed):
-    return torch.Generator().manual_seed(seed)
 
 
 def _unit_rows(x):

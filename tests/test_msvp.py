@@ -2,6 +2,8 @@
 
 import pytest
 import torch
+from helpers import gen as _gen
+from helpers import randomise
 from torch import nn
 
 from attncert.layers import (
@@ -17,17 +19,8 @@ F64 = torch.float64
 DIM, HEADS = 8, 2
 
 
-def _gen(seed):
-    return torch.Generator().manual_seed(seed)
-
-
 def _mha(seed, lipschitz=False):
-    att = MultiHeadAttention(DIM, HEADS, lipschitz=lipschitz).double()
-    g = _gen(seed)
-    with torch.no_grad():
-        for p in att.parameters():
-            p.copy_(torch.randn(p.shape, generator=g, dtype=F64))
-    return att
+    return randomise(MultiHeadAttention(DIM, HEADS, lipschitz=lipschitz), seed, scale=1.0)
 
 
 def _converge(msvp, steps=80):

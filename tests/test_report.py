@@ -18,6 +18,7 @@ import pytest
 
 from attncert.figures import summary as summary_figs
 from attncert.pipeline import dvcfile
+from attncert.pipeline.context import make_context
 from attncert.pipeline.params import read_yaml, validate
 from attncert.pipeline.runs import run_name
 from attncert.report import htmlexport, paper
@@ -260,7 +261,7 @@ def test_figures_run_writes_the_summary_the_certified_table_and_the_index(metric
     shutil.copy(ROOT / "dvc.yaml", root / "dvc.yaml")
     monkeypatch.chdir(root)
     p = params["figures"]
-    res = figures_stage.run(p)
+    res = figures_stage.run(p, make_context())
     written = json.loads((root / p.summary).read_text())
     assert written == res.summary == figures_stage.summary(params, STAGES, root)
     csv = (root / p.certified_csv).read_text().splitlines()

@@ -97,7 +97,7 @@ def test_every_dataset_builder_gives_the_config_it_built_before(channels, size):
     import dataclasses
 
     from attncert import specformer as sf
-    from attncert.certvit import stage
+    from attncert.certvit import methods as stage
     from attncert.models import ViTConfig
     from attncert.stages import crown as crown_stage
 

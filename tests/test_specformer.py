@@ -13,6 +13,7 @@ from attncert.data import DataUnavailable, load_sample
 from attncert.figures import specformer as figs
 from attncert.models import ViTConfig, build_vit
 from attncert.msvp import exact_head_sigma
+from attncert.pipeline.context import make_context
 from attncert.pipeline.params import load_params
 from attncert.report import paper as paper_module
 from attncert.stages import specformer as stage
@@ -445,13 +446,13 @@ def test_units_then_gather(mirror, tmp_path):
                       deterministic=False)
     assert stage.units(p) == ["cifar10", "lambda0", "lambda1", "certified"]
     with pytest.raises(ValueError, match="has not run"):
-        stage.run(p, base)
-    records = {u: stage.run_unit(p, base, str(processed), torch.device("cpu"), u)
+        stage.run(p, make_context(base, device=False))
+    records = {u: stage.run(p, make_context(base, item=u, processed_dir=str(processed)))
                for u in stage.units(p)}
     assert records["lambda1"]["ablation"] is None  # msvp_lambda: the main runs answer it
     assert {r["lambda"] for r in records["lambda0"]["ablation"]} == {"0.001,0,0"}
     assert (tmp_path / "results" / "ckpt" / "lambda0").is_dir()
-    res = stage.run(p, base)
+    res = stage.run(p, make_context(base, device=False))
     assert len(res.trained) == 4 and res.runs == ["cifar10"]
     assert set(res.ratios.index) == {"vanilla", "specformer"} and "LayerNorm" in res.refusal
     table5 = {k.split("/")[0] for k in res.metrics["msvp_ablation"]}
@@ -462,7 +463,7 @@ def test_units_then_gather(mirror, tmp_path):
         assert res.metrics["msvp_ablation"][f"5e-05,3e-05,3e-05/{training}/{attack}"] == acc
     assert {r["model"] for r in res.metrics["certified"]} == {"lipschitz", "lipschitz + MSVP"}
     with pytest.raises(ValueError, match="other params"):
-        stage.run(dataclasses.replace(p, n_eval=10), base)
+        stage.run(dataclasses.replace(p, n_eval=10), make_context(base, device=False))
 
 
 def test_the_hub_revision_is_in_the_notes_and_fingerprint(monkeypatch, tiny_pretrained, mirror,

@@ -2,9 +2,10 @@
 
 import pytest
 import torch
+from helpers import gen as _gen
+from helpers import random_attention_weights as _weights
 
 from attncert.bounds import (
-    AttentionWeights,
     LinearOperator,
     attention_probs,
     m_operator,
@@ -18,16 +19,6 @@ from attncert.bounds import (
 )
 
 F64 = torch.float64
-
-
-def _gen(seed):
-    return torch.Generator().manual_seed(seed)
-
-
-def _weights(h, d, scale, g, dtype=F64):
-    d_h = d // h
-    mk = lambda *s: torch.randn(*s, generator=g, dtype=F64).to(dtype) * scale  # noqa: E731
-    return AttentionWeights(mk(h, d, d_h), mk(h, d, d_h), mk(h, d, d_h), mk(h, d_h, d))
 
 
 def _dense(op: LinearOperator) -> torch.Tensor:

@@ -1,10 +1,13 @@
 """The stage contract (attncert.stages): one module per dvc.yaml stage, owning its section,
-its run and its headline rows; notebooks only take their sections and call it."""
+its ``run(p, ctx)`` and its headline rows; notebooks only take their sections, set up the
+context once and call ``run``."""
 
 import ast
 import dataclasses
 import importlib
 import importlib.util
+import inspect
+import pkgutil
 from pathlib import Path
 
 import pytest
@@ -25,14 +28,37 @@ def test_stage_names_are_dvc_yaml_s():
 
 @pytest.mark.parametrize("unit_stage", sorted(stages.UNIT_STAGES))
 def test_a_unit_stage_runs_its_stage_module_s_unit(unit_stage):
-    """A unit stage's notebook calls ``run_unit`` of the module of the stage that gathers it,
-    which runs after it in dvc.yaml."""
+    """A unit stage's notebook calls ``run`` of the module of the stage that gathers it (with
+    the unit as ``ctx.item``), which runs after it in dvc.yaml."""
     owner = stages.UNIT_STAGES[unit_stage]
     notebook = next(w for w in STAGES[unit_stage]["cmd"].split() if w.startswith("notebooks/"))
     text = (ROOT / notebook).read_text()
-    assert f"from attncert.stages import {owner} as stage" in text and "stage.run_unit(" in text
-    assert callable(importlib.import_module(f"attncert.stages.{owner}").run_unit)
+    assert f"from attncert.stages import {owner} as stage" in text and "stage.run(" in text
+    assert "item=" in text, f"{notebook} does not pass its unit to setup"
     assert list(STAGES).index(unit_stage) < list(STAGES).index(owner)
+
+
+def _stage_modules() -> list[str]:
+    return sorted(m.name for m in pkgutil.iter_modules(stages.__path__))
+
+
+def test_every_stage_module_is_a_stage():
+    assert _stage_modules() == sorted(stages.STAGES)
+
+
+@pytest.mark.parametrize("stage", _stage_modules())
+def test_one_run_signature(stage):
+    """Every stage module: ``run(p, ctx)`` and no other public runner; ``SECTION`` names the
+    params.yaml section its ``Params`` parses."""
+    mod = importlib.import_module(f"attncert.stages.{stage}")
+    sig = inspect.signature(mod.run)
+    assert list(sig.parameters) == ["p", "ctx"], f"{stage}.run{sig}"
+    hints = inspect.get_annotations(mod.run, eval_str=True)
+    assert hints["p"] is mod.Params and hints["ctx"].__name__ == "Context"
+    others = [n for n, f in vars(mod).items() if n.startswith("run") and n != "run"
+              and inspect.isfunction(f) and f.__module__ == mod.__name__]
+    assert not others, f"{stage} has other runners {others}"
+    assert mod.SECTION == stage and dataclasses.is_dataclass(mod.Params)
 
 
 @pytest.mark.parametrize("stage", MOVED)

@@ -7,6 +7,7 @@ import types
 
 import pytest
 import torch
+from helpers import gen as _gen
 
 from attncert import certify
 from attncert.bounds import olsa_layer_lipschitz
@@ -42,10 +43,6 @@ from attncert.text.train_text import (
 from attncert.training.train import train as train_loop
 
 F64 = torch.float64
-
-
-def _gen(seed):
-    return torch.Generator().manual_seed(seed)
 
 
 # -- tokenizer -------------------------------------------------------------------------------

@@ -10,6 +10,7 @@ import torch
 from matplotlib.figure import Figure
 
 from attncert.figures import text as figs
+from attncert.pipeline.context import make_context
 from attncert.report import paper
 from attncert.text.evaluate import (
     attention_statistics,
@@ -384,10 +385,10 @@ def test_the_stage_trains_yelp_and_qqp_and_reports_a_skipped_dataset(tmp_path, m
                    processed / "qqp.pt")
         if what == "ok":
             with pytest.raises(ValueError, match="has not run"):
-                stage.run(p, base)
+                stage.run(p, make_context(base, device=False))
         for unit in stage.UNITS:  # each its own DVC stage
-            stage.run_unit(p, base, str(processed), unit)
-        r = stage.run(p, base)
+            stage.run(p, make_context(base, item=unit, processed_dir=str(processed)))
+        r = stage.run(p, make_context(base, device=False))
         m = json.loads((tmp_path / "text.json").read_text())
         assert list(r.jobs["model"]) == list(stage.jobs(p, r.data["vocab"]))  # its order
         assert set(m["models"]) == set(r.jobs["model"])
@@ -417,7 +418,7 @@ def test_the_stage_trains_yelp_and_qqp_and_reports_a_skipped_dataset(tmp_path, m
         assert table.loc[("qqp", "frozen-olsa"), "paper_avg_radius"] == frozen["paper"]
         assert (tmp_path / "results" / "datasets.csv").is_file()
     with pytest.raises(ValueError, match="other params"):
-        stage.run(dataclasses.replace(p, n_attack=2), base)
+        stage.run(dataclasses.replace(p, n_attack=2), make_context(base, device=False))
 
 
 def test_the_text_section_refuses_unknown_or_inconsistent_datasets():

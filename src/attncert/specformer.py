@@ -21,7 +21,7 @@ Two routes per method: ``scratch`` builds and trains the ViT of :func:`base_mode
 or ``save_pretrained`` folder, e.g. ImageNet ViT-S/16 or DeiT-Ti as in SpecFormer's tables) is
 read by :func:`attncert.certvit.load_model` into the same standard ViT, given a head for the
 dataset's classes and the dataset's images upsampled inside the model
-(:func:`attncert.certvit.stage.fit_to_dataset`, so eps stays in the dataset's pixel space), and
+(:func:`attncert.certvit.methods.fit_to_dataset`, so eps stays in the dataset's pixel space), and
 fine-tuned (:func:`finetune_run`). Only vanilla and SpecFormer fit pre-trained weights
 (:data:`PRETRAINED_METHODS`); MSVP then penalises the checkpoint's own per-head W^Q, W^K, W^V.
 """
@@ -41,7 +41,7 @@ from torch import Tensor, nn
 
 from attncert import attacks
 from attncert.certvit.load import hub_revision, load_model
-from attncert.certvit.stage import fit_to_dataset, phase_fingerprint
+from attncert.certvit.methods import fit_to_dataset, phase_fingerprint
 from attncert.data import as_float, subset_indices
 from attncert.models import ViT, ViTConfig, build_vit
 from attncert.msvp import MSVP, exact_head_sigma, sigma_rows
@@ -118,7 +118,7 @@ def pretrained_model(source: str | Path, data: Mapping[str, Any], image_size: in
     """The standard ViT of a pre-trained ``source`` (hub id or ``save_pretrained`` folder, via
     :func:`attncert.certvit.load_model`) fitted to ``data``: a seeded head for its classes and
     its images upsampled inside the model to ``image_size`` (integer factor;
-    :func:`attncert.certvit.stage.fit_to_dataset`). Returns the model (CPU, eval mode) and one
+    :func:`attncert.certvit.methods.fit_to_dataset`). Returns the model (CPU, eval mode) and one
     note per change, the hub revision loaded first (part of the fine-tune's checkpoint
     fingerprint). Raises ValueError when the checkpoint's input size is not ``image_size``.
     """
@@ -138,7 +138,7 @@ def finetune_run(source: str | Path, train_cfg: TrainConfig, data: Mapping[str, 
     """Fine-tune the pre-trained ``source`` (:func:`pretrained_model`, head seeded with
     ``train_cfg.seed``) on ``data`` at ``precision``: (model, per-epoch rows, checkpoint
     status). The checkpoint in ``ckpt_dir`` resumes only for the same starting weights, model
-    and training config, data and precision (:func:`attncert.certvit.stage.phase_fingerprint`).
+    and training config, data and precision (:func:`attncert.certvit.methods.phase_fingerprint`).
     """
     precision = resolve_precision(precision, resolve_device(device))
     model, notes = pretrained_model(source, data, image_size, train_cfg.seed)

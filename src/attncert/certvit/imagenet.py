@@ -21,7 +21,7 @@ from typing import Any
 import torch
 
 from attncert import soundness
-from attncert.certvit import stage as cv
+from attncert.certvit import methods as cv
 from attncert.certvit.adapt import adapt, calibrate_radii
 from attncert.certvit.certificate import certify, global_bound
 from attncert.certvit.douglas_rachford import DRConfig

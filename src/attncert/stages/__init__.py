@@ -2,23 +2,27 @@
 
 A stage module owns everything about its stage that is not a reusable method:
 
-- ``Params``: its params.yaml section, a frozen dataclass checked by :mod:`attncert.pipeline.params`
-  (registered there in ``SECTIONS`` as ``"attncert.stages.<stage>:Params"``);
-- ``run(...)``: the stage's plan, from the validated section(s) to the metrics file and
-  artefacts it writes; it returns what the notebook shows;
+- ``SECTION`` and ``Params``: its params.yaml section, a frozen dataclass checked by
+  :mod:`attncert.pipeline.params` (registered there in ``SECTIONS``); ``SECTIONS``: the other
+  sections it reads, by name (the frontier reads ``train_vit``);
+- ``run(p, ctx)``: the stage's plan, from its typed section ``p`` and the
+  :class:`~attncert.pipeline.context.Context` (the resolved device and precision, the grid
+  point or unit, paths) to the metrics file and artefacts it writes, soundness checks
+  included; it returns what the notebook shows;
 - ``headline_rows(metrics, item)``: the rows of its metrics file that the report and README
   show (:mod:`attncert.report.headline`); ``figures``, whose metrics file is the summary of the
   others' rows, has none.
 
-The stage's notebook only takes its sections (passed whole by :mod:`attncert.pipeline.nbrun`), calls
-``run`` and shows tables and figures. dvc.yaml lists the modules each stage imports
-(``tests/test_dvc_deps.py``): a stage depends on its own module, never on the others' (nbrun
-validates every section before a stage starts, importing the owners by name), except
-``figures``, whose report reads every stage's rows.
+The stage's notebook takes its sections (passed whole by :mod:`attncert.pipeline.nbrun`),
+calls :func:`attncert.pipeline.context.setup` once and ``run``, and shows tables and figures.
+dvc.yaml lists the modules each stage imports (``tests/test_dvc_deps.py``): a stage depends on
+its own module, never on the others' (nbrun validates every section before a stage starts),
+except ``figures``, whose report reads every stage's rows.
 
 A stage split into independent units (so that several GPUs share it) has unit stages in
-dvc.yaml (:data:`UNIT_STAGES`): their notebooks call the owning module's ``run_unit``, which
-writes one record per unit; the stage itself (``run``) gathers the records.
+dvc.yaml (:data:`UNIT_STAGES`): their notebooks call the owning module's ``run`` with the unit
+as ``ctx.item``, which writes one record per unit; the gathering stage calls it with
+``ctx.item`` None and reads the records.
 """
 
 #: the pipeline's stages in order (dvc.yaml), each owned by its module

@@ -25,9 +25,9 @@ from attncert.data import as_float, load_processed
 from attncert.figures import vit as figs
 from attncert.models import ViTConfig
 from attncert.models.vit import load_vit
+from attncert.pipeline.context import Context
 from attncert.pipeline.io import atomic_path, write_json
 from attncert.pipeline.params import (
-    BaseParams,
     nonneg,
     one_of,
     one_of_numbers,
@@ -35,8 +35,10 @@ from attncert.pipeline.params import (
     positive,
     unique,
 )
-from attncert.pipeline.runs import GridPoint
 from attncert.report.headline import middle_eps, numbers, row
+
+#: this module's params.yaml section
+SECTION = "certify_vit"
 
 
 @dataclass(frozen=True)
@@ -74,13 +76,14 @@ class Certified:
     samples: Path  # samples.csv
 
 
-def run(p: Params, base: BaseParams, point: GridPoint, processed_dir: str,
-        device: torch.device) -> Certified:
-    """Certify, attack and audit the point's model; write its results (a broken certificate
-    raises :class:`attncert.soundness.UnsoundCertificateError` after they are written)."""
+def run(p: Params, ctx: Context) -> Certified:
+    """Certify, attack and audit the model of the grid point ``ctx.point`` on ``ctx.device``;
+    write its results (a broken certificate raises
+    :class:`attncert.soundness.UnsoundCertificateError` after they are written)."""
+    point, device, base = ctx.point, ctx.device, ctx.require_base()
     out_dir = Path(p.results_dir) / point.name
     model = load_vit(point.run_dir / "model.pt", device).double()
-    data = load_processed(point.dataset, processed_dir)
+    data = load_processed(point.dataset, ctx.processed_dir)
     n = len(data["test"]["y"]) if p.n_test == 0 else min(p.n_test, len(data["test"]["y"]))
     x = as_float(data["test"]["x"][:n]).double().to(device)
     y = data["test"]["y"][:n].to(device)

@@ -38,6 +38,7 @@ from attncert.data import as_float, load_processed
 from attncert.figures import crown as figs
 from attncert.models import ViTConfig, build_vit
 from attncert.pipeline import runs
+from attncert.pipeline.context import Context
 from attncert.pipeline.io import atomic_path, write_json
 from attncert.pipeline.params import (
     NORMALIZE,
@@ -62,6 +63,10 @@ from attncert.training.train import TrainConfig, evaluate, resolve_device, train
 #: LoFAST's certificate variants compared with CROWN (pairwise test); the CROWN methods are
 #: the keys of :data:`attncert.crown.METHODS` (crown, alpha_crown).
 LOFAST_VARIANTS = ("lofast_M", "lofast_xi")
+
+
+#: this module's params.yaml section
+SECTION = "crown"
 
 
 @dataclass(frozen=True)
@@ -153,12 +158,18 @@ def units(p: Params) -> list[str]:
 
 
 def unit_file(p: Params, unit: str) -> Path:
-    """Where :func:`run_unit` writes the unit's record (JSON)."""
+    """Where :func:`_run_unit` writes the unit's record (JSON)."""
     return Path(p.work_dir) / "units" / f"{unit}.json"
 
 
-def run_unit(p: Params, base: BaseParams, processed_dir: str, unit: str) -> dict[str, Any]:
-    """One unit of :func:`units` (``<dataset>-L<depth>``): train its ViT on ``base.device``
+def run(p: Params, ctx: Context) -> dict[str, Any] | Result:
+    """``ctx.item``: one unit of :func:`units` (:func:`_run_unit`: its record); ``None``: the
+    gathering stage (:func:`_gather`: what the notebook shows)."""
+    return _gather(p, ctx) if ctx.item is None else _run_unit(p, ctx, ctx.item)
+
+
+def _run_unit(p: Params, ctx: Context, unit: str) -> dict[str, Any]:
+    """One unit of :func:`units` (``<dataset>-L<depth>``): train its ViT on ``ctx.device``
     (checkpoint in ``work_dir/ckpt/<dataset>/L<depth>``), certify the first ``n_test`` test
     points by LoFAST and every CROWN method (its own ``time_budget``), audit them with PGD;
     write the record to :func:`unit_file` (before the checks, so a failure can be inspected)
@@ -170,14 +181,14 @@ def run_unit(p: Params, base: BaseParams, processed_dir: str, unit: str) -> dict
     dataset, depth = unit.rsplit("-L", 1)
     depth = int(depth)
     t0 = time.perf_counter()
-    dev = resolve_device(base.device)
-    data = load_processed(dataset, processed_dir)
+    base, dev = ctx.require_base(), ctx.device
+    data = load_processed(dataset, ctx.processed_dir)
     n = min(p.n_test, len(data["test"]["y"]))
     x = as_float(data["test"]["x"][:n]).to(dev, torch.float64)
     y = data["test"]["y"][:n].to(dev)
     model, acc, secs = train_model(data, p, depth, base.seed,
                                    Path(p.work_dir) / "ckpt" / dataset / f"L{depth}", dev,
-                                   base.precision)
+                                   ctx.precision)
     lo = lofast_frame(model.double(), x, y, p.lofast_variant, p.cert_eps)
     certified = {e: torch.tensor(lo[f"certified_{e}"].to_numpy()) for e in p.cert_eps}
     radii = {"lofast": grid_radius(certified)}
@@ -221,17 +232,18 @@ def check_unit(record: Mapping[str, Any], max_error_share: float, where: str) ->
 
 
 def read_unit(p: Params, base: BaseParams, unit: str) -> dict[str, Any]:
-    """The record :func:`run_unit` wrote for ``unit``; ValueError when it is missing or was
+    """The record :func:`_run_unit` wrote for ``unit``; ValueError when it is missing or was
     computed from other params (run the unit's DVC stage first)."""
     return read_record(unit_file(p, unit), unit_key("crown", p, base),
                        f"the crown unit {unit!r}", f"crown_unit@{unit.replace('-L', '-')}")
 
 
-def run(p: Params, base: BaseParams) -> Result:
+def _gather(p: Params, ctx: Context) -> Result:
     """Gather every unit's record (:func:`read_unit`), dataset by dataset: write lofast.csv
     and crown.csv (one ``dataset`` column), each dataset's tables as PNGs under ``work_dir``
     and the metrics file: ``{"datasets": {name: ...}, "eps", "depths", "broken",
     "stage_seconds"}``. Reads records only (no device); the units' checks run again."""
+    base = ctx.require_base()
     t0 = time.perf_counter()
     out = Path(p.work_dir)
     records = {u: read_unit(p, base, u) for u in units(p)}

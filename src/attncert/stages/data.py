@@ -13,9 +13,13 @@ from dataclasses import dataclass
 from typing import Any
 
 from attncert import data
+from attncert.pipeline.context import Context
 from attncert.pipeline.io import write_json
 from attncert.pipeline.params import DATASETS, SAMPLE_SETS, nonneg, one_of, param, positive, unique
 from attncert.report.headline import row
+
+#: this module's params.yaml section
+SECTION = "data"
 
 
 @dataclass(frozen=True)
@@ -39,8 +43,9 @@ class Params:
     metrics: str = param()
 
 
-def run(p: Params) -> list[dict[str, Any]]:
-    """Prepare every dataset; write the metrics file (one row per dataset); return the rows."""
+def run(p: Params, ctx: Context) -> list[dict[str, Any]]:
+    """Prepare every dataset; write the metrics file (one row per dataset); return the rows.
+    Reads no other section (``ctx`` is empty)."""
     summary = data.prepare(p.datasets, p.samples, p.mirror, p.raw_dir, p.processed_dir,
                            p.download, p.max_train, p.max_test, p.subset_seed,
                            optional=p.optional, imagenet_val_images=p.imagenet_val_images)

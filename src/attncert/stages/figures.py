@@ -21,8 +21,8 @@ import pandas as pd
 
 from attncert.certvit.steps import BASELINE
 from attncert.figures import summary as figs
+from attncert.pipeline.context import Context
 from attncert.pipeline.dvcfile import (
-    DVC_FILE,
     StageRun,
     collect,
     read_stages,
@@ -31,8 +31,8 @@ from attncert.pipeline.dvcfile import (
     stage_runs,
 )
 from attncert.pipeline.io import atomic_path, write_json
-from attncert.pipeline.params import PARAMS_FILE, load_params, param, unique
 from attncert.pipeline.params import Params as AllParams
+from attncert.pipeline.params import load_params, param, unique
 from attncert.report import rows as report
 from attncert.report.htmlexport import KEY_FIGURES, html_export
 
@@ -42,6 +42,10 @@ FIGURES_STAGE = "figures"
 
 class MissingMetricsError(FileNotFoundError):
     """A stage listed as required has not written its metrics."""
+
+
+#: this module's params.yaml section
+SECTION = "figures"
 
 
 @dataclass(frozen=True)
@@ -161,13 +165,13 @@ class Result:
         return self.summary["stages"][stage]["rows"]
 
 
-def run(p: Params, params_file: str | Path = PARAMS_FILE,
-        dvc_file: str | Path = DVC_FILE) -> Result:
-    """Read every stage's metrics as dvc.yaml declares them; write summary.json, the
-    certified-accuracy CSV and the HTML export of every executed notebook (this stage's own
-    page is written after its notebook finishes, by ``python -m attncert.report html``)."""
-    params = load_params(params_file)
-    stages = read_stages(dvc_file)
+def run(p: Params, ctx: Context) -> Result:
+    """Read every stage's metrics as ``ctx.dvc_file`` declares them (resolved with
+    ``ctx.params_file``); write summary.json, the certified-accuracy CSV and the HTML export of
+    every executed notebook (this stage's own page is written after its notebook finishes, by
+    ``python -m attncert.report html``)."""
+    params = load_params(ctx.params_file)
+    stages = read_stages(ctx.dvc_file)
     runs = stage_runs(stages, params)
     loaded = collect(runs)
     result = summary(params, stages, required=p.required)

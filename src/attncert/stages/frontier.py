@@ -41,9 +41,9 @@ from attncert.data import as_float, load_processed
 from attncert.figures import frontier as figs
 from attncert.models import build_vit
 from attncert.pipeline import runs
+from attncert.pipeline.context import Context
 from attncert.pipeline.io import atomic_path, write_json
 from attncert.pipeline.params import (
-    BaseParams,
     fail,
     image_datasets,
     nonempty,
@@ -55,8 +55,7 @@ from attncert.pipeline.records import read_record, unit_key
 from attncert.pipeline.runs import GridPoint
 from attncert.report.headline import numbers, row
 from attncert.stages import train_vit
-from attncert.training.precision import resolve_precision
-from attncert.training.train import TrainConfig, evaluate, resolve_device, train_resumable
+from attncert.training.train import TrainConfig, evaluate, train_resumable
 
 #: setting kinds: ``<kind>-<value>``
 KINDS = {"lmt": "LMT logit offset", "lofast": "LoFAST certified training at radius",
@@ -86,6 +85,11 @@ def settings_ok(key: str, v: list) -> None:
             fail(key, str(exc))
     if not any(parse_setting(s)[0] != "linear" for s in v):
         fail(key, "needs at least one ViT setting (lmt-* or lofast-*)")
+
+
+#: this module's params.yaml section, and the other sections it reads
+SECTION = "frontier"
+SECTIONS = {"train_vit": train_vit.Params}
 
 
 @dataclass(frozen=True)
@@ -137,8 +141,9 @@ def unit_file(p: Params, unit: str) -> Path:
     return Path(p.work_dir) / "units" / f"{unit}.json"
 
 
-def _key(p: Params, base: BaseParams, tv: train_vit.Params) -> dict[str, Any]:
-    return unit_key("frontier", p, base) | unit_key("train_vit", tv, base)
+def _key(p: Params, ctx: Context) -> dict[str, Any]:
+    return (unit_key("frontier", p, ctx.require_base())
+            | unit_key("train_vit", ctx.section("train_vit"), ctx.require_base()))
 
 
 def split(data: Mapping[str, Any], holdout: int) -> tuple[dict, dict]:
@@ -176,11 +181,19 @@ def train_config(p: Params, tv: train_vit.Params, kind: str, value: float,
     return dataclasses.replace(cfg, margin="lofast", lofast_eps=value)
 
 
-def run_unit(p: Params, base: BaseParams, tv: train_vit.Params, processed_dir: str,
-             unit: str) -> dict[str, Any]:
+def run(p: Params, ctx: Context) -> dict[str, Any] | Result:
+    """``ctx.item``: one unit of :func:`units` (:func:`_run_unit`: its record); ``None``: the
+    gathering stage (:func:`_gather`: the :class:`Result`). The ViTs train with
+    ``ctx.sections["train_vit"]``'s recipe."""
+    return _gather(p, ctx) if ctx.item is None else _run_unit(p, ctx, ctx.item)
+
+
+def _run_unit(p: Params, ctx: Context, unit: str) -> dict[str, Any]:
     """One unit (``<dataset>-<setting>``): train (resumable, ``work_dir/ckpt/<unit>``),
     certify and attack on the validation points; write the record (before the soundness
     check, so a failure can be inspected) and return it."""
+    base, tv = ctx.require_base(), ctx.section("train_vit")
+    dev, precision = ctx.device, ctx.precision
     if unit not in units(p):
         raise ValueError(f"frontier unit {unit!r}: not one of {units(p)}")
     dataset = next(d for d in p.datasets if unit.startswith(f"{d}-")
@@ -188,8 +201,7 @@ def run_unit(p: Params, base: BaseParams, tv: train_vit.Params, processed_dir: s
     setting = unit[len(dataset) + 1:]
     kind, value = parse_setting(setting)
     t0 = time.perf_counter()
-    dev = resolve_device(base.device)
-    data = load_processed(dataset, processed_dir)
+    data = load_processed(dataset, ctx.processed_dir)
     train, val = split(data, p.holdout)
     cfg = train_config(p, tv, kind, value, base.seed)
     torch.manual_seed(base.seed)
@@ -198,7 +210,6 @@ def run_unit(p: Params, base: BaseParams, tv: train_vit.Params, processed_dir: s
     else:
         point = GridPoint(p.work_dir, dataset, p.depth, p.heads, p.gamma_vo)
         model = build_vit(train_vit.model_config(tv, point, data))
-    precision = resolve_precision(base.precision, dev)
     fp = runs.fingerprint(model.config, cfg, dataset,
                           f"{data['source']}; training split minus its last {p.holdout}",
                           precision)
@@ -228,7 +239,7 @@ def run_unit(p: Params, base: BaseParams, tv: train_vit.Params, processed_dir: s
                              p.attack_steps, p.attack_restarts, base.seed, p.cert_batch_size,
                              progress=True)
     record = {
-        "unit": unit, "key": _key(p, base, tv), "device": str(dev), "dataset": dataset,
+        "unit": unit, "key": _key(p, ctx), "device": str(dev), "dataset": dataset,
         "setting": setting, "kind": kind, "value": value, "n_val": n, "n_attacked": m,
         "checkpoint": status, "epochs": len(curves),
         "train_seconds": sum(r["seconds"] for r in curves),
@@ -254,9 +265,9 @@ def check_unit(record: Mapping[str, Any], where: str) -> None:
                                               record["pgd_acc"])}, see=where)
 
 
-def read_unit(p: Params, base: BaseParams, tv: train_vit.Params, unit: str) -> dict[str, Any]:
-    """The record :func:`run_unit` wrote; ValueError when missing or stale."""
-    return read_record(unit_file(p, unit), _key(p, base, tv), f"the frontier unit {unit!r}",
+def read_unit(p: Params, ctx: Context, unit: str) -> dict[str, Any]:
+    """The record :func:`_run_unit` wrote; ValueError when missing or stale."""
+    return read_record(unit_file(p, unit), _key(p, ctx), f"the frontier unit {unit!r}",
                        f"frontier_unit@{unit}")
 
 
@@ -297,11 +308,12 @@ class Result:
     metrics: dict[str, Any]
 
 
-def run(p: Params, base: BaseParams, tv: train_vit.Params) -> Result:
+def _gather(p: Params, ctx: Context) -> Result:
     """Gather every unit's record: write ``work_dir``'s frontier.csv and frontier.png and the
     metrics file. Reads records only (no device); the units' checks run again."""
     t0 = time.perf_counter()
-    records = [read_unit(p, base, tv, u) for u in units(p)]
+    tv = ctx.section("train_vit")
+    records = [read_unit(p, ctx, u) for u in units(p)]
     for rec in records:
         check_unit(rec, str(unit_file(p, rec["unit"])))
     table = frame(records, p.cert_eps)

@@ -26,6 +26,7 @@ from attncert import certify
 from attncert import specformer as sf
 from attncert.data import as_float, load_processed
 from attncert.models import ViTConfig
+from attncert.pipeline.context import Context
 from attncert.pipeline.io import atomic_path, write_json
 from attncert.pipeline.params import (
     AUGMENTS,
@@ -47,6 +48,9 @@ from attncert.report import paper
 from attncert.report.headline import numbers, row, scale_caveat
 from attncert.training.loop import OPTIMIZERS
 from attncert.training.train import TrainConfig
+
+#: this module's params.yaml section
+SECTION = "specformer"
 
 
 @dataclass(frozen=True)
@@ -238,16 +242,22 @@ def _write_csv(frame: pd.DataFrame, path: Path) -> None:
         frame.to_csv(tmp, index=False)
 
 
-def run_unit(p: Params, base: BaseParams, processed_dir: str, device: torch.device,
-             unit: str) -> dict[str, Any]:
-    """Train, attack (and for the first dataset time and check) one unit of :func:`units`;
-    write its record to :func:`unit_file` and return it. Checkpoints go under
+def run(p: Params, ctx: Context) -> dict[str, Any] | Result:
+    """``ctx.item``: one unit of :func:`units` (:func:`_run_unit`: its record); ``None``: the
+    gathering stage (:func:`_gather`: what the notebook shows)."""
+    return _gather(p, ctx) if ctx.item is None else _run_unit(p, ctx, ctx.item)
+
+
+def _run_unit(p: Params, ctx: Context, unit: str) -> dict[str, Any]:
+    """Train, attack (and for the first dataset time and check) one unit of :func:`units` on
+    ``ctx.device``; write its record to :func:`unit_file` and return it. Checkpoints go under
     :func:`unit_ckpt` (an interrupted unit resumes)."""
     if unit not in units(p):
         raise ValueError(f"specformer unit {unit!r}: not one of {units(p)}")
-    seed, precision = base.seed, base.precision
+    base, device = ctx.require_base(), ctx.device
+    seed, precision = base.seed, ctx.precision
     dataset = unit if unit in p.datasets else p.datasets[0]
-    data = sf.subset_train(load_processed(dataset, processed_dir), p.max_train, seed)
+    data = sf.subset_train(load_processed(dataset, ctx.processed_dir), p.max_train, seed)
     record: dict[str, Any] = {
         "unit": unit, "key": unit_key("specformer", p, base), "device": str(device),
         "data": f"{dataset}: {len(data['train']['y'])} training / {len(data['test']['y'])} "
@@ -361,9 +371,10 @@ def _dvc_stage(p: Params, unit: str) -> str:
     return f"specformer_runs@{unit}" if unit in p.datasets else f"specformer_table5@{unit}"
 
 
-def run(p: Params, base: BaseParams) -> Result:
+def _gather(p: Params, ctx: Context) -> Result:
     """Gather every unit's record (:func:`read_unit`): write the CSVs under ``results_dir`` and
     the metrics file; return what the notebook shows. Reads records only (no device)."""
+    base = ctx.require_base()
     out = Path(p.results_dir)
     records = {u: read_unit(p, base, u) for u in units(p)}
     main = [records[d] for d in p.datasets]

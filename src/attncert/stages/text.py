@@ -7,10 +7,10 @@ OLSA (its Table 2), the attention sweep of the deepest (and OLSA's averaged resi
 main runs use the gated one), Kim et al.'s L2 attention, a standard transformer of the same
 size, LoFAST's small-BERT grid and an OLSA head over a frozen encoder. The jobs run in
 independent units (:data:`UNITS`, each one DVC stage: several GPUs share the stage), each job
-resumably in ``results_dir/ckpt/<unit>/<name>``; :func:`run` gathers them. Every job gets the
+resumably in ``results_dir/ckpt/<unit>/<name>``; :func:`run` runs one or gathers them. Every job gets the
 same read-out
-(:func:`attncert.text.evaluate.evaluate_model`); the PGD audit's rows are returned, shown by
-the notebook, then checked by :func:`attncert.soundness.require_sound`.
+(:func:`attncert.text.evaluate.evaluate_model`); the PGD audit's rows are checked by
+:func:`attncert.soundness.require_sound` in each unit and again when they are gathered.
 """
 
 from __future__ import annotations
@@ -26,7 +26,9 @@ from typing import Any, NamedTuple
 import pandas as pd
 import torch
 
+from attncert import soundness
 from attncert.data import dataset_skipped, load_processed
+from attncert.pipeline.context import Context
 from attncert.pipeline.io import atomic_path, write_json
 from attncert.pipeline.params import (
     BaseParams,
@@ -51,7 +53,6 @@ from attncert.text.olsa import RESIDUALS as OLSA_RESIDUALS
 from attncert.text.standard import StandardTextTransformer
 from attncert.text.tokenize import load_tokenizer
 from attncert.text.train_text import TextTrainConfig, encode_split, select_splits, train_model
-from attncert.training.train import resolve_device
 
 #: Bound variants of attncert.certify usable on LoFAST's text transformer (pairwise test).
 LOFAST_VARIANTS = ("lofast_M", "lofast_xi", "naive", "global")
@@ -60,6 +61,10 @@ LOFAST_VARIANTS = ("lofast_M", "lofast_xi", "naive", "global")
 #: frozen-encoder head where listed in ``frozen_datasets`` (QQP as sentence pairs).
 TEXT_DATASETS = ("sst2", "yelp_polarity", "qqp")
 STUDY = "sst2"
+
+
+#: this module's params.yaml section
+SECTION = "text"
 
 
 @dataclass(frozen=True)
@@ -472,15 +477,23 @@ def _settings(p: Params, base: BaseParams, dev_: torch.device
     return common, evaluation
 
 
-def run_unit(p: Params, base: BaseParams, processed_dir: str, unit: str) -> dict[str, Any]:
-    """Train and evaluate the jobs of one unit of :data:`UNITS` (checkpoints in
-    ``results_dir/ckpt/<unit>/<model>``: an interrupted unit resumes); write its record to
-    :func:`unit_file` and return it."""
+def run(p: Params, ctx: Context) -> dict[str, Any] | Result:
+    """``ctx.item``: one unit of :data:`UNITS` (:func:`_run_unit`: its record); ``None``: the
+    gathering stage (:func:`_gather`: what the notebook shows)."""
+    return _gather(p, ctx) if ctx.item is None else _run_unit(p, ctx, ctx.item)
+
+
+def _run_unit(p: Params, ctx: Context, unit: str) -> dict[str, Any]:
+    """Train and evaluate the jobs of one unit of :data:`UNITS` on ``ctx.device``
+    (checkpoints in ``results_dir/ckpt/<unit>/<model>``: an interrupted unit resumes); write
+    its record to :func:`unit_file` and return it; then its soundness audit (a broken
+    certificate raises :class:`attncert.soundness.UnsoundCertificateError`, the record kept
+    for inspection)."""
     if unit not in UNITS:
         raise ValueError(f"text unit {unit!r}: not one of {UNITS}")
+    base, dev_, processed_dir = ctx.require_base(), ctx.device, ctx.processed_dir
     t0 = time.perf_counter()
     torch.manual_seed(base.seed)
-    dev_ = resolve_device(base.device)
     folder = Path(p.results_dir) / "ckpt" / unit
     folder.mkdir(parents=True, exist_ok=True)  # a DVC output, even for a unit with no job
     common, evaluation = _settings(p, base, dev_)
@@ -523,20 +536,22 @@ def run_unit(p: Params, base: BaseParams, processed_dir: str, unit: str) -> dict
             record["audits"] = {f"{unit}/{m}": rows for m, rows in fitted.audits.items()}
     record["seconds"] = time.perf_counter() - t0
     write_json(unit_file(p, unit), record)
+    soundness.require_sound(record["audits"], see=str(unit_file(p, unit)))
     return record
 
 
 def read_unit(p: Params, base: BaseParams, unit: str) -> dict[str, Any]:
-    """The record :func:`run_unit` wrote for ``unit``; ValueError when it is missing or was
+    """The record :func:`_run_unit` wrote for ``unit``; ValueError when it is missing or was
     computed from other params (run the unit's DVC stage first)."""
     return read_record(unit_file(p, unit), unit_key("text", p, base),
                        f"the text unit {unit!r}", f"text_unit@{unit}")
 
 
-def run(p: Params, base: BaseParams) -> Result:
+def _gather(p: Params, ctx: Context) -> Result:
     """Gather every unit's record (:func:`read_unit`): write ``results_dir`` (models.csv,
     curves.csv, datasets.csv, the figures) and the metrics file; return what the notebook
     shows. Reads records only (no device, no data)."""
+    base = ctx.require_base()
     import matplotlib.pyplot as plt
 
     from attncert.figures import text as figs  # seaborn: not on the path of params checks
@@ -625,6 +640,7 @@ def run(p: Params, base: BaseParams) -> Result:
         "broken": int(table["broken"].sum()) + sum(e.get("broken", 0) for e in others.values()),
         "seconds": seconds})
     audit = pd.DataFrame([{"model": name, **r} for name, rows in audits.items() for r in rows])
+    soundness.require_sound(audits, see=str(p.metrics))  # every unit's audit, once more
     return Result(
         data=data, jobs=pd.DataFrame(todo_rows),
         table=table, audit=audit, audits=audits, versus=versus, verdict=verdict,

@@ -14,9 +14,9 @@ import pandas as pd
 import torch
 
 from attncert import tightness
+from attncert.pipeline.context import Context
 from attncert.pipeline.io import write_json
 from attncert.pipeline.params import (
-    BaseParams,
     ParamsError,
     nonneg,
     one_of_numbers,
@@ -24,7 +24,9 @@ from attncert.pipeline.params import (
     positive,
 )
 from attncert.report.headline import eps_match, numbers, row, scale_caveat
-from attncert.training.train import resolve_device
+
+#: this module's params.yaml section
+SECTION = "tightness"
 
 
 @dataclass(frozen=True)
@@ -78,9 +80,10 @@ class Result:
         return self.table3[self.table3.method != "SpecFormer"]
 
 
-def run(p: Params, base: BaseParams) -> Result:
-    """Measure Table 3 and Figures 1, 3, 4 on the study's layer; write the metrics file."""
-    dev = resolve_device(base.device)
+def run(p: Params, ctx: Context) -> Result:
+    """Measure Table 3 and Figures 1, 3, 4 on the study's layer on ``ctx.device``; write the
+    metrics file."""
+    base, dev = ctx.require_base(), ctx.device
     seed, steps, restarts = base.seed, p.attack_steps, p.attack_restarts
     w, x, layer_source = tightness.study_layer(p.checkpoint, p.inputs, p.n_tokens, p.dim,
                                                p.heads, p.samples, p.gamma_qk, p.gamma_vo,

@@ -19,13 +19,13 @@ from attncert.data import load_processed
 from attncert.models import ViTConfig, build_vit, save_vit
 from attncert.models.config import KINDS
 from attncert.pipeline import runs
+from attncert.pipeline.context import Context
 from attncert.pipeline.io import write_json
 from attncert.pipeline.params import (
     AUGMENTS,
     NORMALIZE,
     VIT_BLOCKS,
     VIT_POOLS,
-    BaseParams,
     ParamsError,
     nonneg,
     one_of,
@@ -35,13 +35,16 @@ from attncert.pipeline.params import (
 )
 from attncert.pipeline.runs import GridPoint
 from attncert.report.headline import numbers, row
-from attncert.training.precision import resolve_precision
 from attncert.training.train import ADVERSARIAL, TrainConfig, evaluate, train_resumable
 
 #: the training margins of the grid (``attncert.training.train`` also has "radius", not offered here);
 #: "lofast": the pairwise certificate's test with LoFAST's bound at a training radius
 #: (:mod:`attncert.training.certified_training`)
 MARGINS = ("none", "lmt", "olsa", "lofast")
+
+
+#: this module's params.yaml section
+SECTION = "train_vit"
 
 
 @dataclass(frozen=True)
@@ -134,21 +137,21 @@ class Trained:
     metrics: dict[str, Any]  # metrics.json
 
 
-def run(p: Params, base: BaseParams, point: GridPoint, processed_dir: str,
-        device: torch.device) -> Trained:
-    """Train (or resume) the point's ViT; write ``model.pt`` and ``metrics.json``."""
-    data = load_processed(point.dataset, processed_dir)
+def run(p: Params, ctx: Context) -> Trained:
+    """Train (or resume) the grid point ``ctx.point``'s ViT on ``ctx.device`` at
+    ``ctx.precision``; write ``model.pt`` and ``metrics.json``."""
+    point, device, precision = ctx.point, ctx.device, ctx.precision
+    data = load_processed(point.dataset, ctx.processed_dir)
     model_cfg = model_config(p, point, data)
-    train_cfg = train_config(p, base.seed)
-    precision = resolve_precision(base.precision, device)
+    train_cfg = train_config(p, ctx.seed)
     fp = runs.fingerprint(model_cfg, train_cfg, point.dataset, data["source"], precision)
-    torch.manual_seed(base.seed)
+    torch.manual_seed(ctx.seed)
     model = build_vit(model_cfg)
     n_params = sum(t.numel() for t in model.parameters())
     curves, status = train_resumable(model, data["train"], data["test"], train_cfg,
                                      point.run_dir / "ckpt", device, fingerprint=fp,
                                      metrics_path=point.run_dir / "train.json",
-                                     precision=base.precision)
+                                     precision=precision)
     save_vit(model, point.run_dir / "model.pt")
     final = evaluate(model, data["test"], device, p.eval_batch_size)
     metrics = {"run": point.name, "dataset": point.dataset, "clean_acc": final["acc"],

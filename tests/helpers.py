@@ -1,0 +1,46 @@
+"""Shared test helpers: seeded generators, random attention weights and small random models."""
+
+from __future__ import annotations
+
+import torch
+
+from attncert.bounds import AttentionWeights
+from attncert.models.vit import ViTConfig, build_vit
+
+F64 = torch.float64
+
+# A tiny standard ViT on 8x8 single-channel images (CertViT tests).
+TINY_VIT = dict(image_size=8, channels=1, patch=4, dim=16, depth=2, heads=2, mlp_hidden=24,
+                num_classes=4, kind="standard", block="prenorm", pool="cls", attn_bias=True,
+                mean=(0.3,), std=(0.4,))
+
+
+def gen(seed: int) -> torch.Generator:
+    """A CPU ``torch.Generator`` seeded with ``seed``."""
+    return torch.Generator().manual_seed(seed)
+
+
+def random_attention_weights(h: int, d: int, scale: float, g: torch.Generator) -> AttentionWeights:
+    """Float64 multi-head attention weights (h heads, width d, d_h = d // h): W^Q, W^K, W^V of
+    shape (h, d, d_h) and W^O of shape (h, d_h, d), standard normal times ``scale``, drawn
+    from ``g`` in that order."""
+    d_h = d // h
+    mk = lambda *s: torch.randn(*s, generator=g, dtype=F64) * scale  # noqa: E731
+    return AttentionWeights(mk(h, d, d_h), mk(h, d, d_h), mk(h, d, d_h), mk(h, d_h, d))
+
+
+def randomise(module: torch.nn.Module, seed: int, scale: float = 0.5) -> torch.nn.Module:
+    """Cast ``module`` to float64 and overwrite every parameter (biases included) with
+    ``scale`` times a standard normal draw from ``gen(seed)``; returns the module."""
+    g = gen(seed)
+    module.double()
+    with torch.no_grad():
+        for p in module.parameters():
+            p.copy_(scale * torch.randn(p.shape, generator=g, dtype=F64))
+    return module
+
+
+def tiny_vit(**kw) -> torch.nn.Module:
+    """``TINY_VIT`` with ``kw`` overriding, built after ``torch.manual_seed(0)``, in eval mode."""
+    torch.manual_seed(0)
+    return build_vit(ViTConfig(**{**TINY_VIT, **kw})).eval()
