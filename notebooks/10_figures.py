@@ -31,8 +31,9 @@ from attncert.figures import show
 from attncert.figures import summary as figs
 from attncert.pipeline.context import setup
 from attncert.stages import figures as stage
+from attncert.stages.registry import load_params
 
-p, ctx = setup(stage, figures)
+p, ctx = setup(stage, figures, study=load_params())
 res = stage.run(p, ctx)
 result = res.summary
 display(Markdown(f"**Scale** {scale}: {len(res.runs)} stage runs declared in dvc.yaml."))

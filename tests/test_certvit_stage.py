@@ -31,6 +31,7 @@ from attncert.pipeline import params
 from attncert.pipeline.context import make_context
 from attncert.report.paper import CERTVIT_CIFAR10, CERTVIT_MNIST
 from attncert.stages import certvit as certvit_stage
+from attncert.stages import registry
 from attncert.training.checkpoint import prepare_checkpoint_dir
 from attncert.training.train import TrainConfig, train
 
@@ -48,7 +49,7 @@ def dataset(n=32, size=8, classes=4, channels=1, seed=0):
 def test_the_section_takes_the_library_s_choices():
     raw = params.read_yaml(params.PARAMS_FILE)["certvit"]
     params.parse_section("certvit", raw, certvit_stage.Params)
-    assert params.section_class("certvit") is certvit_stage.Params
+    assert registry.section_class("certvit") is certvit_stage.Params
     with pytest.raises(params.ParamsError, match="0.4867"):  # CertViT's MNIST 1.58 in pixels
         params.parse_section("certvit", {**raw, "cert_eps": [0.1]}, certvit_stage.Params)
     for key, bad in (("norm", "layernorm"), ("finetune_scope", "all"),

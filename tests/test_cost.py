@@ -12,7 +12,8 @@ import torch
 
 from attncert import cost
 from attncert.pipeline import profile
-from attncert.pipeline.params import load_params, read_yaml
+from attncert.pipeline.params import read_yaml
+from attncert.stages.registry import load_params
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -95,16 +96,20 @@ def test_paper_params_name_a_known_certvit_source():
     assert source == "pipeline" or source in cost.HF_VITS
 
 
-def test_readme_block_is_replaced_between_the_markers(tmp_path):
-    readme = tmp_path / "README.md"
-    readme.write_text(f"a\n{cost.MARKERS[0]}\nold\n{cost.MARKERS[1]}\nb\n")
-    cost.write_readme("| new |", readme)
-    assert readme.read_text() == f"a\n{cost.MARKERS[0]}\n| new |\n{cost.MARKERS[1]}\nb\n"
-    readme.write_text("no markers")
+def test_cost_doc_block_is_replaced_between_the_markers(tmp_path):
+    doc = tmp_path / "cost.md"
+    doc.write_text(f"a\n{cost.MARKERS[0]}\nold\n{cost.MARKERS[1]}\nb\n")
+    cost.write_block("| new |", doc)
+    assert doc.read_text() == f"a\n{cost.MARKERS[0]}\n| new |\n{cost.MARKERS[1]}\nb\n"
+    doc.write_text("no markers")
     with pytest.raises(ValueError, match="markers"):
-        cost.write_readme("x", readme)
-    assert all(m in (ROOT / "README.md").read_text() for m in cost.MARKERS)
-    assert all(m in (ROOT / "README.md").read_text() for m in cost.cli.PLAN_MARKERS)
+        cost.write_block("x", doc)
+    # the blocks live in docs/cost.md (linked from README), and only there
+    committed = (ROOT / cost.COST_DOC).read_text()
+    assert all(m in committed for m in (*cost.MARKERS, *cost.PLAN_MARKERS))
+    readme = (ROOT / "README.md").read_text()
+    assert f"({cost.COST_DOC})" in readme
+    assert not any(m in readme for m in (*cost.MARKERS, *cost.PLAN_MARKERS))
 
 
 def test_bench_times_a_training_step_of_every_model_kind(smoke):
@@ -143,7 +148,7 @@ def test_text_sizes_follow_the_stage_s_draws(smoke):
     split), Yelp's dev held out of its training split, QQP reported on dev."""
     import dataclasses
 
-    from attncert.cost.stages import text_sizes
+    from attncert.cost.text_stage import text_sizes
 
     t = dataclasses.replace(load_params(smoke)["text"], max_train=0, max_eval=0, n_test=0,
                             n_attack=1000, frozen_max_train=0)
@@ -235,7 +240,7 @@ def test_a_gpu_calibration_sets_the_per_kernel_constant(smoke, tmp_path):
 def test_crown_bounds_are_costed_from_the_measured_seconds(tmp_path, monkeypatch):
     """A bound measured on CUDA counts as measured; one measured on the CPU only is scaled
     by the CUDA / CPU ratio of the bounds measured on both; none measured: NaN."""
-    from attncert.cost import bench, stages
+    from attncert.cost import bench, vision_stages
 
     path = tmp_path / "crown.json"
     rows = [{"device": "cpu", "depth": 3, "method": "crown", "seconds_per_bound": 4.0},
@@ -246,12 +251,12 @@ def test_crown_bounds_are_costed_from_the_measured_seconds(tmp_path, monkeypatch
     bench.merge_crown_bench(path, rows[2:])  # another device type: the CPU rows stay
     bench.merge_crown_bench(path, rows[:2])  # the same device type: replaced, not doubled
     assert len(json.loads(path.read_text())["rows"]) == 3
-    assert stages.crown_bound_seconds(3, "crown", path) == (6.0, "measured on CUDA")
-    sec, how = stages.crown_bound_seconds(3, "alpha_crown", path)
+    assert vision_stages.crown_bound_seconds(3, "crown", path) == (6.0, "measured on CUDA")
+    sec, how = vision_stages.crown_bound_seconds(3, "alpha_crown", path)
     assert sec == pytest.approx(60.0) and "CUDA / CPU" in how
-    assert math.isnan(stages.crown_bound_seconds(4, "crown", path)[0])
+    assert math.isnan(vision_stages.crown_bound_seconds(4, "crown", path)[0])
     # the committed measurement exists and the table states the seconds it used
-    committed = json.loads((ROOT / stages.CROWN_BENCH).read_text())["rows"]
+    committed = json.loads((ROOT / vision_stages.CROWN_BENCH).read_text())["rows"]
     assert {r["device"].split(":")[0] for r in committed} == {"cpu", "cuda"}
 
 

@@ -15,8 +15,8 @@ from attncert.crown.bridge import margin_spec
 from attncert.models.vit import ViTConfig, build_vit
 from attncert.pipeline.context import make_context
 from attncert.pipeline.nbrun import read_notebook
-from attncert.pipeline.params import load_params
 from attncert.stages import crown as stage
+from attncert.stages.registry import load_params
 from attncert.training.train import resolve_device
 
 
@@ -254,7 +254,8 @@ def test_units_then_gather(tmp_path):
     import dataclasses
 
     from attncert.pipeline.io import torch_save
-    from attncert.pipeline.params import BaseParams, load_params
+    from attncert.pipeline.params import BaseParams
+    from attncert.stages.registry import load_params
 
     g = torch.Generator().manual_seed(0)
     x = torch.randint(0, 256, (24, 1, 16, 16), generator=g, dtype=torch.uint8)

@@ -74,7 +74,8 @@ def _smoke_params():
     from pathlib import Path
 
     from attncert.pipeline import profile
-    from attncert.pipeline.params import read_yaml, validate
+    from attncert.pipeline.params import read_yaml
+    from attncert.stages.registry import validate
 
     root = Path(__file__).resolve().parents[1]
     tree = read_yaml(root / "params.yaml")

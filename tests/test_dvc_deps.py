@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from attncert.pipeline.params import load_params
 from attncert.report import rows as report
+from attncert.stages.registry import load_params
 
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGE = "attncert"

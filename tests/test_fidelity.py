@@ -1,5 +1,5 @@
 """The fidelity record (fidelity.yaml): well formed, params.yaml at every setting it marks
-"same", every paper-claiming params.yaml comment covered, the docs page and README block in
+"same", every paper-claiming params.yaml comment covered, the docs page (with its summary) in
 step with it."""
 
 import re
@@ -93,15 +93,13 @@ def test_every_key_whose_comment_names_a_paper_has_a_row(record):
     assert not missing, f"params.yaml comments cite a paper for keys with no row: {missing}"
 
 
-def test_docs_and_readme_are_generated_from_the_record(record, params):
+def test_docs_are_generated_from_the_record(record, params):
+    """docs/fidelity.md, its summary included, is the record's rendering; README links it."""
     docs = (ROOT / fidelity.DOCS_FILE).read_text()
     assert docs == fidelity.render_docs(record, params), (
         "docs/fidelity.md is stale: run python -m attncert.report.fidelity docs")
-    readme = (ROOT / "README.md").read_text()
-    start, end = fidelity.MARKERS
-    block = readme.split(start, 1)[1].split(end, 1)[0].strip()
-    assert block == fidelity.render_summary(record), (
-        "the README's fidelity summary is stale: run python -m attncert.report.fidelity docs")
+    assert fidelity.render_summary(record) in docs
+    assert f"({fidelity.DOCS_FILE})" in (ROOT / "README.md").read_text()
 
 
 def test_no_row_cites_a_summary(record):

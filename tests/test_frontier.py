@@ -8,8 +8,9 @@ import pytest
 import torch
 
 from attncert.pipeline.context import make_context
-from attncert.pipeline.params import BaseParams, ParamsError, load_params, parse_section
+from attncert.pipeline.params import BaseParams, ParamsError, parse_section
 from attncert.stages import frontier as stage
+from attncert.stages.registry import load_params
 
 ROOT = Path(__file__).resolve().parents[1]
 PAPER = load_params(ROOT / "params.yaml")

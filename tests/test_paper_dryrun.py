@@ -30,9 +30,9 @@ from checkout import commit_all, copy_worktree
 from ruamel.yaml import YAML
 from standins import write_imagenette
 
-from attncert.pipeline.params import validate
 from attncert.pipeline.profile import flatten
 from attncert.pipeline.runs import run_name
+from attncert.stages.registry import validate
 
 ROOT = Path(__file__).resolve().parents[1]
 pytestmark = pytest.mark.slow

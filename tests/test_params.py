@@ -6,7 +6,8 @@ from pathlib import Path
 import pytest
 
 from attncert.pipeline import profile
-from attncert.pipeline.params import ParamsError, load_params, read_yaml, validate
+from attncert.pipeline.params import ParamsError, read_yaml
+from attncert.stages.registry import load_params, validate
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -9,8 +9,8 @@ import pytest
 
 from attncert.pipeline import runs
 from attncert.pipeline.nbrun import declared_parameters, parse_items, read_notebook
-from attncert.pipeline.params import load_params
 from attncert.report import rows as report
+from attncert.stages.registry import load_params
 
 ROOT = Path(__file__).resolve().parents[1]
 PARAMS = load_params(ROOT / report.PARAMS_FILE)

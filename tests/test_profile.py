@@ -10,7 +10,8 @@ from pathlib import Path
 import pytest
 
 from attncert.pipeline import profile
-from attncert.pipeline.params import ParamsError, load_params
+from attncert.pipeline.params import ParamsError
+from attncert.stages.registry import load_params
 
 ROOT = Path(__file__).resolve().parents[1]
 FILES = ("Makefile", "params.yaml", "dvc.yaml", "profiles", ".dvc/config", ".dvcignore",

@@ -19,12 +19,13 @@ import pytest
 from attncert.figures import summary as summary_figs
 from attncert.pipeline import dvcfile
 from attncert.pipeline.context import make_context
-from attncert.pipeline.params import read_yaml, validate
+from attncert.pipeline.params import read_yaml
 from attncert.pipeline.runs import run_name
 from attncert.report import htmlexport, paper
 from attncert.report import readme as results_md
 from attncert.report import rows as report
 from attncert.stages import figures as figures_stage
+from attncert.stages.registry import validate
 from attncert.tightness import PAPER_TABLE3
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -261,7 +262,7 @@ def test_figures_run_writes_the_summary_the_certified_table_and_the_index(metric
     shutil.copy(ROOT / "dvc.yaml", root / "dvc.yaml")
     monkeypatch.chdir(root)
     p = params["figures"]
-    res = figures_stage.run(p, make_context())
+    res = figures_stage.run(p, make_context(study=params))
     written = json.loads((root / p.summary).read_text())
     assert written == res.summary == figures_stage.summary(params, STAGES, root)
     csv = (root / p.certified_csv).read_text().splitlines()

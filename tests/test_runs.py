@@ -14,9 +14,10 @@ from matplotlib.figure import Figure  # noqa: E402
 from attncert import certify
 from attncert.figures import vit as figs  # noqa: E402
 from attncert.pipeline import runs  # noqa: E402
-from attncert.pipeline.params import ParamsError, load_params, parse_section  # noqa: E402
+from attncert.pipeline.params import ParamsError, parse_section
 from attncert.pipeline.runs import GridPoint  # noqa: E402
 from attncert.stages import train_vit  # noqa: E402
+from attncert.stages.registry import load_params  # noqa: E402
 from attncert.training.checkpoint import prepare_checkpoint_dir  # noqa: E402
 
 

@@ -14,9 +14,9 @@ from attncert.figures import specformer as figs
 from attncert.models import ViTConfig, build_vit
 from attncert.msvp import exact_head_sigma
 from attncert.pipeline.context import make_context
-from attncert.pipeline.params import load_params
 from attncert.report import paper as paper_module
 from attncert.stages import specformer as stage
+from attncert.stages.registry import load_params
 from attncert.training.train import TrainConfig, evaluate
 
 ROOT = Path(__file__).resolve().parents[1]

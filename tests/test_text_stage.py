@@ -200,8 +200,8 @@ def test_frozen_states_are_the_encoder_outputs_computed_once():
 def test_the_stage_plans_every_model_by_the_names_the_report_reads():
     from pathlib import Path
 
-    from attncert.pipeline.params import load_params
     from attncert.stages import text as stage
+    from attncert.stages.registry import load_params
 
     p = load_params(Path(__file__).resolve().parents[1] / "params.yaml")["text"]
     jobs = stage.jobs(p, vocab=30)

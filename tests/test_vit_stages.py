@@ -5,9 +5,10 @@ from pathlib import Path
 
 import pytest
 
-from attncert.pipeline.params import ParamsError, read_yaml, validate
+from attncert.pipeline.params import ParamsError, read_yaml
 from attncert.report import paper
 from attncert.stages import certify_vit, train_vit
+from attncert.stages.registry import validate
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -1,7 +1,7 @@
 """Cost of the study at the scale of a params file: GPU-hours per stage, and training step times.
 
     python -m attncert.cost table [--params params.yaml] [--gpu h100] [--utilisation 0.3]
-    python -m attncert.cost readme     # rewrite README's table between the cost markers
+    python -m attncert.cost readme     # rewrite docs/cost.md's table and plan (their markers)
     python -m attncert.cost bench [--batch 32] [--steps 5]   # measured training step times
 
 How a figure is estimated (``table``): every stage is a list of work items (a training run, an
@@ -27,7 +27,7 @@ shape with a stated batch, on this machine's device.
 """
 
 from attncert.cost.bench import bench_models, bench_training
-from attncert.cost.cli import MARKERS, main, write_readme
+from attncert.cost.cli import COST_DOC, MARKERS, PLAN_MARKERS, main, write_block
 from attncert.cost.counting import (
     DATASETS,
     ENCODERS,
@@ -55,9 +55,9 @@ from attncert.cost.table import STAGES, cost_table, stage_work
 from attncert.cost.work import Work, audit_work, training_work
 
 __all__ = [
-    "DATASETS", "ENCODERS", "GPU", "GPUS", "HF_VITS", "KERNEL_SECONDS", "MARKERS", "SST2",
-    "TEXT_SIZES", "STAGES", "UTILISATION", "VOCAB", "Counts", "Work", "attack_step", "audit_work",
-    "bench_models", "bench_training", "cost_table", "count", "fit", "forward",
-    "layer_certificate_counts", "layer_pgd_counts", "main", "stage_work", "stand_in",
-    "train_step", "training_work", "vit_counts", "vit_forward64", "write_readme",
+    "COST_DOC", "DATASETS", "ENCODERS", "GPU", "GPUS", "HF_VITS", "KERNEL_SECONDS", "MARKERS",
+    "PLAN_MARKERS", "SST2", "TEXT_SIZES", "STAGES", "UTILISATION", "VOCAB", "Counts", "Work",
+    "attack_step", "audit_work", "bench_models", "bench_training", "cost_table", "count", "fit",
+    "forward", "layer_certificate_counts", "layer_pgd_counts", "main", "stage_work", "stand_in",
+    "train_step", "training_work", "vit_counts", "vit_forward64", "write_block",
 ]

@@ -126,8 +126,8 @@ BENCH_MARGINS = ("none", "lmt", "olsa", "lofast")
 def bench_margins(params, batch: int, steps: int = 5, device: str = "auto",
                   precision: str = "auto") -> list[dict[str, Any]]:
     """Seconds per training step of the grid's Lipschitz ViT with each training margin
-    (:func:`attncert.training.train.step_loss`, the grid's own settings; ``lofast`` at its radius or,
-    when the grid's is 0, at 0.1), and each one's ratio to LMT's."""
+    (:func:`attncert.training.train.step_loss`, the grid's own settings; ``lofast`` at its
+    radius or, when the grid's is 0, at 0.1), and each one's ratio to LMT's."""
     import dataclasses
 
     from attncert.models import build_vit

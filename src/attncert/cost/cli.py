@@ -1,7 +1,8 @@
 """Cost of the study at the scale of a params file: GPU-hours per stage, and training step times.
 
 The command line (``python -m attncert.cost table | readme | bench | crown | plan | order``) and the
-README block it rewrites between the cost markers.
+blocks of ``docs/cost.md`` (:data:`COST_DOC`) that ``readme`` rewrites between the cost markers
+and the plan markers.
 """
 
 from __future__ import annotations
@@ -17,22 +18,25 @@ from attncert.cost.counting import (
     GPUS,
     UTILISATION,
 )
-from attncert.cost.stages import CROWN_BENCH
 from attncert.cost.table import cost_table
+from attncert.cost.vision_stages import CROWN_BENCH
 
 # -- command line -----------------------------------------------------------------------------
 
+#: the page that holds the cost table's and the multi-GPU plan's generated blocks
+COST_DOC = "docs/cost.md"
 MARKERS = ("<!-- cost:start -->", "<!-- cost:end -->")
 #: the multi-GPU plan's block (``python -m attncert.cost readme`` writes both)
 PLAN_MARKERS = ("<!-- plan:start -->", "<!-- plan:end -->")
 
 
-def write_readme(table: str, readme: str | Path = "README.md",
-                 markers: tuple[str, str] = MARKERS) -> None:
-    """Replace README's block between ``markers`` by ``table``."""
+def write_block(table: str, doc: str | Path = COST_DOC,
+                markers: tuple[str, str] = MARKERS) -> None:
+    """Replace the block of ``doc`` (default :data:`COST_DOC`) between ``markers`` by
+    ``table``."""
     from attncert.report.readme import replace_section
 
-    path = Path(readme)
+    path = Path(doc)
     try:
         path.write_text(replace_section(path.read_text(), table, *markers))
     except ValueError as exc:
@@ -40,11 +44,19 @@ def write_readme(table: str, readme: str | Path = "README.md",
 
 
 def main(argv: list[str] | None = None) -> int:
-    from attncert.pipeline.params import load_params
+    from attncert.stages.registry import load_params
 
     ap = argparse.ArgumentParser(prog="python -m attncert.cost",
                                  description=__doc__.splitlines()[0])
-    ap.add_argument("command", choices=["table", "readme", "bench", "crown", "plan", "order"])
+    ap.add_argument("command", choices=["table", "readme", "bench", "crown", "plan", "order"],
+                    help=f"table: print the cost table; readme: rewrite the cost table's and "
+                         f"the plan's blocks of {COST_DOC} (--doc) and print the table; bench: "
+                         "time a training step of every model kind; crown: time CROWN bounds; "
+                         "plan: schedule the units on --gpus; order: the units on stdin, "
+                         "longest first")
+    ap.add_argument("--doc", default=COST_DOC,
+                    help="readme: the page whose blocks between the cost and the plan markers "
+                         f"are rewritten (default {COST_DOC})")
     ap.add_argument("--params", default="params.yaml")
     ap.add_argument("--gpu", default="h100", choices=sorted(GPUS))
     ap.add_argument("--utilisation", type=float, default=UTILISATION)
@@ -114,8 +126,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "readme":
         from attncert.cost.plan import plan_table
 
-        write_readme(table)
-        write_readme(plan_table(params, gpu, args.gpus, args.utilisation),
-                     markers=PLAN_MARKERS)
+        write_block(table, args.doc)
+        write_block(plan_table(params, gpu, args.gpus, args.utilisation), args.doc,
+                    markers=PLAN_MARKERS)
     print(table)
     return 0

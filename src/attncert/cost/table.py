@@ -9,14 +9,14 @@ from attncert.cost.counting import (
     GPU,
     UTILISATION,
 )
-from attncert.cost.stages import (
+from attncert.cost.text_stage import text_work
+from attncert.cost.vision_stages import (
     certvit_work,
     crown_bound_seconds,
     crown_work,
     frontier_work,
     grid_work,
     specformer_work,
-    text_work,
     tightness_work,
 )
 from attncert.cost.work import Work
@@ -54,7 +54,8 @@ def stage_work(params, stages=STAGES) -> tuple[list[Work], float]:
 
 
 def cost_table(params, gpu: GPU, utilisation: float = UTILISATION) -> str:
-    """The README table: GPU-hours per stage and the total, with the method in one line."""
+    """The cost table of docs/cost.md: GPU-hours per stage and the total, with the method in
+    one line."""
     work, crown_seconds = stage_work(params)
     hours = {s: 0.0 for s in STAGES}
     pflop = {s: 0.0 for s in STAGES}

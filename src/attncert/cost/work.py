@@ -32,6 +32,13 @@ class Work:
                    self.kernels * gpu.kernel_seconds) + self.fixed_seconds
 
 
+def in_unit(items: list[Work], unit: str) -> list[Work]:
+    """``items`` marked as the work of the DVC stage ``unit``."""
+    for w in items:
+        w.unit = unit
+    return items
+
+
 def n_steps(n: int, batch: int) -> int:
     """Batches of ``batch`` that cover ``n`` examples."""
     return math.ceil(n / batch)

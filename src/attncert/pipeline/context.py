@@ -11,7 +11,9 @@ own params.yaml section, typed; ``ctx`` everything else the stage may use, resol
   and ``point``: a grid point (:class:`~attncert.pipeline.runs.GridPoint`) of a matrix stage;
 - ``processed_dir`` (the data stage's output) and ``sections``: the other typed sections a
   stage reads (the frontier reads ``train_vit``), by section name;
-- ``params_file`` and ``dvc_file``: where the report stage reads the whole study.
+- ``params_file`` and ``dvc_file``: where the report stage reads the whole study, and
+  ``study``: the whole params file, validated (:func:`attncert.stages.registry.load_params`;
+  the report stage's notebook loads it).
 
 A notebook takes the sections ``python -m attncert.pipeline.nbrun`` passes, calls
 :func:`setup` once (it parses them, applies ``base.threads``/``base.deterministic`` and
@@ -48,6 +50,7 @@ class Context:
     sections: Mapping[str, Any] = field(default_factory=dict)
     params_file: str = PARAMS_FILE
     dvc_file: str = DVC_FILE
+    study: Any = None
 
     @property
     def seed(self) -> int:
@@ -78,11 +81,12 @@ def make_context(base: BaseParams | None = None, *, device: bool = True, **kw: A
 def setup(module: ModuleType, section: Mapping[str, Any], base: Mapping[str, Any] | None = None,
           *, item: str | None = None, point: Mapping[str, Any] | None = None,
           processed_dir: str | None = None, sections: Mapping[str, Mapping[str, Any]] | None = None,
-          device: bool = True, **paths: str) -> tuple[Any, Context]:
+          device: bool = True, **extra: Any) -> tuple[Any, Context]:
     """A notebook's one call: (``module.Params`` parsed from ``section``, the
     :class:`Context`). ``sections``: other raw sections, parsed by the owning stage's
     ``SECTIONS`` (name -> Params class); ``point``: a matrix item (``vit_grid``);
-    ``device=False`` for the stages that only gather records."""
+    ``device=False`` for the stages that only gather records; ``extra``: other
+    :class:`Context` fields (``study``)."""
     b = None if base is None else parse_section("base", base, BaseParams)
     if b is not None:
         configure(b)  # threads, deterministic algorithms
@@ -95,4 +99,4 @@ def setup(module: ModuleType, section: Mapping[str, Any], base: Mapping[str, Any
     typed = {name: parse_section(name, raw, owners[name]) for name, raw in sections.items()}
     grid = None if point is None else parse_section("vit_grid", point, GridPoint)
     return p, make_context(b, device=device, item=item, point=grid,
-                           processed_dir=processed_dir, sections=typed, **paths)
+                           processed_dir=processed_dir, sections=typed, **extra)

@@ -152,7 +152,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--batch", type=int, default=8)
     args = ap.parse_args(argv)
     try:
-        from attncert.pipeline.params import load_params
+        from attncert.stages.registry import load_params
 
         params = load_params(args.params)
         if args.gpus is not None:

@@ -17,9 +17,12 @@ import shlex
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from attncert.pipeline.params import Params, read_yaml
+from attncert.pipeline.params import read_yaml
+
+if TYPE_CHECKING:  # the whole params file, for annotations only
+    from attncert.stages.registry import Params
 
 DVC_FILE = "dvc.yaml"
 #: executed notebooks live under here (dvc.yaml's nbrun outputs)

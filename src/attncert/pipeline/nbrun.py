@@ -32,8 +32,9 @@ import warnings
 from pathlib import Path
 
 from attncert.pipeline.doctor import DeviceError, require_device
-from attncert.pipeline.params import PARAMS_FILE, ParamsError, load_params
+from attncert.pipeline.params import PARAMS_FILE, ParamsError
 from attncert.pipeline.progress import CONSOLE_ENV, TTY_ENV, Relay, elapsed
+from attncert.stages.registry import load_params
 
 KERNEL = "python3"
 

@@ -34,7 +34,8 @@ from typing import Any
 from ruamel.yaml import YAML
 
 from attncert.pipeline.io import atomic_path, write_json
-from attncert.pipeline.params import PARAMS_FILE, ParamsError, read_yaml, validate
+from attncert.pipeline.params import PARAMS_FILE, ParamsError, read_yaml
+from attncert.stages.registry import validate
 
 PROFILE_DIR = "profiles"
 PAPER = "paper"

@@ -13,10 +13,11 @@ import sys
 from pathlib import Path
 
 from attncert.pipeline.dvcfile import DVC_FILE, read_stages, stage_runs
-from attncert.pipeline.params import PARAMS_FILE, load_params
+from attncert.pipeline.params import PARAMS_FILE
 from attncert.report.htmlexport import html_export
 from attncert.report.readme import README_FILE, update_readme
 from attncert.stages import figures as figures_stage
+from attncert.stages.registry import load_params
 
 
 def main(argv: list[str] | None = None) -> int:

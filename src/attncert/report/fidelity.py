@@ -12,10 +12,10 @@
   the paper's value where the two differ in form (``null`` for the paper's sqrt(d)).
 
 Our value is never written in the record: it is read from ``params.yaml`` when the record is
-rendered (``docs/fidelity.md``, the README summary) or checked, so the two cannot drift.
+rendered (``docs/fidelity.md``, with its summary) or checked, so the two cannot drift.
 
     python -m attncert.report.fidelity check       # the record's schema and every "same" row
-    python -m attncert.report.fidelity docs        # rewrite docs/fidelity.md and the README summary
+    python -m attncert.report.fidelity docs        # rewrite docs/fidelity.md (its summary too)
 """
 
 from __future__ import annotations
@@ -34,7 +34,6 @@ DOCS_FILE = "docs/fidelity.md"
 PAPERS = {"lofast": "LoFAST", "olsa": "OLSA", "specformer": "SpecFormer", "certvit": "CertViT"}
 ITEM_STATUS = ("reproduced", "partly", "not_reproduced")
 SETTING_STATUS = ("same", "deviates", "not_stated", "not_reproduced")
-MARKERS = ("<!-- fidelity:start -->", "<!-- fidelity:end -->")
 _UNSET = object()
 
 
@@ -193,6 +192,27 @@ def _cell(text: str) -> str:
     return re.sub(r"\s+", " ", text.replace("|", "\\|")).strip()
 
 
+#: what the record holds (the page's opening paragraph)
+INTRO = """\
+`fidelity.yaml` records, for every table and figure of the four papers (LoFAST, ICML 2024;
+OLSA, ICLR 2023 submission; SpecFormer; CertViT) and for every `params.yaml` key that
+reproduces one, the paper's value, where its full text states it (section, table or
+appendix), and a status: *same* (the paper scale runs the paper's value; a test fails when
+`params.yaml` departs from it), *deviates* (and why), *ours* (the paper does not state it) or
+*not reproduced* (and why). Our values are read from `params.yaml` when the record is
+rendered, never written in it."""
+
+#: where the papers' numbers stand in the reports (after the summary)
+PAPER_NUMBERS = """\
+Paper numbers stand only beside a model of their own setting (`src/attncert/report/paper.py` states
+table, column, row and setting for each): LoFAST Tables 1-2 beside the crown stage's 128-d
+ViTs, never the 384-d grid (LoFAST Figure 2 prints no numbers); CertViT's Table 1 beside its
+small ViTs trained here (`certvit.table1_*`), at the pixel-space radius its eps covers (its
+eps is a radius on the normalised input: eps x min std, 1.58 -> 0.4867 on MNIST, 0.141 ->
+0.0281 on CIFAR-10 and 0.0361 on CIFAR-100), never beside the section's own ViT-B/16 run;
+OLSA's radii (its unsound softmax constant 1/4; ours 1/2) beside the 3-layer OLSA on SST-2
+and Yelp and the frozen head on QQP."""
+
 STATUS_LABEL = {"same": "same", "deviates": "deviates", "not_stated": "ours (not stated)",
                 "not_reproduced": "not reproduced", "reproduced": "reproduced",
                 "partly": "partly"}
@@ -200,12 +220,15 @@ STATUS_LABEL = {"same": "same", "deviates": "deviates", "not_stated": "ours (not
 
 def render_docs(record: Record, params: Mapping) -> str:
     """docs/fidelity.md: per paper, its tables and figures, then every setting."""
-    out = ["# Fidelity: the paper scale against the four papers", "",
-           f"Generated from `{FIDELITY_FILE}` and `params.yaml` by `python -m attncert.report.fidelity "
-           "docs`; do not edit by hand. \"where\" is the section, table or appendix of the paper's "
-           "full text that states the value. \"ours\" is `params.yaml` at the paper scale; a row "
-           "marked *same* is checked by the tests (`tests/test_fidelity.py`). The cpu and smoke "
-           "scales (`profiles/`) are budget versions and claim no paper setting.", ""]
+    out = ["# Fidelity: the paper scale against the four papers", "", INTRO, "",
+           f"Generated from `{FIDELITY_FILE}` and `params.yaml` by "
+           "`python -m attncert.report.fidelity docs`; do not edit by hand "
+           "(`python -m attncert.report.fidelity check` checks the record). \"where\" is the "
+           "section, table or appendix of the paper's full text that states the value. \"ours\" "
+           "is `params.yaml` at the paper scale; a row marked *same* is checked by the tests "
+           "(`tests/test_fidelity.py`). The cpu and smoke scales (`profiles/`) are budget "
+           "versions of every row and claim no paper setting.", "",
+           "## Summary", "", render_summary(record), "", PAPER_NUMBERS, ""]
     for paper, title in PAPERS.items():
         items = [i for i in record.items if i.paper == paper]
         if not items:
@@ -231,7 +254,7 @@ def render_docs(record: Record, params: Mapping) -> str:
 
 
 def render_summary(record: Record) -> str:
-    """The README's short summary: per paper, counts of items and settings by status."""
+    """The page's short summary: per paper, counts of items and settings by status."""
     out = ["| paper | tables and figures: reproduced / partly / not | settings: same / deviates "
            "/ ours (not stated) / not reproduced |", "|---|---|---|"]
     for paper, title in PAPERS.items():
@@ -242,17 +265,6 @@ def render_summary(record: Record) -> str:
                    f"{sc['same']} / {sc['deviates']} / {sc['not_stated']} / "
                    f"{sc['not_reproduced']} |")
     return "\n".join(out)
-
-
-def write_readme(summary: str, readme: str | Path = "README.md") -> None:
-    """Replace the README's block between :data:`MARKERS` with ``summary``."""
-    from attncert.report.readme import replace_section
-
-    path = Path(readme)
-    try:
-        path.write_text(replace_section(path.read_text(), summary, *MARKERS))
-    except ValueError as exc:
-        raise FidelityError(f"{path}: {exc}") from None
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -271,8 +283,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "docs":
             Path(DOCS_FILE).parent.mkdir(exist_ok=True)
             Path(DOCS_FILE).write_text(render_docs(record, params))
-            write_readme(render_summary(record))
-            print(f"wrote {DOCS_FILE} and the README summary")
+            print(f"wrote {DOCS_FILE}")
         for p in problems:
             print(f"fidelity: {p}", file=sys.stderr)
         if problems:

@@ -15,7 +15,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pandas as pd
 
@@ -31,8 +31,7 @@ from attncert.pipeline.dvcfile import (
     stage_runs,
 )
 from attncert.pipeline.io import atomic_path, write_json
-from attncert.pipeline.params import Params as AllParams
-from attncert.pipeline.params import load_params, param, unique
+from attncert.pipeline.params import param, unique
 from attncert.report import rows as report
 from attncert.report.htmlexport import KEY_FIGURES, html_export
 
@@ -43,6 +42,9 @@ FIGURES_STAGE = "figures"
 class MissingMetricsError(FileNotFoundError):
     """A stage listed as required has not written its metrics."""
 
+
+if TYPE_CHECKING:  # the whole params file, for annotations only
+    from attncert.stages.registry import Params as AllParams
 
 #: this module's params.yaml section
 SECTION = "figures"
@@ -166,11 +168,13 @@ class Result:
 
 
 def run(p: Params, ctx: Context) -> Result:
-    """Read every stage's metrics as ``ctx.dvc_file`` declares them (resolved with
-    ``ctx.params_file``); write summary.json, the certified-accuracy CSV and the HTML export of
+    """Read every stage's metrics as ``ctx.dvc_file`` declares them (resolved with the study's
+    params, ``ctx.study``); write summary.json, the certified-accuracy CSV and the HTML export of
     every executed notebook (this stage's own page is written after its notebook finishes, by
     ``python -m attncert.report html``)."""
-    params = load_params(ctx.params_file)
+    params = ctx.study
+    if params is None:
+        raise ValueError("the figures stage needs the whole params file (setup(..., study=))")
     stages = read_stages(ctx.dvc_file)
     runs = stage_runs(stages, params)
     loaded = collect(runs)

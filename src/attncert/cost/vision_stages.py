@@ -1,33 +1,33 @@
-"""Each stage's work items at a params file's scale: the ViT grid, tightness, SpecFormer, CROWN,
-text and CertViT."""
+"""Work items of the image stages at a params file's scale: the ViT grid (``train_vit`` and
+``certify_vit``), the frontier, tightness, SpecFormer, CROWN (with the seconds per CROWN bound
+measured at the paper shape, :data:`CROWN_BENCH`) and CertViT. Each function lists a stage's
+:class:`~attncert.cost.work.Work` items, marked with the DVC unit they run in where the stage is
+split; the text stage's are in :mod:`attncert.cost.text_stage`."""
 
 from __future__ import annotations
 
 import dataclasses
-import functools
 import math
 from pathlib import Path
 
-import torch
-
 from attncert.cost.counting import (
     DATASETS,
-    ENCODERS,
     HF_VITS,
-    TEXT_SIZES,
-    VOCAB,
-    Counts,
-    attack_step,
-    fit,
-    forward,
     layer_certificate_counts,
     layer_pgd_counts,
     stand_in,
-    train_step,
     vit_counts,
     vit_forward64,
 )
-from attncert.cost.work import Work, audit_work, capped, certify_work, n_steps, training_work
+from attncert.cost.work import (
+    Work,
+    audit_work,
+    capped,
+    certify_work,
+    in_unit,
+    n_steps,
+    training_work,
+)
 
 
 def grid_work(p, n_train_max: int, n_test_max: int) -> list[Work]:
@@ -88,7 +88,7 @@ def frontier_work(p, n_train_max: int) -> list[Work]:
             items.append(audit_work("frontier", f"{name}: PGD audit", c["attack"], f.n_attack,
                                     len(f.cert_eps), f.attack_steps, f.attack_restarts,
                                     f.cert_batch_size))
-            out += _in_unit(items, f"frontier_unit@{name}")
+            out += in_unit(items, f"frontier_unit@{name}")
     return out
 
 
@@ -146,7 +146,7 @@ def specformer_work(p, n_train_max: int, n_test_max: int) -> list[Work]:
                                       epochs, recipe[2], s.eval_batch_size, adv)
                 items.append(audit_work("specformer", f"{run} {training} {m}: attacks",
                                         c["attack"], n_eval, 1, steps, 1, s.eval_batch_size))
-                out += _in_unit(items, f"specformer_runs@{ds}")
+                out += in_unit(items, f"specformer_runs@{ds}")
                 if m != "specformer" or (ds, src) != (s.datasets[0], s.sources[0]):
                     continue
                 # SpecFormer Table 5: the specformer method at every other lambda
@@ -158,7 +158,7 @@ def specformer_work(p, n_train_max: int, n_test_max: int) -> list[Work]:
                                           s.eval_batch_size, adv)
                     items.append(audit_work("specformer", f"{what}: attacks", c["attack"],
                                             n_eval, 1, steps, 1, s.eval_batch_size))
-                    out += _in_unit(items, f"specformer_table5@lambda{i}")
+                    out += in_unit(items, f"specformer_table5@lambda{i}")
     # the certified pair: two Lipschitz ViTs (with and without MSVP), certified by two bounds
     ds = s.datasets[0]
     _, _, _, n_tr, n_te = DATASETS[ds]
@@ -170,15 +170,9 @@ def specformer_work(p, n_train_max: int, n_test_max: int) -> list[Work]:
                               s.cert_epochs, s.batch_size, s.eval_batch_size)
         items += certify_work("specformer", f"certified pair, {label}", cfg,
                               min(s.cert_n_test, n_te), ["lofast_M", "specformer"], 1, 100)
-        out += _in_unit(items, "specformer_certified")
+        out += in_unit(items, "specformer_certified")
     return out
 
-
-def _in_unit(items: list[Work], unit: str) -> list[Work]:
-    """``items`` marked as the work of the DVC stage ``unit``."""
-    for w in items:
-        w.unit = unit
-    return items
 
 
 #: seconds per CROWN bound measured at the paper shape (``python -m attncert.cost crown
@@ -243,138 +237,8 @@ def crown_work(p, n_train_max: int, n_test_max: int) -> tuple[list[Work], float]
             items.append(Work("crown", f"{dataset} L{depth}: CROWN bounds (at most)", "fp64",
                               0.0, 0.0, fixed_seconds=worst))
             bound_seconds += worst
-            out += _in_unit(items, f"crown_unit@{dataset}-{depth}")
+            out += in_unit(items, f"crown_unit@{dataset}-{depth}")
     return out, bound_seconds
-
-
-_TEXT_COUNTS: dict[tuple, dict[str, Counts]] = {}
-
-
-def text_sizes(t, sizes: dict[str, int]) -> dict[str, int]:
-    """The text stage's counts on one dataset of ``sizes`` (labelled examples per split), as
-    :func:`attncert.text.train_text.select_splits` draws them: train, dev + reported (the
-    evaluation each epoch), the frozen head's training subset, certified, attacked."""
-    if "dev" in sizes:
-        n_dev, pool = capped(t.max_eval, sizes["dev"]), sizes["train"]
-    else:  # a dev split held out of training
-        n_dev = max(1, min(capped(t.max_eval, sizes["test"]), sizes["train"] // 10))
-        pool = sizes["train"] - n_dev
-    n_rep = capped(t.max_eval, sizes["test"]) if "test" in sizes else n_dev
-    n_cert = capped(t.n_test, n_rep)
-    return {"train": capped(t.max_train, pool), "eval": n_dev + n_rep,
-            "frozen_train": capped(t.frozen_max_train, pool), "certified": n_cert,
-            "attacked": min(t.n_attack, n_cert)}
-
-
-def text_work(p) -> list[Work]:
-    """The text stage's models as :func:`attncert.stages.text.jobs` lists them on every
-    dataset of ``text.datasets`` and ``text.frozen_datasets`` (the frozen encoder's forward
-    once per sentence, its head on the cached states)."""
-    from attncert.stages.text import STUDY, UNITS, jobs, text_datasets, unit_jobs
-
-    t = p["text"]
-    # the DVC stage of each job (text_unit@<unit>): SST-2's four parts, another dataset whole
-    study_unit = {n: u for u in UNITS if u.startswith(f"{STUDY}-")
-                  for n in unit_jobs(t, VOCAB, u)}
-
-    def unit(dataset: str, name: str) -> str:
-        return f"text_unit@{study_unit[name] if dataset == STUDY else dataset}"
-
-    def batch(b):
-        return (torch.randint(1, VOCAB, (b, t.max_len)),
-                torch.ones(b, t.max_len, dtype=torch.bool), torch.zeros(b, dtype=torch.long))
-
-    def emb_batch(model):
-        def make(b):
-            ids, mask, y = batch(b)
-            with torch.no_grad():
-                return model.embed(ids, mask), mask, y
-        return make
-
-    def counts(model):
-        key = (repr(model), t.max_len)
-        if key not in _TEXT_COUNTS:
-            _TEXT_COUNTS[key] = {"train": fit(train_step(model, batch)),
-                                 "forward": fit(forward(model, batch)),
-                                 "attack": fit(attack_step(model, emb_batch(model)))}
-        return _TEXT_COUNTS[key]
-
-    out = []
-    hidden, layers, heads, inter = ENCODERS[t.frozen_source]
-    enc = _encoder_forward(hidden, layers, heads, inter, t.max_len)
-    for dataset in text_datasets(t):
-        n = text_sizes(t, TEXT_SIZES[dataset])
-        for name, job in jobs(t, VOCAB, dataset).items():
-            if job.cls.__name__ == "FrozenEncoderOLSA":
-                continue
-            torch.manual_seed(0)
-            c = counts(job.cls(**job.kwargs))
-            items = training_work("text", f"{dataset} {name}", c, n["train"], n["eval"],
-                                  job.train["epochs"], t.batch_size, t.cert_batch_size)
-            if job.family == "lofast":
-                cfg = job.kwargs["config"]
-                lc = layer_certificate_counts(t.max_len, cfg.dim, cfg.heads, "lofast_M")
-                b = n_steps(n["certified"], t.cert_batch_size)
-                items.append(Work("text", f"{dataset} {name}: certificates", "fp64",
-                                  len(t.lofast_variants) * cfg.depth * b
-                                  * lc.flops(t.cert_batch_size),
-                                  len(t.lofast_variants) * cfg.depth * b * lc.kernels))
-            items.append(audit_work("text", f"{dataset} {name}: PGD audit", c["attack"],
-                                    n["attacked"], len(t.cert_eps), t.attack_steps,
-                                    t.attack_restarts, t.cert_batch_size))
-            out += _in_unit(items, unit(dataset, name))
-        if dataset not in t.frozen_datasets:
-            continue
-        # OLSA over a frozen encoder: the encoder's forward once per training and evaluation
-        # sentence (its states are cached), then the head trained, evaluated and attacked on
-        # those states (counted on the stage's own head over a stand-in encoder of that width)
-        job = jobs(t, VOCAB, dataset)["frozen-olsa"]
-        head = job.cls(**{**job.kwargs, "encoder": _StandInEncoder(hidden)})
-        c = _frozen_head_counts(head, hidden, t.max_len)
-        sentences = n_steps(n["frozen_train"] + n["eval"], t.batch_size)
-        out += _in_unit([
-            Work("text", f"{dataset} frozen-olsa ({t.frozen_source} encoder forward, once)",
-                 "bf16", sentences * enc.flops(t.batch_size), sentences * enc.kernels),
-            *training_work("text", f"{dataset} frozen-olsa head", c, n["frozen_train"],
-                           n["eval"], job.train["epochs"], t.batch_size, t.cert_batch_size),
-            audit_work("text", f"{dataset} frozen-olsa: PGD audit", c["attack"], n["attacked"],
-                       len(t.cert_eps), t.attack_steps, t.attack_restarts, t.cert_batch_size)],
-            unit(dataset, "frozen-olsa"))
-    return out
-
-
-class _StandInEncoder(torch.nn.Module):
-    """What the frozen head reads of its encoder when it is given the cached states: the
-    width (``config.hidden_size``)."""
-
-    def __init__(self, hidden: int):
-        super().__init__()
-        self.config = type("Config", (), {"hidden_size": hidden})()
-
-
-def _frozen_head_counts(head, hidden: int, max_len: int) -> dict:
-    """The frozen head's train / forward / attack counts on cached (B, L, hidden) states."""
-    def states(b):
-        return (torch.randn(b, max_len, hidden), torch.ones(b, max_len, dtype=torch.bool),
-                torch.zeros(b, dtype=torch.long))
-    torch.manual_seed(0)
-    return {"train": fit(train_step(head, states)), "forward": fit(forward(head, states)),
-            "attack": fit(attack_step(head, states))}
-
-
-@functools.cache
-def _encoder_forward(hidden: int, layers: int, heads: int, inter: int, max_len: int) -> Counts:
-    from transformers import BertConfig, BertModel
-
-    torch.manual_seed(0)
-    model = BertModel(BertConfig(hidden_size=hidden, num_hidden_layers=layers,
-                                 num_attention_heads=heads, intermediate_size=inter)).eval()
-
-    def make(b):
-        ids = torch.randint(1, VOCAB, (b, max_len))
-        return lambda: model(input_ids=ids, attention_mask=torch.ones_like(ids))
-    with torch.no_grad():
-        return fit(make)
 
 
 def certvit_work(p, n_train_max: int, n_test_max: int) -> list[Work]:
@@ -427,7 +291,7 @@ def _certvit_run_work(cv, n_train_max: int, n_test_max: int, label: str) -> list
     """One run of the certvit steps: pre-training (or fine-tuning the loaded ViT), then per
     mode the adaptation fine-tune, Douglas-Rachford, the final fine-tune (``spectral``: its
     projected fine-tune), the certificate and the PGD audit."""
-    from attncert.certvit import stage
+    from attncert.certvit import methods as stage
 
     _, size, _, n_tr, n_te = DATASETS[cv.dataset]
     n_tr, n_te = capped(n_train_max, n_tr), capped(n_test_max, n_te)
