@@ -14,8 +14,8 @@
 # Every setting of `frontier.settings` trained the same ViT (the grid shape `depth`, `heads`,
 # `gamma_vo`, with `train_vit`'s recipe) and changed only its margin: LMT's fixed logit
 # offset, or certified training with LoFAST's local bound at a training radius
-# (`attncert.training.certified_training`); `linear-*` is the trivial baseline, a linear model on the
-# pixels trained for its exact radius. All are measured on a validation split held out of
+# (`attncert.training.certified_training`); `linear-*` is the trivial baseline, a linear model on
+# the pixels trained for its exact radius. All are measured on a validation split held out of
 # the training images (the test split is never read): certified accuracy (LoFAST(M), pairwise
 # test) beside PGD accuracy, an upper bound on what any certificate can reach. The selection
 # rule reads validation numbers only: the ViT setting with the highest mean over datasets of

@@ -36,7 +36,7 @@ crown = {}  # params.yaml `crown`, passed whole by attncert.pipeline.nbrun
 import pandas as pd
 from IPython.display import Markdown, display
 
-from attncert.crown import PATCHES
+from attncert.crown import PATCHES, tables
 from attncert.figures import show
 from attncert.pipeline.context import setup
 from attncert.stages import crown as stage
@@ -92,7 +92,7 @@ display(Markdown(f"**0 broken certificates** over {len(p.datasets)} datasets, "
 # %%
 for k, r in parts.items():
     show(r.figures["table1"])
-    display(stage.table1_with_paper(r.table1, k).round(3))
+    display(tables.table1_with_paper(r.table1, k).round(3))
 
 # %% [markdown]
 # ## LoFAST Table 2: CROWN alone vs LoFAST first, CROWN on the rest
@@ -101,7 +101,7 @@ for k, r in parts.items():
 # %%
 for r in parts.values():
     show(r.figures["table2"])
-display(stage.paper_table2())
+display(tables.paper_table2())
 pd.concat([r.table2.assign(dataset=k) for k, r in parts.items()]).set_index(
     ["dataset", "depth", "eps", "method"]).round(3)
 

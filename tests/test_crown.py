@@ -10,8 +10,9 @@ import pytest
 import torch
 
 from attncert.attacks import pgd_l2
-from attncert.crown import PATCHES, CrownCertifier, CrownViT, apply_patches, certify_points
+from attncert.crown import PATCHES, CrownCertifier, CrownViT, apply_patches, certify_points, study
 from attncert.crown.bridge import margin_spec
+from attncert.crown.tables import tables
 from attncert.models.vit import ViTConfig, build_vit
 from attncert.pipeline.context import make_context
 from attncert.pipeline.nbrun import read_notebook
@@ -103,9 +104,9 @@ def test_combination_certifies_at_least_either_method():
     x = torch.rand(6, 1, 8, 8, generator=g, dtype=torch.float64)
     y = model(x).argmax(1)
     eps = [0.02, 0.1]
-    lofast = stage.lofast_frame(model, x, y, "lofast_M", eps)
-    crown, _ = stage.crown_frame(model, x, y, eps, "crown", 0.0, 5, dtype=torch.float64)
-    t1, t2 = stage.tables(lofast, crown, eps, 1, "CROWN")
+    lofast = study.lofast_frame(model, x, y, "lofast_M", eps)
+    crown, _ = study.crown_frame(model, x, y, eps, "crown", 0.0, 5, dtype=torch.float64)
+    t1, t2 = tables(lofast, crown, eps, 1, "CROWN")
     assert len(t1) == 2 and len(t2) == 2
     for r in t2:
         assert r["combined_acc"] >= max(r["crown_acc"], r["lofast_acc"])
@@ -168,13 +169,13 @@ def test_crown_runs_on_the_stage_device(monkeypatch, method):
 
     monkeypatch.setattr(torch.Tensor, "cpu", pinned)
     monkeypatch.setattr(torch.nn.Module, "cpu", pinned)
-    rows, _ = stage.crown_frame(model, x, y, [0.02], method, 0.0, 2, dtype=torch.float64)
+    rows, _ = study.crown_frame(model, x, y, [0.02], method, 0.0, 2, dtype=torch.float64)
     assert set(rows["status"]) == {"ok"} and rows["certified"].any()
     cert = CrownCertifier.from_vit(model, (1, 8, 8))
     assert {p.device for p in cert.bounded.parameters()} == {x.device}
     assert cert.margin_lower(x[:1], y[:1], 0.02, method, 2).device == x.device
     with pytest.raises(ValueError, match="but y on"):
-        stage.crown_frame(model, x, y.to("meta"), [0.02], method, 0.0, 3)
+        study.crown_frame(model, x, y.to("meta"), [0.02], method, 0.0, 3)
 
 
 def _sources_outside_parameters(path: Path) -> str:
@@ -203,7 +204,7 @@ def test_paper_scale_crown_model_is_patch_16_at_32_pixels():
     data = {"train": {"x": torch.zeros(2, 3, 32, 32, dtype=torch.uint8)},
             "classes": [str(c) for c in range(10)], "mean": [0.5] * 3, "std": [0.25] * 3}
     torch.manual_seed(0)
-    model = build_vit(stage.vit_config(data, p, min(p.depths))).double().eval()
+    model = build_vit(study.vit_config(data, p, min(p.depths))).double().eval()
     x = torch.rand(2, 3, 32, 32, dtype=torch.float64)
     assert model.pos.shape[1] == 4 + (model.cls_token is not None)
     assert torch.allclose(CrownViT(model).double()(x), model(x), atol=1e-6, rtol=0)
@@ -217,35 +218,35 @@ def test_points_lofast_certified_and_a_spent_budget_skip_crown():
     x = torch.rand(4, 1, 8, 8, generator=g, dtype=torch.float64)
     y = model(x).argmax(1)
     eps = [0.02, 0.1]
-    lofast = stage.lofast_frame(model, x, y, "lofast_M", eps)
+    lofast = study.lofast_frame(model, x, y, "lofast_M", eps)
     done = torch.tensor(lofast[["certified_0.02", "certified_0.1"]].to_numpy())
     done[0] = True  # as if LoFAST certified point 0 at both radii
-    budget = stage.Budget(0.0)
+    budget = study.Budget(0.0)
     assert not budget.spent()  # 0 = no budget
-    rows, _ = stage.crown_frame(model, x, y, eps, "crown", 0.0, 5, lofast=done, budget=budget)
+    rows, _ = study.crown_frame(model, x, y, eps, "crown", 0.0, 5, lofast=done, budget=budget)
     assert (rows[rows["index"] == 0]["status"] == "lofast").all()
     assert (rows.loc[rows["status"] == "lofast", "seconds"] == 0).all()
     assert set(rows.loc[~torch.tensor(done.flatten().tolist()).numpy(), "status"]) <= {
         "ok", "skipped"}
-    t1, t2 = stage.tables(lofast.assign(**{"certified_0.02": done[:, 0].numpy(),
-                                           "certified_0.1": done[:, 1].numpy()}),
-                          rows, eps, 1, "CROWN")
+    t1, t2 = tables(lofast.assign(**{"certified_0.02": done[:, 0].numpy(),
+                                     "certified_0.1": done[:, 1].numpy()}),
+                    rows, eps, 1, "CROWN")
     assert t1[1]["acc_0.02"] is None and t2[0]["crown_acc"] is None
     assert t2[0]["combined_acc"] >= t2[0]["lofast_acc"]
-    spent = stage.Budget(1e-9)
-    rows, _ = stage.crown_frame(model, x, y, eps, "crown", 0.0, 5, budget=spent)
+    spent = study.Budget(1e-9)
+    rows, _ = study.crown_frame(model, x, y, eps, "crown", 0.0, 5, budget=spent)
     assert rows["status"].iloc[0] == "ok" and set(rows["status"].iloc[1:]) == {"budget"}
     with pytest.raises(ValueError, match="shape"):
-        stage.crown_frame(model, x, y, eps, "crown", 0.0, 5, lofast=done[:, :1])
+        study.crown_frame(model, x, y, eps, "crown", 0.0, 5, lofast=done[:, :1])
 
 
 def test_a_stage_whose_bounds_mostly_fail_fails():
     rows = pd.DataFrame({"status": ["ok", "time_limit", "out_of_memory", "skipped", "lofast",
                                     "budget"]})
-    stage.require_few_errors(rows, 0.5, "x")  # 1 error of 3 that ran
+    study.require_few_errors(rows, 0.5, "x")  # 1 error of 3 that ran
     with pytest.raises(RuntimeError, match=r"1 of 3 CROWN bounds failed \(out_of_memory 1\)"):
-        stage.require_few_errors(rows, 0.25, "x")
-    stage.require_few_errors(rows[rows["status"] == "skipped"], 0.0, "x")  # none ran
+        study.require_few_errors(rows, 0.25, "x")
+    study.require_few_errors(rows[rows["status"] == "skipped"], 0.0, "x")  # none ran
 
 
 def test_units_then_gather(tmp_path):

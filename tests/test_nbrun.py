@@ -56,8 +56,8 @@ def _set(project, old, new):
 
 
 def _run(project, venv_env, *extra):
-    cmd = [sys.executable, "-m", "attncert.pipeline.nbrun", "nb.py", "out.ipynb", "--section", "data",
-           *extra]
+    cmd = [sys.executable, "-m", "attncert.pipeline.nbrun", "nb.py", "out.ipynb", "--section",
+           "data", *extra]
     t0 = time.perf_counter()
     proc = subprocess.run(cmd, cwd=project, env=venv_env, capture_output=True, text=True)
     return proc, time.perf_counter() - t0

@@ -99,8 +99,8 @@ def test_every_dataset_builder_gives_the_config_it_built_before(channels, size):
 
     from attncert import specformer as sf
     from attncert.certvit import methods as stage
+    from attncert.crown.study import vit_config
     from attncert.models import ViTConfig
-    from attncert.stages import crown as crown_stage
 
     data = _data(channels, size) | {"mean": [0.1 + c / 10 for c in range(channels)],
                                     "std": [0.3 - c / 50 for c in range(channels)]}
@@ -117,7 +117,7 @@ def test_every_dataset_builder_gives_the_config_it_built_before(channels, size):
                                       data) == ViTConfig(
             **shape, depth=3, heads=4, gamma_vo=0.5, mean=m, std=sd, **grid)
         crown_p = dataclasses.replace(load_params()["crown"], **crown, normalize=norm)
-        assert crown_stage.vit_config(data, crown_p, 4) == ViTConfig(
+        assert vit_config(data, crown_p, 4) == ViTConfig(
             **shape, depth=4, kind="lipschitz", block="stream", mean=m, std=sd, **crown)
     assert sf.data_config(data, **arch) == ViTConfig(**shape, mean=mean, std=std, **arch)
     assert sf.data_config(data, "mean", **arch) == ViTConfig(**shape, mean=mean, **arch)

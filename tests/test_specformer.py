@@ -17,6 +17,7 @@ from attncert.pipeline.context import make_context
 from attncert.report import paper as paper_module
 from attncert.stages import specformer as stage
 from attncert.stages.registry import load_params
+from attncert.studies import specformer as study
 from attncert.training.train import TrainConfig, evaluate
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -199,9 +200,10 @@ def test_paper_scale_cifar_grid_code_path(dataset, num_classes, mirror, tmp_path
                             adv_methods=list(sf.METHODS))
     data = cifar_shaped(dataset, num_classes, mirror, tmp_path, p.max_train)
 
-    # the stage's calls, in its order (attncert.stages.specformer.run)
+    # the stage's calls, in its order (attncert.stages.specformer.run, through
+    # attncert.studies.specformer)
     specs = sf.attack_specs(p.std_eps_255, p.adv_eval_eps_255, p.attack_steps, p.attack_eps)
-    plan = sf.run_plan(p.methods, p.adv_methods, *stage.recipe(p, 0, sf.SCRATCH))
+    plan = sf.run_plan(p.methods, p.adv_methods, *study.recipe(p, 0, sf.SCRATCH))
     base = sf.base_model_config(data, p.patch, p.dim, p.depth, p.heads, p.mlp_hidden, p.block)
     x, y = sf.eval_split(data, p.n_eval)
     rows = []
@@ -272,7 +274,7 @@ def test_paper_scale_pretrained_code_path(dataset, num_classes, mirror, tmp_path
     src = p.sources[0]
 
     specs = sf.attack_specs(p.std_eps_255, p.adv_eval_eps_255, p.attack_steps, p.attack_eps)
-    plan = sf.run_plan(p.methods, p.adv_methods, *stage.recipe(p, 0, src))
+    plan = sf.run_plan(p.methods, p.adv_methods, *study.recipe(p, 0, src))
     assert len(plan) == 4
     label = sf.run_label(dataset, src)
     assert label == f"{dataset}@tiny-vit-patch16-64"

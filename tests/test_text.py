@@ -14,12 +14,8 @@ from attncert.bounds import olsa_layer_lipschitz
 from attncert.data import read_sst2_tsv
 from attncert.text import tokenize
 from attncert.text.attacks import audit_embeddings, pgd_embeddings
-from attncert.text.models import (
-    FrozenEncoderOLSA,
-    LipschitzTextTransformer,
-    OLSAClassifier,
-    TextTransformerConfig,
-)
+from attncert.text.lofast import LipschitzTextTransformer, TextTransformerConfig
+from attncert.text.models import FrozenEncoderOLSA, OLSAClassifier
 from attncert.text.olsa import (
     GroupSort,
     L2Attention,

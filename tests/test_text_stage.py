@@ -12,13 +12,15 @@ from matplotlib.figure import Figure
 from attncert.figures import text as figs
 from attncert.pipeline.context import make_context
 from attncert.report import paper
+from attncert.text import tables as text_tables
 from attncert.text.evaluate import (
     attention_statistics,
     attention_table,
     average_radius,
     evaluate_model,
 )
-from attncert.text.models import LipschitzTextTransformer, OLSAClassifier, TextTransformerConfig
+from attncert.text.lofast import LipschitzTextTransformer, TextTransformerConfig
+from attncert.text.models import OLSAClassifier
 from attncert.text.standard import StandardTextTransformer
 from attncert.text.train_text import TextTrainConfig, select_splits, train_model
 
@@ -218,7 +220,7 @@ def test_the_stage_plans_every_model_by_the_names_the_report_reads():
     assert {n for n, j in jobs.items() if j.family == "none"} == {f"vanilla-L{deep}"}
     for name, job in jobs.items():  # the report's OLSA pattern matches OLSA itself only
         olsa = name.startswith("olsa-") and "-alpha1-" not in name
-        assert bool(stage._OLSA_NAME.match(name)) == olsa
+        assert bool(text_tables.OLSA_NAME.match(name)) == olsa
         assert {"epochs", "lr", "gamma"} <= set(job.train)
     assert jobs[f"olsa-L{deep}-g{g:g}"].train["epochs"] == p.epochs["sst2"]
     yelp = stage.jobs(p, vocab=30, dataset="yelp_polarity")  # OLSA Table 1: depths 1-3
@@ -438,13 +440,12 @@ def test_the_text_section_refuses_unknown_or_inconsistent_datasets():
 
 
 def test_the_paper_numbers_sit_beside_the_models_olsa_reports():
-    from attncert.stages import text as stage
 
-    yelp = stage.paper_reference("yelp_polarity", "olsa-L3-g2", 3)
+    yelp = text_tables.paper_reference("yelp_polarity", "olsa-L3-g2", 3)
     assert yelp[0] == paper.OLSA_AVG_RADIUS["yelp"] and "Yelp" in yelp[1]
-    assert stage.paper_reference("yelp_polarity", "olsa-L4-g2", 4) is None
-    assert stage.paper_reference("qqp", "olsa-L3-g2", 3) is None
-    assert stage.paper_reference("qqp", "frozen-olsa", None)[0] == 0.368
+    assert text_tables.paper_reference("yelp_polarity", "olsa-L4-g2", 4) is None
+    assert text_tables.paper_reference("qqp", "olsa-L3-g2", 3) is None
+    assert text_tables.paper_reference("qqp", "frozen-olsa", None)[0] == 0.368
 
 
 def test_large_frozen_states_stay_in_host_memory(tmp_path, monkeypatch):

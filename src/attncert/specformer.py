@@ -51,12 +51,6 @@ from attncert.training.loop import optimizer
 from attncert.training.precision import resolve_precision
 from attncert.training.train import TrainConfig, resolve_device, step_loss, train_resumable
 
-__all__ = ["ATTACKS", "METHODS", "PRETRAINED_METHODS", "SCRATCH", "AttackSpec", "attack_specs",
-           "base_model_config", "comparison_table", "data_config", "eval_split",
-           "finetune_run", "max_sigma_frame", "method_model_config", "method_train_config",
-           "pretrained_model", "robust_accuracy", "run_label", "run_plan", "step_time_ratios",
-           "step_times", "subset_train", "train_configs", "train_run"]
-
 METHODS = ("vanilla", "specformer", "l2former", "lnformer", "lipsformer")
 #: Methods that keep the standard ViT, so a pre-trained checkpoint's weights fit them.
 PRETRAINED_METHODS = ("vanilla", "specformer")
@@ -90,8 +84,8 @@ def train_run(model_cfg: ViTConfig, train_cfg: TrainConfig, data: Mapping[str, A
               dataset: str, ckpt_dir: str | Path, device: str | torch.device = "cpu",
               precision: str = "auto") -> tuple[ViT, list[dict[str, Any]], str]:
     """Build (seeded with ``train_cfg.seed``) and train one model at ``precision``
-    (:mod:`attncert.training.precision`): (model, per-epoch rows, checkpoint status). A checkpoint in
-    ``ckpt_dir`` written for the same run resumes; one written for another run is cleared
+    (:mod:`attncert.training.precision`): (model, per-epoch rows, checkpoint status). A checkpoint
+    in ``ckpt_dir`` written for the same run resumes; one written for another run is cleared
     (:func:`attncert.training.train.train_resumable`)."""
     precision = resolve_precision(precision, resolve_device(device))
     fp = runs.fingerprint(model_cfg, train_cfg, dataset, data["source"], precision)
@@ -165,9 +159,9 @@ def train_configs(*, epochs: int, adv_epochs: int, batch_size: int, lr: float,
                   mix: Mapping[str, float] | None = None) -> tuple[TrainConfig, TrainConfig]:
     """(standard, adversarial): ``optimizer`` (adamw, or sgd with ``momentum``) with a cosine
     schedule, gradients clipped to global norm ``grad_clip`` (0 = off); ``mix``: the
-    standard run's Mixup / CutMix fields of :class:`attncert.training.train.TrainConfig` (mixup_alpha,
-    cutmix_alpha, mix_prob, mix_switch_prob; None = off). The adversarial one is the same for
-    ``adv_epochs`` with PGD adversarial training at l_inf ``adv_eps_255`` / 255, unmixed
+    standard run's Mixup / CutMix fields of :class:`attncert.training.train.TrainConfig`
+    (mixup_alpha, cutmix_alpha, mix_prob, mix_switch_prob; None = off). The adversarial one is the
+    same for ``adv_epochs`` with PGD adversarial training at l_inf ``adv_eps_255`` / 255, unmixed
     (PGD attacks the batch's own labels)."""
     standard = TrainConfig(epochs=epochs, batch_size=batch_size, lr=lr,
                            weight_decay=weight_decay, warmup_steps=warmup_steps,

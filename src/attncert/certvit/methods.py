@@ -183,11 +183,12 @@ def state_sha(model: nn.Module) -> str:
 
 def phase_fingerprint(model: ViT, config: TrainConfig, dataset: str, data_source: str,
                       note: str = "", precision: str | None = None) -> dict[str, Any]:
-    """The fingerprint of one training phase (:func:`attncert.pipeline.runs.fingerprint`), taken before
-    it trains: its checkpoint folder (:func:`attncert.training.train.train_resumable`) is resumed only
-    if it was written for the same model config, training config, dataset, starting weights
-    (their hash, :func:`state_sha`), ``note`` (what else decides the phase, e.g. the fine-tune
-    scope) and resolved training ``precision`` (when given); otherwise the folder is cleared.
+    """The fingerprint of one training phase (:func:`attncert.pipeline.runs.fingerprint`), taken
+    before it trains: its checkpoint folder (:func:`attncert.training.train.train_resumable`) is
+    resumed only if it was written for the same model config, training config, dataset, starting
+    weights (their hash, :func:`state_sha`), ``note`` (what else decides the phase, e.g. the
+    fine-tune scope) and resolved training ``precision`` (when given); otherwise the folder is
+    cleared.
     """
     start = f"{data_source}; initial weights {state_sha(model)}" + (f"; {note}" if note else "")
     return runs.fingerprint(model.config, config, dataset, start, precision)
@@ -213,7 +214,8 @@ def bound_parameters(model: ViT) -> list[str]:
 @contextlib.contextmanager
 def frozen(model: nn.Module, names: Sequence[str]) -> Iterator[nn.Module]:
     """Exclude the named parameters from training inside the ``with`` block (no gradient:
-    :func:`attncert.training.train.train`'s AdamW then leaves them, weight decay included, unchanged)."""
+    :func:`attncert.training.train.train`'s AdamW then leaves them, weight decay included,
+    unchanged)."""
     params = dict(model.named_parameters())
     unknown = sorted(set(names) - set(params))
     if unknown:
@@ -301,8 +303,9 @@ def finetune_context(mode: str, model: ViT, scope: str, masks: Mapping[str, Tens
 
 
 def margin_offset(model: ViT, budgets: Budgets, eps: float) -> float:
-    """The offset L eps of the fine-tune's "radius" loss (:mod:`attncert.training.train`: each rival's
-    gap per unit of head-row distance, the pairwise certificate's own margin), L the features'
+    """The offset L eps of the fine-tune's "radius" loss (:mod:`attncert.training.train`: each
+    rival's gap per unit of head-row distance, the pairwise certificate's own margin), L the
+    features'
     bound every model in the sets satisfies (:func:`attncert.certvit.spectral.budget_bound`):
     a gap above it certifies eps."""
     return budget_bound(model, budgets) * eps

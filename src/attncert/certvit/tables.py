@@ -116,3 +116,9 @@ def imagenet_rows(net: Mapping) -> list[dict]:
                 rows.append(row(f"{base}/certified_acc/{eps}",
                                 f"{where}: certified accuracy at eps {eps}", acc, "fraction"))
     return rows
+
+
+def broken_count(entry: Mapping[str, Any]) -> int:
+    """Broken certificates in a run's record: every mode's and the linear baseline's."""
+    return sum(int(mm.get("broken", 0)) for mm in entry["modes"].values()) + int(
+        entry["linear_baseline"].get("broken", 0))

@@ -26,11 +26,8 @@ def bench_models(params) -> dict[str, tuple[nn.Module, Callable[[int], tuple], s
     from attncert.models import build_vit
     from attncert.pipeline.runs import GridPoint
     from attncert.stages import train_vit
-    from attncert.text.models import (
-        LipschitzTextTransformer,
-        OLSAClassifier,
-        TextTransformerConfig,
-    )
+    from attncert.text.lofast import LipschitzTextTransformer, TextTransformerConfig
+    from attncert.text.models import OLSAClassifier
     from attncert.text.standard import StandardTextTransformer
 
     g, s, sfp, t = params["vit_grid"], params["train_vit"], params["specformer"], params["text"]
@@ -185,15 +182,15 @@ def bench_crown(params, device: str = "auto", points: int = 2,
     out-of-memory kill; ``peak_gb``: the device's peak allocation during the bounds (CUDA) or
     the process's peak resident memory so far (CPU)."""
     from attncert.crown.bridge import CrownCertifier, certify_points
+    from attncert.crown.study import vit_config
     from attncert.models import build_vit
-    from attncert.stages import crown as crown_stage
     from attncert.training.train import resolve_device
 
     c = params["crown"]
     dev = resolve_device(device)
     dtype = getattr(torch, c.bound_dtype)
     for depth in depths or c.depths:
-        cfg = crown_stage.vit_config(stand_in(c.datasets[0]), c, depth)
+        cfg = vit_config(stand_in(c.datasets[0]), c, depth)
         torch.manual_seed(0)
         model = build_vit(cfg).to(device=dev, dtype=dtype).eval()
         x, _ = random_images(cfg, points, dtype)

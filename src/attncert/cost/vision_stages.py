@@ -112,7 +112,7 @@ def tightness_work(p) -> list[Work]:
 
 def specformer_work(p, n_train_max: int, n_test_max: int) -> list[Work]:
     from attncert import specformer as sf
-    from attncert.stages.specformer import certified_configs
+    from attncert.studies.specformer import certified_configs
 
     s = p["specformer"]
     out = []
@@ -210,7 +210,7 @@ def crown_work(p, n_train_max: int, n_test_max: int) -> tuple[list[Work], float]
     per bound (:func:`crown_bound_seconds`; the time limit where none is measured or past
     it), capped by the unit's time budget. Returns the items and the bounds' seconds in
     all."""
-    from attncert.stages import crown as crown_stage
+    from attncert.crown.study import vit_config
 
     c_p = p["crown"]
     out, bound_seconds = [], 0.0
@@ -219,7 +219,7 @@ def crown_work(p, n_train_max: int, n_test_max: int) -> tuple[list[Work], float]
         n_tr, n_te = capped(c_p.max_train, capped(n_train_max, n_tr)), capped(n_test_max, n_te)
         n = min(c_p.n_test, n_te)
         for depth in c_p.depths:
-            cfg = crown_stage.vit_config(stand_in(dataset), c_p, depth)
+            cfg = vit_config(stand_in(dataset), c_p, depth)
             c = vit_counts(cfg)
             items = training_work("crown", f"{dataset} L{depth}", c, n_tr, n_te, c_p.epochs,
                                   c_p.batch_size, 500)

@@ -2,8 +2,8 @@
 
 Importing the package applies the compatibility patches of :mod:`attncert.crown.patches`
 (idempotent). :mod:`attncert.crown.bridge` builds the bounded graph and certifies points one at
-a time; the crown stage (:mod:`attncert.stages.crown`) trains the compared ViTs and assembles
-LoFAST's Tables 1-2.
+a time; :mod:`attncert.crown.study` trains the crown stage's ViTs (:mod:`attncert.stages.crown`)
+and gives its rows, :mod:`attncert.crown.tables` assembles LoFAST's Tables 1-2 from them.
 """
 
 from attncert.crown.patches import apply as apply_patches

@@ -73,8 +73,8 @@ class MultiHeadAttention(nn.Module):
 
         wq/wk/wv: (h, d, d_h), head l = weight[l*d_h:(l+1)*d_h, :].T; wo: (h, d_h, d), head l =
         weight[:, l*d_h:(l+1)*d_h].T. Detached unless ``detach=False`` (a training loss on the
-        bound: :mod:`attncert.training.certified_training`). Raises if the layer has biases (the bounds
-        model bias-free projections).
+        bound: :mod:`attncert.training.certified_training`). Raises if the layer has biases (the
+        bounds model bias-free projections).
         """
         from attncert.bounds import AttentionWeights
 

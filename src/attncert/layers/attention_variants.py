@@ -25,16 +25,6 @@ from ..pipeline import rng
 from .attention import MultiHeadAttention, linear_weight
 from .embed import SVD_PAD
 
-__all__ = [
-    "CenterNorm",
-    "L2MultiHeadAttention",
-    "l2_attention_domain_constant",
-    "LNFormerAttention",
-    "ResidualScale",
-    "ScaledCosineAttention",
-    "spectral_init_",
-]
-
 VALUE_MAPS = ("kim", "plain")
 
 

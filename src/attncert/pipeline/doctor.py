@@ -1,9 +1,9 @@
 """What this machine offers the pipeline, and the guard that keeps the paper scale off the CPU.
 
-    python -m attncert.pipeline.doctor                 # torch, CUDA, driver, GPUs, free memory, bf16,
-                                              # then one training step of each model kind
-    python -m attncert.pipeline.doctor --gpus 0 1 2    # exit 2 unless every id is a visible CUDA device
-    python -m attncert.pipeline.doctor --no-steps      # the report without the model steps
+    python -m attncert.pipeline.doctor               # torch, CUDA, driver, GPUs, free memory,
+                                                     # bf16, one training step of each model
+    python -m attncert.pipeline.doctor --gpus 0 1 2  # exit 2 unless every id is a visible GPU
+    python -m attncert.pipeline.doctor --no-steps    # the report without the model steps
 
 At the paper scale a stage that trains or certifies refuses to start on a CPU
 (:func:`require_device`): a paper-scale run there takes months. The runner

@@ -4,8 +4,8 @@ Where things are comes from dvc.yaml, never from globbing: a stage's metrics fil
 it writes, what the report reads) are its outputs of ``type: details``, its DVC ``metrics`` the
 small headline nbrun writes beside them (:func:`attncert.pipeline.nbrun.write_headline`: what
 ``dvc metrics show`` prints); ``${...}`` templates are filled from params, a matrix stage
-expanded over its grid, each point named by :func:`attncert.pipeline.runs.run_name`; its report is the
-notebook ``nbrun`` writes. A metrics file that is missing reads as None.
+expanded over its grid, each point named by :func:`attncert.pipeline.runs.run_name`; its report is
+the notebook ``nbrun`` writes. A metrics file that is missing reads as None.
 """
 
 from __future__ import annotations

@@ -1,6 +1,7 @@
 """Run one pipeline notebook with papermill, parameters taken from params.yaml.
 
-    python -m attncert.pipeline.nbrun notebooks/01_data.py reports/notebooks/01_data.ipynb --section data
+    python -m attncert.pipeline.nbrun notebooks/01_data.py reports/notebooks/01_data.ipynb \
+        --section data
     python -m attncert.pipeline.nbrun notebooks/03_train_vit.py OUT.ipynb --section vit_grid \
         --section train_vit --item dataset=mnist --item depth=3 --item heads=4 --item gamma_vo=0.5
 
@@ -13,9 +14,9 @@ Errors are one line on stderr, exit status 2; so is a paper-scale stage that wou
 CPU (:func:`attncert.pipeline.doctor.require_device`).
 
 The console shows one line when the notebook starts and one when it ends (its time), and the
-progress of its long loops (:mod:`attncert.pipeline.progress`), relayed from the kernel; the kernel's
-printed output goes into the executed notebook only. After a run, the stage's DVC metrics (its
-headline: a few numbers, the seconds and the peak memory) are written (:func:`write_headline`).
+progress of its long loops (:mod:`attncert.pipeline.progress`), relayed from the kernel; the
+kernel's printed output goes into the executed notebook only. After a run, the stage's DVC metrics
+(its headline: a few numbers, the seconds and the peak memory) are written (:func:`write_headline`).
 """
 
 from __future__ import annotations

@@ -1,9 +1,9 @@
 """Scale profiles: apply profiles/<name>.yaml on top of the committed (paper) params.yaml.
 
-    python -m attncert.pipeline.profile apply smoke     # writes params.yaml, keeps its comments
-    python -m attncert.pipeline.profile apply paper     # back to the committed paper scale
-    python -m attncert.pipeline.profile apply cpu --keep-edits   # carry edits of scale-dependent keys
-    python -m attncert.pipeline.profile show cpu        # the overrides, as `dvc exp run -S` arguments
+    python -m attncert.pipeline.profile apply smoke  # writes params.yaml, keeps its comments
+    python -m attncert.pipeline.profile apply paper  # back to the committed paper scale
+    python -m attncert.pipeline.profile apply cpu --keep-edits  # carry edits of scaled keys
+    python -m attncert.pipeline.profile show cpu     # the overrides, as `dvc exp run -S` args
 
 The base is params.yaml as committed at git HEAD (so profiles never stack); outside a git
 checkout the current params.yaml is the base when its base.scale is 'paper'. A profile may

@@ -2,7 +2,8 @@
 
 Every long loop of the package iterates through :func:`bar`. Where it writes:
 
-- under :mod:`attncert.pipeline.nbrun` (every pipeline stage) to the file named by ``ATTNCERT_CONSOLE``,
+- under :mod:`attncert.pipeline.nbrun` (every pipeline stage) to the file named by
+``ATTNCERT_CONSOLE``,
   which nbrun relays to its own terminal or log while the notebook runs: the executed
   notebook (the report) receives none of it;
 - elsewhere (a script, a test, an interactive notebook) to ``sys.stderr``.

@@ -4,8 +4,8 @@ A grid point (a DVC matrix item of ``vit_grid``, :class:`GridPoint`) is a datase
 number of heads and gamma_vo; the ``train_vit`` stage (:mod:`attncert.stages.train_vit`) builds
 its configs from its section. Its folder ``<runs_dir>/<name>/`` holds ``ckpt/`` (the per-epoch
 checkpoint, kept between ``dvc repro`` runs so that training resumes; cleared when the run's
-:func:`fingerprint` changes, :func:`attncert.training.train.train_resumable`), ``model.pt`` (the final
-model) and ``train.json`` (per-epoch metrics).
+:func:`fingerprint` changes, :func:`attncert.training.train.train_resumable`), ``model.pt`` (the
+final model) and ``train.json`` (per-epoch metrics).
 """
 
 from __future__ import annotations

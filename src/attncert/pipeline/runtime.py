@@ -23,8 +23,8 @@ CUBLAS_WORKSPACE = ":4096:8"
 
 
 def configure(base) -> None:
-    """Apply ``base.threads`` and ``base.deterministic`` (a :class:`attncert.pipeline.params.BaseParams`)
-    to this process."""
+    """Apply ``base.threads`` and ``base.deterministic`` (a
+    :class:`attncert.pipeline.params.BaseParams`) to this process."""
     if base.threads:
         torch.set_num_threads(base.threads)
     if base.deterministic:

@@ -43,8 +43,8 @@ def eps_match(eps: str | float, grid: Sequence[float]) -> int | None:
     return next((i for i, g in enumerate(grid) if abs(g - e) < 1e-9), None)
 
 
-#: the keys of a stage's DVC headline (:func:`attncert.pipeline.nbrun.write_headline`), the same in every
-#: stage so that ``dvc metrics show`` prints one narrow table: clean accuracy; certified and
+#: the keys of a stage's DVC headline (:func:`attncert.pipeline.nbrun.write_headline`), the same in
+#: every stage so that ``dvc metrics show`` prints one narrow table: clean accuracy; certified and
 #: PGD accuracy at ``eps`` (the middle radius of the stage's grid); broken certificates; the
 #: largest bound / PGD ratio (tightness); an average certified radius (text); and, added by
 #: nbrun, the stage's seconds and peak resident memory (GB)

@@ -30,6 +30,7 @@ from attncert.certvit.study import imagenet_route, run_steps
 from attncert.certvit.tables import (
     PAPER_EPS,
     at_paper_eps,
+    broken_count,
     imagenet_rows,
     table1_entry,
     table1_eps,
@@ -55,8 +56,6 @@ from attncert.report.paper import certvit_table1
 #: The fine-tune losses after constraining (``paper`` mode; ``spectral`` trains with the
 #: certificate's own margin, :mod:`attncert.training.train`'s "radius").
 MARGINS = ("none", "lmt")
-
-
 
 
 #: this module's params.yaml section
@@ -272,12 +271,6 @@ def read_unit(p: Params, base: BaseParams, unit: str) -> dict[str, Any]:
                        f"the certvit unit {unit!r}", dvc_stage(unit))
 
 
-def _broken(entry: Mapping[str, Any]) -> int:
-    """Broken certificates in a run's record: every mode's and the linear baseline's."""
-    return sum(int(mm.get("broken", 0)) for mm in entry["modes"].values()) + int(
-        entry["linear_baseline"].get("broken", 0))
-
-
 def _gather(p: Params, ctx: Context) -> dict[str, Any]:
     """Gather every unit's record into the stage's metrics file: the ``main`` run's numbers
     at the top level, ``imagenet`` (CertViT Table 3's route) and ``table1`` (per dataset).
@@ -287,7 +280,7 @@ def _gather(p: Params, ctx: Context) -> dict[str, Any]:
     main = read_unit(p, base, MAIN)
     table1 = {d: read_unit(p, base, TABLE1 + d) for d in p.table1_datasets}
     net = read_unit(p, base, IMAGENET)
-    broken = {u: _broken(e) for u, e in [(MAIN, main), *((TABLE1 + d, e)
+    broken = {u: broken_count(e) for u, e in [(MAIN, main), *((TABLE1 + d, e)
                                                           for d, e in table1.items())]}
     if isinstance(net["imagenet"], dict):  # Table 3's route: every model's modes
         broken[IMAGENET] = sum(int(mm.get("broken", 0)) for e in net["imagenet"]["models"]

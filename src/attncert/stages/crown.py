@@ -9,37 +9,42 @@ not certify at an eps is not run at the larger ones (recorded "skipped", 0 s: it
 counted as certified there). With ``skip_lofast_certified`` CROWN does not run where LoFAST
 certified ("lofast"); past a unit's ``time_budget`` of CROWN seconds no bound runs
 ("budget"); more than ``max_error_share`` errors among the bounds that ran fail the stage
-(:func:`require_few_errors`). Seconds per sample: LoFAST's certificate with its radius (valid
-for every eps at once), CROWN's mean time of one (point, eps) bound over the pairs it ran.
-Every certified point is then attacked with L2 PGD: a broken certificate fails the stage.
+(:func:`attncert.crown.study.require_few_errors`). Seconds per sample: LoFAST's certificate
+with its radius (valid for every eps at once), CROWN's mean time of one (point, eps) bound over
+the pairs it ran. Every certified point is then attacked with L2 PGD: a broken certificate
+fails the stage.
 
 Each (dataset, depth) is an independent unit (:func:`units`, one DVC stage each: several GPUs
-share the stage); :func:`run` gathers their records.
+share the stage); :func:`run` gathers their records. The study's code (training, one row per
+point, Tables 1-2) is in :mod:`attncert.crown.study` and :mod:`attncert.crown.tables`.
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import matplotlib.pyplot as plt
 import pandas as pd
 import torch
-from matplotlib.figure import Figure
-from torch import Tensor
 
 from attncert import certify, soundness
 from attncert.crown import METHODS
-from attncert.crown.bridge import CrownCertifier, certify_points
+from attncert.crown.study import (
+    Budget,
+    crown_certified,
+    crown_frame,
+    grid_radius,
+    lofast_frame,
+    require_few_errors,
+    train_model,
+)
+from attncert.crown.tables import DatasetResult, gather_dataset, tables
 from attncert.data import as_float, load_processed
-from attncert.figures import crown as figs
-from attncert.models import ViTConfig, build_vit
-from attncert.pipeline import runs
 from attncert.pipeline.context import Context
-from attncert.pipeline.io import atomic_path, write_json
+from attncert.pipeline.io import write_json
 from attncert.pipeline.params import (
     NORMALIZE,
     VIT_POOLS,
@@ -57,8 +62,6 @@ from attncert.pipeline.params import (
 from attncert.pipeline.records import read_record, unit_key
 from attncert.report import paper
 from attncert.report.headline import eps_match, numbers, row
-from attncert.training.precision import resolve_precision
-from attncert.training.train import TrainConfig, evaluate, resolve_device, train_resumable
 
 #: LoFAST's certificate variants compared with CROWN (pairwise test); the CROWN methods are
 #: the keys of :data:`attncert.crown.METHODS` (crown, alpha_crown).
@@ -125,23 +128,6 @@ class Params:
 
 
 @dataclass
-class DatasetResult:
-    """One dataset's part: the number of points, the trained models, one row per CROWN
-    (point, eps), the PGD audit, Tables 1-2 (with their figures, saved as PNGs in
-    ``work_dir``), the CROWN / LoFAST seconds ratio per depth and its metrics entry."""
-
-    n: int
-    trained: pd.DataFrame
-    crown: pd.DataFrame
-    audit: pd.DataFrame
-    table1: pd.DataFrame
-    table2: pd.DataFrame
-    ratio: dict[str, float]
-    figures: dict[str, Figure]
-    metrics: dict[str, Any]
-
-
-@dataclass
 class Result:
     """What the notebook shows: the units' device(s) and each dataset's part, in ``datasets``
     order."""
@@ -174,8 +160,9 @@ def _run_unit(p: Params, ctx: Context, unit: str) -> dict[str, Any]:
     points by LoFAST and every CROWN method (its own ``time_budget``), audit them with PGD;
     write the record to :func:`unit_file` (before the checks, so a failure can be inspected)
     and return it. Raises :class:`attncert.soundness.UnsoundCertificateError` on a broken
-    certificate, RuntimeError on too many failed bounds (:func:`require_few_errors`) or a
-    combination that certifies less than one of its methods."""
+    certificate, RuntimeError on too many failed bounds
+    (:func:`~attncert.crown.study.require_few_errors`) or a combination that certifies less
+    than one of its methods."""
     if unit not in units(p):
         raise ValueError(f"crown unit {unit!r}: not one of {units(p)}")
     dataset, depth = unit.rsplit("-L", 1)
@@ -261,251 +248,6 @@ def _gather(p: Params, ctx: Context) -> Result:
         "stage_seconds": sum(rec["seconds"] for rec in records.values())
         + time.perf_counter() - t0})
     return Result(", ".join(sorted(devices)), parts)
-
-
-def gather_dataset(p: Params, dataset: str, records: Sequence[Mapping[str, Any]], out: Path,
-                   frames: dict[str, list]) -> DatasetResult:
-    """One dataset's part of :func:`run` from its units' records (in ``depths`` order); its
-    rows are appended to ``frames`` (by CSV name) and every CSV is rewritten."""
-    n = records[0]["n"]
-    lofast_df = pd.DataFrame([r for rec in records for r in rec["lofast"]])
-    crown_df = pd.DataFrame([r for rec in records for r in rec["crown"]])
-    frames["lofast.csv"].append(lofast_df.assign(dataset=dataset))
-    frames["crown.csv"].append(crown_df.assign(dataset=dataset))
-    for name, dfs in frames.items():
-        with atomic_path(out / name) as tmp:
-            pd.concat(dfs).to_csv(tmp, index=False)
-    table1 = pd.DataFrame([r for rec in records for r in rec["table1"]])
-    table2 = pd.DataFrame([r for rec in records for r in rec["table2"]])
-    audit = pd.DataFrame([r for rec in records for r in rec["audit"]])
-    broken = int(audit[[c for c in audit if c.startswith("broken_")]].to_numpy().sum())
-
-    figures = {"table1": figs.plot_table1(table1, dataset),
-               "table2": figs.plot_table2(table2, dataset)}
-    for name, fig in figures.items():
-        with atomic_path(out / f"{name}_{dataset}.png") as tmp:
-            fig.savefig(tmp, format="png", dpi=120, bbox_inches="tight")
-        plt.close(fig)  # shown once, by the notebook
-
-    ratio = {}
-    for d in p.depths:
-        secs = table1[table1["depth"] == d].set_index("method")["seconds_per_sample"]
-        ratio[str(d)] = float(secs.drop("LoFAST").iloc[0] / secs["LoFAST"])
-    trained = [rec["trained"] for rec in records]
-    metrics = {
-        "n": n, "crown_over_lofast_seconds": ratio, "broken": broken,
-        "table1": table1.to_dict("records"), "table2": table2.to_dict("records"),
-        "crown_status": {f"L{d}": status_counts(crown_df[crown_df["depth"] == d])
-                         for d in p.depths},
-        "trained": trained, "seconds": sum(rec["seconds"] for rec in records)}
-    return DatasetResult(n, pd.DataFrame(trained), crown_df, audit, table1, table2, ratio,
-                         figures, metrics)
-
-
-# ------------------------------------------------------------------ models
-def vit_config(data: Mapping[str, Any], p: Params, depth: int) -> ViTConfig:
-    """The study's Lipschitz ViT of one depth for a processed dataset (stream blocks)."""
-    return runs.dataset_vit_config(
-        data, p.normalize, patch=p.patch, dim=p.dim, depth=depth, heads=p.heads,
-        mlp_hidden=p.mlp_hidden, kind="lipschitz", block="stream", pool=p.pool,
-        radius_attn=p.radius_attn, gamma_qk=p.gamma_qk, gamma_vo=p.gamma_vo)
-
-
-def train_model(data: Mapping[str, Any], p: Params, depth: int, seed: int,
-                ckpt_dir: str | Path, device: str | torch.device, precision: str = "auto"):
-    """Train one ViT (resumable in ``ckpt_dir``, at ``precision``: :mod:`attncert.training.precision`)
-    on the first ``max_train`` training images on ``device`` (the stage's ``base.device``);
-    returns (model in eval mode, on ``device``, clean test accuracy, training seconds: the sum
-    over epochs, so a resumed or already finished run reports the time its training took)."""
-    torch.manual_seed(seed)
-    model = build_vit(vit_config(data, p, depth))
-    cfg = TrainConfig(epochs=p.epochs, batch_size=p.batch_size, lr=p.lr,
-                      warmup_steps=p.warmup_steps, margin="lmt", lmt_offset=p.lmt_offset,
-                      logit_scale=p.logit_scale, seed=seed)
-    n = p.max_train or len(data["train"]["y"])
-    tr = {"x": data["train"]["x"][:n], "y": data["train"]["y"][:n]}
-    # a checkpoint of another model, config or training subset is cleared, never resumed
-    precision = resolve_precision(precision, resolve_device(device))
-    fp = runs.fingerprint(model.config, cfg, data.get("name", ""),
-                          f"{data.get('source', '')}; first {n} training images", precision)
-    curves, _ = train_resumable(model, tr, data["test"], cfg, ckpt_dir, device, fingerprint=fp,
-                                precision=precision)
-    seconds = sum(r["seconds"] for r in curves)
-    return model.eval(), evaluate(model, data["test"], device)["acc"], seconds
-
-
-# ------------------------------------------------------------------ one row per point
-def lofast_frame(model, x: Tensor, y: Tensor, variant: str, eps_grid: Sequence[float],
-                 max_radius: float = 10.0, batch_size: int = 100) -> pd.DataFrame:
-    """One row per point: correct, radius, seconds (per sample) and ``certified_<eps>``."""
-    table = certify.certify_table(model, x, y, [variant], ["pairwise"], 1.0, max_radius,
-                                  batch_size)
-    out = pd.DataFrame({"index": table["index"], "correct": table["correct"].astype(bool),
-                        "radius": table[f"radius_{variant}_pairwise"],
-                        "seconds": table[f"seconds_{variant}_pairwise"]})
-    for e in eps_grid:
-        out[f"certified_{e}"] = out["correct"] & (out["radius"] >= e)
-    return out
-
-
-#: statuses of a (point, eps) row whose bound did not run
-NOT_RUN = ("skipped", "lofast", "budget")
-#: statuses of a bound that ran and gave a result (a time limit is the paper's "-", not an error)
-RESULTS = ("ok", "time_limit")
-
-
-class Budget:
-    """Seconds of CROWN bounds left to a stage (``seconds`` 0: no budget)."""
-
-    def __init__(self, seconds: float) -> None:
-        self.limited = seconds > 0
-        self.left = seconds
-
-    def spent(self) -> bool:
-        return self.limited and self.left <= 0
-
-    def charge(self, seconds: float) -> None:
-        self.left -= seconds
-
-
-def crown_frame(model, x: Tensor, y: Tensor, eps_grid: Sequence[float], method: str,
-                time_limit_s: float, alpha_iterations: int, dtype: torch.dtype = torch.float64,
-                progress: bool = False, lofast: Tensor | None = None,
-                budget: Budget | None = None) -> tuple[pd.DataFrame, float]:
-    """One row per (point, eps), smallest eps first, skipping the larger eps of a point that
-    was not certified; returns (rows, seconds to build the bounded graph). ``lofast`` (n,
-    len(eps)) bool, eps ascending: pairs LoFAST certified, not run (status "lofast");
-    ``budget``: once spent, no bound runs (status "budget").
-
-    CROWN runs where the points are (``x.device``: the model is moved there, in place) in
-    ``dtype``: float64 for a certificate; float32 halves time and memory, with rounding in
-    the bound's last digits (the stage's PGD audit checks every certified point)."""
-    if y.device != x.device:
-        raise ValueError(f"x on {x.device} but y on {y.device}")
-    eps_sorted = sorted(eps_grid)
-    if lofast is not None and tuple(lofast.shape) != (len(y), len(eps_sorted)):
-        raise ValueError(f"lofast: expected shape {(len(y), len(eps_sorted))}, got "
-                         f"{tuple(lofast.shape)}")
-    model = model.to(device=x.device, dtype=dtype)
-    cert = CrownCertifier.from_vit(model, x.shape[1:], dtype)
-    rows = []
-    for i in range(len(y)):
-        alive = True
-        for j, e in enumerate(eps_sorted):
-            status = ("skipped" if not alive else
-                      "lofast" if lofast is not None and bool(lofast[i, j]) else
-                      "budget" if budget is not None and budget.spent() else None)
-            if status is not None:
-                rows.append({"index": i, "eps": float(e), "method": method, "certified": False,
-                             "margin_lower": float("nan"), "seconds": 0.0, "status": status})
-                continue
-            (row_,) = certify_points(cert, x[i:i + 1].to(dtype), y[i:i + 1], [e], method,
-                                     time_limit_s, alpha_iterations)
-            row_["index"] = i
-            if budget is not None:
-                budget.charge(row_["seconds"])
-            alive = bool(row_["certified"])
-            rows.append(row_)
-        if progress:
-            print(f"{method}: point {i + 1}/{len(y)}", flush=True)
-    return pd.DataFrame(rows), cert.build_seconds
-
-
-def require_few_errors(crown: pd.DataFrame, max_share: float, where: str) -> None:
-    """Raise RuntimeError when more than ``max_share`` of the bounds that ran ended in an
-    error (out of memory, an unsupported operator, overflow...): the stage's CROWN numbers
-    would describe the failures, not CROWN."""
-    ran = crown[~crown["status"].isin(NOT_RUN)]
-    errors = ran[~ran["status"].isin(RESULTS)]
-    if len(ran) and len(errors) > max_share * len(ran):
-        counts = ", ".join(f"{k} {v}" for k, v in errors["status"].value_counts().items())
-        raise RuntimeError(f"{where}: {len(errors)} of {len(ran)} CROWN bounds failed ({counts}"
-                           f"), more than crown.max_error_share = {max_share:g}; see the "
-                           "'error' column")
-
-
-def crown_certified(rows: pd.DataFrame, n: int, eps: float) -> Tensor:
-    """(n,) bool: certified by CROWN at eps."""
-    out = torch.zeros(n, dtype=torch.bool)
-    hit = rows[(rows["eps"] == eps) & rows["certified"]]["index"].to_numpy()
-    out[torch.tensor(hit, dtype=torch.long)] = True
-    return out
-
-
-def grid_radius(certified: Mapping[float, Tensor]) -> Tensor:
-    """(n,) the largest eps of the grid certified with every smaller one (0: none)."""
-    eps = sorted(certified)
-    n = len(next(iter(certified.values())))
-    r, alive = torch.zeros(n, dtype=torch.float64), torch.ones(n, dtype=torch.bool)
-    for e in eps:
-        alive &= certified[e]
-        r[alive] = e
-    return r
-
-
-# ------------------------------------------------------------------ Tables 1-2
-def tables(lofast: pd.DataFrame, crown: pd.DataFrame, eps_grid: Sequence[float],
-           depth: int, method: str) -> tuple[list[dict], list[dict]]:
-    """Rows of Table 1 (LoFAST vs CROWN) and Table 2 (CROWN alone vs LoFAST + CROWN) for one
-    model. Accuracies in %; a CROWN entry whose pairs all failed is None (the paper's "-")."""
-    n = len(lofast)
-    lo_s = float(lofast["seconds"].mean())
-    ran = crown[~crown["status"].isin(NOT_RUN)]
-
-    def alone(e: float, failed: bool = False) -> float | None:
-        """CROWN's own certified accuracy at e: None when some points were left to LoFAST or
-        to the budget (not measured on every point), and with ``failed`` when no bound at e
-        succeeded (the paper's "-")."""
-        at = crown[crown["eps"] == e]
-        if at["status"].isin(("lofast", "budget")).any() or (
-                failed and not (ran[ran["eps"] == e]["status"] == "ok").any()):
-            return None
-        return 100 * float(crown_certified(crown, n, e).double().mean())
-
-    t1 = [{"depth": depth, "method": "LoFAST", "seconds_per_sample": lo_s,
-           **{f"acc_{e}": 100 * float(lofast[f"certified_{e}"].mean()) for e in eps_grid}},
-          {"depth": depth, "method": method, "seconds_per_sample": float(ran["seconds"].mean())
-           if len(ran) else float("nan"), **{f"acc_{e}": alone(e, True) for e in eps_grid}}]
-    t2 = []
-    for e in eps_grid:
-        lo = torch.tensor(lofast[f"certified_{e}"].to_numpy())
-        cr = crown_certified(crown, n, e)
-        at = crown[crown["eps"] == e].sort_values("index")
-        sec = torch.tensor(at["seconds"].to_numpy(), dtype=torch.float64)
-        t2.append({"depth": depth, "eps": e, "method": method,
-                   "crown_acc": alone(e),
-                   "crown_seconds": float(sec.mean()),
-                   "combined_acc": 100 * float((lo | cr).double().mean()),
-                   "combined_seconds": lo_s + float(sec[~lo].sum()) / n,
-                   "lofast_acc": 100 * float(lo.double().mean())})
-    return t1, t2
-
-
-def status_counts(crown: pd.DataFrame) -> dict[str, int]:
-    """How many (point, eps) pairs ended in each status."""
-    return {str(k): int(v) for k, v in crown["status"].value_counts().items()}
-
-
-def table1_with_paper(table1: pd.DataFrame, dataset: str) -> pd.DataFrame:
-    """Our Table 1 beside LoFAST's (CIFAR-10), indexed by (depth, method)."""
-    t = paper.LOFAST_TABLE1
-    ours = table1.assign(method=table1["method"] + f" (ours, {dataset})")
-    theirs = pd.DataFrame([{"depth": d, "method": f"{name} (paper, CIFAR-10)",
-                            "seconds_per_sample": t[f"{m}_seconds"][d],
-                            **{f"acc_{e}": a
-                               for e, a in zip(paper.LOFAST_TABLE_EPS, accs, strict=True)}}
-                           for m, name in (("lofast", "LoFAST"), ("crown", "alpha,beta-CROWN"))
-                           for d, accs in t[m].items()])
-    return pd.concat([ours, theirs]).sort_values(["depth", "method"]).set_index(
-        ["depth", "method"])
-
-
-def paper_table2() -> pd.DataFrame:
-    """LoFAST's Table 2: accuracy and seconds per (dataset, method) and eps."""
-    df = pd.DataFrame([{"dataset": ds, "method": m, "eps": e, "acc": a, "seconds": s}
-                       for ds, per in paper.LOFAST_TABLE2.items() for m, vals in per.items()
-                       for e, (a, s) in zip(paper.LOFAST_TABLE_EPS[:2], vals, strict=True)])
-    return df.pivot_table(index=["dataset", "method"], columns="eps", values=["acc", "seconds"])
 
 
 # ------------------------------------------------------------------ headline

@@ -7,25 +7,22 @@ the first ``n_eval`` test images; the largest singular value per layer of the st
 models (SpecFormer Figure 2a); the cost of a training step relative to vanilla (its Table 3);
 and what the penalty buys in certified terms: LayerNorm models are refused by the certifier,
 so a Lipschitz ViT trained without and with MSVP is certified with LoFAST(M) and SpecFormer's
-bound. Reusable methods (configs, attacks, timing) live in :mod:`attncert.specformer`.
+bound. Reusable methods (configs, attacks, timing) live in :mod:`attncert.specformer`, the
+study's code (recipes, a unit's runs, Table 5, the certified pair) in
+:mod:`attncert.studies.specformer`.
 """
 
 from __future__ import annotations
 
-import dataclasses
-import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import pandas as pd
-import torch
 
-from attncert import certify
 from attncert import specformer as sf
-from attncert.data import as_float, load_processed
-from attncert.models import ViTConfig
+from attncert.data import load_processed
 from attncert.pipeline.context import Context
 from attncert.pipeline.io import atomic_path, write_json
 from attncert.pipeline.params import (
@@ -46,8 +43,14 @@ from attncert.pipeline.params import (
 from attncert.pipeline.records import read_record, unit_key
 from attncert.report import paper
 from attncert.report.headline import numbers, row, scale_caveat
+from attncert.studies.specformer import (
+    certified_pair,
+    lambda_ablation,
+    main_runs,
+    overview,
+    table5_rows,
+)
 from attncert.training.loop import OPTIMIZERS
-from attncert.training.train import TrainConfig
 
 #: this module's params.yaml section
 SECTION = "specformer"
@@ -176,42 +179,6 @@ class Result:
     metrics: dict[str, Any]
 
 
-def recipe(p: Params, seed: int, source: str) -> tuple[TrainConfig, TrainConfig]:
-    """(standard, adversarial) training configs of ``source``'s runs, before
-    :func:`attncert.specformer.method_train_config`: the from-scratch recipe for
-    :data:`attncert.specformer.SCRATCH`, the ``finetune_*`` recipe for a pre-trained source."""
-    common = {"augment": p.augment, "eval_batch_size": p.eval_batch_size,
-              "adv_eps_255": p.adv_eps_255, "adv_steps": p.adv_steps, "seed": seed}
-    if source == sf.SCRATCH:
-        return sf.train_configs(epochs=p.epochs, adv_epochs=p.adv_epochs,
-                                batch_size=p.batch_size, lr=p.lr, weight_decay=p.weight_decay,
-                                warmup_steps=p.warmup_steps, **common)
-    mix = {"mixup_alpha": p.finetune_mixup_alpha, "cutmix_alpha": p.finetune_cutmix_alpha,
-           "mix_prob": p.finetune_mix_prob, "mix_switch_prob": p.finetune_mix_switch_prob}
-    return sf.train_configs(epochs=p.finetune_epochs, adv_epochs=p.finetune_adv_epochs,
-                            batch_size=p.finetune_batch_size, lr=p.finetune_lr,
-                            weight_decay=p.finetune_weight_decay,
-                            warmup_steps=p.finetune_warmup_steps,
-                            grad_clip=p.finetune_grad_clip, optimizer=p.finetune_optimizer,
-                            momentum=p.finetune_momentum, mix=mix, **common)
-
-
-def certified_configs(p: Params, data: Mapping[str, Any], seed: int
-                      ) -> tuple[ViTConfig, TrainConfig]:
-    """(Lipschitz ViT config, its training config before MSVP) of the certified pair: LoFAST
-    section 5.2's ViT (LayerProject, constrained attention, SLL MLPs, x - mean inside),
-    trained with the LMT margin on the from-scratch recipe."""
-    model_cfg = sf.data_config(data, normalize="mean", patch=p.cert_patch, dim=p.cert_dim,
-                               depth=p.cert_depth, heads=p.cert_heads,
-                               mlp_hidden=2 * p.cert_dim, kind="lipschitz", block="stream",
-                               pool="mean", radius_attn=p.cert_radius_attn,
-                               gamma_qk=p.cert_gamma_qk, gamma_vo=p.cert_gamma_vo)
-    train_cfg = dataclasses.replace(recipe(p, seed, sf.SCRATCH)[0], epochs=p.cert_epochs,
-                                    lr=p.cert_lr, weight_decay=0.0, margin="lmt",
-                                    lmt_offset=p.cert_lmt_offset, logit_scale=p.cert_logit_scale)
-    return model_cfg, train_cfg
-
-
 #: the certified pair's unit; Table 5's are ``lambda<i>`` (DVC's matrix key of the i-th
 #: ``msvp_lambda_ablation`` entry) and the main runs' are the datasets' names
 CERTIFIED = "certified"
@@ -228,7 +195,7 @@ def units(p: Params) -> list[str]:
 
 
 def unit_file(p: Params, unit: str) -> Path:
-    """Where :func:`run_unit` writes the unit's record (JSON)."""
+    """Where :func:`_run_unit` writes the unit's record (JSON)."""
     return Path(p.results_dir) / "units" / f"{unit}.json"
 
 
@@ -267,98 +234,23 @@ def _run_unit(p: Params, ctx: Context, unit: str) -> dict[str, Any]:
     specs = sf.attack_specs(p.std_eps_255, p.adv_eval_eps_255, p.attack_steps, p.attack_eps)
     unit_ckpt(p, unit).mkdir(parents=True, exist_ok=True)  # a DVC output, even when unused
     if unit in p.datasets:
-        _main_runs(p, data, dataset, specs, unit_ckpt(p, unit), device, precision, seed,
-                   record)
+        main_runs(p, data, dataset, specs, unit_ckpt(p, unit), device, precision, seed,
+                  record)
     elif unit == CERTIFIED:
-        rows, sigmas = _certified_pair(p, data, dataset, seed, unit_ckpt(p, unit), device,
-                                       precision)
+        rows, sigmas = certified_pair(p, data, dataset, seed, unit_ckpt(p, unit), device,
+                                      precision)
         record["certified"] = rows
         record["cert_sigma"] = pd.concat(sigmas, ignore_index=True).to_dict("records")
     else:
-        record["ablation"] = _lambda_ablation(p, data, dataset, int(unit.removeprefix("lambda")),
-                                              specs, unit_ckpt(p, unit), device, precision,
-                                              seed)
+        record["ablation"] = lambda_ablation(p, data, dataset, int(unit.removeprefix("lambda")),
+                                             specs, unit_ckpt(p, unit), device, precision,
+                                             seed)
     write_json(unit_file(p, unit), record)
     return record
 
 
-def _train(p: Params, src: str, method: str, train_cfg: TrainConfig, data: Mapping[str, Any],
-           dataset: str, ckpt: Path, device: torch.device, precision: str):
-    """One run: the from-scratch ViT of ``p`` or the fine-tuned pre-trained ``src``."""
-    if src == sf.SCRATCH:
-        vit = sf.base_model_config(data, p.patch, p.dim, p.depth, p.heads, p.mlp_hidden,
-                                   p.block)
-        return sf.train_run(sf.method_model_config(method, vit, p.lipsformer_alpha), train_cfg,
-                            data, dataset, ckpt, device, precision)
-    return sf.finetune_run(src, train_cfg, data, dataset, p.image_size, ckpt, device,
-                           precision)
-
-
-def _main_runs(p: Params, data: Mapping[str, Any], dataset: str, specs: Sequence,
-               ckpt: Path, device: torch.device, precision: str, seed: int,
-               record: dict[str, Any]) -> None:
-    """Every (source, training, method) on ``dataset``: trained, attacked (SpecFormer Tables
-    1-2), the singular values of the standard-trained models (Figure 2a); on the first dataset
-    also the step times (Table 3) and the certifier's answer for a LayerNorm model."""
-    # every pre-trained source is loaded and fitted once before any training (a clear error first)
-    for src in p.sources:
-        if src != sf.SCRATCH:
-            notes = sf.pretrained_model(src, data, p.image_size, seed)[1]
-            record["notes"][sf.run_label(dataset, src)] = "; ".join(notes)
-    models = {}
-    for src in p.sources:
-        label = sf.run_label(dataset, src)
-        for training, method, cfg in sf.run_plan(p.methods, p.adv_methods,
-                                                 *recipe(p, seed, src)):
-            t0 = time.perf_counter()
-            model, curves, status = _train(p, src, method,
-                                           sf.method_train_config(method, cfg, p.msvp_lambda),
-                                           data, dataset, ckpt / f"{label}-{training}-{method}",
-                                           device, precision)
-            models[label, training, method] = model
-            record["trained"].append({
-                "dataset": label, "source": src, "training": training, "method": method,
-                "checkpoint": status, "epochs": len(curves),
-                "train_seconds": sum(r["seconds"] for r in curves),
-                "wall_seconds": time.perf_counter() - t0, "test_acc": curves[-1]["test_acc"]})
-    x, y = sf.eval_split(data, p.n_eval)
-    for (label, training, method), model in models.items():
-        record["robustness"] += [
-            {"dataset": label, "training": training, "method": method, **r}
-            for r in sf.robust_accuracy(model, x.to(device), y.to(device), specs,
-                                        p.attack_batch_size, seed)]
-    for src in p.sources:
-        label = sf.run_label(dataset, src)
-        record["sigma"] += sf.max_sigma_frame(
-            {m: models[label, "standard", m] for m in p.methods}
-        ).assign(dataset=label).to_dict("records")
-    if dataset != p.datasets[0]:
-        return
-    # the cost of a training step (Table 3): first source, side by side, in standard and in
-    # adversarial training (each relative to vanilla in the same training)
-    label = sf.run_label(dataset, p.sources[0])
-    configs = recipe(p, seed, p.sources[0])
-    xb = as_float(data["train"]["x"][:configs[0].batch_size]).to(device)
-    yb = data["train"]["y"][:len(xb)].to(device)
-    for training, cfg in zip(("standard", "adversarial"), configs, strict=True):
-        methods = [m for m in (p.methods if training == "standard" else p.adv_methods)
-                   if (label, training, m) in models]
-        if "vanilla" not in methods:
-            continue
-        timed = {m: (models[label, training, m], sf.method_train_config(m, cfg, p.msvp_lambda))
-                 for m in methods}
-        times = sf.step_times(timed, xb, yb, p.timing_steps, p.timing_rounds, p.timing_warmup)
-        record["times"] += times.assign(training=training).to_dict("records")
-    # certified terms: a LayerNorm model is refused
-    try:
-        certify.precompute(models[label, "standard", "vanilla"], xb[:2])
-        record["refusal"] = "(certified: unexpected for a LayerNorm model)"
-    except ValueError as exc:
-        record["refusal"] = str(exc)
-
-
 def read_unit(p: Params, base: BaseParams, unit: str) -> dict[str, Any]:
-    """The record :func:`run_unit` wrote for ``unit``; ValueError when it is missing or was
+    """The record :func:`_run_unit` wrote for ``unit``; ValueError when it is missing or was
     computed from other params (run the unit's DVC stage first)."""
     return read_record(unit_file(p, unit), unit_key("specformer", p, base),
                        f"the specformer unit {unit!r}", _dvc_stage(p, unit))
@@ -381,31 +273,13 @@ def _gather(p: Params, ctx: Context) -> Result:
     train_rows = [r for rec in main for r in rec["trained"]]
     rows = [r for rec in main for r in rec["robustness"]]
     labels = list(dict.fromkeys(r["dataset"] for r in train_rows))
-    specs = sf.attack_specs(p.std_eps_255, p.adv_eval_eps_255, p.attack_steps, p.attack_eps)
-    plan = sf.run_plan(p.methods, p.adv_methods, *recipe(p, base.seed, p.sources[0]))
-    devices = ", ".join(f"{u} on {rec['device']}" for u, rec in records.items())
-    overview = (
-        f"**Scale** {base.scale}; units {devices}.  \n**Data** "
-        + "; ".join(rec["data"] for rec in main) + f"  \n**Sources** {p.sources}"
-        + "".join(f"  \n{label}: {note}" for rec in main for label, note in rec["notes"].items())
-        + f"  \n**Runs** per dataset and source: {[f'{t}/{m}' for t, m, _ in plan]}"
-        f"  \n**Attacks** on the first {p.n_eval} test images: {[s.label for s in specs]}")
+    summary = overview(p, base, records)
     robustness = pd.DataFrame(rows)
     _write_csv(robustness, out / "robustness.csv")
     sigma = pd.DataFrame([r for rec in main for r in rec["sigma"]])
     _write_csv(sigma, out / "sigma.csv")
 
-    # SpecFormer Table 5; the triple equal to msvp_lambda is the main runs' specformer models
-    first_run = sf.run_label(p.datasets[0], p.sources[0])
-    ablation = []
-    for i, lam in enumerate(p.msvp_lambda_ablation):
-        got = records[f"lambda{i}"]["ablation"]
-        if got is None:
-            name = _lambda_name(lam)
-            got = [{"lambda": name, "training": r["training"],
-                    **{k: v for k, v in r.items() if k not in ("dataset", "training", "method")}}
-                   for r in rows if r["dataset"] == first_run and r["method"] == "specformer"]
-        ablation += got
+    ablation = table5_rows(p, records, rows)  # SpecFormer Table 5
     _write_csv(pd.DataFrame(ablation), out / "msvp_ablation.csv")
 
     first = records[p.datasets[0]]
@@ -431,7 +305,7 @@ def _gather(p: Params, ctx: Context) -> Result:
                                         if "adversarial" in all_ratios else {}),
         "msvp_ablation": {f"{r['lambda']}/{r['training']}/{r['attack']}": r["accuracy"]
                           for r in ablation},
-        "table5_run": first_run,
+        "table5_run": sf.run_label(p.datasets[0], p.sources[0]),
         "msvp_step_ratio": msvp_ratio,
         "msvp_step_ratio_within_paper": None if msvp_ratio is None
         else msvp_ratio <= paper.SPECFORMER_STEP_RATIO,
@@ -441,72 +315,11 @@ def _gather(p: Params, ctx: Context) -> Result:
         "certified": cert_rows,
     }
     write_json(p.metrics, metrics)
-    return Result(overview=overview, trained=pd.DataFrame(train_rows), robustness=robustness,
+    return Result(overview=summary, trained=pd.DataFrame(train_rows), robustness=robustness,
                   comparison=sf.comparison_table(rows, paper.specformer_rows(labels)),
                   runs=labels, sigma=sigma, ratios=ratios, msvp_ratio=msvp_ratio,
                   refusal=refusal, cert_sigma=pd.DataFrame(records[CERTIFIED]["cert_sigma"]),
                   certified=certified, metrics=metrics)
-
-
-def _lambda_name(lam: Sequence[float]) -> str:
-    return ",".join(f"{v:g}" for v in lam)
-
-
-def _lambda_ablation(p: Params, data: Mapping[str, Any], dataset: str, index: int,
-                     specs: Sequence, ckpt: Path, device: torch.device, precision: str,
-                     seed: int) -> list[dict[str, Any]] | None:
-    """SpecFormer Table 5: the specformer method trained (standard and adversarial, as the
-    first source's plan lists it) at the ``index``-th ``msvp_lambda_ablation`` triple on
-    ``dataset`` from the first source, each attacked like the main runs: rows (lambda,
-    training, attack, accuracy). None for the main runs' own ``msvp_lambda`` (their models
-    answer it: :func:`run`)."""
-    lam = p.msvp_lambda_ablation[index]
-    if [float(v) for v in lam] == [float(v) for v in p.msvp_lambda]:
-        return None
-    src, name = p.sources[0], _lambda_name(lam)
-    label = sf.run_label(dataset, src)
-    x, y = sf.eval_split(data, p.n_eval)
-    rows = []
-    for training, method, cfg in sf.run_plan(p.methods, p.adv_methods, *recipe(p, seed, src)):
-        if method != "specformer":
-            continue
-        model = _train(p, src, method, sf.method_train_config(method, cfg, lam), data, dataset,
-                       ckpt / f"{label}-{training}-specformer-lambda{name}", device,
-                       precision)[0]
-        rows += [{"lambda": name, "training": training, **r}
-                 for r in sf.robust_accuracy(model, x.to(device), y.to(device), specs,
-                                             p.attack_batch_size, seed)]
-    return rows
-
-
-def _certified_pair(p: Params, data: Mapping[str, Any], dataset: str, seed: int, ckpt: Path,
-                    device: torch.device, precision: str
-                    ) -> tuple[list[dict[str, Any]], list[pd.DataFrame]]:
-    """The Lipschitz ViT trained without and with MSVP (``cert_msvp_lambda``), certified in
-    float64 with LoFAST(M) and SpecFormer's bound (pairwise test) on the first
-    ``cert_n_test`` test images: (one row per model and variant, singular values per model)."""
-    model_cfg, train_cfg = certified_configs(p, data, seed)
-    n_cert = min(p.cert_n_test, len(data["test"]["y"]))
-    xc = as_float(data["test"]["x"][:n_cert]).double().to(device)
-    yc = data["test"]["y"][:n_cert].to(device)
-    rows, sigmas = [], []
-    for label, lam in (("lipschitz", [0.0, 0.0, 0.0]), ("lipschitz + MSVP", p.cert_msvp_lambda)):
-        cfg = dataclasses.replace(train_cfg, msvp_lambda=tuple(lam))
-        model, _, _ = sf.train_run(model_cfg, cfg, data, dataset,
-                                   ckpt / f"{dataset}-msvp{cfg.msvp_enabled:d}",
-                                   device, precision)
-        sigmas.append(sf.max_sigma_frame({label: model}))
-        model = model.double()
-        table = certify.certify_table(model, xc, yc, ["lofast_M", "specformer"], ["pairwise"])
-        correct = torch.tensor(table["correct"].to_numpy())
-        for variant in ("lofast_M", "specformer"):
-            radius = torch.tensor(table[f"radius_{variant}_pairwise"].to_numpy())
-            acc = certify.certified_accuracy(correct, radius, p.cert_eps)
-            rows.append({"model": label, "variant": variant,
-                         "clean_acc": float(correct.double().mean()),
-                         "median_radius": float(radius[correct].median()) if correct.any()
-                         else 0.0, **{f"certified@{e}": a for e, a in acc.items()}})
-    return rows, sigmas
 
 
 #: the run SpecFormer's Table 5 CIFAR-10 numbers are of: its ViT-S fine-tuned on CIFAR-10
@@ -520,9 +333,10 @@ TABLE5_ATTACKS = {"standard": {"clean": "clean", "FGSM 2/255": "fgsm", "PGD-2 2/
 
 def headline_rows(m: Mapping, item: Mapping) -> list[dict]:
     """Robust accuracy per run and attack (SpecFormer Tables 1-2 beside the runs of the hub
-    checkpoints that stand for its ViT-S and DeiT-Ti: :func:`attncert.report.paper.specformer_reference`),
-    the lambda ablation (Table 5 beside where its triple and run match), the step-time ratios
-    of both trainings (Table 3) and the certified pair's certified accuracy."""
+    checkpoints that stand for its ViT-S and DeiT-Ti:
+    :func:`attncert.report.paper.specformer_reference`), the lambda ablation (Table 5 beside
+    where its triple and run match), the step-time ratios of both trainings (Table 3) and the
+    certified pair's certified accuracy."""
     rows = []
     for key, acc in m.get("robustness", {}).items():
         dataset, training, method, attack = key.split("/", 3)

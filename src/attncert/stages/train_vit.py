@@ -3,8 +3,8 @@
 The model and training configs are built once from the validated ``train_vit`` section and the
 grid point (:func:`model_config`, :func:`train_config`); training resumes from the point's
 per-epoch checkpoint (:func:`attncert.training.train.train_resumable`, keyed by
-:func:`attncert.pipeline.runs.fingerprint`). The point's folder receives ``model.pt``, ``train.json``
-(per-epoch rows) and ``metrics.json``.
+:func:`attncert.pipeline.runs.fingerprint`). The point's folder receives ``model.pt``,
+``train.json`` (per-epoch rows) and ``metrics.json``.
 """
 
 from __future__ import annotations
@@ -37,8 +37,8 @@ from attncert.pipeline.runs import GridPoint
 from attncert.report.headline import numbers, row
 from attncert.training.train import ADVERSARIAL, TrainConfig, evaluate, train_resumable
 
-#: the training margins of the grid (``attncert.training.train`` also has "radius", not offered here);
-#: "lofast": the pairwise certificate's test with LoFAST's bound at a training radius
+#: the training margins of the grid (``attncert.training.train`` also has "radius", not offered
+#: here); "lofast": the pairwise certificate's test with LoFAST's bound at a training radius
 #: (:mod:`attncert.training.certified_training`)
 MARGINS = ("none", "lmt", "olsa", "lofast")
 

@@ -8,7 +8,7 @@ from torch import Tensor, nn
 
 from attncert.models.vit import Block, ViTConfig
 
-from .models import masked_mean_logits
+from .lofast import masked_mean_logits
 from .olsa import normalize_tokens
 
 

@@ -56,8 +56,8 @@ _MAY_BE_ZERO = ("warmup_steps", "seed", "weight_decay", "gamma", "gamma_ramp", "
 class TextTrainConfig:
     """Optimisation settings; every field is validated (a ValueError names the field).
 
-    ``logit_scale``: CE temperature s (as in :class:`attncert.training.train.TrainConfig`: logits of a
-    1-Lipschitz model are small, so CE(f) learns slowly; s changes the loss only);
+    ``logit_scale``: CE temperature s (as in :class:`attncert.training.train.TrainConfig`: logits of
+    a 1-Lipschitz model are small, so CE(f) learns slowly; s changes the loss only);
     ``gamma``: weight of the certificate regulariser after its ramp (OLSA: 2.0; 0 over a frozen
     encoder); ``gamma_ramp``: fraction of all steps over which it grows linearly from 0;
     ``bucket``: batches per length-sorted bucket (1 = plain shuffling); ``lr_decay_epochs``:

@@ -14,8 +14,9 @@ Margin terms (``margin``; on logits f, true class y, s = ``logit_scale``):
           together shrink the gaps and the distances alike (no gain in the loss).
   "lofast": CE(s (f + ||w_y - w_j|| delta_feat(x, eps) (1 - onehot(y))), y), mixed with the
           plain CE: the pairwise certificate's own test with LoFAST's end-to-end bound at a
-          training radius, differentiated through it (:mod:`attncert.training.certified_training`; it
-          needs the model and its input, so :func:`attncert.training.train.step_loss` computes it).
+          training radius, differentiated through it (:mod:`attncert.training.certified_training`;
+          it needs the model and its input, so :func:`attncert.training.train.step_loss` computes
+          it).
 The scale s (a CE temperature) matters for Lipschitz models: their features have norm ~1, so
 unscaled CE wants a huge head; s changes the loss only, never the predictions or certificates.
 """

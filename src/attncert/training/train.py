@@ -16,13 +16,14 @@ with margin "none" and without adversarial training. train_acc counts the batch'
 
 Speed: the training set moves to the device once (uint8 images stay uint8 there); each batch
 is indexed, converted and augmented on the device with the epoch's generator, which lives on
-that device. The forward pass and loss run at ``precision`` (:mod:`attncert.training.precision`: bf16
-autocast on CUDA by default, float32 on CPU); evaluation and everything after training run
+that device. The forward pass and loss run at ``precision`` (:mod:`attncert.training.precision`:
+bf16 autocast on CUDA by default, float32 on CPU); evaluation and everything after training run
 outside autocast.
 
-The epoch loop (optimiser, schedule, checkpoint, metrics file, resume) is :mod:`attncert.training.loop`,
-shared with the text models; :func:`train_resumable` adds the checkpoint folder's fingerprint
-check (:mod:`attncert.training.checkpoint`): a run whose settings changed starts over.
+The epoch loop (optimiser, schedule, checkpoint, metrics file, resume) is
+:mod:`attncert.training.loop`, shared with the text models; :func:`train_resumable` adds the
+checkpoint folder's fingerprint check (:mod:`attncert.training.checkpoint`): a run whose settings
+changed starts over.
 """
 
 from __future__ import annotations
@@ -382,8 +383,8 @@ def train_resumable(model: nn.Module, train_data: Any, test_data: Any, config: A
     """:func:`train` in ``ckpt_dir``, resumed only when the folder was written for the same run.
 
     ``fingerprint``: a JSON-able record of everything that decides the run (e.g.
-    :func:`attncert.pipeline.runs.fingerprint`; it should name the resolved ``precision``), stored as
-    ``ckpt_dir/marker``. A folder with another fingerprint is cleared and the run starts over
+    :func:`attncert.pipeline.runs.fingerprint`; it should name the resolved ``precision``), stored
+    as ``ckpt_dir/marker``. A folder with another fingerprint is cleared and the run starts over
     (printed, and named in the returned status); the same fingerprint resumes from the last
     finished epoch, and a finished run only reads its rows back. The per-epoch rows go to
     ``metrics_path`` (default ``ckpt_dir/metrics.json``) after every epoch.

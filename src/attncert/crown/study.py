@@ -1,0 +1,169 @@
+"""The crown stage's study (:mod:`attncert.stages.crown`): its Lipschitz ViTs trained, LoFAST's
+and CROWN's rows, one per point (LoFAST) or per (point, eps) (CROWN), and their checks.
+
+Functions that need the stage's params take its ``Params`` as an argument.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import pandas as pd
+import torch
+from torch import Tensor
+
+from attncert import certify
+from attncert.crown.bridge import CrownCertifier, certify_points
+from attncert.models import ViTConfig, build_vit
+from attncert.pipeline import runs
+from attncert.training.precision import resolve_precision
+from attncert.training.train import TrainConfig, evaluate, resolve_device, train_resumable
+
+if TYPE_CHECKING:
+    from attncert.stages.crown import Params
+
+
+# ------------------------------------------------------------------ models
+def vit_config(data: Mapping[str, Any], p: Params, depth: int) -> ViTConfig:
+    """The study's Lipschitz ViT of one depth for a processed dataset (stream blocks)."""
+    return runs.dataset_vit_config(
+        data, p.normalize, patch=p.patch, dim=p.dim, depth=depth, heads=p.heads,
+        mlp_hidden=p.mlp_hidden, kind="lipschitz", block="stream", pool=p.pool,
+        radius_attn=p.radius_attn, gamma_qk=p.gamma_qk, gamma_vo=p.gamma_vo)
+
+
+def train_model(data: Mapping[str, Any], p: Params, depth: int, seed: int,
+                ckpt_dir: str | Path, device: str | torch.device, precision: str = "auto"):
+    """Train one ViT (resumable in ``ckpt_dir``, at ``precision``:
+    :mod:`attncert.training.precision`) on the first ``max_train`` training images on
+    ``device`` (the stage's ``base.device``); returns (model in eval mode, on ``device``,
+    clean test accuracy, training seconds: the sum over epochs, so a resumed or already
+    finished run reports the time its training took)."""
+    torch.manual_seed(seed)
+    model = build_vit(vit_config(data, p, depth))
+    cfg = TrainConfig(epochs=p.epochs, batch_size=p.batch_size, lr=p.lr,
+                      warmup_steps=p.warmup_steps, margin="lmt", lmt_offset=p.lmt_offset,
+                      logit_scale=p.logit_scale, seed=seed)
+    n = p.max_train or len(data["train"]["y"])
+    tr = {"x": data["train"]["x"][:n], "y": data["train"]["y"][:n]}
+    # a checkpoint of another model, config or training subset is cleared, never resumed
+    precision = resolve_precision(precision, resolve_device(device))
+    fp = runs.fingerprint(model.config, cfg, data.get("name", ""),
+                          f"{data.get('source', '')}; first {n} training images", precision)
+    curves, _ = train_resumable(model, tr, data["test"], cfg, ckpt_dir, device, fingerprint=fp,
+                                precision=precision)
+    seconds = sum(r["seconds"] for r in curves)
+    return model.eval(), evaluate(model, data["test"], device)["acc"], seconds
+
+
+# ------------------------------------------------------------------ one row per point
+def lofast_frame(model, x: Tensor, y: Tensor, variant: str, eps_grid: Sequence[float],
+                 max_radius: float = 10.0, batch_size: int = 100) -> pd.DataFrame:
+    """One row per point: correct, radius, seconds (per sample) and ``certified_<eps>``."""
+    table = certify.certify_table(model, x, y, [variant], ["pairwise"], 1.0, max_radius,
+                                  batch_size)
+    out = pd.DataFrame({"index": table["index"], "correct": table["correct"].astype(bool),
+                        "radius": table[f"radius_{variant}_pairwise"],
+                        "seconds": table[f"seconds_{variant}_pairwise"]})
+    for e in eps_grid:
+        out[f"certified_{e}"] = out["correct"] & (out["radius"] >= e)
+    return out
+
+
+#: statuses of a (point, eps) row whose bound did not run
+NOT_RUN = ("skipped", "lofast", "budget")
+
+
+#: statuses of a bound that ran and gave a result (a time limit is the paper's "-", not an error)
+RESULTS = ("ok", "time_limit")
+
+
+class Budget:
+    """Seconds of CROWN bounds left to a stage (``seconds`` 0: no budget)."""
+
+    def __init__(self, seconds: float) -> None:
+        self.limited = seconds > 0
+        self.left = seconds
+
+    def spent(self) -> bool:
+        return self.limited and self.left <= 0
+
+    def charge(self, seconds: float) -> None:
+        self.left -= seconds
+
+
+def crown_frame(model, x: Tensor, y: Tensor, eps_grid: Sequence[float], method: str,
+                time_limit_s: float, alpha_iterations: int, dtype: torch.dtype = torch.float64,
+                progress: bool = False, lofast: Tensor | None = None,
+                budget: Budget | None = None) -> tuple[pd.DataFrame, float]:
+    """One row per (point, eps), smallest eps first, skipping the larger eps of a point that
+    was not certified; returns (rows, seconds to build the bounded graph). ``lofast`` (n,
+    len(eps)) bool, eps ascending: pairs LoFAST certified, not run (status "lofast");
+    ``budget``: once spent, no bound runs (status "budget").
+
+    CROWN runs where the points are (``x.device``: the model is moved there, in place) in
+    ``dtype``: float64 for a certificate; float32 halves time and memory, with rounding in
+    the bound's last digits (the stage's PGD audit checks every certified point)."""
+    if y.device != x.device:
+        raise ValueError(f"x on {x.device} but y on {y.device}")
+    eps_sorted = sorted(eps_grid)
+    if lofast is not None and tuple(lofast.shape) != (len(y), len(eps_sorted)):
+        raise ValueError(f"lofast: expected shape {(len(y), len(eps_sorted))}, got "
+                         f"{tuple(lofast.shape)}")
+    model = model.to(device=x.device, dtype=dtype)
+    cert = CrownCertifier.from_vit(model, x.shape[1:], dtype)
+    rows = []
+    for i in range(len(y)):
+        alive = True
+        for j, e in enumerate(eps_sorted):
+            status = ("skipped" if not alive else
+                      "lofast" if lofast is not None and bool(lofast[i, j]) else
+                      "budget" if budget is not None and budget.spent() else None)
+            if status is not None:
+                rows.append({"index": i, "eps": float(e), "method": method, "certified": False,
+                             "margin_lower": float("nan"), "seconds": 0.0, "status": status})
+                continue
+            (row_,) = certify_points(cert, x[i:i + 1].to(dtype), y[i:i + 1], [e], method,
+                                     time_limit_s, alpha_iterations)
+            row_["index"] = i
+            if budget is not None:
+                budget.charge(row_["seconds"])
+            alive = bool(row_["certified"])
+            rows.append(row_)
+        if progress:
+            print(f"{method}: point {i + 1}/{len(y)}", flush=True)
+    return pd.DataFrame(rows), cert.build_seconds
+
+
+def require_few_errors(crown: pd.DataFrame, max_share: float, where: str) -> None:
+    """Raise RuntimeError when more than ``max_share`` of the bounds that ran ended in an
+    error (out of memory, an unsupported operator, overflow...): the stage's CROWN numbers
+    would describe the failures, not CROWN."""
+    ran = crown[~crown["status"].isin(NOT_RUN)]
+    errors = ran[~ran["status"].isin(RESULTS)]
+    if len(ran) and len(errors) > max_share * len(ran):
+        counts = ", ".join(f"{k} {v}" for k, v in errors["status"].value_counts().items())
+        raise RuntimeError(f"{where}: {len(errors)} of {len(ran)} CROWN bounds failed ({counts}"
+                           f"), more than crown.max_error_share = {max_share:g}; see the "
+                           "'error' column")
+
+
+def crown_certified(rows: pd.DataFrame, n: int, eps: float) -> Tensor:
+    """(n,) bool: certified by CROWN at eps."""
+    out = torch.zeros(n, dtype=torch.bool)
+    hit = rows[(rows["eps"] == eps) & rows["certified"]]["index"].to_numpy()
+    out[torch.tensor(hit, dtype=torch.long)] = True
+    return out
+
+
+def grid_radius(certified: Mapping[float, Tensor]) -> Tensor:
+    """(n,) the largest eps of the grid certified with every smaller one (0: none)."""
+    eps = sorted(certified)
+    n = len(next(iter(certified.values())))
+    r, alive = torch.zeros(n, dtype=torch.float64), torch.ones(n, dtype=torch.bool)
+    for e in eps:
+        alive &= certified[e]
+        r[alive] = e
+    return r

@@ -1,0 +1,146 @@
+"""LoFAST's Tables 1-2 from the crown stage's rows (:mod:`attncert.stages.crown`): one model's
+rows, a dataset's part gathered from its units' records (figures saved as PNGs), and the
+paper's tables beside ours.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import matplotlib.pyplot as plt
+import pandas as pd
+import torch
+from matplotlib.figure import Figure
+
+from attncert.crown.study import NOT_RUN, crown_certified
+from attncert.figures import crown as figs
+from attncert.pipeline.io import atomic_path
+from attncert.report import paper
+
+if TYPE_CHECKING:
+    from attncert.stages.crown import Params
+
+
+@dataclass
+class DatasetResult:
+    """One dataset's part: the number of points, the trained models, one row per CROWN
+    (point, eps), the PGD audit, Tables 1-2 (with their figures, saved as PNGs in
+    ``work_dir``), the CROWN / LoFAST seconds ratio per depth and its metrics entry."""
+
+    n: int
+    trained: pd.DataFrame
+    crown: pd.DataFrame
+    audit: pd.DataFrame
+    table1: pd.DataFrame
+    table2: pd.DataFrame
+    ratio: dict[str, float]
+    figures: dict[str, Figure]
+    metrics: dict[str, Any]
+
+
+def gather_dataset(p: Params, dataset: str, records: Sequence[Mapping[str, Any]], out: Path,
+                   frames: dict[str, list]) -> DatasetResult:
+    """One dataset's part of :func:`attncert.stages.crown.run` from its units' records (in
+    ``depths`` order); its rows are appended to ``frames`` (by CSV name) and every CSV is
+    rewritten."""
+    n = records[0]["n"]
+    lofast_df = pd.DataFrame([r for rec in records for r in rec["lofast"]])
+    crown_df = pd.DataFrame([r for rec in records for r in rec["crown"]])
+    frames["lofast.csv"].append(lofast_df.assign(dataset=dataset))
+    frames["crown.csv"].append(crown_df.assign(dataset=dataset))
+    for name, dfs in frames.items():
+        with atomic_path(out / name) as tmp:
+            pd.concat(dfs).to_csv(tmp, index=False)
+    table1 = pd.DataFrame([r for rec in records for r in rec["table1"]])
+    table2 = pd.DataFrame([r for rec in records for r in rec["table2"]])
+    audit = pd.DataFrame([r for rec in records for r in rec["audit"]])
+    broken = int(audit[[c for c in audit if c.startswith("broken_")]].to_numpy().sum())
+
+    figures = {"table1": figs.plot_table1(table1, dataset),
+               "table2": figs.plot_table2(table2, dataset)}
+    for name, fig in figures.items():
+        with atomic_path(out / f"{name}_{dataset}.png") as tmp:
+            fig.savefig(tmp, format="png", dpi=120, bbox_inches="tight")
+        plt.close(fig)  # shown once, by the notebook
+
+    ratio = {}
+    for d in p.depths:
+        secs = table1[table1["depth"] == d].set_index("method")["seconds_per_sample"]
+        ratio[str(d)] = float(secs.drop("LoFAST").iloc[0] / secs["LoFAST"])
+    trained = [rec["trained"] for rec in records]
+    metrics = {
+        "n": n, "crown_over_lofast_seconds": ratio, "broken": broken,
+        "table1": table1.to_dict("records"), "table2": table2.to_dict("records"),
+        "crown_status": {f"L{d}": status_counts(crown_df[crown_df["depth"] == d])
+                         for d in p.depths},
+        "trained": trained, "seconds": sum(rec["seconds"] for rec in records)}
+    return DatasetResult(n, pd.DataFrame(trained), crown_df, audit, table1, table2, ratio,
+                         figures, metrics)
+
+
+# ------------------------------------------------------------------ Tables 1-2
+def tables(lofast: pd.DataFrame, crown: pd.DataFrame, eps_grid: Sequence[float],
+           depth: int, method: str) -> tuple[list[dict], list[dict]]:
+    """Rows of Table 1 (LoFAST vs CROWN) and Table 2 (CROWN alone vs LoFAST + CROWN) for one
+    model. Accuracies in %; a CROWN entry whose pairs all failed is None (the paper's "-")."""
+    n = len(lofast)
+    lo_s = float(lofast["seconds"].mean())
+    ran = crown[~crown["status"].isin(NOT_RUN)]
+
+    def alone(e: float, failed: bool = False) -> float | None:
+        """CROWN's own certified accuracy at e: None when some points were left to LoFAST or
+        to the budget (not measured on every point), and with ``failed`` when no bound at e
+        succeeded (the paper's "-")."""
+        at = crown[crown["eps"] == e]
+        if at["status"].isin(("lofast", "budget")).any() or (
+                failed and not (ran[ran["eps"] == e]["status"] == "ok").any()):
+            return None
+        return 100 * float(crown_certified(crown, n, e).double().mean())
+
+    t1 = [{"depth": depth, "method": "LoFAST", "seconds_per_sample": lo_s,
+           **{f"acc_{e}": 100 * float(lofast[f"certified_{e}"].mean()) for e in eps_grid}},
+          {"depth": depth, "method": method, "seconds_per_sample": float(ran["seconds"].mean())
+           if len(ran) else float("nan"), **{f"acc_{e}": alone(e, True) for e in eps_grid}}]
+    t2 = []
+    for e in eps_grid:
+        lo = torch.tensor(lofast[f"certified_{e}"].to_numpy())
+        cr = crown_certified(crown, n, e)
+        at = crown[crown["eps"] == e].sort_values("index")
+        sec = torch.tensor(at["seconds"].to_numpy(), dtype=torch.float64)
+        t2.append({"depth": depth, "eps": e, "method": method,
+                   "crown_acc": alone(e),
+                   "crown_seconds": float(sec.mean()),
+                   "combined_acc": 100 * float((lo | cr).double().mean()),
+                   "combined_seconds": lo_s + float(sec[~lo].sum()) / n,
+                   "lofast_acc": 100 * float(lo.double().mean())})
+    return t1, t2
+
+
+def status_counts(crown: pd.DataFrame) -> dict[str, int]:
+    """How many (point, eps) pairs ended in each status."""
+    return {str(k): int(v) for k, v in crown["status"].value_counts().items()}
+
+
+def table1_with_paper(table1: pd.DataFrame, dataset: str) -> pd.DataFrame:
+    """Our Table 1 beside LoFAST's (CIFAR-10), indexed by (depth, method)."""
+    t = paper.LOFAST_TABLE1
+    ours = table1.assign(method=table1["method"] + f" (ours, {dataset})")
+    theirs = pd.DataFrame([{"depth": d, "method": f"{name} (paper, CIFAR-10)",
+                            "seconds_per_sample": t[f"{m}_seconds"][d],
+                            **{f"acc_{e}": a
+                               for e, a in zip(paper.LOFAST_TABLE_EPS, accs, strict=True)}}
+                           for m, name in (("lofast", "LoFAST"), ("crown", "alpha,beta-CROWN"))
+                           for d, accs in t[m].items()])
+    return pd.concat([ours, theirs]).sort_values(["depth", "method"]).set_index(
+        ["depth", "method"])
+
+
+def paper_table2() -> pd.DataFrame:
+    """LoFAST's Table 2: accuracy and seconds per (dataset, method) and eps."""
+    df = pd.DataFrame([{"dataset": ds, "method": m, "eps": e, "acc": a, "seconds": s}
+                       for ds, per in paper.LOFAST_TABLE2.items() for m, vals in per.items()
+                       for e, (a, s) in zip(paper.LOFAST_TABLE_EPS[:2], vals, strict=True)])
+    return df.pivot_table(index=["dataset", "method"], columns="eps", values=["acc", "seconds"])

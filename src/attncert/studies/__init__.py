@@ -1,0 +1,1 @@
+"""Study code of stages whose method module is a single file."""

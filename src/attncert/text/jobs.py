@@ -1,0 +1,128 @@
+"""The text stage's jobs: every model it trains and evaluates (:func:`jobs`), split into the
+independent units (:data:`UNITS`, one DVC stage each) that :func:`unit_jobs` selects. The cost
+estimate (:mod:`attncert.cost`) counts the same list. ``p`` is the stage's typed section
+(:class:`attncert.stages.text.Params`)."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, NamedTuple
+
+from attncert.text.lofast import LipschitzTextTransformer, TextTransformerConfig
+from attncert.text.models import (
+    FrozenEncoderOLSA,
+    OLSAClassifier,
+)
+from attncert.text.standard import StandardTextTransformer
+
+if TYPE_CHECKING:  # the stage's section, for annotations only
+    from attncert.stages.text import Params
+
+STUDY = "sst2"
+
+
+
+class Job(NamedTuple):
+    """One model of the stage: its certificate family, class, constructor arguments and
+    training settings (those of :class:`TextTrainConfig` beyond the stage's common ones)."""
+
+    family: str
+    cls: type
+    kwargs: dict[str, Any]
+    train: dict[str, Any]
+
+
+
+def text_datasets(p: Params) -> list[str]:
+    """Every dataset the stage reads, SST-2 first: the from-scratch ones, then frozen-only."""
+    return [*p.datasets, *(d for d in p.frozen_datasets if d not in p.datasets)]
+
+
+
+def jobs(p: Params, vocab: int, dataset: str = STUDY, sep_token_id: int | None = None
+         ) -> dict[str, Job]:
+    """Every model of the stage on ``dataset`` by name (the names the report reads:
+    "olsa-L<depth>-g<gamma>" and so on): on SST-2 the whole study, on the other datasets of
+    ``datasets`` OLSA at every ``olsa_depths``; "frozen-olsa" on the frozen datasets
+    (``sep_token_id``: the frozen encoder's [SEP], for the segment ids of sentence pairs).
+    The controls (Kim-L2, the standard transformer, the averaged residual and the alpha1
+    sweep) are at the deepest of ``olsa_depths``, the gamma ablation at the shallowest (OLSA
+    Table 2: one layer)."""
+    deep, shallow = max(p.olsa_depths), min(p.olsa_depths)
+    g = p.gamma
+    olsa_layer = dict(alpha1=p.olsa_alpha1, residual=p.olsa_residual,
+                      residual_init=p.olsa_residual_init)
+    olsa = dict(vocab_size=vocab, max_len=p.max_len, dim=p.hidden, heads=p.heads, **olsa_layer)
+    olsa_train = dict(epochs=p.epochs.get(dataset, 0), lr=p.lr, gamma=g)
+    frozen = {}
+    if dataset in p.frozen_datasets:
+        pair = {} if sep_token_id is None else {"sep_token_id": sep_token_id}
+        width = {} if p.frozen_hidden == 0 else {"hidden": p.frozen_hidden}
+        decays = {"lr_decay_epochs": tuple(p.frozen_lr_decay_epochs[dataset])
+                  } if p.frozen_lr_decay_epochs[dataset] else {}
+        frozen["frozen-olsa"] = Job("olsa", FrozenEncoderOLSA,
+                                    dict(source=p.frozen_source, heads=p.heads, max_len=p.max_len,
+                                         **olsa_layer, **pair, **width),
+                                    dict(epochs=p.frozen_epochs[dataset],
+                                         lr=p.frozen_lr[dataset], gamma=0.0, **decays))
+    if dataset != STUDY:
+        scratch = p.olsa_depths if dataset in p.datasets else []
+        return {f"olsa-L{d}-g{g:g}": Job("olsa", OLSAClassifier, dict(olsa, depth=d), olsa_train)
+                for d in scratch} | frozen
+    out = {f"olsa-L{d}-g{g:g}": Job("olsa", OLSAClassifier, dict(olsa, depth=d), olsa_train)
+           for d in (0, *p.olsa_depths, *p.olsa_deep_depths)}
+    out |= {f"olsa-L{shallow}-g{a:g}": Job("olsa", OLSAClassifier, dict(olsa, depth=shallow),
+                                           dict(olsa_train, gamma=a))
+            for a in p.gamma_ablation}
+    if p.olsa_residual != "averaged":
+        out[f"olsa-L{deep}-g{g:g}-averaged"] = Job(
+            "olsa", OLSAClassifier, dict(olsa, depth=deep, residual="averaged"), olsa_train)
+    out |= {f"olsa-L{deep}-g{g:g}-alpha1-{a:g}": Job(
+        "olsa", OLSAClassifier, dict(olsa, depth=deep, residual="averaged", alpha1=a,
+                                     train_alpha1=False), olsa_train)
+        for a in p.attention_alpha1}
+    out[f"kim-l2-L{deep}-g{g:g}"] = Job("olsa", OLSAClassifier,
+                                        dict(olsa, depth=deep, attention="l2"), olsa_train)
+    out[f"vanilla-L{deep}"] = Job("none", StandardTextTransformer,
+                                  dict(vocab_size=vocab, max_len=p.max_len, dim=p.hidden,
+                                       depth=deep, heads=p.heads, mlp_hidden=2 * p.hidden),
+                                  dict(epochs=p.epochs[STUDY], lr=p.vanilla_lr, gamma=0.0))
+    out |= {f"lofast-L{L}-H{H}-vo{vo:g}": Job(
+        "lofast", LipschitzTextTransformer,
+        dict(config=TextTransformerConfig(vocab_size=vocab, max_len=p.max_len, dim=p.lofast_dim,
+                                          depth=L, heads=H, mlp_hidden=p.lofast_mlp_hidden,
+                                          radius_attn=p.lofast_radius_attn,
+                                          gamma_qk=p.lofast_gamma_qk, gamma_vo=vo)),
+        dict(epochs=p.lofast_epochs, lr=p.lofast_lr, gamma=0.0,
+             logit_scale=p.lofast_logit_scale))
+        for L in p.lofast_layers for H in p.lofast_heads for vo in p.lofast_gamma_vo}
+    return out | frozen
+
+
+
+#: The stage's independent units, each one DVC stage (dvc.yaml's ``text_unit`` matrix lists
+#: them): SST-2's study in four parts (:func:`unit_jobs`), then every other dataset (its OLSA
+#: runs and frozen-encoder head; nothing where the scale leaves it out). :func:`run` gathers.
+UNITS = ("sst2-olsa", "sst2-controls", "sst2-lofast", "sst2-frozen", "yelp_polarity", "qqp")
+
+
+
+def unit_jobs(p: Params, vocab: int, unit: str, sep_token_id: int | None = None
+              ) -> dict[str, Job]:
+    """The jobs of one unit of :data:`UNITS`: on SST-2, ``sst2-olsa`` (OLSA at depth 0 and
+    every depth), ``sst2-lofast`` (LoFAST's grid), ``sst2-frozen`` (the frozen-encoder head)
+    and ``sst2-controls`` (the rest: gamma ablation, residual, alpha1 sweep, Kim-L2, the
+    standard transformer); another dataset's unit is :func:`jobs` on it ({} when the scale
+    leaves it out)."""
+    if unit not in UNITS:
+        raise ValueError(f"text unit {unit!r}: not one of {UNITS}")
+    if not unit.startswith(f"{STUDY}-"):
+        return jobs(p, vocab, unit, sep_token_id) if unit in text_datasets(p) else {}
+    depths = {f"olsa-L{d}-g{p.gamma:g}" for d in (0, *p.olsa_depths, *p.olsa_deep_depths)}
+
+    def group(name: str, job: Job) -> str:
+        if job.cls is FrozenEncoderOLSA:
+            return "sst2-frozen"
+        if job.family == "lofast":
+            return "sst2-lofast"
+        return "sst2-olsa" if name in depths else "sst2-controls"
+    return {n: j for n, j in jobs(p, vocab).items() if group(n, j) == unit}
