@@ -17,7 +17,7 @@
 # the first `imagenet_calibration` images (they also set the norm radii), then certified and
 # attacked on one image per class of the rest (CertViT sec. 4.2: 1000 validation images, one
 # per class), beside the loaded model's clean accuracy on the same images. The images are the
-# user's ImageNet validation images (`data.samples`: `imagenet_val`, see the README), else the
+# user's ImageNet validation images (`data.samples`: `imagenet_val`, see docs/data.md), else the
 # 20-image sample. There is no fine-tune here (no ImageNet training images): the adapted and
 # constrained accuracies show what the module surgery and the constraining cost by themselves.
 # CertViT's clean accuracy and bound stand beside the paper mode of its own checkpoints; its

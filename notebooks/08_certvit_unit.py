@@ -25,7 +25,7 @@
 #   weights that keep the layer's recorded outputs within eta), then the fine-tune of
 #   `finetune_scope`;
 # * `spectral` (certifiable): the same splitting with a spectral-norm ball per map as the
-#   prox (SVD clipping, per-map budgets), norm gains <= `budget_gain`, mean pooling over all
+#   prox (SVD clipping, per-map budgets), norm gains <= `budget.gain`, mean pooling over all
 #   tokens (constant 1/sqrt(n)), unit head rows, then a fine-tune that projects every map
 #   back into its ball after each optimiser step and trains with the certificate's margin.
 #
@@ -96,15 +96,15 @@ steps.loc[["pretrained", "adapted", "adapt_finetuned"]]
 # %% [markdown]
 # ## 3. Constraining by Douglas-Rachford splitting (Algorithms 1-3)
 # Every linear map but the head (the patch embedding, W^Q, W^V per head, W^O, both MLP
-# layers), independently, from inputs recorded on `dr_images` training images by the
+# layers), independently, from inputs recorded on `dr.images` training images by the
 # adapted model, alternating a proximal step with the projection onto the weights whose
-# outputs stay within `dr_eta` x the RMS output on every mini-batch:
+# outputs stay within `dr.eta` x the RMS output on every mini-batch:
 #
-# * `paper`: the prox of the l1 norm (soft-threshold, tau = `dr_threshold` x the RMS weight);
+# * `paper`: the prox of the l1 norm (soft-threshold, tau = `dr.threshold` x the RMS weight);
 # * `spectral`: the projection onto the map's spectral-norm ball (SVD clipping to its
 #   budget, per head for W^Q and W^V; the patch embedding's budget includes the input
 #   normalisation), so the result lies in the ball; the norm gains are then clipped to
-#   `budget_gain`.
+#   `budget.gain`.
 
 # %%
 diagnostics = res.diagnostics
@@ -122,7 +122,7 @@ diagnostics[["mode", "site", "shape", "sigma_before", "sigma_after", "sparsity",
 # features' constant stays the constrained one exactly.
 #
 # `spectral`: every parameter trains, and after each optimiser step every map is projected
-# back into its spectral ball and every norm gain into [-`budget_gain`, `budget_gain`], so
+# back into its spectral ball and every norm gain into [-`budget.gain`, `budget.gain`], so
 # the bound never exceeds the sets' bound. The loss is the certificate's own margin
 # (`attncert.training.train`'s "radius"): each rival's gap per unit of head-row distance pushed past
 # L `margin_eps` at temperature `logit_scale`, L the sets' bound.

@@ -46,6 +46,11 @@ def dataset(n=32, size=8, classes=4, channels=1, seed=0):
             "mean": [0.5] * channels, "std": [0.25] * channels, "source": "synthetic"}
 
 
+def p_dr(raw):
+    """The Douglas-Rachford config the section's ``dr`` group builds (seed 3)."""
+    return params.parse_section("certvit", raw, certvit_stage.Params).dr.config(3)
+
+
 def test_the_section_takes_the_library_s_choices():
     raw = params.read_yaml(params.PARAMS_FILE)["certvit"]
     params.parse_section("certvit", raw, certvit_stage.Params)
@@ -54,12 +59,22 @@ def test_the_section_takes_the_library_s_choices():
         params.parse_section("certvit", {**raw, "cert_eps": [0.1]}, certvit_stage.Params)
     for key, bad in (("norm", "layernorm"), ("finetune_scope", "all"),
                      ("finetune_margin", "radius"), ("radius_quantile", 1.0),
-                     ("dr_relaxation", 2.0), ("heads", 3),
+                     ("dr", {**raw["dr"], "relaxation": 2.0}), ("heads", 3),
+                     ("budget", {**raw["budget"], "q": 0.0}),
                      ("table1_heads", {"mnist": 3, "cifar10": 3, "cifar100": 3}),
                      ("table1_depth", {"mnist": 6}),
                      ("table1_datasets", ["imagenet"])):
         with pytest.raises(params.ParamsError, match=f"certvit.{key}"):
             params.parse_section("certvit", {**raw, key: bad}, certvit_stage.Params)
+    # a group is one config object, taken whole; a key of the flat layout names its new place
+    assert p_dr(raw) == DRConfig(**{k: v for k, v in raw["dr"].items() if k != "images"},
+                                 seed=3)
+    with pytest.raises(params.ParamsError, match="certvit.dr.eta: missing"):
+        params.parse_section("certvit", {**raw, "dr": {k: v for k, v in raw["dr"].items()
+                                                      if k != "eta"}}, certvit_stage.Params)
+    with pytest.raises(params.ParamsError, match="certvit.dr_eta: renamed: the key is now "
+                                                 "certvit.dr.eta"):
+        params.parse_section("certvit", {**raw, "dr_eta": 0.01}, certvit_stage.Params)
     # Table 1's datasets need their CertViT eps on the grid; the grid must split the image
     with pytest.raises(params.ParamsError, match="0.0361.*cifar100"):
         params.parse_section("certvit", {**raw, "cert_eps": [0.4867], "table1_datasets":
@@ -310,8 +325,10 @@ def test_the_stage_runs_every_mode_and_writes_its_files(tmp_path):
         params.parse_section("certvit", raw["certvit"], certvit_stage.Params),
         source=stage.PIPELINE, dataset="mnist", processed_dir=str(processed), patch=4, dim=16,
         depth=1, heads=2, mlp_hidden=16, pretrain_epochs=1, batch_size=16, warmup_steps=2,
-        adapt_epochs=1, dr_iterations=1, dr_projection_steps=2, dr_max_pairs=64,
-        dr_batch_size=32, dr_images=16, finetune_epochs=1, spectral_epochs=1, n_test=0,
+        adapt_epochs=1, dr=dataclasses.replace(
+            params.parse_section("certvit", raw["certvit"], certvit_stage.Params).dr,
+            iterations=1, projection_steps=2, max_pairs=64, batch_size=32, images=16),
+        finetune_epochs=1, spectral_epochs=1, n_test=0,
         n_attack=5, eval_batch_size=64, cert_eps=[0.1, 0.4867], attack_steps=2,
         attack_restarts=1, table1_datasets=["mnist"], table1_grid={"mnist": 2},
         table1_dim={"mnist": 8}, table1_depth={"mnist": 1}, table1_heads={"mnist": 2},

@@ -118,7 +118,7 @@ def test_smoke_pipeline_runs_offline_and_is_incremental(smoke_repo, env):
 
 
 def test_an_ablation_and_a_queued_sweep_through_dvc_experiments(smoke_repo, env):
-    """The README's ablation workflow with DVC's own commands, on the smoke run: one
+    """The ablation workflow of docs/parameters.md with DVC's own commands, on the smoke run: one
     `dvc exp run -S` reruns only what reads the key and `dvc metrics diff` names the headline
     that moved; two values queued and run by `dvc queue start` are kept apart."""
     point = run_name("mnist", 1, 2, 0.5)
@@ -140,7 +140,7 @@ def test_an_ablation_and_a_queued_sweep_through_dvc_experiments(smoke_repo, env)
         _sh(["dvc", "exp", "run", "--queue", "-n", f"radius-{radius:g}", "-S",
              f"certify_vit.max_radius={radius}"], smoke_repo, env)
     # a queued experiment's workspace is restored from the commit and the DVC cache: it reruns
-    # only what reads the key (README), as `dvc exp run` in the workspace does
+    # only what reads the key (docs/parameters.md), as `dvc exp run` in the workspace does
     _sh(["dvc", "queue", "start", "--jobs", "1"], smoke_repo, env, timeout=1800)
     for _ in range(240):  # `queue start` may return before the last experiment ends
         status = _sh(["dvc", "queue", "status"], smoke_repo, env)
@@ -235,7 +235,7 @@ DETERMINISTIC = ("reports/metrics/data.json", "runs/certvit/imagenet/hf/")
 #: examples amplify that into a different model. Measured between machines: a median radius
 #: 0.0389 vs 0.0380, accuracies a few points apart. The committed fixture checks what a code
 #: change breaks (keys, list lengths, types, strings, orders of magnitude); the strict check
-#: of a refactor is a before/after run on one machine (BASELINE_ENV, README "Tests").
+#: of a refactor is a before/after run on one machine (BASELINE_ENV, docs/tests.md).
 TRAINED_ABS, TRAINED_REL = 0.1, 0.35
 #: choices made from trained numbers (the frontier's selected setting): across machines only
 #: their type is compared, as a near tie of two scores can fall either way

@@ -1,5 +1,6 @@
 """params.yaml schema: YAML 1.2 types, unknown keys, wrong types, invalid values, profiles."""
 
+import dataclasses
 import shutil
 from pathlib import Path
 
@@ -122,9 +123,11 @@ def test_profiles_apply_and_validate(project_copy, name):
     assert changes, "a profile must change something"
     assert "# attncert parameters" in (project_copy / "params.yaml").read_text()  # comments kept
     for key, (_, new) in changes.items():
-        section, field, *inner = key.split(".")  # a mapping param's entry: section.field.key
-        value = getattr(after[section], field)
-        assert (value[inner[0]] if inner else value) == new
+        section, *path = key.split(".")  # a group's field or a mapping param's entry
+        value = after[section]
+        for part in path:
+            value = getattr(value, part) if dataclasses.is_dataclass(value) else value[part]
+        assert value == new
     # a profile is applied to the paper base, so re-applying never stacks
     with pytest.raises(ParamsError, match="not in git"):
         profile.apply("paper", project_copy)

@@ -244,8 +244,8 @@ def test_paper_scale_cifar_grid_code_path(dataset, num_classes, mirror, tmp_path
 # -- the paper-scale pre-trained route, with a tiny saved ViTForImageClassification ---------
 
 #: The knobs shrunk for the pre-trained route (the model itself is the tiny saved one).
-TINY_FINETUNE = {"finetune_epochs": 1, "finetune_adv_epochs": 1, "finetune_batch_size": 10,
-                 "finetune_warmup_steps": 1, "eval_batch_size": 10, "adv_steps": 1,
+TINY_FINETUNE = {"epochs": 1, "adv_epochs": 1, "batch_size": 10, "warmup_steps": 1}
+TINY_RUN = {"eval_batch_size": 10, "adv_steps": 1,
                  "attack_steps": 2, "n_eval": 20, "image_size": 64}
 
 
@@ -269,7 +269,8 @@ def test_paper_scale_pretrained_code_path(dataset, num_classes, mirror, tmp_path
     paper = load_params(ROOT / "params.yaml")["specformer"]
     assert paper.image_size == 224 and sf.SCRATCH not in paper.sources
     assert set(paper.methods) == set(paper.adv_methods) == set(sf.PRETRAINED_METHODS)
-    p = dataclasses.replace(paper, **TINY_FINETUNE, sources=[str(tiny_pretrained)])
+    p = dataclasses.replace(paper, **TINY_RUN, sources=[str(tiny_pretrained)],
+                            finetune=dataclasses.replace(paper.finetune, **TINY_FINETUNE))
     data = cifar_shaped(dataset, num_classes, mirror, tmp_path)
     src = p.sources[0]
 

@@ -39,6 +39,8 @@ from attncert.data import as_float, load_processed, sample_skipped
 from attncert.pipeline.io import atomic_path
 from attncert.pipeline.params import (
     BaseParams,
+    param,
+    positive,
 )
 from attncert.training.precision import resolve_precision
 from attncert.training.train import TrainConfig, train_resumable
@@ -53,6 +55,28 @@ NO_IMAGENET = "none"
 CERTVIT_TABLE3_SOURCES = {"WinKawaks/vit-tiny-patch16-224": "ViT-T/16",
                           "facebook/deit-tiny-patch16-224": "DeiT-T",
                           "google/vit-base-patch16-224": "ViT-B/16"}
+
+
+@dataclass(frozen=True)
+class DRParams:
+    """params.yaml ``certvit.dr``: Douglas-Rachford's settings (:class:`DRConfig` but its seed,
+    which is ``base.seed``) and the training images whose tokens it records."""
+
+    threshold: float = param(positive, doc="soft threshold / RMS of the layer's weights")
+    eta: float = param(positive, doc="output tolerance / RMS of the layer's outputs")
+    relaxation: float = param(positive)
+    iterations: int = param(positive)
+    projection_steps: int = param(positive)
+    batch_size: int = param(positive, doc="recorded pairs per constraint set")
+    max_pairs: int = param(positive, doc="recorded pairs per layer")
+    tol: float = param(positive, doc="a projection's early stop: relative change below it")
+    images: int = param(positive, doc="training images whose tokens are recorded")
+
+    def config(self, seed: int) -> DRConfig:
+        """The :class:`DRConfig` of these settings: every field of it but the seed, taken
+        from this group (a field it lacks fails here, never a silent default)."""
+        names = [f.name for f in dataclasses.fields(DRConfig) if f.name != "seed"]
+        return DRConfig(**{n: getattr(self, n) for n in names}, seed=seed)
 
 
 @dataclass(frozen=True)
@@ -85,11 +109,7 @@ class Configs:
             linear=TrainConfig(epochs=max(p.spectral_epochs, 1), lr=p.spectral_lr,
                                warmup_steps=p.warmup_steps, margin="radius",
                                lmt_offset=p.margin_eps, logit_scale=p.logit_scale, **phase),
-            dr=DRConfig(threshold=p.dr_threshold, eta=p.dr_eta, relaxation=p.dr_relaxation,
-                        iterations=p.dr_iterations, projection_steps=p.dr_projection_steps,
-                        batch_size=p.dr_batch_size, max_pairs=p.dr_max_pairs, seed=seed),
-            budgets=Budgets(embed=p.budget_embed, q=p.budget_q, v=p.budget_v, o=p.budget_o,
-                            fc1=p.budget_fc1, fc2=p.budget_fc2, gain=p.budget_gain))
+            dr=p.dr.config(seed), budgets=p.budget)
 
 
 
@@ -137,11 +157,11 @@ def run_steps(p: Params, base: BaseParams, device: torch.device) -> Result:
     for m in modes:
         t0 = time.perf_counter()
         constrained[m], result = cv.constrain_mode(m, adapted[m],
-                                                   data["train"]["x"][:p.dr_images], cfg.dr,
+                                                   data["train"]["x"][:p.dr.images], cfg.dr,
                                                    cfg.budgets, progress=True)
         masks[m] = result.masks
         _log(p, r, m, "constrained", "constrained", constrained[m], t0,
-             f"{p.dr_iterations} DR iterations")
+             f"{p.dr.iterations} DR iterations")
         diagnostics.append(pd.DataFrame(result.diagnostics).assign(mode=m))
     r.diagnostics = pd.concat(diagnostics, ignore_index=True)
     with atomic_path(work / "dr.csv") as tmp:
@@ -174,7 +194,7 @@ def _adapt(p: Params, base: BaseParams, r: Result, cfg: Configs, m: str):
     model = adapt(r.pretrained, cv.adaptation(m, p.norm))
     radii = {}
     if p.norm == "project":
-        radii = calibrate_radii(model, r.pretrained, r.data["train"]["x"][:p.dr_images],
+        radii = calibrate_radii(model, r.pretrained, r.data["train"]["x"][:p.dr.images],
                                 p.radius_quantile, slots=cv.calibration_slots(m, model))
     _log(p, r, m, "adapted", "adapted", model, t0,
          f"norm {p.norm}, radii {', '.join(f'{v:.3g}' for v in radii.values())}")

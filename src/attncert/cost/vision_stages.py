@@ -128,7 +128,7 @@ def specformer_work(p, n_train_max: int, n_test_max: int) -> list[Work]:
 
             base = ViTConfig(channels=channels, num_classes=k, kind="standard",
                              block="prenorm", pool="cls", attn_bias=True, **HF_VITS[src])
-            recipe = (s.finetune_epochs, s.finetune_adv_epochs, s.finetune_batch_size)
+            recipe = (s.finetune.epochs, s.finetune.adv_epochs, s.finetune.batch_size)
         else:
             raise ValueError(f"specformer.sources: the shape of {src!r} is unknown here; add it "
                              "to attncert.cost.HF_VITS")
@@ -265,9 +265,9 @@ def certvit_work(p, n_train_max: int, n_test_max: int) -> list[Work]:
         # one image per class of those left after calibration (at most ImageNet's 1000)
         n = min(1000, n_val - min(cv.imagenet_calibration, n_val // 2))
         maps = cfg.depth * 6 + 2
-        per_pass = 2 * 2 * cv.dr_max_pairs * cfg.dim * max(cfg.mlp_hidden, cfg.dim)
-        passes = cv.dr_iterations * cv.dr_projection_steps * math.ceil(cv.dr_max_pairs
-                                                                       / cv.dr_batch_size)
+        per_pass = 2 * 2 * cv.dr.max_pairs * cfg.dim * max(cfg.mlp_hidden, cfg.dim)
+        passes = cv.dr.iterations * cv.dr.projection_steps * math.ceil(cv.dr.max_pairs
+                                                                       / cv.dr.batch_size)
         f64 = vit_forward64(cfg)
         for mode in cv.constrain:  # accuracy forwards (loaded, adapted), DR, certificate, audit
             what = f"Table 3 ImageNet {source} {mode}"
@@ -312,12 +312,12 @@ def _certvit_run_work(cv, n_train_max: int, n_test_max: int, label: str) -> list
     c = vit_counts(cfg)
     out = training_work("certvit", f"{label}pre-train / fine-tune", c, n_tr, n_te,
                         cv.pretrain_epochs, cv.batch_size, cv.eval_batch_size)
-    # Douglas-Rachford: per linear map, dr_iterations x dr_projection_steps passes over its
+    # Douglas-Rachford: per linear map, dr.iterations x dr.projection_steps passes over its
     # recorded pairs (a matrix product each), plus recording the pairs (forwards)
     maps = cfg.depth * 6 + 2
-    per_pass = 2 * 2 * cv.dr_max_pairs * cfg.dim * max(cfg.mlp_hidden, cfg.dim)
-    passes = cv.dr_iterations * cv.dr_projection_steps * math.ceil(cv.dr_max_pairs
-                                                                   / cv.dr_batch_size)
+    per_pass = 2 * 2 * cv.dr.max_pairs * cfg.dim * max(cfg.mlp_hidden, cfg.dim)
+    passes = cv.dr.iterations * cv.dr.projection_steps * math.ceil(cv.dr.max_pairs
+                                                                   / cv.dr.batch_size)
     # every mode's final model is certified on n_test images and attacked on n_attack
     n = n_te if cv.n_test == 0 else min(cv.n_test, n_te)
     f64 = vit_forward64(cfg)

@@ -58,7 +58,7 @@ def require_device(scale: str, device: str, sections: Iterable[str] = DEVICE_SEC
                  f"base.device is {device} and {_cuda_summary()}")
         raise DeviceError(
             f"the paper scale would run on the CPU ({found}); it needs weeks of GPU time "
-            "(README 'Cost'). Fix the GPU (python -m attncert.pipeline.doctor), or run a smaller "
+            "(docs/cost.md). Fix the GPU (python -m attncert.pipeline.doctor), or run a smaller "
             f"scale (make pipeline SCALE=cpu); {ALLOW_CPU_ENV}=1 forces the CPU")
 
 

@@ -211,14 +211,34 @@ def _check_type(key: str, value: Any, tp: Any) -> Any:
     raise TypeError(f"unsupported schema type {tp!r} for {key}")  # a bug in this module
 
 
+#: keys of an older params.yaml layout -> where they are now (a one-line error names it)
+RENAMED: dict[str, str] = {
+    **{f"certvit.dr_{k}": f"certvit.dr.{k}" for k in (
+        "threshold", "eta", "relaxation", "iterations", "projection_steps", "batch_size",
+        "max_pairs", "images")},
+    **{f"certvit.budget_{k}": f"certvit.budget.{k}" for k in (
+        "embed", "q", "v", "o", "fc1", "fc2", "gain")},
+    **{f"specformer.finetune_{k}": f"specformer.finetune.{k}" for k in (
+        "epochs", "adv_epochs", "batch_size", "lr", "weight_decay", "warmup_steps", "grad_clip",
+        "optimizer", "momentum", "mixup_alpha", "cutmix_alpha", "mix_prob", "mix_switch_prob")},
+}
+
+
 def parse_section(name: str, raw: Any, cls: type) -> Any:
-    """Validate one section's mapping against its dataclass; return the instance."""
+    """Validate one section's mapping against its dataclass; return the instance. A field whose
+    type is a dataclass is a group (``certvit.dr``): its mapping is parsed the same way, and
+    the class's own ``__post_init__`` checks become one-line errors. A key of an older layout
+    (:data:`RENAMED`) is an error that names its new place."""
     if not isinstance(raw, Mapping):
         fail(name, f"expected a mapping of parameters, got {raw!r}")
     hints = typing.get_type_hints(cls)
     fields = {f.name: f for f in dataclasses.fields(cls)}
     unknown = sorted(set(raw) - set(fields))
     if unknown:
+        moved = RENAMED.get(f"{name}.{unknown[0]}")
+        if moved:
+            fail(f"{name}.{unknown[0]}", f"renamed: the key is now {moved} (params.yaml groups "
+                                         "a config's settings under one key)")
         close = _closest(unknown[0], fields)
         hint = f" (did you mean {close!r}?)" if close else ""
         fail(f"{name}.{unknown[0]}", f"unknown parameter{hint}")
@@ -228,11 +248,19 @@ def parse_section(name: str, raw: Any, cls: type) -> Any:
     values = {}
     for key, f in fields.items():
         full = f"{name}.{key}"
+        if dataclasses.is_dataclass(hints[key]):  # a group: one config object, taken whole
+            values[key] = parse_section(full, raw[key], hints[key])
+            continue
         v = _check_type(full, raw[key], hints[key])
         for check in f.metadata.get("checks", ()):
             check(full, v)
         values[key] = v
-    return cls(**values)
+    try:
+        return cls(**values)
+    except ParamsError:
+        raise
+    except ValueError as exc:  # a config class's own check (its message names the field)
+        fail(name, str(exc))
 
 
 def _closest(word: str, options) -> str | None:

@@ -23,10 +23,11 @@ from typing import Any
 from attncert import soundness
 from attncert.certvit import methods as cv
 from attncert.certvit.adapt import NORMS
+from attncert.certvit.spectral import Budgets
 from attncert.certvit.steps import (
     Result,
 )
-from attncert.certvit.study import imagenet_route, run_steps
+from attncert.certvit.study import DRParams, imagenet_route, run_steps
 from attncert.certvit.tables import (
     PAPER_EPS,
     at_paper_eps,
@@ -86,14 +87,7 @@ class Params:
     radius_quantile: float = param(unit_interval, doc="ProjectNorm radius: this quantile of "
                                                       "the pre-trained token norms")
     adapt_epochs: int = param(nonneg)
-    dr_threshold: float = param(positive, doc="soft threshold / RMS of the layer's weights")
-    dr_eta: float = param(positive, doc="output tolerance / RMS of the layer's outputs")
-    dr_relaxation: float = param(positive)
-    dr_iterations: int = param(positive)
-    dr_projection_steps: int = param(positive)
-    dr_batch_size: int = param(positive, doc="recorded pairs per constraint set")
-    dr_max_pairs: int = param(positive, doc="recorded pairs per layer")
-    dr_images: int = param(positive, doc="training images whose tokens are recorded")
+    dr: DRParams = param(doc="Douglas-Rachford constraining (paper mode), one config")
     finetune_epochs: int = param(nonneg, doc="the fine-tune after constraining")
     finetune_scope: str = param(one_of(*cv.FINETUNE_SCOPES),
                                 doc="masked: every weight, pruned ones kept at zero; "
@@ -104,14 +98,8 @@ class Params:
     constrain: list[str] = param(one_of(*cv.MODES), unique,
                                  doc="modes run side by side: paper (l1 Douglas-Rachford, "
                                      "the steps above) | spectral (spectral-norm balls)")
-    budget_embed: float = param(positive, doc="spectral: ||E|| / min(std) of the patch "
-                                              "embedding with the input normalisation")
-    budget_q: float = param(positive, doc="spectral: ||W^Q|| of every head")
-    budget_v: float = param(positive, doc="spectral: ||W^V|| of every head")
-    budget_o: float = param(positive, doc="spectral: ||W^O||")
-    budget_fc1: float = param(positive, doc="spectral: ||W_1|| of every MLP")
-    budget_fc2: float = param(positive, doc="spectral: ||W_2|| of every MLP")
-    budget_gain: float = param(positive, doc="spectral: max|gamma| of every norm")
+    budget: Budgets = param(doc="spectral mode: the spectral-norm budget of every map "
+                                "(attncert.certvit.spectral.Budgets)")
     spectral_epochs: int = param(nonneg, doc="spectral: projected fine-tune after constraining")
     spectral_lr: float = param(positive)
     margin_eps: float = param(nonneg, doc="spectral: the radius loss's eps (offset L eps, "
@@ -157,9 +145,9 @@ class Params:
         if self.dim % self.heads:
             raise ParamsError(f"certvit.heads: dim = {self.dim} is not divisible by heads = "
                               f"{self.heads}")
-        if not 0 < self.dr_relaxation < 2:
-            raise ParamsError(f"certvit.dr_relaxation: must be in (0, 2), got "
-                              f"{self.dr_relaxation!r}")
+        if not 0 < self.dr.relaxation < 2:
+            raise ParamsError(f"certvit.dr.relaxation: must be in (0, 2), got "
+                              f"{self.dr.relaxation!r}")
         if not self.constrain:
             raise ParamsError("certvit.constrain: needs at least one mode (paper, spectral)")
         if PAPER_EPS not in self.cert_eps:

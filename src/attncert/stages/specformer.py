@@ -14,6 +14,7 @@ study's code (recipes, a unit's runs, Table 5, the certified pair) in
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -52,6 +53,35 @@ from attncert.studies.specformer import (
 )
 from attncert.training.loop import OPTIMIZERS
 
+
+@dataclass(frozen=True)
+class FinetuneParams:
+    """params.yaml ``specformer.finetune``: the recipe of every pre-trained source's runs
+    (:func:`attncert.specformer.train_configs`, taken whole by :meth:`configs`)."""
+
+    epochs: int = param(positive, doc="standard fine-tune")
+    adv_epochs: int = param(positive, doc="PGD fine-tune")
+    batch_size: int = param(positive)
+    lr: float = param(positive)
+    weight_decay: float = param(nonneg)
+    warmup_steps: int = param(nonneg)
+    grad_clip: float = param(nonneg, doc="max global gradient norm (0 = off)")
+    optimizer: str = param(one_of(*OPTIMIZERS), doc="adamw | sgd (heavy-ball)")
+    momentum: float = param(unit_interval, doc="sgd's momentum")
+    mixup_alpha: float = param(nonneg, doc="Mixup's Beta(alpha, alpha) (0 = none)")
+    cutmix_alpha: float = param(nonneg, doc="CutMix's Beta(alpha, alpha) (0 = none)")
+    mix_prob: float = param(probability, doc="share of standard fine-tune batches mixed")
+    mix_switch_prob: float = param(probability, doc="CutMix's share of the mixed batches")
+
+    def configs(self, **common: Any):
+        """(standard, adversarial) configs of :func:`attncert.specformer.train_configs` from
+        every field of the group (the mixing ones as its ``mix``) and ``common``."""
+        fields = dataclasses.asdict(self)
+        mix = {k: fields.pop(k) for k in ("mixup_alpha", "cutmix_alpha", "mix_prob",
+                                          "mix_switch_prob")}
+        return sf.train_configs(**fields, mix=mix, **common)
+
+
 #: this module's params.yaml section
 SECTION = "specformer"
 
@@ -65,7 +95,7 @@ class Params:
     sources: list[str] = param(nonempty, unique,
                                doc="'scratch' (a ViT of patch/dim/depth/heads trained here) or "
                                    "a pre-trained ViTForImageClassification: HF hub id or "
-                                   "save_pretrained folder, fine-tuned with the finetune_* recipe")
+                                   "save_pretrained folder, fine-tuned with the finetune recipe")
     image_size: int = param(positive, doc="input size of the pre-trained sources; images are "
                                           "upsampled to it inside the model (integer factor)")
     methods: list[str] = param(one_of(*sf.METHODS), unique, doc="standard training")
@@ -92,21 +122,7 @@ class Params:
     augment: str = param(one_of(*AUGMENTS))
     adv_eps_255: float = param(positive, doc="adversarial training radius (l_inf, x 1/255)")
     adv_steps: int = param(positive)
-    finetune_epochs: int = param(positive, doc="pre-trained sources: standard fine-tune")
-    finetune_adv_epochs: int = param(positive, doc="pre-trained sources: PGD fine-tune")
-    finetune_batch_size: int = param(positive)
-    finetune_lr: float = param(positive)
-    finetune_weight_decay: float = param(nonneg)
-    finetune_warmup_steps: int = param(nonneg)
-    finetune_grad_clip: float = param(nonneg, doc="max global gradient norm (0 = off)")
-    finetune_optimizer: str = param(one_of(*OPTIMIZERS), doc="adamw | sgd (heavy-ball)")
-    finetune_momentum: float = param(unit_interval, doc="sgd's momentum")
-    finetune_mixup_alpha: float = param(nonneg, doc="Mixup's Beta(alpha, alpha) (0 = none)")
-    finetune_cutmix_alpha: float = param(nonneg, doc="CutMix's Beta(alpha, alpha) (0 = none)")
-    finetune_mix_prob: float = param(probability, doc="share of standard fine-tune batches "
-                                                        "mixed (0 = off; attncert.training.mix)")
-    finetune_mix_switch_prob: float = param(probability, doc="CutMix's share of the mixed "
-                                                               "batches when both alphas > 0")
+    finetune: FinetuneParams = param(doc="the pre-trained sources' fine-tune, one recipe")
     n_eval: int = param(positive, doc="first n test images attacked")
     eval_batch_size: int = param(positive, doc="the evaluation after every training epoch")
     attack_batch_size: int = param(positive, doc="images attacked at once (halved on a CUDA "

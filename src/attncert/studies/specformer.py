@@ -30,21 +30,14 @@ if TYPE_CHECKING:
 def recipe(p: Params, seed: int, source: str) -> tuple[TrainConfig, TrainConfig]:
     """(standard, adversarial) training configs of ``source``'s runs, before
     :func:`attncert.specformer.method_train_config`: the from-scratch recipe for
-    :data:`attncert.specformer.SCRATCH`, the ``finetune_*`` recipe for a pre-trained source."""
+    :data:`attncert.specformer.SCRATCH`, the ``finetune`` recipe for a pre-trained source."""
     common = {"augment": p.augment, "eval_batch_size": p.eval_batch_size,
               "adv_eps_255": p.adv_eps_255, "adv_steps": p.adv_steps, "seed": seed}
     if source == sf.SCRATCH:
         return sf.train_configs(epochs=p.epochs, adv_epochs=p.adv_epochs,
                                 batch_size=p.batch_size, lr=p.lr, weight_decay=p.weight_decay,
                                 warmup_steps=p.warmup_steps, **common)
-    mix = {"mixup_alpha": p.finetune_mixup_alpha, "cutmix_alpha": p.finetune_cutmix_alpha,
-           "mix_prob": p.finetune_mix_prob, "mix_switch_prob": p.finetune_mix_switch_prob}
-    return sf.train_configs(epochs=p.finetune_epochs, adv_epochs=p.finetune_adv_epochs,
-                            batch_size=p.finetune_batch_size, lr=p.finetune_lr,
-                            weight_decay=p.finetune_weight_decay,
-                            warmup_steps=p.finetune_warmup_steps,
-                            grad_clip=p.finetune_grad_clip, optimizer=p.finetune_optimizer,
-                            momentum=p.finetune_momentum, mix=mix, **common)
+    return p.finetune.configs(**common)
 
 
 def certified_configs(p: Params, data: Mapping[str, Any], seed: int
