@@ -5,6 +5,7 @@ from pathlib import Path
 
 import pytest
 
+from attncert.pipeline.context import make_context
 from attncert.pipeline.params import ParamsError, read_yaml
 from attncert.report import paper
 from attncert.stages import certify_vit, train_vit
@@ -100,7 +101,7 @@ def test_certify_vit_certifies_the_whole_split_and_audits_the_first_n_attack(tmp
                             cert_eps=[0.05, 0.5], attack_steps=3, attack_restarts=1,
                             results_dir=str(tmp_path / "results"))
     base = parse_section("base", {**raw["base"], "device": "cpu"}, BaseParams)
-    out = certify_vit.run(p, base, point, str(processed), torch.device("cpu"))
+    out = certify_vit.run(p, make_context(base, point=point, processed_dir=str(processed)))
     assert out.n == 9 and out.summary["n"] == 9 and out.summary["n_attacked"] == 4
     samples = pd.read_csv(out.samples)
     assert len(samples) == 9
