@@ -27,7 +27,7 @@
 # `ViTForImageClassification` (hub id or `save_pretrained` folder; the paper scale: ImageNet
 # ViT-S/16 and DeiT-Ti, as in SpecFormer's tables) is loaded into the same standard ViT, gets a
 # head for the dataset's classes, eats the dataset's images upsampled to `image_size` inside the
-# model (eps stays in the dataset's pixel space) and is fine-tuned with the `finetune_*` recipe.
+# model (eps stays in the dataset's pixel space) and is fine-tuned with the `finetune` recipe.
 # Pre-trained weights fit vanilla and SpecFormer only: the other baselines swap attention or
 # norms. Runs of a pre-trained source are named `<dataset>@<model>`.
 #
@@ -124,7 +124,7 @@ res.sigma.pivot_table(index=["dataset", "method", "depth"], columns="map",
 # %% [markdown]
 # ## Cost of a training step (SpecFormer Table 3)
 # Every method's training step (forward, loss incl. MSVP, backward, AdamW) on the same batch of
-# `batch_size` (a pre-trained source: `finetune_batch_size`) training images of the first
+# `batch_size` (a pre-trained source: `finetune.batch_size`) training images of the first
 # dataset, with the first source's models and recipe, measured side by side in this one run:
 # after `timing_warmup` steps each, `timing_rounds` rounds time `timing_steps` steps of every
 # method in turn (the start rotates); the ratio to vanilla is taken within each round, then

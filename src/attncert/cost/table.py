@@ -26,7 +26,7 @@ STAGES = ("data", "tightness", "train_vit", "certify_vit", "frontier", "specform
 
 
 def stage_work(params, stages=STAGES) -> tuple[list[Work], float]:
-    """The work items of ``stages`` at ``params`` (a :class:`attncert.pipeline.params.Params`), and
+    """The work items of ``stages`` at ``params`` (a :class:`attncert.stages.registry.Params`), and
     CROWN's upper bound in seconds (bounds x time limit; 0 without the crown stage)."""
     d = params["data"]
     work, crown_seconds = [], 0.0

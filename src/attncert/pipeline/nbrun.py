@@ -5,8 +5,8 @@
     python -m attncert.pipeline.nbrun notebooks/03_train_vit.py OUT.ipynb --section vit_grid \
         --section train_vit --item dataset=mnist --item depth=3 --item heads=4 --item gamma_vo=0.5
 
-params.yaml is read once (YAML 1.2, validated by ``attncert.pipeline.params``); the chosen sections
-are passed to papermill with their real Python types: a section whose name the notebook's
+params.yaml is read once (YAML 1.2, validated by ``attncert.stages.registry``); the chosen
+sections are passed to papermill with their real Python types: a section whose name the notebook's
 ``parameters`` cell declares as one dict (the stage module parses it back into its
 dataclass), any other entry field by field. Everything is checked before the kernel starts:
 the params file, and that the notebook's ``parameters`` cell declares exactly what is passed.

@@ -1,9 +1,10 @@
-"""Typed schema of params.yaml, read once with YAML 1.2 semantics (as DVC reads it).
+"""Typed schema of params.yaml's sections, read with YAML 1.2 semantics (as DVC reads it).
 
 params.yaml is the single source of truth: every key is required, there are no hidden
 defaults here. Each top-level section maps to a frozen dataclass whose fields carry their
-type and an optional check. ``load_params`` validates the whole file and raises
-``ParamsError`` with a one-line message naming the offending key.
+type and an optional check (a group, such as ``certvit.dr``, is a dataclass field);
+:func:`parse_section` reads one and raises ``ParamsError`` with a one-line message naming the
+offending key. The whole file is validated by :func:`attncert.stages.registry.load_params`.
 
 One spelling per concept across sections: ``cert_eps`` lists the radii at which a bound or
 certificate is evaluated, ``attack_eps`` radii that are only attacked, ``attack_steps`` and

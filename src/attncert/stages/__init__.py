@@ -3,8 +3,8 @@
 A stage module owns everything about its stage that is not a reusable method:
 
 - ``SECTION`` and ``Params``: its params.yaml section, a frozen dataclass checked by
-  :mod:`attncert.pipeline.params` (registered there in ``SECTIONS``); ``SECTIONS``: the other
-  sections it reads, by name (the frontier reads ``train_vit``);
+  :mod:`attncert.pipeline.params` (registered in :data:`attncert.stages.registry.SECTIONS`);
+  ``SECTIONS``: the other sections it reads, by name (the frontier reads ``train_vit``);
 - ``run(p, ctx)``: the stage's plan, from its typed section ``p`` and the
   :class:`~attncert.pipeline.context.Context` (the resolved device and precision, the grid
   point or unit, paths) to the metrics file and artefacts it writes, soundness checks

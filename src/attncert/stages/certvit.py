@@ -7,8 +7,9 @@ the certificate) live in :mod:`attncert.certvit`.
 The stage is split into independent units (:func:`units`, one DVC stage each, so that several
 GPUs share it): ``main`` (the section's own ViT, ``certvit_main``), ``table1-<dataset>`` (a
 CertViT Table 1 ViT trained here, ``certvit_table1@<dataset>``) and ``imagenet`` (CertViT
-Table 3's ImageNet-pretrained ViTs, ``certvit_imagenet``). :func:`run_unit` writes one record
-per unit; :func:`run` gathers them into the stage's metrics file.
+Table 3's ImageNet-pretrained ViTs, ``certvit_imagenet``). :func:`run` with the unit as
+``ctx.item`` writes one record per unit; with ``ctx.item`` None it gathers them into the
+stage's metrics file.
 """
 
 from __future__ import annotations
@@ -200,7 +201,7 @@ def units(p: Params) -> list[str]:
 
 
 def unit_file(p: Params, unit: str) -> Path:
-    """Where :func:`run_unit` writes the unit's record (JSON)."""
+    """Where :func:`_run_unit` writes the unit's record (JSON)."""
     return Path(p.work_dir) / "units" / f"{unit}.json"
 
 

@@ -199,7 +199,7 @@ class Params:
 
 
 def unit_file(p: Params, unit: str) -> Path:
-    """Where :func:`run_unit` writes the unit's record (JSON)."""
+    """Where :func:`_run_unit` writes the unit's record (JSON)."""
     return Path(p.results_dir) / "units" / f"{unit}.json"
 
 

@@ -23,7 +23,8 @@ STUDY = "sst2"
 
 class Job(NamedTuple):
     """One model of the stage: its certificate family, class, constructor arguments and
-    training settings (those of :class:`TextTrainConfig` beyond the stage's common ones)."""
+    training settings (those of :class:`~attncert.text.train_text.TextTrainConfig` beyond the
+    stage's common ones)."""
 
     family: str
     cls: type
@@ -101,7 +102,8 @@ def jobs(p: Params, vocab: int, dataset: str = STUDY, sep_token_id: int | None =
 
 #: The stage's independent units, each one DVC stage (dvc.yaml's ``text_unit`` matrix lists
 #: them): SST-2's study in four parts (:func:`unit_jobs`), then every other dataset (its OLSA
-#: runs and frozen-encoder head; nothing where the scale leaves it out). :func:`run` gathers.
+#: runs and frozen-encoder head; nothing where the scale leaves it out).
+#: :func:`attncert.stages.text.run` gathers.
 UNITS = ("sst2-olsa", "sst2-controls", "sst2-lofast", "sst2-frozen", "yelp_polarity", "qqp")
 
 

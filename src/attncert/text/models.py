@@ -20,7 +20,8 @@ radius of a perturbation of ``e`` over the whole sentence.
   the perturbed input of a 1-layer OLSA head (OLSA over frozen BERT; train it with gamma = 0).
   The certificate covers perturbations of those token states (the head's input space), not
   of the words or the encoder's input embeddings: the encoder is not certified.
-* :class:`LipschitzTextTransformer`: LoFAST appendix D's small BERT-style model: word
+* :class:`~attncert.text.lofast.LipschitzTextTransformer` (:mod:`attncert.text.lofast`):
+  LoFAST appendix D's small BERT-style model: word
   embeddings normalised to norm 2 (the perturbed input, as OLSA's) + position embeddings, ViT
   blocks (:class:`attncert.models.vit.Block`: LayerProject on the residual stream, dot-product
   attention with ||W^Q||, ||W^K|| <= gamma_qk and ||W^V||, ||W^O|| <= gamma_vo, SLL residual

@@ -26,7 +26,7 @@ OLSA_PAPER_DEPTH = 3
 def paper_reference(dataset: str, model: str, olsa_depth: int | None) -> tuple[float, str] | None:
     """OLSA's abstract number for a model of the stage on ``dataset`` (average radius, its
     own embedding space), or None: the 3-layer OLSA on Yelp, the OLSA head over frozen BERT-base
-    on QQP (SST-2's 3-layer OLSA: :func:`headline_rows`)."""
+    on QQP (SST-2's 3-layer OLSA: :func:`attncert.stages.text.headline_rows`)."""
     if dataset == "yelp_polarity" and olsa_depth == OLSA_PAPER_DEPTH:
         return (paper.OLSA_AVG_RADIUS["yelp"],
                 f"OLSA abstract ({OLSA_PAPER_DEPTH}-layer OLSA, Yelp; softmax constant "
