@@ -11,9 +11,8 @@ own params.yaml section, typed; ``ctx`` everything else the stage may use, resol
   and ``point``: a grid point (:class:`~attncert.pipeline.runs.GridPoint`) of a matrix stage;
 - ``processed_dir`` (the data stage's output) and ``sections``: the other typed sections a
   stage reads (the frontier reads ``train_vit``), by section name;
-- ``params_file`` and ``dvc_file``: where the report stage reads the whole study, and
-  ``study``: the whole params file, validated (:func:`attncert.stages.registry.load_params`;
-  the report stage's notebook loads it).
+- ``dvc_file`` and ``study``: the report stage's dvc.yaml and the whole params file, validated
+  (:func:`attncert.stages.registry.load_params`; the report stage's notebook loads it).
 
 A notebook takes the sections ``python -m attncert.pipeline.nbrun`` passes, calls
 :func:`setup` once (it parses them, applies ``base.threads``/``base.deterministic`` and
@@ -30,7 +29,7 @@ from typing import Any
 import torch
 
 from attncert.pipeline.dvcfile import DVC_FILE
-from attncert.pipeline.params import PARAMS_FILE, BaseParams, parse_section
+from attncert.pipeline.params import BaseParams, parse_section
 from attncert.pipeline.runs import GridPoint
 from attncert.pipeline.runtime import configure
 from attncert.training.precision import resolve_precision
@@ -48,7 +47,6 @@ class Context:
     point: GridPoint | None = None
     processed_dir: str | None = None
     sections: Mapping[str, Any] = field(default_factory=dict)
-    params_file: str = PARAMS_FILE
     dvc_file: str = DVC_FILE
     study: Any = None
 
