@@ -79,7 +79,7 @@ display(Markdown(res.overview))
 # evaluate the sample: its models are trained on the datasets listed above, and without a
 # CIFAR-10 training set offline none of them was trained on CIFAR-10, so none can classify its
 # images. At the paper scale `cifar10` and `cifar100` are training datasets, and the first
-# `n_eval` images of their test splits are attacked.
+# `n_test` images of their test splits are attacked.
 
 # %% [markdown]
 # ## Training
@@ -144,9 +144,10 @@ res.ratios.round(4)
 # divides by the tokens' standard deviation), so the certification engine refuses them, as
 # shown. The penalty's certified value is therefore measured on the Lipschitz ViT of LoFAST
 # section 5.2 (LayerProject, constrained dot-product attention, SLL MLPs; the normalisation
-# x - mean only): one trained without and one with MSVP (`cert_msvp_lambda`), on the first
-# dataset, certified with LoFAST(M) and SpecFormer's own local bound (MATH.md section 3),
-# pairwise test, l2 radii in pixel space.
+# x - mean only): one trained without and one with MSVP (`certified.msvp_lambda`), on the
+# first dataset, certified with LoFAST(M) and SpecFormer's own local bound (MATH.md section 3),
+# pairwise test, l2 radii in pixel space. Every certified image is also attacked with L2 PGD at
+# each radius (`pgd@eps`): a certificate the attack breaks (`broken`) fails the stage.
 
 # %%
 display(Markdown(f"**certify(vanilla)**: `{res.refusal}`"))

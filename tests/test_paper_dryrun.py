@@ -58,9 +58,10 @@ COUNTS: dict[str, dict] = {
     "specformer": {"datasets": ["cifar100", "imagenette"], "adv_methods": ["specformer"],
                    "max_train": 16,
                    "epochs": 1, "adv_epochs": 1, "batch_size": 8, "eval_batch_size": 8,
-                   "warmup_steps": 1, "adv_steps": 1, "n_eval": 2, "attack_steps": 1,
+                   "warmup_steps": 1, "adv_steps": 1, "n_test": 2, "attack_steps": 1,
                    "attack_eps": [0.5], "timing_steps": 1, "timing_rounds": 1, "timing_warmup": 0,
-                   "cert_epochs": 1, "cert_n_test": 2, "cert_eps": [0.1],
+                   "certified": {"epochs": 1, "n_test": 2, "cert_eps": [0.1],
+                                 "attack_steps": 2, "attack_restarts": 1},
                    "msvp_lambda_ablation": [[1.0e-4, 0.0, 0.0]]},  # one of Table 5's rows
     "text": {"max_train": 64, "max_eval": 16, "olsa_depths": [3], "gamma_ablation": [2.0],
              "olsa_deep_depths": [4], "epochs": {"sst2": 1, "yelp_polarity": 1},

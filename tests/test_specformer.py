@@ -1,6 +1,7 @@
 """The SpecFormer study's library: method configs, attacks table, step timing, figures."""
 
 import dataclasses
+import json
 from pathlib import Path
 
 import pandas as pd
@@ -15,6 +16,7 @@ from attncert.models import ViTConfig, build_vit
 from attncert.msvp import exact_head_sigma
 from attncert.pipeline.context import make_context
 from attncert.report import paper as paper_module
+from attncert.soundness import UnsoundCertificateError
 from attncert.stages import specformer as stage
 from attncert.stages.registry import load_params
 from attncert.studies import specformer as study
@@ -179,7 +181,7 @@ def cifar_shaped(dataset, num_classes, mirror, tmp_path, max_train=0):
 #: The only knobs shrunk: model size, epochs, batch size, attack steps, attacked images.
 TINY = {"dim": 8, "depth": 1, "heads": 2, "mlp_hidden": 8, "epochs": 1, "adv_epochs": 1,
         "batch_size": 10, "eval_batch_size": 10, "adv_steps": 1, "attack_steps": 2,
-        "n_eval": 20}
+        "n_test": 20}
 
 
 @pytest.mark.parametrize("dataset,num_classes", [("cifar10", 10), ("cifar100", 100)])
@@ -205,7 +207,7 @@ def test_paper_scale_cifar_grid_code_path(dataset, num_classes, mirror, tmp_path
     specs = sf.attack_specs(p.std_eps_255, p.adv_eval_eps_255, p.attack_steps, p.attack_eps)
     plan = sf.run_plan(p.methods, p.adv_methods, *study.recipe(p, 0, sf.SCRATCH))
     base = sf.base_model_config(data, p.patch, p.dim, p.depth, p.heads, p.mlp_hidden, p.block)
-    x, y = sf.eval_split(data, p.n_eval)
+    x, y = sf.eval_split(data, p.n_test)
     rows = []
     for training, method, cfg in plan:
         model_cfg = sf.method_model_config(method, base, p.lipsformer_alpha)
@@ -246,7 +248,7 @@ def test_paper_scale_cifar_grid_code_path(dataset, num_classes, mirror, tmp_path
 #: The knobs shrunk for the pre-trained route (the model itself is the tiny saved one).
 TINY_FINETUNE = {"epochs": 1, "adv_epochs": 1, "batch_size": 10, "warmup_steps": 1}
 TINY_RUN = {"eval_batch_size": 10, "adv_steps": 1,
-                 "attack_steps": 2, "n_eval": 20, "image_size": 64}
+                 "attack_steps": 2, "n_test": 20, "image_size": 64}
 
 
 @pytest.fixture(scope="module")
@@ -281,7 +283,7 @@ def test_paper_scale_pretrained_code_path(dataset, num_classes, mirror, tmp_path
     assert label == f"{dataset}@tiny-vit-patch16-64"
     model, notes = sf.pretrained_model(src, data, p.image_size, 0)
     assert any("upsampled x2" in n for n in notes) and any("1000 -> " in n for n in notes)
-    x, y = sf.eval_split(data, p.n_eval)
+    x, y = sf.eval_split(data, p.n_test)
     rows = []
     for training, method, cfg in plan:
         train_cfg = sf.method_train_config(method, cfg, p.msvp_lambda)
@@ -442,8 +444,10 @@ def test_units_then_gather(mirror, tmp_path):
     p = dataclasses.replace(paper, **TINY, sources=[sf.SCRATCH], datasets=["cifar10"],
                             attack_eps=[0.5], timing_steps=1, timing_rounds=2, timing_warmup=0,
                             msvp_lambda_ablation=[[1e-3, 0.0, 0.0], list(paper.msvp_lambda)],
-                            cert_dim=8, cert_heads=2, cert_depth=1, cert_epochs=1,
-                            cert_n_test=4, results_dir=str(tmp_path / "results"),
+                            certified=dataclasses.replace(
+                                paper.certified, dim=8, heads=2, depth=1, mlp_hidden=16,
+                                epochs=1, n_test=4, attack_steps=2, attack_restarts=1),
+                            results_dir=str(tmp_path / "results"),
                             metrics=str(tmp_path / "specformer.json"))
     base = BaseParams(scale="smoke", seed=0, device="cpu", precision="fp32", threads=0,
                       deterministic=False)
@@ -465,8 +469,24 @@ def test_units_then_gather(mirror, tmp_path):
         _, training, _, attack = key.split("/", 3)
         assert res.metrics["msvp_ablation"][f"5e-05,3e-05,3e-05/{training}/{attack}"] == acc
     assert {r["model"] for r in res.metrics["certified"]} == {"lipschitz", "lipschitz + MSVP"}
+    # the certified pair is attacked on every certified image at every eps, and sound
+    audit = res.metrics["certified_audit"]
+    assert set(audit) == {"lipschitz", "lipschitz + MSVP"}
+    for rows in audit.values():
+        assert [r["eps"] for r in rows] == p.certified.cert_eps
+        assert all(r["broken_lofast_M"] == 0 == r["broken_specformer"] for r in rows)
+    for r in res.metrics["certified"]:
+        for e in p.certified.cert_eps:
+            assert r[f"certified@{e}"] <= r[f"pgd@{e}"] <= r["clean_acc"]
+    # a broken certificate in the unit's record fails the gathering stage
+    record_file = stage.unit_file(p, stage.CERTIFIED)
+    record = json.loads(record_file.read_text())
+    record["audit"]["lipschitz"][0]["broken_specformer"] = 1
+    record_file.write_text(json.dumps(record))
+    with pytest.raises(UnsoundCertificateError, match="lipschitz / specformer at eps"):
+        stage.run(p, make_context(base, device=False))
     with pytest.raises(ValueError, match="other params"):
-        stage.run(dataclasses.replace(p, n_eval=10), make_context(base, device=False))
+        stage.run(dataclasses.replace(p, n_test=10), make_context(base, device=False))
 
 
 def test_the_hub_revision_is_in_the_notes_and_fingerprint(monkeypatch, tiny_pretrained, mirror,

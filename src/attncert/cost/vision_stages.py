@@ -112,7 +112,7 @@ def tightness_work(p) -> list[Work]:
 
 def specformer_work(p, n_train_max: int, n_test_max: int) -> list[Work]:
     from attncert import specformer as sf
-    from attncert.studies.specformer import certified_configs
+    from attncert.studies.specformer import CERT_VARIANTS, certified_configs
 
     s = p["specformer"]
     out = []
@@ -133,7 +133,7 @@ def specformer_work(p, n_train_max: int, n_test_max: int) -> list[Work]:
             raise ValueError(f"specformer.sources: the shape of {src!r} is unknown here; add it "
                              "to attncert.cost.HF_VITS")
         run = sf.run_label(ds, src)
-        n_eval = min(s.n_eval, n_te)
+        n_eval = min(s.n_test, n_te)
         # FGSM (1), PGD-2, CW-n, PGD-n and L2 PGD-n per radius
         steps = 1 + 2 + 2 * s.attack_steps + s.attack_steps * len(s.attack_eps)
         for training, methods, epochs in (("standard", s.methods, recipe[0]),
@@ -164,12 +164,17 @@ def specformer_work(p, n_train_max: int, n_test_max: int) -> list[Work]:
     _, _, _, n_tr, n_te = DATASETS[ds]
     n_tr, n_te = capped(s.max_train, capped(n_train_max, n_tr)), capped(n_test_max, n_te)
     cfg = certified_configs(s, stand_in(ds), 0)[0]
-    for label, lam in (("without MSVP", None), ("with MSVP", tuple(s.cert_msvp_lambda))):
+    cert = s.certified
+    n_cert = min(cert.n_test, n_te)
+    for label, lam in (("without MSVP", None), ("with MSVP", tuple(cert.msvp_lambda))):
         c = vit_counts(cfg, lam)
         items = training_work("specformer", f"certified pair, {label}", c, n_tr, n_te,
-                              s.cert_epochs, s.batch_size, s.eval_batch_size)
-        items += certify_work("specformer", f"certified pair, {label}", cfg,
-                              min(s.cert_n_test, n_te), ["lofast_M", "specformer"], 1, 100)
+                              cert.epochs, s.batch_size, s.eval_batch_size)
+        items += certify_work("specformer", f"certified pair, {label}", cfg, n_cert,
+                              list(CERT_VARIANTS), 1, 100)
+        items.append(audit_work("specformer", f"certified pair, {label}: PGD audit",
+                                c["attack"], n_cert, len(cert.cert_eps), cert.attack_steps,
+                                cert.attack_restarts, s.attack_batch_size))
         out += in_unit(items, "specformer_certified")
     return out
 

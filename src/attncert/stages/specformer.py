@@ -3,7 +3,7 @@ attacked, timed and compared (MATH.md sections 1, 3, 7, 8).
 
 The plan: every method of :mod:`attncert.specformer` on every dataset and source, standard and
 (for ``adv_methods``) PGD adversarial training, each model attacked with the same attacks on
-the first ``n_eval`` test images; the largest singular value per layer of the standard-trained
+the first ``n_test`` test images; the largest singular value per layer of the standard-trained
 models (SpecFormer Figure 2a); the cost of a training step relative to vanilla (its Table 3);
 and what the penalty buys in certified terms: LayerNorm models are refused by the certifier,
 so a Lipschitz ViT trained without and with MSVP is certified with LoFAST(M) and SpecFormer's
@@ -14,7 +14,6 @@ study's code (recipes, a unit's runs, Table 5, the certified pair) in
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -37,50 +36,21 @@ from attncert.pipeline.params import (
     one_of,
     param,
     positive,
-    probability,
     unique,
-    unit_interval,
 )
 from attncert.pipeline.records import read_record, unit_key
 from attncert.report import paper
 from attncert.report.headline import numbers, row, scale_caveat
 from attncert.studies.specformer import (
+    CertifiedParams,
+    FinetuneParams,
     certified_pair,
+    check_certified,
     lambda_ablation,
     main_runs,
     overview,
     table5_rows,
 )
-from attncert.training.loop import OPTIMIZERS
-
-
-@dataclass(frozen=True)
-class FinetuneParams:
-    """params.yaml ``specformer.finetune``: the recipe of every pre-trained source's runs
-    (:func:`attncert.specformer.train_configs`, taken whole by :meth:`configs`)."""
-
-    epochs: int = param(positive, doc="standard fine-tune")
-    adv_epochs: int = param(positive, doc="PGD fine-tune")
-    batch_size: int = param(positive)
-    lr: float = param(positive)
-    weight_decay: float = param(nonneg)
-    warmup_steps: int = param(nonneg)
-    grad_clip: float = param(nonneg, doc="max global gradient norm (0 = off)")
-    optimizer: str = param(one_of(*OPTIMIZERS), doc="adamw | sgd (heavy-ball)")
-    momentum: float = param(unit_interval, doc="sgd's momentum")
-    mixup_alpha: float = param(nonneg, doc="Mixup's Beta(alpha, alpha) (0 = none)")
-    cutmix_alpha: float = param(nonneg, doc="CutMix's Beta(alpha, alpha) (0 = none)")
-    mix_prob: float = param(probability, doc="share of standard fine-tune batches mixed")
-    mix_switch_prob: float = param(probability, doc="CutMix's share of the mixed batches")
-
-    def configs(self, **common: Any):
-        """(standard, adversarial) configs of :func:`attncert.specformer.train_configs` from
-        every field of the group (the mixing ones as its ``mix``) and ``common``."""
-        fields = dataclasses.asdict(self)
-        mix = {k: fields.pop(k) for k in ("mixup_alpha", "cutmix_alpha", "mix_prob",
-                                          "mix_switch_prob")}
-        return sf.train_configs(**fields, mix=mix, **common)
-
 
 #: this module's params.yaml section
 SECTION = "specformer"
@@ -123,7 +93,7 @@ class Params:
     adv_eps_255: float = param(positive, doc="adversarial training radius (l_inf, x 1/255)")
     adv_steps: int = param(positive)
     finetune: FinetuneParams = param(doc="the pre-trained sources' fine-tune, one recipe")
-    n_eval: int = param(positive, doc="first n test images attacked")
+    n_test: int = param(positive, doc="first n test images attacked")
     eval_batch_size: int = param(positive, doc="the evaluation after every training epoch")
     attack_batch_size: int = param(positive, doc="images attacked at once (halved on a CUDA "
                                                  "out-of-memory error)")
@@ -135,35 +105,20 @@ class Params:
     timing_steps: int = param(positive)
     timing_rounds: int = param(positive)
     timing_warmup: int = param(nonneg)
-    cert_patch: int = param(positive)
-    cert_dim: int = param(positive)
-    cert_depth: int = param(positive)
-    cert_heads: int = param(positive)
-    cert_gamma_qk: float = param(positive)
-    cert_gamma_vo: float = param(positive)
-    cert_radius_attn: float = param(positive)
-    cert_epochs: int = param(positive)
-    cert_lr: float = param(positive)
-    cert_lmt_offset: float = param(nonneg)
-    cert_logit_scale: float = param(positive)
-    cert_msvp_lambda: list[float] = param(nonneg)
-    cert_n_test: int = param(positive)
-    cert_eps: list[float] = param(positive, unique)
+    certified: CertifiedParams = param(doc="the certified pair: a Lipschitz ViT trained without"
+                                                " and with MSVP, certified and attacked")
     results_dir: str = param()
     metrics: str = param()
 
     def __post_init__(self) -> None:
-        for key in ("msvp_lambda", "cert_msvp_lambda"):
-            if len(getattr(self, key)) != 3:
-                fail(f"specformer.{key}", f"needs 3 values, got {getattr(self, key)!r}")
+        if len(self.msvp_lambda) != 3:
+            fail("specformer.msvp_lambda", f"needs 3 values, got {self.msvp_lambda!r}")
         for lam in self.msvp_lambda_ablation:
             if len(lam) != 3 or any(v < 0 for v in lam):
                 fail("specformer.msvp_lambda_ablation", f"each entry needs 3 values >= 0, got "
                                                         f"{lam!r}")
-        for key, dim, heads in (("heads", self.dim, self.heads),
-                                ("cert_heads", self.cert_dim, self.cert_heads)):
-            if dim % heads:
-                fail(f"specformer.{key}", f"{dim} is not divisible by {heads} heads")
+        if self.dim % self.heads:
+            fail("specformer.heads", f"{self.dim} is not divisible by {self.heads} heads")
         if "vanilla" not in self.methods:
             fail("specformer.methods", "needs vanilla (the reference of the step-time ratios)")
         pretrained = [s for s in self.sources if s != sf.SCRATCH]
@@ -246,22 +201,23 @@ def _run_unit(p: Params, ctx: Context, unit: str) -> dict[str, Any]:
         "data": f"{dataset}: {len(data['train']['y'])} training / {len(data['test']['y'])} "
                 f"test images ({data['source']})",
         "notes": {}, "trained": [], "robustness": [], "sigma": [], "times": [],
-        "refusal": None, "ablation": None, "certified": [], "cert_sigma": []}
+        "refusal": None, "ablation": None, "certified": [], "cert_sigma": [],
+        "audit": {}}
     specs = sf.attack_specs(p.std_eps_255, p.adv_eval_eps_255, p.attack_steps, p.attack_eps)
     unit_ckpt(p, unit).mkdir(parents=True, exist_ok=True)  # a DVC output, even when unused
     if unit in p.datasets:
         main_runs(p, data, dataset, specs, unit_ckpt(p, unit), device, precision, seed,
                   record)
     elif unit == CERTIFIED:
-        rows, sigmas = certified_pair(p, data, dataset, seed, unit_ckpt(p, unit), device,
-                                      precision)
-        record["certified"] = rows
-        record["cert_sigma"] = pd.concat(sigmas, ignore_index=True).to_dict("records")
+        pair = certified_pair(p, data, dataset, seed, unit_ckpt(p, unit), device, precision)
+        record.update(certified=pair["certified"], cert_sigma=pair["sigma"], audit=pair["audit"])
     else:
         record["ablation"] = lambda_ablation(p, data, dataset, int(unit.removeprefix("lambda")),
                                              specs, unit_ckpt(p, unit), device, precision,
                                              seed)
     write_json(unit_file(p, unit), record)
+    if unit == CERTIFIED:  # a broken certificate fails the unit once its record is written
+        check_certified(record["audit"], str(unit_file(p, unit)))
     return record
 
 
@@ -306,6 +262,7 @@ def _gather(p: Params, ctx: Context) -> Result:
     ratios = all_ratios["standard"]
     msvp_ratio = float(ratios.loc["specformer", "ratio"]) if "specformer" in p.methods else None
     refusal = first["refusal"]
+    check_certified(records[CERTIFIED]["audit"], str(unit_file(p, CERTIFIED)))
     cert_rows = records[CERTIFIED]["certified"]
     certified = pd.DataFrame(cert_rows)
     _write_csv(certified, out / "certified.csv")
@@ -329,6 +286,7 @@ def _gather(p: Params, ctx: Context) -> Result:
                       for r in sigma.to_dict("records")},
         "layernorm_certificate": refusal,
         "certified": cert_rows,
+        "certified_audit": records[CERTIFIED]["audit"],
     }
     write_json(p.metrics, metrics)
     return Result(overview=summary, trained=pd.DataFrame(train_rows), robustness=robustness,
@@ -386,6 +344,10 @@ def headline_rows(m: Mapping, item: Mapping) -> list[dict]:
                 rows.append(row(f"certified/{r['model']}/{r['variant']}/{k[10:]}",
                                 f"{r['model']} certified {r['variant']} at eps {k[10:]}", v,
                                 "fraction"))
+        if "broken" in r:
+            rows.append(row(f"certified/{r['model']}/{r['variant']}/broken",
+                            f"{r['model']} {r['variant']}: certificates broken by PGD",
+                            r["broken"], "count"))
     return rows
 
 

@@ -10,21 +10,96 @@ from __future__ import annotations
 import dataclasses
 import time
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-import pandas as pd
 import torch
 
-from attncert import certify
+from attncert import certify, soundness
 from attncert import specformer as sf
 from attncert.data import as_float
 from attncert.models import ViTConfig
+from attncert.pipeline.params import (
+    nonneg,
+    one_of,
+    param,
+    positive,
+    probability,
+    unique,
+    unit_interval,
+)
+from attncert.training.loop import OPTIMIZERS
 from attncert.training.train import TrainConfig
 
 if TYPE_CHECKING:
     from attncert.pipeline.params import BaseParams
     from attncert.stages.specformer import Params
+
+
+@dataclass(frozen=True)
+class FinetuneParams:
+    """params.yaml ``specformer.finetune``: the recipe of every pre-trained source's runs
+    (:func:`attncert.specformer.train_configs`, taken whole by :meth:`configs`)."""
+
+    epochs: int = param(positive, doc="standard fine-tune")
+    adv_epochs: int = param(positive, doc="PGD fine-tune")
+    batch_size: int = param(positive)
+    lr: float = param(positive)
+    weight_decay: float = param(nonneg)
+    warmup_steps: int = param(nonneg)
+    grad_clip: float = param(nonneg, doc="max global gradient norm (0 = off)")
+    optimizer: str = param(one_of(*OPTIMIZERS), doc="adamw | sgd (heavy-ball)")
+    momentum: float = param(unit_interval, doc="sgd's momentum")
+    mixup_alpha: float = param(nonneg, doc="Mixup's Beta(alpha, alpha) (0 = none)")
+    cutmix_alpha: float = param(nonneg, doc="CutMix's Beta(alpha, alpha) (0 = none)")
+    mix_prob: float = param(probability, doc="share of standard fine-tune batches mixed")
+    mix_switch_prob: float = param(probability, doc="CutMix's share of the mixed batches")
+
+    def configs(self, **common: Any):
+        """(standard, adversarial) configs of :func:`attncert.specformer.train_configs` from
+        every field of the group (the mixing ones as its ``mix``) and ``common``."""
+        fields = dataclasses.asdict(self)
+        mix = {k: fields.pop(k) for k in ("mixup_alpha", "cutmix_alpha", "mix_prob",
+                                          "mix_switch_prob")}
+        return sf.train_configs(**fields, mix=mix, **common)
+
+
+#: the certified pair's certificates (pairwise test)
+CERT_VARIANTS = ("lofast_M", "specformer")
+
+
+@dataclass(frozen=True)
+class CertifiedParams:
+    """params.yaml ``specformer.certified``: the certified pair, LoFAST section 5.2's Lipschitz
+    ViT (LayerProject, constrained attention, SLL MLPs, x - mean inside) trained with the LMT
+    margin without and with MSVP, certified with :data:`CERT_VARIANTS` and attacked (the
+    soundness audit) on the first ``n_test`` test images. Training settings not named here are
+    the from-scratch recipe's."""
+
+    patch: int = param(positive)
+    dim: int = param(positive)
+    depth: int = param(positive)
+    heads: int = param(positive)
+    mlp_hidden: int = param(positive, doc="SLL hidden width")
+    gamma_qk: float = param(positive, doc="spectral norm of every W^Q_l, W^K_l")
+    gamma_vo: float = param(positive, doc="spectral norm of every W^V_l, W^O_l")
+    radius_attn: float = param(positive, doc="LayerProject radius of every attention input")
+    epochs: int = param(positive)
+    lr: float = param(positive)
+    lmt_offset: float = param(nonneg)
+    logit_scale: float = param(positive, doc="cross-entropy temperature (loss only)")
+    msvp_lambda: list[float] = param(nonneg, doc="(lam_q, lam_k, lam_v) of the MSVP member")
+    n_test: int = param(positive, doc="first n test images certified and attacked")
+    cert_eps: list[float] = param(positive, unique, doc="certified l2 radii (pixel space)")
+    attack_steps: int = param(positive, doc="L2 PGD steps of the soundness audit")
+    attack_restarts: int = param(positive)
+
+    def __post_init__(self) -> None:
+        if len(self.msvp_lambda) != 3:
+            raise ValueError(f"msvp_lambda needs 3 values, got {self.msvp_lambda!r}")
+        if self.dim % self.heads:
+            raise ValueError(f"dim {self.dim} is not divisible by {self.heads} heads")
 
 
 def recipe(p: Params, seed: int, source: str) -> tuple[TrainConfig, TrainConfig]:
@@ -42,17 +117,17 @@ def recipe(p: Params, seed: int, source: str) -> tuple[TrainConfig, TrainConfig]
 
 def certified_configs(p: Params, data: Mapping[str, Any], seed: int
                       ) -> tuple[ViTConfig, TrainConfig]:
-    """(Lipschitz ViT config, its training config before MSVP) of the certified pair: LoFAST
-    section 5.2's ViT (LayerProject, constrained attention, SLL MLPs, x - mean inside),
-    trained with the LMT margin on the from-scratch recipe."""
-    model_cfg = sf.data_config(data, normalize="mean", patch=p.cert_patch, dim=p.cert_dim,
-                               depth=p.cert_depth, heads=p.cert_heads,
-                               mlp_hidden=2 * p.cert_dim, kind="lipschitz", block="stream",
-                               pool="mean", radius_attn=p.cert_radius_attn,
-                               gamma_qk=p.cert_gamma_qk, gamma_vo=p.cert_gamma_vo)
-    train_cfg = dataclasses.replace(recipe(p, seed, sf.SCRATCH)[0], epochs=p.cert_epochs,
-                                    lr=p.cert_lr, weight_decay=0.0, margin="lmt",
-                                    lmt_offset=p.cert_lmt_offset, logit_scale=p.cert_logit_scale)
+    """(Lipschitz ViT config, its training config before MSVP) of the certified pair
+    (:class:`CertifiedParams`): the from-scratch recipe with the group's schedule, the LMT margin
+    and no weight decay."""
+    c = p.certified
+    model_cfg = sf.data_config(data, normalize="mean", patch=c.patch, dim=c.dim, depth=c.depth,
+                               heads=c.heads, mlp_hidden=c.mlp_hidden, kind="lipschitz",
+                               block="stream", pool="mean", radius_attn=c.radius_attn,
+                               gamma_qk=c.gamma_qk, gamma_vo=c.gamma_vo)
+    train_cfg = dataclasses.replace(recipe(p, seed, sf.SCRATCH)[0], epochs=c.epochs, lr=c.lr,
+                                    weight_decay=0.0, margin="lmt", lmt_offset=c.lmt_offset,
+                                    logit_scale=c.logit_scale)
     return model_cfg, train_cfg
 
 
@@ -95,7 +170,7 @@ def main_runs(p: Params, data: Mapping[str, Any], dataset: str, specs: Sequence,
                 "checkpoint": status, "epochs": len(curves),
                 "train_seconds": sum(r["seconds"] for r in curves),
                 "wall_seconds": time.perf_counter() - t0, "test_acc": curves[-1]["test_acc"]})
-    x, y = sf.eval_split(data, p.n_eval)
+    x, y = sf.eval_split(data, p.n_test)
     for (label, training, method), model in models.items():
         record["robustness"] += [
             {"dataset": label, "training": training, "method": method, **r}
@@ -148,7 +223,7 @@ def lambda_ablation(p: Params, data: Mapping[str, Any], dataset: str, index: int
         return None
     src, name = p.sources[0], _lambda_name(lam)
     label = sf.run_label(dataset, src)
-    x, y = sf.eval_split(data, p.n_eval)
+    x, y = sf.eval_split(data, p.n_test)
     rows = []
     for training, method, cfg in sf.run_plan(p.methods, p.adv_methods, *recipe(p, seed, src)):
         if method != "specformer":
@@ -163,33 +238,53 @@ def lambda_ablation(p: Params, data: Mapping[str, Any], dataset: str, index: int
 
 
 def certified_pair(p: Params, data: Mapping[str, Any], dataset: str, seed: int, ckpt: Path,
-                   device: torch.device, precision: str
-                   ) -> tuple[list[dict[str, Any]], list[pd.DataFrame]]:
-    """The Lipschitz ViT trained without and with MSVP (``cert_msvp_lambda``), certified in
-    float64 with LoFAST(M) and SpecFormer's bound (pairwise test) on the first
-    ``cert_n_test`` test images: (one row per model and variant, singular values per model)."""
+                   device: torch.device, precision: str) -> dict[str, Any]:
+    """The Lipschitz ViT trained without and with MSVP (``certified.msvp_lambda``), certified
+    in float64 with :data:`CERT_VARIANTS` (pairwise test) on the first ``certified.n_test``
+    test images and every one of them attacked with L2 PGD at each ``certified.cert_eps``
+    (:func:`attncert.certify.audit`): {"certified": one row per model and variant (clean,
+    certified and PGD accuracy per eps, broken certificates), "sigma": singular values per
+    model, "audit": {model: audit rows}} (:func:`check_certified` checks it)."""
+    c = p.certified
     model_cfg, train_cfg = certified_configs(p, data, seed)
-    n_cert = min(p.cert_n_test, len(data["test"]["y"]))
+    n_cert = min(c.n_test, len(data["test"]["y"]))
     xc = as_float(data["test"]["x"][:n_cert]).double().to(device)
     yc = data["test"]["y"][:n_cert].to(device)
-    rows, sigmas = [], []
-    for label, lam in (("lipschitz", [0.0, 0.0, 0.0]), ("lipschitz + MSVP", p.cert_msvp_lambda)):
+    rows, sigmas, audits = [], [], {}
+    for label, lam in (("lipschitz", [0.0, 0.0, 0.0]), ("lipschitz + MSVP", c.msvp_lambda)):
         cfg = dataclasses.replace(train_cfg, msvp_lambda=tuple(lam))
         model, _, _ = sf.train_run(model_cfg, cfg, data, dataset,
                                    ckpt / f"{dataset}-msvp{cfg.msvp_enabled:d}",
                                    device, precision)
-        sigmas.append(sf.max_sigma_frame({label: model}))
+        sigmas += sf.max_sigma_frame({label: model}).to_dict("records")
         model = model.double()
-        table = certify.certify_table(model, xc, yc, ["lofast_M", "specformer"], ["pairwise"])
+        table = certify.certify_table(model, xc, yc, CERT_VARIANTS, ["pairwise"])
         correct = torch.tensor(table["correct"].to_numpy())
-        for variant in ("lofast_M", "specformer"):
-            radius = torch.tensor(table[f"radius_{variant}_pairwise"].to_numpy())
-            acc = certify.certified_accuracy(correct, radius, p.cert_eps)
+        radii = {v: torch.tensor(table[f"radius_{v}_pairwise"].to_numpy())
+                 for v in CERT_VARIANTS}
+        torch.manual_seed(seed)
+        audits[label] = certify.audit(model, xc, yc, radii, c.cert_eps, c.attack_steps,
+                                      c.attack_restarts, seed, p.attack_batch_size,
+                                      progress=True)[0]
+        for variant, radius in radii.items():
+            acc = certify.certified_accuracy(correct, radius, c.cert_eps)
             rows.append({"model": label, "variant": variant,
                          "clean_acc": float(correct.double().mean()),
                          "median_radius": float(radius[correct].median()) if correct.any()
-                         else 0.0, **{f"certified@{e}": a for e, a in acc.items()}})
-    return rows, sigmas
+                         else 0.0, **{f"certified@{e}": a for e, a in acc.items()},
+                         **{f"pgd@{r['eps']}": r["robust_acc"] for r in audits[label]},
+                         "broken": sum(r[f"broken_{variant}"] for r in audits[label])})
+    return {"certified": rows, "sigma": sigmas, "audit": audits}
+
+
+def check_certified(audits: Mapping[str, Sequence[Mapping[str, Any]]], where: str) -> None:
+    """The certified pair's soundness (:func:`attncert.soundness.require_sound`): no
+    certificate broken by the audit's PGD, no certified accuracy above the PGD accuracy on the
+    same points, for every model and variant."""
+    soundness.require_sound(audits, {
+        f"{model} / {v}": ({r["eps"]: r[f"certified_{v}"] for r in rows},
+                           {r["eps"]: r["robust_acc"] for r in rows})
+        for model, rows in audits.items() for v in CERT_VARIANTS}, see=where)
 
 
 def overview(p: Params, base: BaseParams, records: Mapping[str, Mapping[str, Any]]) -> str:
@@ -205,7 +300,7 @@ def overview(p: Params, base: BaseParams, records: Mapping[str, Mapping[str, Any
         + "; ".join(rec["data"] for rec in main) + f"  \n**Sources** {p.sources}"
         + "".join(f"  \n{label}: {note}" for rec in main for label, note in rec["notes"].items())
         + f"  \n**Runs** per dataset and source: {[f'{t}/{m}' for t, m, _ in plan]}"
-        f"  \n**Attacks** on the first {p.n_eval} test images: {[s.label for s in specs]}")
+        f"  \n**Attacks** on the first {p.n_test} test images: {[s.label for s in specs]}")
 
 
 def table5_rows(p: Params, records: Mapping[str, Mapping[str, Any]],
