@@ -109,7 +109,7 @@ display(Markdown(f"**Soundness audit** (checked by the stage): 0 broken certific
 # %%
 display(Markdown(f"**Attention against depth 0.** {r.verdict}"), r.versus.round(4))
 display(Markdown("**OLSA's SST average certified radius beside ours**"), r.paper_vs_ours.round(3))
-display(Markdown(f"**Gamma ablation** ({min(p.olsa_depths)}-layer OLSA, as OLSA Table 2)"),
+display(Markdown(f"**Gamma ablation** ({min(p.olsa.depths)}-layer OLSA, as OLSA Table 2)"),
         r.ablation.round(4))
 
 # %% [markdown]
@@ -122,9 +122,9 @@ for fig in r.figures.values():
 
 # %% [markdown]
 # ## 5. Beyond SST-2: Yelp polarity and QQP
-# OLSA from scratch at every depth of `olsa_depths` on each dataset of `datasets` beyond
+# OLSA from scratch at every depth of `olsa.depths` on each dataset of `datasets` beyond
 # SST-2, with the same settings and certificate, and the OLSA head over the frozen encoder on
-# `frozen_datasets`. QQP's question pairs are one sequence, [CLS] q1 [SEP] q2 [SEP] (the
+# `frozen.datasets`. QQP's question pairs are one sequence, [CLS] q1 [SEP] q2 [SEP] (the
 # frozen encoder also gets BERT's segment ids); Yelp polarity has no dev split, so one is held
 # out of its training split (seeded, disjoint). OLSA's abstract reports an average radius of
 # 1.733 for its 3-layer model on Yelp and 0.368 for its head over frozen BERT-base on QQP,

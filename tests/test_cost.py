@@ -127,19 +127,20 @@ def test_text_work_counts_every_model_the_stage_trains(smoke):
 
     p = load_params(smoke)
     t = p["text"]
-    assert t.datasets == ["sst2", "yelp_polarity"] and "qqp" in t.frozen_datasets
+    assert t.datasets == ["sst2", "yelp_polarity"] and "qqp" in t.frozen.datasets
     work = cost.stage_work(p, ["text"])[0]
     trained = {w.what for w in work if ":" not in w.what and "(" not in w.what}
     assert trained == {f"{d} {name}" + (" head" if name == "frozen-olsa" else "")
                        for d in text_datasets(t) for name in jobs(t, VOCAB, d)}
     assert {w.what.split()[0] for w in work if "frozen-olsa (" in w.what} == set(
-        t.frozen_datasets)
+        t.frozen.datasets)
     # QQP's head trains for its own epochs on the cached states: more epochs, more work
     def head(q):
         return next(w for w in cost.stage_work(q, ["text"])[0]
                     if w.what == "qqp frozen-olsa head")
     more = dataclasses.replace(p, sections={**p.sections, "text": dataclasses.replace(
-        t, frozen_epochs={**t.frozen_epochs, "qqp": 4 * t.frozen_epochs["qqp"]})})
+        t, frozen=dataclasses.replace(
+            t.frozen, epochs={**t.frozen.epochs, "qqp": 4 * t.frozen.epochs["qqp"]}))})
     assert head(more).flops == pytest.approx(4 * head(p).flops)
 
 
@@ -150,8 +151,9 @@ def test_text_sizes_follow_the_stage_s_draws(smoke):
 
     from attncert.cost.text_stage import text_sizes
 
-    t = dataclasses.replace(load_params(smoke)["text"], max_train=0, max_eval=0, n_test=0,
-                            n_attack=1000, frozen_max_train=0)
+    smoke_text = load_params(smoke)["text"]
+    t = dataclasses.replace(smoke_text, max_train=0, max_test=0, n_test=0, n_attack=1000,
+                            frozen=dataclasses.replace(smoke_text.frozen, max_train=0))
     yelp = text_sizes(t, cost.TEXT_SIZES["yelp_polarity"])
     assert yelp == {"train": 560000 - 38000, "eval": 2 * 38000, "frozen_train": 522000,
                     "certified": 38000, "attacked": 1000}

@@ -63,13 +63,13 @@ COUNTS: dict[str, dict] = {
                    "certified": {"epochs": 1, "n_test": 2, "cert_eps": [0.1],
                                  "attack_steps": 2, "attack_restarts": 1},
                    "msvp_lambda_ablation": [[1.0e-4, 0.0, 0.0]]},  # one of Table 5's rows
-    "text": {"max_train": 64, "max_eval": 16, "olsa_depths": [3], "gamma_ablation": [2.0],
-             "olsa_deep_depths": [4], "epochs": {"sst2": 1, "yelp_polarity": 1},
-             "batch_size": 32, "warmup_steps": 1, "lofast_layers": [6],
-             "lofast_heads": [8], "lofast_gamma_vo": [0.5], "lofast_epochs": 1,
-             "frozen_epochs": {"sst2": 1, "yelp_polarity": 1, "qqp": 2},
-             "frozen_lr_decay_epochs": {"qqp": [1]},  # QQP's step decay, one epoch in
-             "frozen_max_train": 32, "n_test": 2, "cert_eps": [0.5],
+    "text": {"max_train": 64, "max_test": 16, "gamma_ablation": [2.0],
+             "olsa": {"depths": [3], "deep_depths": [4]}, "epochs": {"sst2": 1, "yelp_polarity": 1},
+             "batch_size": 32, "warmup_steps": 1,
+             "lofast": {"depths": [6], "heads": [8], "gamma_vo": [0.5], "epochs": 1},
+             "frozen": {"epochs": {"sst2": 1, "yelp_polarity": 1, "qqp": 2},
+                        "lr_decay_epochs": {"qqp": [1]},  # QQP's step decay, one epoch in
+                        "max_train": 32}, "n_test": 2, "cert_eps": [0.5],
              "attack_steps": 2, "attack_restarts": 1},
     "certvit": {"pretrain_epochs": 1, "batch_size": 128, "warmup_steps": 1, "adapt_epochs": 1,
                 "dr": {"iterations": 1, "projection_steps": 2, "batch_size": 32,
@@ -86,7 +86,7 @@ COUNTS: dict[str, dict] = {
 # What an offline machine cannot have: the hub's BERT tokenizer and encoder (the offline
 # MiniLM package has the same WordPiece vocabulary), and the hub's ViT (a local folder of the
 # same class, set by the fixture).
-OFFLINE = {"text": {"tokenizer": "minilm-package", "frozen_source": "minilm-package"}}
+OFFLINE = {"text": {"tokenizer": "minilm-package", "frozen": {"source": "minilm-package"}}}
 # keys whose values are shapes (never overridden; grid axes only narrowed to a paper value)
 SHAPE_WORDS = ("dim", "depth", "heads", "patch", "hidden", "tokens", "max_len", "layers",
                "gamma", "radius", "block", "pool", "kind", "norm", "attention")
@@ -104,9 +104,9 @@ def test_overrides_keep_shapes():
     for key, value in flatten(COUNTS).items():
         assert key in paper, f"{key}: not in params.yaml"
         leaf = key.split(".")[-1]
-        narrowed = ("olsa_depths", "olsa_deep_depths", "lofast_layers", "lofast_heads",
-                    "lofast_gamma_vo", "depths", "gamma_ablation", "settings")
-        if key.startswith("vit_grid.") or leaf in narrowed:
+        narrowed = ("olsa.depths", "olsa.deep_depths", "lofast.depths", "lofast.heads",
+                    "lofast.gamma_vo", "depths", "gamma_ablation", "settings")
+        if key.startswith("vit_grid.") or leaf in narrowed or key.split(".", 1)[1] in narrowed:
             assert set(value) <= set(paper[key]), f"{key}: {value} is not from {paper[key]}"
         else:
             assert not any(w in leaf for w in SHAPE_WORDS), f"{key}: a shape, not a count"
@@ -320,13 +320,13 @@ def test_text(dry):
     _repro(dry, "text")
     m = _metrics(dry, "reports/metrics/text.json")
     assert m["reported_split"] == "dev" and m["broken"] == 0
-    depth = COUNTS["text"]["olsa_depths"][0]
+    depth = COUNTS["text"]["olsa"]["depths"][0]
     yelp, qqp = m["datasets"]["yelp_polarity"], m["datasets"]["qqp"]
     assert yelp["dev_held_out"] and yelp["reported_split"] == "test"
     assert qqp["pairs"] and qqp["reported_split"] == "dev"
     assert set(yelp["models"]) == {f"olsa-L{depth}-g2", "frozen-olsa"}
     assert set(qqp["models"]) == {"frozen-olsa"}
-    deep = COUNTS["text"]["olsa_deep_depths"][0]
+    deep = COUNTS["text"]["olsa"]["deep_depths"][0]
     assert {f"olsa-L{depth}-g2", f"olsa-L{deep}-g2", "frozen-olsa"} <= set(m["models"])
 
 

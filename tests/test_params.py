@@ -50,10 +50,13 @@ def test_yaml_12_semantics(tmp_path):
         ("base", "scale", "huge", r"^base\.scale: unknown value 'huge'"),
         ("base", "seed", 1.5, r"^base\.seed: expected int, got float"),
         ("base", "seed", True, r"^base\.seed: expected int, got bool"),
-        ("text", "olsa_residual", "gate", r"^text\.olsa_residual: unknown value 'gate'"),
-        ("text", "olsa_residual_init", 1.0, r"^text\.olsa_residual_init: must be in \(0, 1\)"),
-        ("text", "olsa_residual_init", 0.0, r"^text\.olsa_residual_init: must be in \(0, 1\)"),
-        ("text", "olsa_alpha1", 0.0, r"^text\.olsa_alpha1: must be > 0"),
+        ("text", "olsa.residual", "gate", r"^text\.olsa\.residual: unknown value 'gate'"),
+        ("text", "olsa.residual_init", 1.0, r"^text\.olsa: residual_init must be in \(0, 1\)"),
+        ("text", "olsa.residual_init", 0.0, r"^text\.olsa: residual_init must be in \(0, 1\)"),
+        ("text", "olsa.alpha1", 0.0, r"^text\.olsa\.alpha1: must be > 0"),
+        ("text", "lofast.dim", 10, r"^text\.lofast: dim 10 is not divisible by 4 heads"),
+        ("specformer", "certified.heads", 3,
+         r"^specformer\.certified: dim 128 is not divisible by 3 heads"),
         ("crown", "datasets", ["cifar10", "sst2"],
          r"^crown\.datasets: 'sst2' is not an image dataset; choose from mnist, "),
         ("crown", "datasets", ["svhn", "sst2"],
@@ -72,7 +75,11 @@ def test_yaml_12_semantics(tmp_path):
     ],
 )
 def test_invalid_values_name_the_key(raw, section, key, value, match):
-    raw[section][key] = value
+    *groups, leaf = key.split(".")  # a key of a group: group.key
+    where = raw[section]
+    for g in groups:
+        where = where[g]
+    where[leaf] = value
     with pytest.raises(ParamsError, match=match) as err:
         validate(raw)
     assert "\n" not in str(err.value)

@@ -207,14 +207,14 @@ def test_the_stage_plans_every_model_by_the_names_the_report_reads():
 
     p = load_params(Path(__file__).resolve().parents[1] / "params.yaml")["text"]
     jobs = stage.jobs(p, vocab=30)
-    deep, g = max(p.olsa_depths), p.gamma
-    expect = {f"olsa-L{d}-g{g:g}" for d in (0, *p.olsa_depths, *p.olsa_deep_depths)}
-    expect |= {f"olsa-L{min(p.olsa_depths)}-g{a:g}" for a in p.gamma_ablation}  # Table 2
+    deep, g = max(p.olsa.depths), p.gamma
+    expect = {f"olsa-L{d}-g{g:g}" for d in (0, *p.olsa.depths, *p.olsa.deep_depths)}
+    expect |= {f"olsa-L{min(p.olsa.depths)}-g{a:g}" for a in p.gamma_ablation}  # Table 2
     expect |= {f"olsa-L{deep}-g{g:g}-alpha1-{a:g}" for a in p.attention_alpha1}
     expect |= {f"kim-l2-L{deep}-g{g:g}", f"vanilla-L{deep}", "frozen-olsa"}
-    expect |= {f"lofast-L{L}-H{H}-vo{vo:g}" for L in p.lofast_layers for H in p.lofast_heads
-               for vo in p.lofast_gamma_vo}
-    if p.olsa_residual != "averaged":
+    expect |= {f"lofast-L{L}-H{H}-vo{vo:g}" for L in p.lofast.depths for H in p.lofast.heads
+               for vo in p.lofast.gamma_vo}
+    if p.olsa.residual != "averaged":
         expect.add(f"olsa-L{deep}-g{g:g}-averaged")
     assert set(jobs) == expect
     assert {n for n, j in jobs.items() if j.family == "none"} == {f"vanilla-L{deep}"}
@@ -224,7 +224,7 @@ def test_the_stage_plans_every_model_by_the_names_the_report_reads():
         assert {"epochs", "lr", "gamma"} <= set(job.train)
     assert jobs[f"olsa-L{deep}-g{g:g}"].train["epochs"] == p.epochs["sst2"]
     yelp = stage.jobs(p, vocab=30, dataset="yelp_polarity")  # OLSA Table 1: depths 1-3
-    assert set(yelp) == {f"olsa-L{d}-g{g:g}" for d in p.olsa_depths} | {"frozen-olsa"}
+    assert set(yelp) == {f"olsa-L{d}-g{g:g}" for d in p.olsa.depths} | {"frozen-olsa"}
     assert {j.train["epochs"] for n, j in yelp.items() if n != "frozen-olsa"} == {
         p.epochs["yelp_polarity"]}
     assert set(stage.jobs(p, vocab=30, dataset="qqp")) == {"frozen-olsa"}  # not from scratch
@@ -285,7 +285,7 @@ def _review_set(n: int, seed: int, pairs: bool = False) -> dict:
 
 def test_a_dataset_without_dev_gets_one_held_out_of_training():
     """Yelp polarity: train and test only. The dev split is a seeded draw from training, as
-    large as the reported split (capped by max_eval and a tenth of training), disjoint from
+    large as the reported split (capped by max_test and a tenth of training), disjoint from
     the training sentences that remain; QQP-like data (no labelled test) reports on dev."""
     yelp = {"name": "yelp_polarity", "train": _review_set(60, 0), "test": _review_set(5, 1)}
     raw, reported = select_splits(yelp, 0, 0, 3)
@@ -370,15 +370,19 @@ def test_the_stage_trains_yelp_and_qqp_and_reports_a_skipped_dataset(tmp_path, m
            "train": _review_set(40, 5, pairs=True), "dev": _review_set(6, 6, pairs=True)}
     raw = params.read_yaml(Path(__file__).resolve().parents[1] / "params.yaml")
     base = params.parse_section("base", {**raw["base"], "device": "cpu"}, params.BaseParams)
+    committed = params.parse_section("text", raw["text"], stage.Params)
     p = dataclasses.replace(
-        params.parse_section("text", raw["text"], stage.Params), tokenizer="minilm-package",
-        frozen_source="minilm-package", max_len=12, olsa_depths=[1, 2], gamma_ablation=[],
-        attention_alpha1=[], hidden=16, heads=2, epochs={"sst2": 1, "yelp_polarity": 1},
-        olsa_deep_depths=[3], batch_size=16, warmup_steps=1,
-        lofast_layers=[1], lofast_heads=[2], lofast_gamma_vo=[0.5], lofast_dim=8,
-        lofast_mlp_hidden=8, lofast_epochs=1, n_test=0, n_attack=3, frozen_hidden=16,
-        frozen_epochs={"sst2": 1, "yelp_polarity": 1, "qqp": 2},
-        frozen_lr_decay_epochs={"sst2": [], "yelp_polarity": [], "qqp": [1]},
+        committed, tokenizer="minilm-package", max_len=12, gamma_ablation=[],
+        olsa=dataclasses.replace(committed.olsa, depths=[1, 2], deep_depths=[3]),
+        attention_alpha1=[], dim=16, heads=2, epochs={"sst2": 1, "yelp_polarity": 1},
+        batch_size=16, warmup_steps=1,
+        lofast=dataclasses.replace(committed.lofast, depths=[1], heads=[2], gamma_vo=[0.5], dim=8,
+                                   mlp_hidden=8, epochs=1),
+        n_test=0, n_attack=3,
+        frozen=dataclasses.replace(committed.frozen, source="minilm-package", dim=16,
+                                   epochs={"sst2": 1, "yelp_polarity": 1, "qqp": 2},
+                                   lr_decay_epochs={"sst2": [], "yelp_polarity": [],
+                                                    "qqp": [1]}),
         cert_batch_size=8, cert_eps=[0.1], attack_steps=1, attack_restarts=1,
         results_dir=str(tmp_path / "results"), metrics=str(tmp_path / "text.json"))
     for what in ("ok", "skipped"):
@@ -430,11 +434,13 @@ def test_the_text_section_refuses_unknown_or_inconsistent_datasets():
     from attncert.stages import text as stage
 
     raw = params.read_yaml(Path(__file__).resolve().parents[1] / "params.yaml")["text"]
-    for change, match in (({"datasets": ["yelp_polarity"], "frozen_datasets": []},
-                           "must include 'sst2'"),
+    for change, match in (({"datasets": ["yelp_polarity"]}, "must include 'sst2'"),
                           ({"datasets": ["sst2", "imdb"]}, "imdb"),
                           ({"epochs": {"sst2": 5}}, r"needs an entry for \['yelp_polarity'\]"),
-                          ({"olsa_deep_depths": [3, 4]}, r"\[3\] already in")):
+                          ({"olsa": {**raw["olsa"], "deep_depths": [3, 4]}},
+                           r"text.olsa: deep_depths \[3\] already in"),
+                          ({"frozen": {**raw["frozen"], "epochs": {"sst2": 1}}},
+                           r"text.frozen: epochs needs an entry")):
         with pytest.raises(params.ParamsError, match=match):
             params.parse_section("text", {**raw, **change}, stage.Params)
 

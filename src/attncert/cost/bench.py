@@ -45,11 +45,11 @@ def bench_models(params) -> dict[str, tuple[nn.Module, Callable[[int], tuple], s
                 torch.ones(b, t.max_len, dtype=torch.bool), torch.zeros(b, dtype=torch.long))
 
     torch.manual_seed(0)
-    deep = max(t.olsa_depths)
-    lcfg = TextTransformerConfig(vocab_size=VOCAB, max_len=t.max_len, dim=t.lofast_dim,
-                                 depth=max(t.lofast_layers), heads=max(t.lofast_heads),
-                                 mlp_hidden=t.lofast_mlp_hidden, radius_attn=t.lofast_radius_attn,
-                                 gamma_qk=t.lofast_gamma_qk, gamma_vo=t.lofast_gamma_vo[0])
+    deep = max(t.olsa.depths)
+    lcfg = TextTransformerConfig(vocab_size=VOCAB, max_len=t.max_len, dim=t.lofast.dim,
+                                 depth=max(t.lofast.depths), heads=max(t.lofast.heads),
+                                 mlp_hidden=t.lofast.mlp_hidden, radius_attn=t.lofast.radius_attn,
+                                 gamma_qk=t.lofast.gamma_qk, gamma_vo=t.lofast.gamma_vo[0])
     return {
         "lipschitz ViT (train_vit)": (build_vit(lip), images(lip),
                                       f"{ds} {lip.image_size}px patch {lip.patch}, "
@@ -58,14 +58,14 @@ def bench_models(params) -> dict[str, tuple[nn.Module, Callable[[int], tuple], s
                                               f"{base.dim}-d, depth {base.depth}, patch "
                                               f"{base.patch}"),
         "SpecFormer (MSVP)": (build_vit(base), images(base), "as vanilla + MSVP"),
-        "OLSA text": (OLSAClassifier(vocab_size=VOCAB, max_len=t.max_len, dim=t.hidden,
+        "OLSA text": (OLSAClassifier(vocab_size=VOCAB, max_len=t.max_len, dim=t.dim,
                                      depth=deep, heads=t.heads), tokens,
-                      f"{t.max_len} tokens, {t.hidden}-d, depth {deep}"),
+                      f"{t.max_len} tokens, {t.dim}-d, depth {deep}"),
         "LoFAST text": (LipschitzTextTransformer(lcfg), tokens,
                         f"{t.max_len} tokens, {lcfg.dim}-d, depth {lcfg.depth}"),
-        "standard text": (StandardTextTransformer(VOCAB, t.max_len, t.hidden, deep, t.heads,
-                                                  2 * t.hidden), tokens,
-                          f"{t.max_len} tokens, {t.hidden}-d, depth {deep}"),
+        "standard text": (StandardTextTransformer(VOCAB, t.max_len, t.dim, deep, t.heads,
+                                                  2 * t.dim), tokens,
+                          f"{t.max_len} tokens, {t.dim}-d, depth {deep}"),
     }
 
 

@@ -1,6 +1,6 @@
 """Work items of the text stage at a params file's scale: every model
 :func:`attncert.stages.text.jobs` trains on each dataset of ``text.datasets`` and
-``text.frozen_datasets``, counted on the stage's own models (the frozen encoder's forward once
+``text.frozen.datasets``, counted on the stage's own models (the frozen encoder's forward once
 per sentence, its head on the cached states), and the split sizes the stage draws
 (:func:`text_sizes`). The image stages' work items are in :mod:`attncert.cost.vision_stages`."""
 
@@ -31,20 +31,20 @@ def text_sizes(t, sizes: dict[str, int]) -> dict[str, int]:
     :func:`attncert.text.train_text.select_splits` draws them: train, dev + reported (the
     evaluation each epoch), the frozen head's training subset, certified, attacked."""
     if "dev" in sizes:
-        n_dev, pool = capped(t.max_eval, sizes["dev"]), sizes["train"]
+        n_dev, pool = capped(t.max_test, sizes["dev"]), sizes["train"]
     else:  # a dev split held out of training
-        n_dev = max(1, min(capped(t.max_eval, sizes["test"]), sizes["train"] // 10))
+        n_dev = max(1, min(capped(t.max_test, sizes["test"]), sizes["train"] // 10))
         pool = sizes["train"] - n_dev
-    n_rep = capped(t.max_eval, sizes["test"]) if "test" in sizes else n_dev
+    n_rep = capped(t.max_test, sizes["test"]) if "test" in sizes else n_dev
     n_cert = capped(t.n_test, n_rep)
     return {"train": capped(t.max_train, pool), "eval": n_dev + n_rep,
-            "frozen_train": capped(t.frozen_max_train, pool), "certified": n_cert,
+            "frozen_train": capped(t.frozen.max_train, pool), "certified": n_cert,
             "attacked": min(t.n_attack, n_cert)}
 
 
 def text_work(p) -> list[Work]:
     """The text stage's models as :func:`attncert.stages.text.jobs` lists them on every
-    dataset of ``text.datasets`` and ``text.frozen_datasets`` (the frozen encoder's forward
+    dataset of ``text.datasets`` and ``text.frozen.datasets`` (the frozen encoder's forward
     once per sentence, its head on the cached states)."""
     from attncert.stages.text import STUDY, UNITS, jobs, text_datasets, unit_jobs
 
@@ -76,7 +76,7 @@ def text_work(p) -> list[Work]:
         return _TEXT_COUNTS[key]
 
     out = []
-    hidden, layers, heads, inter = ENCODERS[t.frozen_source]
+    hidden, layers, heads, inter = ENCODERS[t.frozen.source]
     enc = _encoder_forward(hidden, layers, heads, inter, t.max_len)
     for dataset in text_datasets(t):
         n = text_sizes(t, TEXT_SIZES[dataset])
@@ -92,14 +92,14 @@ def text_work(p) -> list[Work]:
                 lc = layer_certificate_counts(t.max_len, cfg.dim, cfg.heads, "lofast_M")
                 b = n_steps(n["certified"], t.cert_batch_size)
                 items.append(Work("text", f"{dataset} {name}: certificates", "fp64",
-                                  len(t.lofast_variants) * cfg.depth * b
+                                  len(t.lofast.variants) * cfg.depth * b
                                   * lc.flops(t.cert_batch_size),
-                                  len(t.lofast_variants) * cfg.depth * b * lc.kernels))
+                                  len(t.lofast.variants) * cfg.depth * b * lc.kernels))
             items.append(audit_work("text", f"{dataset} {name}: PGD audit", c["attack"],
                                     n["attacked"], len(t.cert_eps), t.attack_steps,
                                     t.attack_restarts, t.cert_batch_size))
             out += in_unit(items, unit(dataset, name))
-        if dataset not in t.frozen_datasets:
+        if dataset not in t.frozen.datasets:
             continue
         # OLSA over a frozen encoder: the encoder's forward once per training and evaluation
         # sentence (its states are cached), then the head trained, evaluated and attacked on
@@ -109,7 +109,7 @@ def text_work(p) -> list[Work]:
         c = _frozen_head_counts(head, hidden, t.max_len)
         sentences = n_steps(n["frozen_train"] + n["eval"], t.batch_size)
         out += in_unit([
-            Work("text", f"{dataset} frozen-olsa ({t.frozen_source} encoder forward, once)",
+            Work("text", f"{dataset} frozen-olsa ({t.frozen.source} encoder forward, once)",
                  "bf16", sentences * enc.flops(t.batch_size), sentences * enc.kernels),
             *training_work("text", f"{dataset} frozen-olsa head", c, n["frozen_train"],
                            n["eval"], job.train["epochs"], t.batch_size, t.cert_batch_size),

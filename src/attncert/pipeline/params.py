@@ -222,6 +222,22 @@ RENAMED: dict[str, str] = {
     **{f"specformer.finetune_{k}": f"specformer.finetune.{k}" for k in (
         "epochs", "adv_epochs", "batch_size", "lr", "weight_decay", "warmup_steps", "grad_clip",
         "optimizer", "momentum", "mixup_alpha", "cutmix_alpha", "mix_prob", "mix_switch_prob")},
+    **{f"specformer.cert_{k}": f"specformer.certified.{k}" for k in (
+        "patch", "dim", "depth", "heads", "gamma_qk", "gamma_vo", "radius_attn", "epochs", "lr",
+        "lmt_offset", "logit_scale", "msvp_lambda", "n_test")},
+    "specformer.cert_eps": "specformer.certified.cert_eps",
+    "specformer.n_eval": "specformer.n_test",
+    **{f"text.lofast_{k}": f"text.lofast.{k}" for k in (
+        "heads", "gamma_vo", "dim", "mlp_hidden", "gamma_qk", "radius_attn", "variants",
+        "epochs", "lr", "logit_scale")},
+    "text.lofast_layers": "text.lofast.depths",
+    **{f"text.frozen_{k}": f"text.frozen.{k}" for k in (
+        "datasets", "source", "epochs", "lr", "lr_decay_epochs", "max_train")},
+    "text.frozen_hidden": "text.frozen.dim",
+    **{f"text.olsa_{k}": f"text.olsa.{k}" for k in (
+        "depths", "deep_depths", "alpha1", "residual", "residual_init")},
+    "text.hidden": "text.dim",
+    "text.max_eval": "text.max_test",
 }
 
 
@@ -238,8 +254,8 @@ def parse_section(name: str, raw: Any, cls: type) -> Any:
     if unknown:
         moved = RENAMED.get(f"{name}.{unknown[0]}")
         if moved:
-            fail(f"{name}.{unknown[0]}", f"renamed: the key is now {moved} (params.yaml groups "
-                                         "a config's settings under one key)")
+            fail(f"{name}.{unknown[0]}", f"renamed: the key is now {moved} (params.yaml spells "
+                                         "a concept one way and groups a config under one key)")
         close = _closest(unknown[0], fields)
         hint = f" (did you mean {close!r}?)" if close else ""
         fail(f"{name}.{unknown[0]}", f"unknown parameter{hint}")

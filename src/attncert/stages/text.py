@@ -1,8 +1,8 @@
 """The text stage: sentiment transformers on SST-2, every one certified in the same space of
 word embeddings of norm 2 (the frozen-encoder head in its encoder's output space).
 
-One job per model: OLSA at depth 0 (no attention) and at every depth (``olsa_depths``, OLSA
-Table 1; ``olsa_deep_depths`` on SST-2 only, its Table 9), the gamma ablation of the shallowest
+One job per model: OLSA at depth 0 (no attention) and at every depth (``olsa.depths``, OLSA
+Table 1; ``olsa.deep_depths`` on SST-2 only, its Table 9), the gamma ablation of the shallowest
 OLSA (its Table 2), the attention sweep of the deepest (and OLSA's averaged residual when the
 main runs use the gated one), Kim et al.'s L2 attention, a standard transformer of the same
 size, LoFAST's small-BERT grid and an OLSA head over a frozen encoder. The jobs run in
@@ -28,6 +28,7 @@ from attncert import soundness
 from attncert.pipeline.context import Context
 from attncert.pipeline.io import atomic_path, write_json
 from attncert.pipeline.params import (
+    TEXT_DATASETS,
     BaseParams,
     ParamsError,
     nonneg,
@@ -41,7 +42,7 @@ from attncert.report import paper
 from attncert.report.headline import numbers, row, scale_caveat
 from attncert.text.evaluate import attention_table
 from attncert.text.jobs import STUDY, UNITS, jobs, text_datasets, unit_jobs
-from attncert.text.olsa import RESIDUALS as OLSA_RESIDUALS
+from attncert.text.params import FrozenParams, LofastParams, OlsaParams
 from attncert.text.study import other_dataset, settings, sst2_unit
 from attncert.text.tables import (
     OLSA_NAME,
@@ -53,14 +54,6 @@ from attncert.text.tables import (
     study_tables,
 )
 from attncert.text.tokenize import load_tokenizer
-
-#: Bound variants of attncert.certify usable on LoFAST's text transformer (pairwise test).
-LOFAST_VARIANTS = ("lofast_M", "lofast_xi", "naive", "global")
-#: The stage's datasets: SST-2 carries the whole study; on the others OLSA trains from scratch
-#: at every ``olsa_depths`` where listed in ``datasets`` (OLSA section 5.1: Yelp), and the
-#: frozen-encoder head where listed in ``frozen_datasets`` (QQP as sentence pairs).
-TEXT_DATASETS = ("sst2", "yelp_polarity", "qqp")
-
 
 #: this module's params.yaml section
 SECTION = "text"
@@ -74,21 +67,15 @@ class Params:
 
     datasets: list[str] = param(one_of(*TEXT_DATASETS), unique,
                                 doc="sst2 (the whole study; required), then every dataset "
-                                    "OLSA also trains on from scratch at each olsa_depths "
+                                    "OLSA also trains on from scratch at each olsa.depths "
                                     "(one the data stage skipped is reported unavailable)")
-    frozen_datasets: list[str] = param(one_of(*TEXT_DATASETS), unique,
-                                       doc="the datasets of the OLSA head over the frozen "
-                                           "encoder (need not be trained from scratch)")
     tokenizer: str = param(doc="'minilm-package' (offline), a hub id or a save_pretrained folder")
     max_len: int = param(positive)
     max_train: int = param(nonneg, doc="seeded subset of the training split (0 = all)")
-    max_eval: int = param(nonneg, doc="seeded subset of the dev and test splits (0 = all)")
-    olsa_depths: list[int] = param(positive, unique,
-                                   doc="OLSA from scratch on every dataset (OLSA Table 1)")
-    olsa_deep_depths: list[int] = param(positive, unique,
-                                        doc="deeper OLSA on SST-2 only (OLSA Table 9)")
+    max_test: int = param(nonneg, doc="seeded subset of the dev and test splits (0 = all)")
+    olsa: OlsaParams = param(doc="OLSA from scratch: depths, attention, residual")
     heads: int = param(positive, doc="OLSA, Kim-L2, the standard transformer, the frozen head")
-    hidden: int = param(positive)
+    dim: int = param(positive, doc="OLSA, Kim-L2 and the standard transformer")
     gamma: float = param(nonneg, doc="certificate regulariser after its ramp (OLSA: 2.0)")
     gamma_ramp: float = param(nonneg, doc="fraction of all steps gamma grows over (<= 1)")
     gamma_ablation: list[float] = param(nonneg, unique,
@@ -100,34 +87,8 @@ class Params:
     vanilla_lr: float = param(positive, doc="the standard transformer")
     warmup_steps: int = param(nonneg)
     logit_scale: float = param(positive, doc="CE temperature (loss only; never the certificate)")
-    olsa_alpha1: float = param(positive, doc="initial alpha1 of every OLSA attention (OLSA: 4)")
-    olsa_residual: str = param(one_of(*OLSA_RESIDUALS),
-                               doc="averaged: OLSA's 0.5 x + 0.5 f(x); gated: trainable "
-                                   "(1 - b) x + b f(x), one b = sigmoid(theta) per sublayer")
-    olsa_residual_init: float = param(doc="initial b of the gated residual, in (0, 1)")
-    lofast_layers: list[int] = param(positive, unique)
-    lofast_heads: list[int] = param(positive, unique)
-    lofast_gamma_vo: list[float] = param(positive, unique)
-    lofast_dim: int = param(positive)
-    lofast_mlp_hidden: int = param(positive)
-    lofast_gamma_qk: float = param(positive)
-    lofast_radius_attn: float = param(positive)
-    lofast_variants: list[str] = param(one_of(*LOFAST_VARIANTS), unique)
-    lofast_epochs: int = param(positive)
-    lofast_lr: float = param(positive)
-    lofast_logit_scale: float = param(positive, doc="CE temperature of the LoFAST grid (its "
-                                                    "head is free, unlike OLSA's)")
-    frozen_source: str = param(doc="the frozen encoder: 'minilm-package', a hub id or a folder")
-    frozen_hidden: int = param(nonneg, doc="the frozen head's width, reached by a 1-Lipschitz "
-                                           "map from the encoder's (0 = the encoder's width)")
-    frozen_epochs: dict[str, int] = param(doc="the frozen head's epochs per frozen dataset")
-    frozen_lr: dict[str, float] = param(doc="the frozen head's learning rate per frozen dataset")
-    frozen_lr_decay_epochs: dict[str, list[int]] = param(
-        doc="per frozen dataset: the LR x 0.1 after each of these epochs (a step schedule); "
-            "[] = the cosine schedule")
-    frozen_max_train: int = param(nonneg, doc="seeded subset of the whole training split "
-                                              "for the frozen-encoder head, independent of "
-                                              "max_train (0 = all of it)")
+    lofast: LofastParams = param(doc="LoFAST's small-BERT grid (LoFAST appendix D)")
+    frozen: FrozenParams = param(doc="the OLSA head over a frozen pre-trained encoder")
     attention_alpha1: list[float] = param(positive, unique, doc="the attention sweep: the "
                                           "deepest OLSA, averaged residual, alpha1 fixed at "
                                           "each value (empty: no sweep)")
@@ -153,44 +114,13 @@ class Params:
                            f"{self.datasets}), got {sorted(self.epochs)}")
         if any(e <= 0 for e in self.epochs.values()):
             fail("epochs", f"must be > 0, got {self.epochs}")
-        for key in ("frozen_epochs", "frozen_lr", "frozen_lr_decay_epochs"):
-            table = getattr(self, key)
-            lacking = [d for d in self.frozen_datasets if d not in table]
-            if lacking:
-                fail(key, f"needs an entry for {lacking} (one per dataset of "
-                          f"text.frozen_datasets {self.frozen_datasets}), got {sorted(table)}")
-        for d, e in self.frozen_epochs.items():
-            if isinstance(e, bool) or not isinstance(e, int) or e <= 0:
-                fail(f"frozen_epochs.{d}", f"must be an int > 0, got {e!r}")
-        for d, lr in self.frozen_lr.items():
-            if isinstance(lr, bool) or not isinstance(lr, int | float) or not lr > 0:
-                fail(f"frozen_lr.{d}", f"must be a number > 0, got {lr!r}")
-        for d, decays in self.frozen_lr_decay_epochs.items():
-            last = self.frozen_epochs.get(d, 0)
-            if not isinstance(decays, list) or any(
-                    isinstance(e, bool) or not isinstance(e, int) or not 0 < e < last
-                    for e in decays):
-                fail(f"frozen_lr_decay_epochs.{d}", f"must list epochs in [1, {last - 1}] "
-                                                    f"(text.frozen_epochs.{d} = {last}), got "
-                                                    f"{decays!r}")
-        if self.frozen_hidden % self.heads:
-            fail("frozen_hidden", f"{self.frozen_hidden} is not divisible by text.heads = "
-                                  f"{self.heads}")
-        both = sorted(set(self.olsa_depths) & set(self.olsa_deep_depths))
-        if both:
-            fail("olsa_deep_depths", f"{both} already in text.olsa_depths")
-        if self.hidden % self.heads:
-            fail("heads", f"hidden = {self.hidden} is not divisible by {self.heads}")
-        for h in self.lofast_heads:
-            if self.lofast_dim % h:
-                fail("lofast_heads", f"lofast_dim = {self.lofast_dim} is not divisible by {h}")
-        if not self.lofast_variants:
-            fail("lofast_variants", "needs at least one variant")
+        if self.frozen.dim % self.heads:
+            fail("frozen.dim", f"{self.frozen.dim} is not divisible by text.heads = "
+                               f"{self.heads}")
+        if self.dim % self.heads:
+            fail("heads", f"dim = {self.dim} is not divisible by {self.heads}")
         if self.gamma_ramp > 1:
             fail("gamma_ramp", f"must be in [0, 1], got {self.gamma_ramp!r}")
-        if not 0 < self.olsa_residual_init < 1:
-            fail("olsa_residual_init", f"must be in (0, 1) (b = sigmoid(theta)), got "
-                                       f"{self.olsa_residual_init!r}")
 
 
 # -- the plan --------------------------------------------------------------------------------

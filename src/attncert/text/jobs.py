@@ -35,7 +35,7 @@ class Job(NamedTuple):
 
 def text_datasets(p: Params) -> list[str]:
     """Every dataset the stage reads, SST-2 first: the from-scratch ones, then frozen-only."""
-    return [*p.datasets, *(d for d in p.frozen_datasets if d not in p.datasets)]
+    return [*p.datasets, *(d for d in p.frozen.datasets if d not in p.datasets)]
 
 
 
@@ -43,38 +43,38 @@ def jobs(p: Params, vocab: int, dataset: str = STUDY, sep_token_id: int | None =
          ) -> dict[str, Job]:
     """Every model of the stage on ``dataset`` by name (the names the report reads:
     "olsa-L<depth>-g<gamma>" and so on): on SST-2 the whole study, on the other datasets of
-    ``datasets`` OLSA at every ``olsa_depths``; "frozen-olsa" on the frozen datasets
+    ``datasets`` OLSA at every ``olsa.depths``; "frozen-olsa" on the frozen datasets
     (``sep_token_id``: the frozen encoder's [SEP], for the segment ids of sentence pairs).
     The controls (Kim-L2, the standard transformer, the averaged residual and the alpha1
-    sweep) are at the deepest of ``olsa_depths``, the gamma ablation at the shallowest (OLSA
+    sweep) are at the deepest of ``olsa.depths``, the gamma ablation at the shallowest (OLSA
     Table 2: one layer)."""
-    deep, shallow = max(p.olsa_depths), min(p.olsa_depths)
+    deep, shallow = max(p.olsa.depths), min(p.olsa.depths)
     g = p.gamma
-    olsa_layer = dict(alpha1=p.olsa_alpha1, residual=p.olsa_residual,
-                      residual_init=p.olsa_residual_init)
-    olsa = dict(vocab_size=vocab, max_len=p.max_len, dim=p.hidden, heads=p.heads, **olsa_layer)
+    olsa_layer = dict(alpha1=p.olsa.alpha1, residual=p.olsa.residual,
+                      residual_init=p.olsa.residual_init)
+    olsa = dict(vocab_size=vocab, max_len=p.max_len, dim=p.dim, heads=p.heads, **olsa_layer)
     olsa_train = dict(epochs=p.epochs.get(dataset, 0), lr=p.lr, gamma=g)
     frozen = {}
-    if dataset in p.frozen_datasets:
+    if dataset in p.frozen.datasets:
         pair = {} if sep_token_id is None else {"sep_token_id": sep_token_id}
-        width = {} if p.frozen_hidden == 0 else {"hidden": p.frozen_hidden}
-        decays = {"lr_decay_epochs": tuple(p.frozen_lr_decay_epochs[dataset])
-                  } if p.frozen_lr_decay_epochs[dataset] else {}
+        width = {} if p.frozen.dim == 0 else {"hidden": p.frozen.dim}
+        decays = {"lr_decay_epochs": tuple(p.frozen.lr_decay_epochs[dataset])
+                  } if p.frozen.lr_decay_epochs[dataset] else {}
         frozen["frozen-olsa"] = Job("olsa", FrozenEncoderOLSA,
-                                    dict(source=p.frozen_source, heads=p.heads, max_len=p.max_len,
+                                    dict(source=p.frozen.source, heads=p.heads, max_len=p.max_len,
                                          **olsa_layer, **pair, **width),
-                                    dict(epochs=p.frozen_epochs[dataset],
-                                         lr=p.frozen_lr[dataset], gamma=0.0, **decays))
+                                    dict(epochs=p.frozen.epochs[dataset],
+                                         lr=p.frozen.lr[dataset], gamma=0.0, **decays))
     if dataset != STUDY:
-        scratch = p.olsa_depths if dataset in p.datasets else []
+        scratch = p.olsa.depths if dataset in p.datasets else []
         return {f"olsa-L{d}-g{g:g}": Job("olsa", OLSAClassifier, dict(olsa, depth=d), olsa_train)
                 for d in scratch} | frozen
     out = {f"olsa-L{d}-g{g:g}": Job("olsa", OLSAClassifier, dict(olsa, depth=d), olsa_train)
-           for d in (0, *p.olsa_depths, *p.olsa_deep_depths)}
+           for d in (0, *p.olsa.depths, *p.olsa.deep_depths)}
     out |= {f"olsa-L{shallow}-g{a:g}": Job("olsa", OLSAClassifier, dict(olsa, depth=shallow),
                                            dict(olsa_train, gamma=a))
             for a in p.gamma_ablation}
-    if p.olsa_residual != "averaged":
+    if p.olsa.residual != "averaged":
         out[f"olsa-L{deep}-g{g:g}-averaged"] = Job(
             "olsa", OLSAClassifier, dict(olsa, depth=deep, residual="averaged"), olsa_train)
     out |= {f"olsa-L{deep}-g{g:g}-alpha1-{a:g}": Job(
@@ -84,18 +84,18 @@ def jobs(p: Params, vocab: int, dataset: str = STUDY, sep_token_id: int | None =
     out[f"kim-l2-L{deep}-g{g:g}"] = Job("olsa", OLSAClassifier,
                                         dict(olsa, depth=deep, attention="l2"), olsa_train)
     out[f"vanilla-L{deep}"] = Job("none", StandardTextTransformer,
-                                  dict(vocab_size=vocab, max_len=p.max_len, dim=p.hidden,
-                                       depth=deep, heads=p.heads, mlp_hidden=2 * p.hidden),
+                                  dict(vocab_size=vocab, max_len=p.max_len, dim=p.dim,
+                                       depth=deep, heads=p.heads, mlp_hidden=2 * p.dim),
                                   dict(epochs=p.epochs[STUDY], lr=p.vanilla_lr, gamma=0.0))
     out |= {f"lofast-L{L}-H{H}-vo{vo:g}": Job(
         "lofast", LipschitzTextTransformer,
-        dict(config=TextTransformerConfig(vocab_size=vocab, max_len=p.max_len, dim=p.lofast_dim,
-                                          depth=L, heads=H, mlp_hidden=p.lofast_mlp_hidden,
-                                          radius_attn=p.lofast_radius_attn,
-                                          gamma_qk=p.lofast_gamma_qk, gamma_vo=vo)),
-        dict(epochs=p.lofast_epochs, lr=p.lofast_lr, gamma=0.0,
-             logit_scale=p.lofast_logit_scale))
-        for L in p.lofast_layers for H in p.lofast_heads for vo in p.lofast_gamma_vo}
+        dict(config=TextTransformerConfig(vocab_size=vocab, max_len=p.max_len, dim=p.lofast.dim,
+                                          depth=L, heads=H, mlp_hidden=p.lofast.mlp_hidden,
+                                          radius_attn=p.lofast.radius_attn,
+                                          gamma_qk=p.lofast.gamma_qk, gamma_vo=vo)),
+        dict(epochs=p.lofast.epochs, lr=p.lofast.lr, gamma=0.0,
+             logit_scale=p.lofast.logit_scale))
+        for L in p.lofast.depths for H in p.lofast.heads for vo in p.lofast.gamma_vo}
     return out | frozen
 
 
@@ -119,7 +119,7 @@ def unit_jobs(p: Params, vocab: int, unit: str, sep_token_id: int | None = None
         raise ValueError(f"text unit {unit!r}: not one of {UNITS}")
     if not unit.startswith(f"{STUDY}-"):
         return jobs(p, vocab, unit, sep_token_id) if unit in text_datasets(p) else {}
-    depths = {f"olsa-L{d}-g{p.gamma:g}" for d in (0, *p.olsa_depths, *p.olsa_deep_depths)}
+    depths = {f"olsa-L{d}-g{p.gamma:g}" for d in (0, *p.olsa.depths, *p.olsa.deep_depths)}
 
     def group(name: str, job: Job) -> str:
         if job.cls is FrozenEncoderOLSA:

@@ -90,7 +90,7 @@ def fit(todo: Mapping[str, Job], splits: Mapping[str, Mapping], frozen_splits: M
 
 
 def frozen_tokenizer(p: Params, tok):
-    return tok if p.frozen_source == p.tokenizer else load_tokenizer(p.frozen_source)
+    return tok if p.frozen.source == p.tokenizer else load_tokenizer(p.frozen.source)
 
 
 
@@ -108,13 +108,13 @@ def other_dataset(p: Params, base: BaseParams, name: str, processed_dir: str, to
         print(f"{name}: unavailable ({skipped})")
         return {"unavailable": skipped}, None
     ds = load_processed(name, processed_dir)
-    raw, reported = select_splits(ds, p.max_train, p.max_eval, base.seed)
+    raw, reported = select_splits(ds, p.max_train, p.max_test, base.seed)
     splits = {s: encode_split(v, tok, p.max_len) for s, v in raw.items()}
     pairs = "text_pair" in raw["train"]
     frozen_splits, frozen_tok = None, None
-    if name in p.frozen_datasets:
+    if name in p.frozen.datasets:
         frozen_tok = frozen_tokenizer(p, tok)
-        frozen_raw, _ = select_splits(ds, p.frozen_max_train, p.max_eval, base.seed)
+        frozen_raw, _ = select_splits(ds, p.frozen.max_train, p.max_test, base.seed)
         frozen_splits = {s: encode_split(v, frozen_tok, p.max_len) for s, v in frozen_raw.items()}
     todo = make_jobs(frozen_tok.sep_token_id if pairs and frozen_tok is not None else None)
     fitted = fit(todo, splits, frozen_splits, folder, common, evaluation, reported, base,
@@ -141,7 +141,7 @@ def settings(p: Params, base: BaseParams, dev_: torch.device
     evaluation = dict(n_test=p.n_test, n_attack=p.n_attack, cert_eps=p.cert_eps,
                       attack_steps=p.attack_steps, attack_restarts=p.attack_restarts,
                       device=dev_, batch_size=p.cert_batch_size, seed=base.seed,
-                      variants=p.lofast_variants)
+                      variants=p.lofast.variants)
     return common, evaluation
 
 
@@ -151,13 +151,13 @@ def sst2_unit(p: Params, base: BaseParams, processed_dir: str, tok, common: Mapp
     """One SST-2 unit's jobs ``todo`` trained and evaluated: its record's ``data``, ``jobs``,
     ``results``, ``curves`` and ``audits``."""
     sst2 = load_processed(STUDY, processed_dir)
-    raw, reported = select_splits(sst2, p.max_train, p.max_eval, base.seed)
+    raw, reported = select_splits(sst2, p.max_train, p.max_test, base.seed)
     splits = {name: encode_split(s, tok, p.max_len) for name, s in raw.items()}
     # the frozen head's own seeded subset of the whole training split (its cost is the
     # encoder's forward pass once per sentence, not training steps); dev and test the same
     frozen_splits = None
     if "frozen-olsa" in todo:
-        frozen_raw, _ = select_splits(sst2, p.frozen_max_train, p.max_eval, base.seed)
+        frozen_raw, _ = select_splits(sst2, p.frozen.max_train, p.max_test, base.seed)
         frozen_tok = frozen_tokenizer(p, tok)
         frozen_splits = {name: encode_split(s, frozen_tok, p.max_len)
                          for name, s in frozen_raw.items()}

@@ -96,7 +96,7 @@ def study_tables(p: Params, table: pd.DataFrame, curves: pd.DataFrame, reported:
     the paper beside ours, the gamma ablation, {file name: figure})."""
     from attncert.figures import text as figs  # seaborn: not on the path of params checks
 
-    deep, shallow = max(p.olsa_depths), min(p.olsa_depths)
+    deep, shallow = max(p.olsa.depths), min(p.olsa.depths)
     depth0 = f"olsa-L0-g{p.gamma:g}"
     olsa_rows = table[table["family"] == "olsa"].set_index("model")
     versus, attention_models, verdict = versus_depth0(olsa_rows, depth0, reported)
@@ -109,7 +109,7 @@ def study_tables(p: Params, table: pd.DataFrame, curves: pd.DataFrame, reported:
            "avg_radius_correct": olsa_rows.loc[name, "avg_radius_correct"],
            "test_acc": olsa_rows.loc[name, "test_acc"]}
           for name in (f"olsa-L{d}-g{p.gamma:g}"
-                       for d in (0, *p.olsa_depths, *p.olsa_deep_depths))]])
+                       for d in (0, *p.olsa.depths, *p.olsa.deep_depths))]])
     ablation = olsa_rows.loc[[f"olsa-L{shallow}-g{g:g}" for g in sorted({*p.gamma_ablation,
                                                                          p.gamma})],
                              ["dev_acc", "test_acc", "avg_radius", "avg_radius_correct"]]

@@ -120,7 +120,7 @@ def encode_split(split: Mapping[str, Any], tokenizer, max_len: int = 32) -> dict
     return {"ids": ids, "mask": mask, "y": torch.as_tensor(split["y"], dtype=torch.long)}
 
 
-def select_splits(dataset: Mapping[str, Any], max_train: int, max_eval: int, seed: int
+def select_splits(dataset: Mapping[str, Any], max_train: int, max_test: int, seed: int
                   ) -> tuple[dict[str, dict[str, Any]], str]:
     """({"train", "dev", "test": {"text", ["text_pair",] "y"}}, the name of the reported
     split) of a processed text dataset (SST-2, Yelp polarity, QQP).
@@ -130,7 +130,7 @@ def select_splits(dataset: Mapping[str, Any], max_train: int, max_eval: int, see
     SST-2 download and QQP, whose public test splits have no labels) the dev split, which then
     serves both model selection and the report; the second value says which. A dataset
     without a dev split (Yelp polarity) gets one held out of its training split: a seeded
-    draw as large as the reported split (at most ``max_eval``, at most a tenth of training),
+    draw as large as the reported split (at most ``max_test``, at most a tenth of training),
     disjoint from the training sentences.
     """
     from attncert.data import subset_indices
@@ -151,17 +151,17 @@ def select_splits(dataset: Mapping[str, Any], max_train: int, max_eval: int, see
     n_train = len(dataset["train"]["y"])
     pool = torch.arange(n_train)
     if "dev" in dataset:
-        dev = take("dev", subset_indices(len(dataset["dev"]["y"]), max_eval, seed))
+        dev = take("dev", subset_indices(len(dataset["dev"]["y"]), max_test, seed))
     else:
-        n_dev = len(dataset["test"]["y"]) if max_eval == 0 else min(
-            max_eval, len(dataset["test"]["y"]))
+        n_dev = len(dataset["test"]["y"]) if max_test == 0 else min(
+            max_test, len(dataset["test"]["y"]))
         n_dev = max(1, min(n_dev, n_train // 10))
         # host indices into host data: a CPU generator by design
         perm = torch.randperm(n_train, generator=rng.generator(seed, "cpu"))
         dev = take("train", perm[:n_dev].sort().values)
         pool = perm[n_dev:].sort().values
     train = take("train", pool[subset_indices(len(pool), max_train, seed)])
-    test = (take("test", subset_indices(len(dataset["test"]["y"]), max_eval, seed))
+    test = (take("test", subset_indices(len(dataset["test"]["y"]), max_test, seed))
             if reported == "test" else dev)
     return {"train": train, "dev": dev, "test": test}, reported
 

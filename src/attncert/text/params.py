@@ -1,0 +1,103 @@
+"""The groups of params.yaml ``text`` (:class:`attncert.stages.text.Params`): OLSA's models
+(``text.olsa``), LoFAST's small-BERT grid (``text.lofast``) and the OLSA head over a frozen
+encoder (``text.frozen``). Each group checks its own values; what ties a group to the rest of
+the section (a dataset per entry, a width per head count) is checked by the section."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from attncert.pipeline.params import TEXT_DATASETS, nonneg, one_of, param, positive, unique
+from attncert.text.olsa import RESIDUALS
+
+#: Bound variants of attncert.certify usable on LoFAST's text transformer (pairwise test).
+LOFAST_VARIANTS = ("lofast_M", "lofast_xi", "naive", "global")
+
+
+def _is_int(v: object) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+@dataclass(frozen=True)
+class OlsaParams:
+    """``text.olsa``: OLSA trained from scratch (OLSA sections 4-5)."""
+
+    depths: list[int] = param(positive, unique, doc="on every dataset (OLSA Table 1)")
+    deep_depths: list[int] = param(positive, unique, doc="on SST-2 only (OLSA Table 9)")
+    alpha1: float = param(positive, doc="initial alpha1 of every attention (OLSA: trainable)")
+    residual: str = param(one_of(*RESIDUALS),
+                          doc="averaged: OLSA's 0.5 x + 0.5 f(x); gated: trainable "
+                              "(1 - b) x + b f(x), one b = sigmoid(theta) per sublayer")
+    residual_init: float = param(doc="initial b of the gated residual, in (0, 1)")
+
+    def __post_init__(self) -> None:
+        both = sorted(set(self.depths) & set(self.deep_depths))
+        if both:
+            raise ValueError(f"deep_depths {both} already in depths")
+        if not 0 < self.residual_init < 1:
+            raise ValueError(f"residual_init must be in (0, 1) (b = sigmoid(theta)), got "
+                             f"{self.residual_init!r}")
+
+
+@dataclass(frozen=True)
+class LofastParams:
+    """``text.lofast``: LoFAST's small-BERT grid (its appendix D, Figure 5), a Lipschitz text
+    transformer per (depth, heads, gamma_vo), certified with each of ``variants``."""
+
+    depths: list[int] = param(positive, unique)
+    heads: list[int] = param(positive, unique)
+    gamma_vo: list[float] = param(positive, unique, doc="spectral norm of every W^V_l, W^O_l")
+    dim: int = param(positive)
+    mlp_hidden: int = param(positive)
+    gamma_qk: float = param(positive, doc="spectral norm of every W^Q_l, W^K_l")
+    radius_attn: float = param(positive, doc="LayerProject radius of every attention input")
+    variants: list[str] = param(one_of(*LOFAST_VARIANTS), unique)
+    epochs: int = param(positive)
+    lr: float = param(positive)
+    logit_scale: float = param(positive, doc="CE temperature (its head is free, unlike OLSA's)")
+
+    def __post_init__(self) -> None:
+        for h in self.heads:
+            if self.dim % h:
+                raise ValueError(f"dim {self.dim} is not divisible by {h} heads")
+        if not self.variants:
+            raise ValueError("variants: needs at least one variant")
+
+
+@dataclass(frozen=True)
+class FrozenParams:
+    """``text.frozen``: a 1-layer OLSA head over a frozen pre-trained encoder (OLSA section
+    5.1, Table 3), gamma 0; per-dataset schedules for each of ``datasets``."""
+
+    datasets: list[str] = param(one_of(*TEXT_DATASETS), unique,
+                                doc="need not be trained from scratch")
+    source: str = param(doc="the encoder: 'minilm-package', a hub id or a folder")
+    dim: int = param(nonneg, doc="the head's width, reached by a 1-Lipschitz map from the "
+                                 "encoder's (0 = the encoder's width)")
+    epochs: dict[str, int] = param(doc="per dataset")
+    lr: dict[str, float] = param(doc="per dataset")
+    lr_decay_epochs: dict[str, list[int]] = param(
+        doc="per dataset: the LR x 0.1 after each of these epochs (a step schedule); [] = the "
+            "cosine schedule")
+    max_train: int = param(nonneg, doc="seeded subset of the whole training split, independent "
+                                       "of text.max_train (0 = all of it)")
+
+    def __post_init__(self) -> None:
+        for key in ("epochs", "lr", "lr_decay_epochs"):
+            table = getattr(self, key)
+            lacking = [d for d in self.datasets if d not in table]
+            if lacking:
+                raise ValueError(f"{key} needs an entry for {lacking} (one per dataset of "
+                                 f"datasets {self.datasets}), got {sorted(table)}")
+        for d, e in self.epochs.items():
+            if not _is_int(e) or e <= 0:
+                raise ValueError(f"epochs.{d} must be an int > 0, got {e!r}")
+        for d, lr in self.lr.items():
+            if isinstance(lr, bool) or not isinstance(lr, int | float) or not lr > 0:
+                raise ValueError(f"lr.{d} must be a number > 0, got {lr!r}")
+        for d, decays in self.lr_decay_epochs.items():
+            last = self.epochs.get(d, 0)
+            if not isinstance(decays, list) or any(
+                    not _is_int(e) or not 0 < e < last for e in decays):
+                raise ValueError(f"lr_decay_epochs.{d} must list epochs in [1, {last - 1}] "
+                                 f"(epochs.{d} = {last}), got {decays!r}")
