@@ -18,7 +18,7 @@
 # belongs to the text models.
 
 # %% tags=["parameters"]
-data = {}  # params.yaml `data`, passed whole by attncert.pipeline.nbrun
+params_file = "params.yaml"  # the study's params, passed by attncert.pipeline.nbrun
 
 # %%
 import pandas as pd
@@ -29,7 +29,7 @@ from attncert.figures import show
 from attncert.pipeline.context import setup
 from attncert.stages import data as stage
 
-p, ctx = setup(stage, data)
+p, ctx = setup(stage, params_file, base=False)
 summary = stage.run(p, ctx)
 
 # %% [markdown]

@@ -17,8 +17,7 @@
 # a LOWER bound, so bound / PGD >= 1 and close to 1 means tight.
 
 # %% tags=["parameters"]
-base = {}       # params.yaml `base` and `tightness`, passed whole by attncert.pipeline.nbrun
-tightness = {}
+params_file = "params.yaml"  # the study's params, passed by attncert.pipeline.nbrun
 
 # %%
 import pandas as pd
@@ -30,7 +29,7 @@ from attncert.pipeline.context import setup
 from attncert.stages import tightness as stage
 from attncert.tightness import paper_table3_frame
 
-p, ctx = setup(stage, tightness, base)
+p, ctx = setup(stage, params_file)
 b = ctx.base
 res = stage.run(p, ctx)
 n_inputs, n_tokens, n_features = res.inputs

@@ -19,10 +19,8 @@
 # every epoch, so an interrupted `dvc repro` resumes where it stopped.
 
 # %% tags=["parameters"]
-base = {}  # params.yaml `base`, passed whole by attncert.pipeline.nbrun
-vit_grid = {}  # the grid point: one value of each `vit_grid` list (nbrun --item)
-train_vit = {}  # params.yaml `train_vit`
-processed_dir = "data/processed"
+params_file = "params.yaml"  # the study's params, passed by attncert.pipeline.nbrun
+point = {}  # the grid point: one value of each `vit_grid` list (nbrun --item)
 
 # %%
 import pandas as pd
@@ -33,7 +31,7 @@ from attncert.figures import vit as figs
 from attncert.pipeline.context import setup
 from attncert.stages import train_vit as stage
 
-p, ctx = setup(stage, train_vit, base, point=vit_grid, processed_dir=processed_dir)
+p, ctx = setup(stage, params_file, point=point)
 b, dev = ctx.base, ctx.device
 result = stage.run(p, ctx)
 display(Markdown(

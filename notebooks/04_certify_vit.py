@@ -20,10 +20,8 @@
 # accuracy, and the soundness audit (a certified point broken by PGD fails the stage).
 
 # %% tags=["parameters"]
-base = {}  # params.yaml `base`, passed whole by attncert.pipeline.nbrun
-vit_grid = {}  # the grid point: one value of each `vit_grid` list (nbrun --item)
-certify_vit = {}  # params.yaml `certify_vit`
-processed_dir = "data/processed"
+params_file = "params.yaml"  # the study's params, passed by attncert.pipeline.nbrun
+point = {}  # the grid point: one value of each `vit_grid` list (nbrun --item)
 
 # %%
 import pandas as pd
@@ -34,7 +32,7 @@ from attncert.figures import vit as figs
 from attncert.pipeline.context import setup
 from attncert.stages import certify_vit as stage
 
-p, ctx = setup(stage, certify_vit, base, point=vit_grid, processed_dir=processed_dir)
+p, ctx = setup(stage, params_file, point=point)
 b, dev = ctx.base, ctx.device
 result = stage.run(p, ctx)
 display(Markdown(f"**Run** `{result.name}` ({b.scale} scale, device {dev}): the first "

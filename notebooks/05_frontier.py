@@ -22,9 +22,7 @@
 # (clean + certified accuracy at `select_eps`) / 2.
 
 # %% tags=["parameters"]
-base = {}  # params.yaml `base`, passed whole by attncert.pipeline.nbrun
-train_vit = {}  # params.yaml `train_vit` (its margin: the grid's setting)
-frontier = {}  # params.yaml `frontier`
+params_file = "params.yaml"  # the study's params, passed by attncert.pipeline.nbrun
 
 # %%
 from IPython.display import Markdown, display
@@ -33,7 +31,7 @@ from attncert.figures import show
 from attncert.pipeline.context import setup
 from attncert.stages import frontier as stage
 
-p, ctx = setup(stage, frontier, base, sections={"train_vit": train_vit}, device=False)
+p, ctx = setup(stage, params_file, device=False)
 b = ctx.base
 res = stage.run(p, ctx)
 verdict = ("trains its grid with it" if res.metrics["grid_is_selected"] else

@@ -15,16 +15,13 @@
 # own DVC stage. This unit trains the `train_vit` ViT of the frontier's grid shape with
 # `train_vit`'s recipe and this setting's margin (`lmt-<offset>`, `lofast-<radius>`), or the
 # linear baseline (`linear-<offset>`), on the training split minus its last `holdout` images
-# (checkpoint `work_dir/ckpt/<unit>`: an interrupted unit resumes). It is measured on the held
+# (checkpoint `results_dir/ckpt/<unit>`: an interrupted unit resumes). It is measured on the held
 # out images only: clean accuracy, certified accuracy (LoFAST(M), pairwise test; the linear
 # model's exact radius) and L2 PGD accuracy, which audits every certificate (a broken one
 # fails the unit). `05_frontier` gathers the units and selects a setting.
 
 # %% tags=["parameters"]
-base = {}  # params.yaml `base`, passed whole by attncert.pipeline.nbrun
-train_vit = {}  # params.yaml `train_vit`: the recipe every ViT setting trains with
-frontier = {}  # params.yaml `frontier`
-processed_dir = "data/processed"
+params_file = "params.yaml"  # the study's params, passed by attncert.pipeline.nbrun
 unit = ""  # one of attncert.stages.frontier.units: <dataset>-<setting> (nbrun --unit)
 
 # %%
@@ -34,8 +31,7 @@ from IPython.display import Markdown, display
 from attncert.pipeline.context import setup
 from attncert.stages import frontier as stage
 
-p, ctx = setup(stage, frontier, base, item=unit, processed_dir=processed_dir,
-               sections={"train_vit": train_vit})
+p, ctx = setup(stage, params_file, unit=unit)
 b = ctx.base
 rec = stage.run(p, ctx)
 display(Markdown(f"**Unit** `{unit}` ({b.scale} scale, device {rec['device']}, "

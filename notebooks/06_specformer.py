@@ -44,8 +44,7 @@
 # that several GPUs share it; this report gathers their records and trains nothing.
 
 # %% tags=["parameters"]
-base = {}  # params.yaml `base`, passed whole by attncert.pipeline.nbrun
-specformer = {}  # params.yaml `specformer`, passed whole by attncert.pipeline.nbrun
+params_file = "params.yaml"  # the study's params, passed by attncert.pipeline.nbrun
 
 # %%
 import pandas as pd
@@ -57,7 +56,7 @@ from attncert.pipeline.context import setup
 from attncert.report.paper import SPECFORMER_STEP_RATIO
 from attncert.stages import specformer as stage
 
-p, ctx = setup(stage, specformer, base, device=False)
+p, ctx = setup(stage, params_file, device=False)
 b = ctx.base
 res = stage.run(p, ctx)
 display(Markdown(res.overview))

@@ -23,9 +23,7 @@
 # resumes).
 
 # %% tags=["parameters"]
-base = {}  # params.yaml `base`, passed whole by attncert.pipeline.nbrun
-specformer = {}  # params.yaml `specformer`, passed whole by attncert.pipeline.nbrun
-processed_dir = "data/processed"
+params_file = "params.yaml"  # the study's params, passed by attncert.pipeline.nbrun
 unit = ""  # one of attncert.stages.specformer.units (nbrun --unit)
 
 # %%
@@ -35,7 +33,7 @@ from IPython.display import Markdown, display
 from attncert.pipeline.context import setup
 from attncert.stages import specformer as stage
 
-p, ctx = setup(stage, specformer, base, item=unit, processed_dir=processed_dir)
+p, ctx = setup(stage, params_file, unit=unit)
 b = ctx.base
 dev = ctx.device
 rec = stage.run(p, ctx)

@@ -31,8 +31,7 @@
 # and trains nothing.
 
 # %% tags=["parameters"]
-base = {}  # params.yaml `base`, passed whole by attncert.pipeline.nbrun
-text = {}  # params.yaml `text`, passed whole
+params_file = "params.yaml"  # the study's params, passed by attncert.pipeline.nbrun
 
 # %%
 from IPython.display import Markdown, display
@@ -41,7 +40,7 @@ from attncert.figures import show
 from attncert.pipeline.context import setup
 from attncert.stages import text as stage
 
-p, ctx = setup(stage, text, base, device=False)
+p, ctx = setup(stage, params_file, device=False)
 b = ctx.base
 r = stage.run(p, ctx)
 d = r.data

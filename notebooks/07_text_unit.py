@@ -22,9 +22,7 @@
 # interrupted unit resumes).
 
 # %% tags=["parameters"]
-base = {}  # params.yaml `base`, passed whole by attncert.pipeline.nbrun
-text = {}  # params.yaml `text`, passed whole
-processed_dir = "data/processed"
+params_file = "params.yaml"  # the study's params, passed by attncert.pipeline.nbrun
 unit = ""  # one of attncert.stages.text.UNITS (nbrun --unit)
 
 # %%
@@ -34,7 +32,7 @@ from IPython.display import Markdown, display
 from attncert.pipeline.context import setup
 from attncert.stages import text as stage
 
-p, ctx = setup(stage, text, base, item=unit, processed_dir=processed_dir)
+p, ctx = setup(stage, params_file, unit=unit)
 b = ctx.base
 rec = stage.run(p, ctx)
 models = rec["results"] or (rec["entry"] or {}).get("models", {})

@@ -21,8 +21,7 @@
 # MATH.md sections 4-5), and Table 3's route. A broken certificate in any record fails it.
 
 # %% tags=["parameters"]
-base = {}  # params.yaml `base`, passed whole by attncert.pipeline.nbrun
-certvit = {}  # params.yaml `certvit`
+params_file = "params.yaml"  # the study's params, passed by attncert.pipeline.nbrun
 
 # %%
 import pandas as pd
@@ -32,7 +31,7 @@ from attncert.certvit import tables
 from attncert.pipeline.context import setup
 from attncert.stages import certvit as stage
 
-p, ctx = setup(stage, certvit, base, device=False)
+p, ctx = setup(stage, params_file, device=False)
 b = ctx.base
 m = stage.run(p, ctx)
 display(Markdown(f"**Scale** {b.scale}; **units** {', '.join(stage.units(p))}; **source** "
@@ -52,7 +51,7 @@ pd.DataFrame(stage.headline_rows(m, {}))[["key", "label", "ours", "paper", "sour
 if m["table1"]:
     display(tables.table1_frame(m["table1"]).round(4))
 else:
-    display(Markdown("**Table 1 runs:** none (`table1_datasets` is empty at this scale)."))
+    display(Markdown("**Table 1 runs:** none (`table1.datasets` is empty at this scale)."))
 
 # %% [markdown]
 # ## CertViT Table 3: ImageNet-pretrained ViTs on ImageNet

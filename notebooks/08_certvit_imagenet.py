@@ -11,10 +11,10 @@
 # %% [markdown]
 # # 08 · CertViT Table 3: ImageNet-pretrained ViTs on ImageNet (one unit)
 #
-# Every model of `imagenet_sources` (at the paper scale ViT-T/16 and DeiT-T, the two that
+# Every model of `imagenet.sources` (at the paper scale ViT-T/16 and DeiT-T, the two that
 # certify anything in CertViT's Table 3, and ViT-B/16, which certifies nothing there) through
 # the same loader as the other units, adapted and constrained in every mode of `constrain` on
-# the first `imagenet_calibration` images (they also set the norm radii), then certified and
+# the first `imagenet.calibration` images (they also set the norm radii), then certified and
 # attacked on one image per class of the rest (CertViT sec. 4.2: 1000 validation images, one
 # per class), beside the loaded model's clean accuracy on the same images. The images are the
 # user's ImageNet validation images (`data.samples`: `imagenet_val`, see docs/data.md), else the
@@ -22,12 +22,11 @@
 # constrained accuracies show what the module surgery and the constraining cost by themselves.
 # CertViT's clean accuracy and bound stand beside the paper mode of its own checkpoints; its
 # ImageNet eps was lost in the text's extraction, so no certified number is compared. With
-# `imagenet_sources: [tiny]` (offline) a tiny random ViT checks the route: its accuracy is
+# `imagenet.sources: [tiny]` (offline) a tiny random ViT checks the route: its accuracy is
 # that of a random network, not a result.
 
 # %% tags=["parameters"]
-base = {}  # params.yaml `base`, passed whole by attncert.pipeline.nbrun
-certvit = {}  # params.yaml `certvit`
+params_file = "params.yaml"  # the study's params, passed by attncert.pipeline.nbrun
 
 # %%
 from IPython.display import Markdown, display
@@ -36,7 +35,7 @@ from attncert.certvit import tables
 from attncert.pipeline.context import setup
 from attncert.stages import certvit as stage
 
-p, ctx = setup(stage, certvit, base, item=stage.IMAGENET)
+p, ctx = setup(stage, params_file, unit=stage.IMAGENET)
 b = ctx.base
 dev = ctx.device
 record, _ = stage.run(p, ctx)

@@ -12,7 +12,7 @@
 # # 08 · CertViT: certifying a pre-trained ViT (one unit)
 #
 # One unit of the certvit stage (`unit`): `main`, the section's own ViT, or `table1-<dataset>`,
-# a CertViT Table 1 ViT trained here from scratch (its shape from the `table1_*` params);
+# a CertViT Table 1 ViT trained here from scratch (its shape from the `certvit.table1` params);
 # `08_certvit` gathers every unit with the ImageNet route. CertViT (Gupta et al. 2023) in five
 # steps, each measured: a **pre-trained** standard ViT
 # (trained here, or a Hugging Face checkpoint through the same loader) is **adapted** (every
@@ -37,8 +37,7 @@
 # L2 PGD (a broken certificate fails the stage).
 
 # %% tags=["parameters"]
-base = {}  # params.yaml `base`, passed whole by attncert.pipeline.nbrun
-certvit = {}  # params.yaml `certvit`
+params_file = "params.yaml"  # the study's params, passed by attncert.pipeline.nbrun
 unit = "main"  # main or table1-<dataset> (attncert.stages.certvit.units; nbrun --unit)
 
 # %%
@@ -52,12 +51,13 @@ from attncert.figures import show
 from attncert.pipeline.context import setup
 from attncert.stages import certvit as stage
 
-section, ctx = setup(stage, certvit, base, item=unit)
+section, ctx = setup(stage, params_file, unit=unit)
 b = ctx.base
 if unit not in stage.units(section) or unit == stage.IMAGENET:
     raise ValueError(f"unit {unit!r}: this notebook runs main or table1-<dataset> "
                      f"(08_certvit_imagenet runs imagenet)")
-p = stage.unit_params(section, unit)  # the section, or the Table 1 run's shape and training
+# the section, or the Table 1 run's shape and training
+p = stage.unit_params(section, unit, ctx.processed_dir)
 record, res = stage.run(section, ctx)
 data, modes, logs, bounds = res.data, res.modes, res.logs, res.bounds
 display(Markdown(

@@ -29,8 +29,7 @@
 # fail. This report gathers their records and trains nothing.
 
 # %% tags=["parameters"]
-base = {}  # params.yaml `base`, passed whole by attncert.pipeline.nbrun
-crown = {}  # params.yaml `crown`, passed whole by attncert.pipeline.nbrun
+params_file = "params.yaml"  # the study's params, passed by attncert.pipeline.nbrun
 
 # %%
 import pandas as pd
@@ -41,7 +40,7 @@ from attncert.figures import show
 from attncert.pipeline.context import setup
 from attncert.stages import crown as stage
 
-p, ctx = setup(stage, crown, base, device=False)
+p, ctx = setup(stage, params_file, device=False)
 b = ctx.base
 res = stage.run(p, ctx)
 parts = res.datasets

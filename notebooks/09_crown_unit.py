@@ -13,7 +13,7 @@
 #
 # The crown stage is split into independent units, one per (dataset, depth), each its own DVC
 # stage, so that several GPUs share it (`scripts/repro-gpus`). This unit trains its Lipschitz
-# ViT (checkpoint `work_dir/ckpt/<dataset>/L<depth>`: an interrupted unit resumes), certifies
+# ViT (checkpoint `results_dir/ckpt/<dataset>/L<depth>`: an interrupted unit resumes), certifies
 # the first `n_test` test points by LoFAST and every CROWN method (at most `time_budget`
 # seconds of CROWN bounds; with `skip_lofast_certified` only where LoFAST did not certify),
 # then audits every certified point with L2 PGD. It fails on a broken certificate, on a
@@ -22,9 +22,7 @@
 # units into LoFAST's Tables 1-2.
 
 # %% tags=["parameters"]
-base = {}  # params.yaml `base`, passed whole by attncert.pipeline.nbrun
-crown = {}  # params.yaml `crown`, passed whole by attncert.pipeline.nbrun
-processed_dir = "data/processed"
+params_file = "params.yaml"  # the study's params, passed by attncert.pipeline.nbrun
 unit = ""  # one of attncert.stages.crown.units: <dataset>-L<depth> (nbrun --unit)
 
 # %%
@@ -34,7 +32,7 @@ from IPython.display import Markdown, display
 from attncert.pipeline.context import setup
 from attncert.stages import crown as stage
 
-p, ctx = setup(stage, crown, base, item=unit, processed_dir=processed_dir)
+p, ctx = setup(stage, params_file, unit=unit)
 b = ctx.base
 rec = stage.run(p, ctx)
 t = rec["trained"]

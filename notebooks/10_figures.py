@@ -19,8 +19,7 @@
 # (a DVC metric), the certified-accuracy table (a DVC plot) and the HTML export of every report.
 
 # %% tags=["parameters"]
-scale = "paper"
-figures = {}  # params.yaml `figures`, passed whole by attncert.pipeline.nbrun
+params_file = "params.yaml"  # the study's params, passed by attncert.pipeline.nbrun
 
 # %%
 import pandas as pd
@@ -33,10 +32,10 @@ from attncert.pipeline.context import setup
 from attncert.stages import figures as stage
 from attncert.stages.registry import load_params
 
-p, ctx = setup(stage, figures, study=load_params())
+p, ctx = setup(stage, params_file, device=False, study=load_params(params_file))
 res = stage.run(p, ctx)
 result = res.summary
-display(Markdown(f"**Scale** {scale}: {len(res.runs)} stage runs declared in dvc.yaml."))
+display(Markdown(f"**Scale** {ctx.base.scale}: {len(res.runs)} stage runs declared in dvc.yaml."))
 pd.DataFrame([{"stage": name, "status": e["status"], "metrics read": len(e["metrics"]),
                "missing": len(e["missing"])} for name, e in result["stages"].items()])
 

@@ -24,6 +24,7 @@ from attncert.certvit import (
     steps,
 )
 from attncert.certvit import methods as stage
+from attncert.certvit import study as stage_study
 from attncert.certvit import tables as cv_tables
 from attncert.figures import certvit as figs
 from attncert.models.vit import save_vit
@@ -61,9 +62,10 @@ def test_the_section_takes_the_library_s_choices():
                      ("finetune_margin", "radius"), ("radius_quantile", 1.0),
                      ("dr", {**raw["dr"], "relaxation": 2.0}), ("heads", 3),
                      ("budget", {**raw["budget"], "q": 0.0}),
-                     ("table1_heads", {"mnist": 3, "cifar10": 3, "cifar100": 3}),
-                     ("table1_depth", {"mnist": 6}),
-                     ("table1_datasets", ["imagenet"])):
+                     ("table1", {**raw["table1"], "heads": {"mnist": 3, "cifar10": 3,
+                                                            "cifar100": 3}}),
+                     ("table1", {**raw["table1"], "depth": {"mnist": 6}}),
+                     ("table1", {**raw["table1"], "datasets": ["imagenet"]})):
         with pytest.raises(params.ParamsError, match=f"certvit.{key}"):
             params.parse_section("certvit", {**raw, key: bad}, certvit_stage.Params)
     # a group is one config object, taken whole; a key of the flat layout names its new place
@@ -77,14 +79,15 @@ def test_the_section_takes_the_library_s_choices():
         params.parse_section("certvit", {**raw, "dr_eta": 0.01}, certvit_stage.Params)
     # Table 1's datasets need their CertViT eps on the grid; the grid must split the image
     with pytest.raises(params.ParamsError, match="0.0361.*cifar100"):
-        params.parse_section("certvit", {**raw, "cert_eps": [0.4867], "table1_datasets":
-                                         ["mnist", "cifar100"]}, certvit_stage.Params)
+        params.parse_section("certvit", {**raw, "cert_eps": [0.4867], "table1": {
+            **raw["table1"], "datasets": ["mnist", "cifar100"]}}, certvit_stage.Params)
     p = params.parse_section("certvit", raw, certvit_stage.Params)
     # CertViT Table 4's shapes per dataset: patch 7 on MNIST, patch 4 and d 192 on CIFAR
-    assert p.table1("cifar10", 32).patch == 4 and p.table1("mnist", 28).patch == 7
-    assert (p.table1("cifar100", 32).depth, p.table1("cifar10", 32).dim) == (12, 192)
-    with pytest.raises(params.ParamsError, match="table1_grid"):
-        dataclasses.replace(p, table1_grid={**p.table1_grid, "cifar10": 5}).table1("cifar10", 32)
+    assert p.table1_run("cifar10", 32).patch == 4 and p.table1_run("mnist", 28).patch == 7
+    assert (p.table1_run("cifar100", 32).depth, p.table1_run("cifar10", 32).dim) == (12, 192)
+    with pytest.raises(params.ParamsError, match="table1.grid"):
+        dataclasses.replace(p, table1=dataclasses.replace(
+            p.table1, grid={**p.table1.grid, "cifar10": 5})).table1_run("cifar10", 32)
     # its eps (normalised input) as the pixel radius it covers: eps x min(std), rounded down
     assert cv_tables.table1_eps("mnist") == 0.4867 == pytest.approx(1.58 * 0.3081, abs=1e-4)
     assert (cv_tables.table1_eps("cifar10"), cv_tables.table1_eps("cifar100")) == (
@@ -323,22 +326,22 @@ def test_the_stage_runs_every_mode_and_writes_its_files(tmp_path):
     base = params.parse_section("base", {**raw["base"], "device": "cpu"}, params.BaseParams)
     p = dataclasses.replace(
         params.parse_section("certvit", raw["certvit"], certvit_stage.Params),
-        source=stage.PIPELINE, dataset="mnist", processed_dir=str(processed), patch=4, dim=16,
+        source=stage.PIPELINE, dataset="mnist", patch=4, dim=16,
         depth=1, heads=2, mlp_hidden=16, pretrain_epochs=1, batch_size=16, warmup_steps=2,
         adapt_epochs=1, dr=dataclasses.replace(
             params.parse_section("certvit", raw["certvit"], certvit_stage.Params).dr,
             iterations=1, projection_steps=2, max_pairs=64, batch_size=32, images=16),
         finetune_epochs=1, spectral_epochs=1, n_test=0,
         n_attack=5, eval_batch_size=64, cert_eps=[0.1, 0.4867], attack_steps=2,
-        attack_restarts=1, table1_datasets=["mnist"], table1_grid={"mnist": 2},
-        table1_dim={"mnist": 8}, table1_depth={"mnist": 1}, table1_heads={"mnist": 2},
-        table1_mlp_hidden={"mnist": 8}, table1_pretrain_epochs={"mnist": 1},
-        table1_batch_size=16, table1_lr=1e-3,
-        work_dir=str(tmp_path / "work"), metrics=str(tmp_path / "metrics.json"))
+        attack_restarts=1, table1=stage_study.Table1Params(
+            datasets=["mnist"], grid={"mnist": 2}, dim={"mnist": 8}, depth={"mnist": 1},
+            heads={"mnist": 2}, mlp_hidden={"mnist": 8}, pretrain_epochs={"mnist": 1},
+            batch_size=16, lr=1e-3),
+        results_dir=str(tmp_path / "work"), metrics=str(tmp_path / "metrics.json"))
     assert certvit_stage.units(p) == ["main", "table1-mnist", "imagenet"]
     with pytest.raises(ValueError, match="certvit unit 'main' has not run"):
         certvit_stage.run(p, make_context(base, device=False))   # the gather reads records only
-    _, res = certvit_stage.run(p, make_context(base, item="main"))
+    _, res = certvit_stage.run(p, make_context(base, item="main", processed_dir=str(processed)))
     work = tmp_path / "work"
     assert sorted(d.name for d in (work / "ckpt").iterdir()) == [
         "adapt", "finetune", "linear", "pretrain", "spectral_adapt", "spectral_finetune"]
@@ -346,8 +349,10 @@ def test_the_stage_runs_every_mode_and_writes_its_files(tmp_path):
         assert (work / name).is_file()
     n_test = len(res.test["y"])  # n_test 0: the whole test split, attacked on the first 5
     assert len(pd.read_csv(work / "samples.csv")) == 3 * n_test  # two modes, the baseline
-    _, sub = certvit_stage.run(p, make_context(base, item="table1-mnist"))
-    net, none = certvit_stage.run(p, make_context(base, item="imagenet"))
+    _, sub = certvit_stage.run(p, make_context(base, item="table1-mnist",
+                                               processed_dir=str(processed)))
+    net, none = certvit_stage.run(p, make_context(base, item="imagenet",
+                                                  processed_dir=str(processed)))
     assert none is None and (work / "imagenet").is_dir()   # a DVC output, even when skipped
     m = certvit_stage.run(p, make_context(base, device=False))
     assert m == json.loads((tmp_path / "metrics.json").read_text())
@@ -394,7 +399,7 @@ def test_the_stage_runs_every_mode_and_writes_its_files(tmp_path):
     (work / "units" / "imagenet.json").write_text(json.dumps(net))
     with pytest.raises(soundness.UnsoundCertificateError, match="imagenet"):
         certvit_stage.run(p, make_context(base, device=False))
-    assert certvit_stage.unit_params(p, "table1-mnist").dim == 8
+    assert certvit_stage.unit_params(p, "table1-mnist", str(processed)).dim == 8
     with pytest.raises(ValueError, match="not one of"):
         certvit_stage.run(p, make_context(base, item="table1-cifar10"))
 

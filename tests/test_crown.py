@@ -268,7 +268,7 @@ def test_units_then_gather(tmp_path):
     p = dataclasses.replace(paper, datasets=["mnist"], depths=[1, 2], patch=8, dim=8, heads=2,
                             mlp_hidden=8, epochs=1, batch_size=8, warmup_steps=1, n_test=3,
                             cert_eps=[0.02], methods=["crown"], time_limit=0.0,
-                            attack_steps=2, attack_restarts=1, work_dir=str(tmp_path / "w"),
+                            attack_steps=2, attack_restarts=1, results_dir=str(tmp_path / "w"),
                             metrics=str(tmp_path / "crown.json"))
     base = BaseParams(scale="smoke", seed=0, device="cpu", precision="fp32", threads=0,
                       deterministic=False)

@@ -127,7 +127,7 @@ def test_an_ablation_and_a_queued_sweep_through_dvc_experiments(smoke_repo, env)
     commit_all(smoke_repo, "smoke baseline")  # the baseline the experiments compare with
 
     out = _sh(["dvc", "exp", "run", "-n", "tight-softmax", "-S",
-               "certify_vit.cert_softmax_lipschitz=0.5"], smoke_repo, env)
+               "certify_vit.softmax_lipschitz=0.5"], smoke_repo, env)
     assert "Running stage 'certify_vit@" in out and "Running stage 'train_vit@" not in out
     assert "Running stage 'data'" not in out
     diff = _sh(["dvc", "metrics", "diff"], smoke_repo, env)

@@ -90,7 +90,7 @@ def test_units_train_on_the_training_split_minus_the_held_out_images_then_gather
                             settings=["lmt-0.2", "lofast-0.5", "linear-0.5"], depth=1, heads=2,
                             holdout=20, n_val=12, n_attack=10, cert_eps=[0.1, 0.5],
                             select_eps=0.5, attack_steps=3, attack_restarts=1, linear_epochs=1,
-                            work_dir=str(tmp_path / "w"), metrics=str(tmp_path / "f.json"))
+                            results_dir=str(tmp_path / "w"), metrics=str(tmp_path / "f.json"))
     base = BaseParams(scale="smoke", seed=0, device="cpu", precision="fp32", threads=0,
                       deterministic=False)
     assert stage.units(p) == ["mnist-lmt-0.2", "mnist-lofast-0.5", "mnist-linear-0.5"]

@@ -19,25 +19,16 @@ from attncert.pipeline.nbrun import (
 ROOT = Path(__file__).resolve().parents[1]
 
 NOTEBOOK = '''# %% tags=["parameters"]
-datasets = []
-max_train = 0
-max_test = 0
-download = False
-mirror = ""
-raw_dir = ""
-processed_dir = ""
-optional = []
-samples = []
-subset_seed = 0
-imagenet_val_images = 0
-grid_per_class = 1
-metrics = ""
+params_file = "params.yaml"
 
 # %%
 import json, pathlib
-pathlib.Path(metrics).write_text(json.dumps({k: [type(v).__name__, v] for k, v in dict(
-    datasets=datasets, max_train=max_train, download=download, grid_per_class=grid_per_class,
-).items()}))
+from attncert.stages import data as stage
+from attncert.pipeline.context import setup
+p, ctx = setup(stage, params_file, base=False, device=False)
+pathlib.Path(p.metrics).write_text(json.dumps({k: [type(v).__name__, v] for k, v in dict(
+    datasets=p.datasets, max_train=p.max_train, download=p.download,
+    grid_per_class=p.grid_per_class, processed_dir=ctx.processed_dir).items()}))
 '''
 
 
@@ -63,7 +54,8 @@ def _run(project, venv_env, *extra):
     return proc, time.perf_counter() - t0
 
 
-def test_passes_real_types(project, venv_env):
+def test_the_notebook_reads_its_typed_section(project, venv_env):
+    """nbrun passes the params file; the notebook's setup reads its own section, typed."""
     _set(project, "metrics: reports/metrics/data.json", "metrics: seen.json")
     _set(project, "max_train: 0 ", "max_train: 12 ")
     proc, _ = _run(project, venv_env)
@@ -72,37 +64,43 @@ def test_passes_real_types(project, venv_env):
     assert seen["max_train"] == ["int", 12]
     assert seen["download"] == ["bool", True]
     assert seen["datasets"][0] == "list" and "sst2" in seen["datasets"][1]
+    assert seen["processed_dir"] == ["str", "data/processed"]
     nb = nbformat.read(project / "out.ipynb", 4)
     assert any("injected-parameters" in c.metadata.get("tags", []) for c in nb.cells)
 
 
-WHOLE = '''# %% tags=["parameters"]
-data = {}
-vit_grid = {}
+GRID = '''# %% tags=["parameters"]
+params_file = "params.yaml"
+point = {}
 
 # %%
 import json, pathlib
-pathlib.Path(data["metrics"]).write_text(json.dumps({"data": data, "vit_grid": vit_grid}))
+from attncert.stages import train_vit as stage
+from attncert.pipeline.context import setup
+p, ctx = setup(stage, params_file, point=point, device=False)
+pathlib.Path("seen.json").write_text(json.dumps({"point": point, "name": ctx.point.name,
+                                                 "depth": ctx.point.depth, "dim": p.dim}))
 '''
 
 
-def test_a_declared_section_is_passed_whole(project, venv_env):
-    """A notebook that declares a section's name gets the section as one dict (real types);
-    a grid point's list fields hold the chosen item."""
+def test_a_grid_point_reaches_the_notebook(project, venv_env):
+    """``--item`` pairs are checked against the grid before the kernel starts and reach the
+    notebook as ``point``; setup makes the typed grid point from them."""
     venv_env = {**venv_env, "ATTNCERT_ALLOW_CPU_PAPER": "1"}  # the paper params on this CPU
-    _set(project, "metrics: reports/metrics/data.json", "metrics: seen.json")
-    (project / "nb.py").write_text(WHOLE)
-    proc, _ = _run(project, venv_env, "--section", "vit_grid", "--item", "dataset=svhn",
-                   "--item", "depth=3", "--item", "heads=4", "--item", "gamma_vo=0.5")
+    (project / "nb.py").write_text(GRID)
+    items = ["--item", "dataset=svhn", "--item", "depth=3", "--item", "heads=4", "--item",
+             "gamma_vo=0.5"]
+    proc, _ = _run(project, venv_env, "--section", "vit_grid", "--section", "train_vit", *items)
     assert proc.returncode == 0, proc.stderr
     seen = json.loads((project / "seen.json").read_text())
-    assert seen["data"]["download"] is True and isinstance(seen["data"]["max_train"], int)
-    assert seen["vit_grid"]["dataset"] == "svhn" and seen["vit_grid"]["depth"] == 3
-    assert set(seen["vit_grid"]) >= {"runs_dir", "gamma_vo", "heads"}
-    (project / "nb.py").write_text(WHOLE.replace("vit_grid = {}\n", ""))
-    proc, _ = _run(project, venv_env, "--section", "vit_grid", "--item", "dataset=svhn",
-                   "--item", "depth=3", "--item", "heads=4", "--item", "gamma_vo=0.5")
-    assert proc.returncode == 2 and "is passed but not declared" in proc.stderr
+    assert seen["point"] == {"dataset": "svhn", "depth": "3", "heads": "4", "gamma_vo": "0.5"}
+    assert seen["name"] == "svhn-L3-H4-vo0.5" and seen["depth"] == 3 and seen["dim"] == 384
+    proc, _ = _run(project, venv_env, "--section", "vit_grid", *items[:-2], "--item",
+                   "gamma_vo=0.3")
+    assert proc.returncode == 2 and "gamma_vo=0.3: not in vit_grid.gamma_vo" in proc.stderr
+    (project / "nb.py").write_text(GRID.replace("point = {}\n", ""))
+    proc, _ = _run(project, venv_env, "--section", "vit_grid", *items)
+    assert proc.returncode == 2 and "'point' is passed but not declared" in proc.stderr
 
 
 @pytest.mark.parametrize(
@@ -132,10 +130,10 @@ def test_unknown_section_is_an_error(project, venv_env):
     assert proc.returncode == 2 and "trian: unknown section" in proc.stderr
 
 
-def test_notebook_must_declare_exactly_the_section(project, venv_env):
-    (project / "nb.py").write_text(NOTEBOOK.replace("grid_per_class = 1\n", ""))
+def test_notebook_must_declare_what_is_passed(project, venv_env):
+    (project / "nb.py").write_text(NOTEBOOK.replace('params_file = "params.yaml"\n', "x = 1\n"))
     proc, _ = _run(project, venv_env)
-    assert proc.returncode == 2 and "'grid_per_class' is passed but not declared" in proc.stderr
+    assert proc.returncode == 2 and "'params_file' is passed but not declared" in proc.stderr
 
 
 def test_declared_parameters(tmp_path):
@@ -143,7 +141,7 @@ def test_declared_parameters(tmp_path):
     p.write_text('# %% tags=["parameters"]\na = 1\nb: int = 2\n\n# %%\nc = 3\n')
     nb = read_notebook(p)
     assert declared_parameters(nb) == ["a", "b"]
-    with pytest.raises(NotebookError, match="'a' has no params.yaml key"):
+    with pytest.raises(NotebookError, match="'a' is not passed"):
         check_parameters(nb, {"b": 2}, "nb.py")
     p.write_text("# %%\na = 1\n")
     with pytest.raises(NotebookError, match="exactly one cell tagged 'parameters'"):
@@ -151,7 +149,7 @@ def test_declared_parameters(tmp_path):
 
 
 CONSOLE = '''# %% tags=["parameters"]
-data = {}
+params_file = ""
 
 # %%
 import warnings

@@ -77,8 +77,8 @@ COUNTS: dict[str, dict] = {
                 "eval_batch_size": 8, "attack_batch_size": 8,
                 "finetune_epochs": 1,
                 "n_test": 2, "n_attack": 2, "attack_steps": 2, "attack_restarts": 1,
-                "table1_pretrain_epochs": {"mnist": 1, "cifar10": 1, "cifar100": 1},
-                "table1_batch_size": 128},
+                "table1": {"pretrain_epochs": {"mnist": 1, "cifar10": 1, "cifar100": 1},
+                           "batch_size": 128}},
     "crown": {"depths": [3], "max_train": 32, "epochs": 1, "batch_size": 16, "warmup_steps": 1,
               "n_test": 1, "cert_eps": [0.02], "alpha_iterations": 1, "time_limit": 5.0,
               "attack_steps": 2, "attack_restarts": 1},
@@ -243,7 +243,7 @@ def dry(tmp_path_factory, mirror):
     params = _merge(yaml.load((repo / "params.yaml").read_text()), COUNTS)
     params = _merge(params, OFFLINE)
     params["certvit"]["source"] = str(hf)
-    params["certvit"]["imagenet_sources"] = [str(hf)]  # Table 3: the hub ViTs' class
+    params["certvit"]["imagenet"]["sources"] = [str(hf)]  # Table 3: the hub ViTs' class
     # the hub's ViT-S/16 and DeiT-Ti are the same class at the same input size
     params["specformer"]["sources"] = [str(hf)]
     validate(params, "dry-run params")

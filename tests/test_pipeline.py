@@ -2,6 +2,8 @@
 (every grid point of a matrix stage)."""
 
 import ast
+import importlib
+import re
 import shlex
 from pathlib import Path
 
@@ -65,23 +67,31 @@ def test_stage_sections_params_and_notebook_agree(stage, spec, item):
     key = EXPANDED_KEYS[stage]
     cmd = _resolve(spec["cmd"], item, key)
     notebook, output, sections, items = _runner_args(cmd)
-    PARAMS.flat(sections, parse_items(items))  # raises unless the item is a valid grid point
+    PARAMS.grid_point(sections, parse_items(items))  # raises unless a valid grid point
     # DVC tracks every section passed, except the grid lists of a matrix stage (a new grid
     # value must not rerun the existing points): those sections appear by their other keys.
     expected = []
     for s in sections:
-        lists = [k for k, v in PARAMS.flat([s]).items() if isinstance(v, list)]
+        lists = [k for k, v in PARAMS.fields(s).items() if isinstance(v, list)]
         if "." not in s and set(lists) & set(parse_items(items)):
-            expected += [f"{s}.{k}" for k in PARAMS.flat([s]) if k not in lists]
+            expected += [f"{s}.{k}" for k in PARAMS.fields(s) if k not in lists]
         else:
             expected.append(s)
     assert sorted(expected) == sorted(_names(spec.get("params"), item, key)), (
         f"{stage}: --section list and dvc.yaml params differ")
     nb = read_notebook(ROOT / notebook)
-    values = PARAMS.notebook_parameters(sections, declared_parameters(nb), parse_items(items))
-    values |= _unit(cmd)
-    assert sorted(declared_parameters(nb)) == sorted(values), (
-        f"{stage}: notebook parameters and params.yaml sections differ")
+    passed = {"params_file", *_unit(cmd), *(["point"] if items else [])}
+    assert sorted(declared_parameters(nb)) == sorted(passed), (
+        f"{stage}: the notebook's parameters and what nbrun passes differ")
+    # the sections the notebook's stage module reads are the ones DVC tracks
+    module = re.search(r"^from attncert\.stages import (\w+) as stage$",
+                       "\n".join(c.source for c in nb.cells), re.M)
+    assert module, f"{notebook}: imports no stage module as `stage`"
+    mod = importlib.import_module(f"attncert.stages.{module.group(1)}")
+    reads = {mod.SECTION, *getattr(mod, "SECTIONS", {})} | ({"base"} if mod.SECTION != "data"
+                                                            else set())
+    tracked = {s.split(".")[0] for s in sections}
+    assert reads <= tracked, f"{stage}: reads {sorted(reads - tracked)} untracked"
     assert notebook in _names(spec["deps"], item, key)
     assert output.startswith("reports/notebooks/") and output in _names(spec["outs"], item, key)
 

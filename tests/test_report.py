@@ -142,7 +142,7 @@ def metrics_tree(tmp_path):
            for i, k in enumerate(("lofast_M", "lofast_xi", "naive", "specformer"))}})
     for point in GRID:
         name = run_name(*point)
-        _write(tmp_path / p["vit_grid"].runs_dir / name / "metrics.json", {
+        _write(tmp_path / p["vit_grid"].results_dir / name / "metrics.json", {
             "clean_acc": 0.34, "dataset": "mnist", "epochs": 1, "parameters": 7626,
             "run": name, "test_loss": 2.25, "train_seconds": 0.5})
     _write(tmp_path / p["certify_vit"].results_dir / run_name(*GRID[0]) / "metrics.json",

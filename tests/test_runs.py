@@ -46,10 +46,10 @@ def test_a_grid_point_parses_from_the_item_nbrun_passes():
     grid = p["vit_grid"]
     items = {"dataset": grid.dataset[0], "depth": str(grid.depth[0]),
              "heads": str(grid.heads[0]), "gamma_vo": str(grid.gamma_vo[0])}
-    raw = p.notebook_parameters(["vit_grid"], ["vit_grid"], items)["vit_grid"]
+    raw = p.grid_point(["vit_grid"], items)
     point = parse_section("vit_grid", raw, GridPoint)
     name = runs.run_name(grid.dataset[0], grid.depth[0], grid.heads[0], grid.gamma_vo[0])
-    assert point.name == name and str(point.run_dir) == f"{grid.runs_dir}/{name}"
+    assert point.name == name and str(point.run_dir) == f"{grid.results_dir}/{name}"
     with pytest.raises(ParamsError, match="vit_grid.depth: must be > 0"):
         parse_section("vit_grid", raw | {"depth": 0}, GridPoint)
     with pytest.raises(ParamsError, match="vit_grid.dataset: unknown value 'sst2'"):
@@ -139,6 +139,8 @@ def test_train_config_uses_every_training_key_and_the_seed():
     for f in dataclasses.fields(TrainConfig):
         if f.name in train_vit.FIXED:
             assert getattr(tc, f.name) == f.default, f.name
+        elif f.name == "adv_eps":  # params.yaml: units of 1/255
+            assert tc.adv_eps == s.adv_eps_255 / 255
         elif f.name != "seed":
             want = getattr(s, f.name)
             assert getattr(tc, f.name) == (tuple(want) if isinstance(want, list) else want), f.name

@@ -26,8 +26,8 @@ ROOT = Path(__file__).resolve().parents[1]
         ("certify_vit", "variants", ["lofast_M", "crown"],
          r"^certify_vit\.variants: unknown value 'crown'"),
         ("certify_vit", "tests", ["pairwise", "pairwise"], r"^certify_vit\.tests: .*duplicate"),
-        ("certify_vit", "cert_softmax_lipschitz", 0.25,
-         r"^certify_vit\.cert_softmax_lipschitz: must be one of 0.5, 1.0"),
+        ("certify_vit", "softmax_lipschitz", 0.25,
+         r"^certify_vit\.softmax_lipschitz: must be one of 0.5, 1.0"),
     ])
 def test_the_sections_refuse_bad_values(section, key, value, match):
     raw = read_yaml(ROOT / "params.yaml")
@@ -88,7 +88,7 @@ def test_certify_vit_certifies_the_whole_split_and_audits_the_first_n_attack(tmp
     processed = tmp_path / "processed"
     processed.mkdir()
     torch_save(data, processed / "mnist.pt")
-    point = GridPoint(runs_dir=str(tmp_path / "runs"), dataset="mnist", depth=1, heads=2,
+    point = GridPoint(results_dir=str(tmp_path / "runs"), dataset="mnist", depth=1, heads=2,
                       gamma_vo=0.5)
     point.run_dir.mkdir(parents=True)
     torch.manual_seed(0)

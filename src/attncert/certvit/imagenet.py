@@ -30,7 +30,7 @@ from attncert.certvit.spectral import Budgets
 from attncert.data import as_float
 from attncert.pipeline import rng
 
-#: ``imagenet_sources`` entry of a tiny random HF ViT (224 pixels, patch 16, 1000 classes)
+#: ``imagenet.sources`` entry of a tiny random HF ViT (224 pixels, patch 16, 1000 classes)
 TINY = "tiny"
 
 

@@ -38,9 +38,12 @@ from attncert.certvit.steps import (
 from attncert.data import as_float, load_processed, sample_skipped
 from attncert.pipeline.io import atomic_path
 from attncert.pipeline.params import (
+    IMAGE_DATASETS,
     BaseParams,
+    one_of,
     param,
     positive,
+    unique,
 )
 from attncert.training.precision import resolve_precision
 from attncert.training.train import TrainConfig, train_resumable
@@ -48,7 +51,7 @@ from attncert.training.train import TrainConfig, train_resumable
 if TYPE_CHECKING:  # the stage's section, for annotations only (no upward import)
     from attncert.stages.certvit import Params
 
-#: ``imagenet_sources`` entry that skips CertViT Table 3's ImageNet route
+#: ``imagenet.sources`` entry that skips CertViT Table 3's ImageNet route
 NO_IMAGENET = "none"
 
 #: hub checkpoints of CertViT Table 3's models (each loads as an HF ViT) -> its row name
@@ -77,6 +80,51 @@ class DRParams:
         from this group (a field it lacks fails here, never a silent default)."""
         names = [f.name for f in dataclasses.fields(DRConfig) if f.name != "seed"]
         return DRConfig(**{n: getattr(self, n) for n in names}, seed=seed)
+
+
+@dataclass(frozen=True)
+class Table1Params:
+    """params.yaml ``certvit.table1``: CertViT Table 1's small standard ViTs, one per dataset
+    of ``datasets`` trained here (shape per dataset from its Table 4, schedule from its Table
+    9), then every step of the section; the mappings need an entry per dataset."""
+
+    datasets: list[str] = param(one_of(*IMAGE_DATASETS), unique, doc="empty: none")
+    grid: dict[str, int] = param(doc="patches per image side (patch = image size / grid)")
+    dim: dict[str, int] = param()
+    depth: dict[str, int] = param()
+    heads: dict[str, int] = param()
+    mlp_hidden: dict[str, int] = param()
+    pretrain_epochs: dict[str, int] = param(doc="training from scratch")
+    batch_size: int = param(positive)
+    lr: float = param(positive, doc="training and the adaptation fine-tune")
+
+    def __post_init__(self) -> None:
+        for name in ("grid", "dim", "depth", "heads", "mlp_hidden", "pretrain_epochs"):
+            values = getattr(self, name)
+            lacking = [d for d in self.datasets if d not in values]
+            if lacking:
+                raise ValueError(f"{name} needs an entry for {lacking} (one per dataset of "
+                                 f"datasets), got {sorted(values)}")
+            if any(isinstance(v, bool) or not isinstance(v, int) or v <= 0
+                   for v in values.values()):
+                raise ValueError(f"{name} must map to ints > 0, got {values}")
+        for d in self.datasets:
+            if self.dim[d] % self.heads[d]:
+                raise ValueError(f"heads: {d}: dim {self.dim[d]} is not divisible by "
+                                 f"{self.heads[d]} heads")
+
+
+@dataclass(frozen=True)
+class ImagenetParams:
+    """params.yaml ``certvit.imagenet``: CertViT Table 3's route, ImageNet-pretrained ViTs on
+    the user's ImageNet validation images (the 20-image sample without them)."""
+
+    sources: list[str] = param(unique, doc="hub ids or HF folders; 'tiny': a tiny random HF "
+                                           "ViT (the route, not a result); [none] or []: not "
+                                           "run")
+    calibration: int = param(positive, doc="the first n images set the norm radii and "
+                                           "Douglas-Rachford's pairs (at most half); one image "
+                                           "per class of the rest is certified")
 
 
 @dataclass(frozen=True)
@@ -115,23 +163,25 @@ class Configs:
 
 def _train(p: Params, base: BaseParams, r: Result, model, cfg: TrainConfig, folder: str,
            note: str = "") -> str:
-    """One resumable training phase under ``work_dir/ckpt/folder``; its checkpoint status."""
+    """One resumable training phase under ``results_dir/ckpt/folder``; its checkpoint status."""
     precision = resolve_precision(base.precision, r.device)
     fp = cv.phase_fingerprint(model, cfg, p.dataset, r.data["source"], note, precision)
     _, status = train_resumable(model, r.data["train"], r.test, cfg,
-                                Path(p.work_dir) / "ckpt" / folder, r.device, fingerprint=fp,
+                                Path(p.results_dir) / "ckpt" / folder, r.device, fingerprint=fp,
                                 precision=precision)
     return status
 
 
 
-def run_steps(p: Params, base: BaseParams, device: torch.device) -> Result:
-    """One run of the steps on ``p``'s ViT: every step of every mode, the certificates and
-    their audit (raises :class:`attncert.soundness.UnsoundCertificateError` on a broken one);
-    writes ``work_dir``'s dr.csv, lipschitz.csv and samples.csv (the ``main`` unit, and each
-    Table 1 unit in ``Params.table1``'s folder). ``Result.metrics``: its record's numbers."""
+def run_steps(p: Params, base: BaseParams, device: torch.device, processed_dir: str
+              ) -> Result:
+    """One run of the steps on ``p``'s ViT (its data from ``processed_dir``): every step of
+    every mode, the certificates and their audit (raises
+    :class:`attncert.soundness.UnsoundCertificateError` on a broken one); writes
+    ``results_dir``'s dr.csv, lipschitz.csv and samples.csv (the ``main`` unit, and each Table
+    1 unit in ``Params.table1_run``'s folder). ``Result.metrics``: its record's numbers."""
     torch.manual_seed(base.seed)
-    data = load_processed(p.dataset, p.processed_dir)
+    data = load_processed(p.dataset, processed_dir)
     architecture = dict(patch=p.patch, dim=p.dim, depth=p.depth, heads=p.heads,
                         mlp_hidden=p.mlp_hidden)
     model, origin = cv.source_model(p.source, data, architecture, base.seed)
@@ -140,7 +190,7 @@ def run_steps(p: Params, base: BaseParams, device: torch.device) -> Result:
     r = Result(device, data, origin, model, modes, {m: StepLog() for m in modes},
                {m: {} for m in modes})
     cfg = Configs.build(p, base.seed)
-    work = Path(p.work_dir)
+    work = Path(p.results_dir)
 
     # 1. the pre-trained standard ViT (a loaded one: fine-tuned on the dataset, or as loaded)
     t0 = time.perf_counter()
@@ -250,7 +300,7 @@ def _certify(p: Params, base: BaseParams, r: Result, cfg: Configs, final: Mappin
         t0 = time.perf_counter()
         r.reports[m] = certify(final[m], x, y, **audit)
         seconds[m] = {"certify_and_audit": time.perf_counter() - t0}
-    samples_csv = Path(p.work_dir) / "samples.csv"
+    samples_csv = Path(p.results_dir) / "samples.csv"
     every = r.with_baseline()
     with atomic_path(samples_csv) as tmp:  # the baseline's rows: figures compares like for like
         samples_frame(every, y).to_csv(tmp, index=False)
@@ -261,19 +311,20 @@ def _certify(p: Params, base: BaseParams, r: Result, cfg: Configs, final: Mappin
 
 
 
-def imagenet_route(p: Params, base: BaseParams, device: torch.device) -> dict[str, Any]:
+def imagenet_route(p: Params, base: BaseParams, device: torch.device, processed_dir: str
+                   ) -> dict[str, Any]:
     """CertViT Table 3's route (:func:`attncert.certvit.imagenet.table3`), every model of
-    ``imagenet_sources`` on the user's ImageNet validation images, else the 20-image sample,
+    ``imagenet.sources`` on the user's ImageNet validation images, else the 20-image sample,
     or why it is skipped (ImageNet images have no public download route): the ``imagenet``
     unit's record ({"imagenet": the numbers or "skipped: ...", "imagenet_model", "seconds"})."""
-    (Path(p.work_dir) / "imagenet").mkdir(parents=True, exist_ok=True)  # a DVC output, even empty
-    sources = [s for s in p.imagenet_sources if s != NO_IMAGENET]
+    (Path(p.results_dir) / "imagenet").mkdir(parents=True, exist_ok=True)  # a DVC output
+    sources = [s for s in p.imagenet.sources if s != NO_IMAGENET]
     if not sources:
-        return {"imagenet": "skipped: imagenet_sources: none", "imagenet_model": "",
+        return {"imagenet": "skipped: imagenet.sources: none", "imagenet_model": "",
                 "seconds": 0.0}
     reasons = {}
     for images in ("imagenet_val", "imagenet_sample"):
-        reasons[images] = sample_skipped(images, p.processed_dir)
+        reasons[images] = sample_skipped(images, processed_dir)
         if reasons[images] is None:
             break
     else:
@@ -284,13 +335,13 @@ def imagenet_route(p: Params, base: BaseParams, device: torch.device) -> dict[st
     torch.manual_seed(base.seed)
     cfg = Configs.build(p, base.seed)
     modes = [m for m in cv.MODES if m in p.constrain]
-    data = load_processed(images, p.processed_dir)
+    data = load_processed(images, processed_dir)
     models, lines = {}, []
     for source in sources:
-        folder = Path(p.work_dir) / "imagenet" / imagenet.folder_name(source) / "hf"
+        folder = Path(p.results_dir) / "imagenet" / imagenet.folder_name(source) / "hf"
         modes_out, line = imagenet.table3(
             data, source, folder, modes, p.norm, p.radius_quantile, cfg.dr, cfg.budgets,
-            p.imagenet_calibration, p.cert_eps, p.attack_steps, p.attack_restarts,
+            p.imagenet.calibration, p.cert_eps, p.attack_steps, p.attack_restarts,
             p.eval_batch_size, base.seed, device, p.n_attack, p.attack_batch_size)
         models[source] = {"paper_model": CERTVIT_TABLE3_SOURCES.get(source), "modes": modes_out}
         lines.append(line)

@@ -32,7 +32,7 @@ def bench_models(params) -> dict[str, tuple[nn.Module, Callable[[int], tuple], s
 
     g, s, sfp, t = params["vit_grid"], params["train_vit"], params["specformer"], params["text"]
     ds, depth, heads = g.dataset[0], max(g.depth), max(g.heads)
-    lip = train_vit.model_config(s, GridPoint(g.runs_dir, ds, depth, heads, g.gamma_vo[0]),
+    lip = train_vit.model_config(s, GridPoint(g.results_dir, ds, depth, heads, g.gamma_vo[0]),
                                  stand_in(ds))
     base = sf.base_model_config(stand_in(sfp.datasets[0]), sfp.patch, sfp.dim, sfp.depth,
                                 sfp.heads, sfp.mlp_hidden, sfp.block)
@@ -135,7 +135,7 @@ def bench_margins(params, batch: int, steps: int = 5, device: str = "auto",
 
     g, s = params["vit_grid"], params["train_vit"]
     ds = g.dataset[0]
-    cfg = train_vit.model_config(s, GridPoint(g.runs_dir, ds, max(g.depth), max(g.heads),
+    cfg = train_vit.model_config(s, GridPoint(g.results_dir, ds, max(g.depth), max(g.heads),
                                               g.gamma_vo[0]), stand_in(ds))
     dev = resolve_device(device)
     prec = resolve_precision(precision, dev)

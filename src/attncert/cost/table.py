@@ -26,8 +26,9 @@ STAGES = ("data", "tightness", "train_vit", "certify_vit", "frontier", "specform
 
 
 def stage_work(params, stages=STAGES) -> tuple[list[Work], float]:
-    """The work items of ``stages`` at ``params`` (a :class:`attncert.stages.registry.Params`), and
-    CROWN's upper bound in seconds (bounds x time limit; 0 without the crown stage)."""
+    """The work items of ``stages`` at ``params`` (a
+    :class:`attncert.pipeline.params.StudyParams`), and CROWN's upper bound in seconds (bounds
+    x time limit; 0 without the crown stage)."""
     d = params["data"]
     work, crown_seconds = [], 0.0
     if "data" in stages:

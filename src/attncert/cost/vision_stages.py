@@ -42,7 +42,7 @@ def grid_work(p, n_train_max: int, n_test_max: int) -> list[Work]:
         for depth in g.depth:
             for heads in g.heads:
                 for vo in g.gamma_vo:
-                    point = GridPoint(g.runs_dir, ds, depth, heads, vo)
+                    point = GridPoint(g.results_dir, ds, depth, heads, vo)
                     name = point.name
                     cfg = train_vit.model_config(s, point, stand_in(ds))
                     c = vit_counts(cfg, tuple(s.msvp_lambda), s.margin)
@@ -72,7 +72,7 @@ def frontier_work(p, n_train_max: int) -> list[Work]:
     for ds in f.datasets:
         _, _, _, n_tr, _ = DATASETS[ds]
         n_tr = capped(n_train_max, n_tr) - f.holdout
-        point = GridPoint(f.work_dir, ds, f.depth, f.heads, f.gamma_vo)
+        point = GridPoint(f.results_dir, ds, f.depth, f.heads, f.gamma_vo)
         cfg = train_vit.model_config(s, point, stand_in(ds))
         for setting in f.settings:
             kind, _ = frontier.parse_setting(setting)
@@ -248,17 +248,17 @@ def crown_work(p, n_train_max: int, n_test_max: int) -> tuple[list[Work], float]
 
 def certvit_work(p, n_train_max: int, n_test_max: int) -> list[Work]:
     """The certvit stage's units: its own run (``certvit_main``), one run per CertViT Table 1
-    dataset (a small ViT trained here: ``Params.table1``; ``certvit_table1@<dataset>``) and
+    dataset (a small ViT trained here: ``Params.table1_run``; ``certvit_table1@<dataset>``) and
     Table 3's ImageNet route (``certvit_imagenet``)."""
     cv = p["certvit"]
     out = [dataclasses.replace(w, unit="certvit_main")
            for w in _certvit_run_work(cv, n_train_max, n_test_max, "")]
-    for d in cv.table1_datasets:
+    for d in cv.table1.datasets:
         out += [dataclasses.replace(w, unit=f"certvit_table1@{d}")
-                for w in _certvit_run_work(cv.table1(d, DATASETS[d][1]), n_train_max,
+                for w in _certvit_run_work(cv.table1_run(d, DATASETS[d][1]), n_train_max,
                                            n_test_max, f"Table 1 {d}: ")]
     n_before = len(out)
-    for source in cv.imagenet_sources:  # Table 3: the user's validation images
+    for source in cv.imagenet.sources:  # Table 3: the user's validation images
         if source not in HF_VITS:
             continue
         from attncert.models import ViTConfig
@@ -268,7 +268,7 @@ def certvit_work(p, n_train_max: int, n_test_max: int) -> list[Work]:
         c = vit_counts(cfg)
         n_val = p["data"].imagenet_val_images or 50000
         # one image per class of those left after calibration (at most ImageNet's 1000)
-        n = min(1000, n_val - min(cv.imagenet_calibration, n_val // 2))
+        n = min(1000, n_val - min(cv.imagenet.calibration, n_val // 2))
         maps = cfg.depth * 6 + 2
         per_pass = 2 * 2 * cv.dr.max_pairs * cfg.dim * max(cfg.mlp_hidden, cfg.dim)
         passes = cv.dr.iterations * cv.dr.projection_steps * math.ceil(cv.dr.max_pairs

@@ -28,7 +28,7 @@ if TYPE_CHECKING:
 class DatasetResult:
     """One dataset's part: the number of points, the trained models, one row per CROWN
     (point, eps), the PGD audit, Tables 1-2 (with their figures, saved as PNGs in
-    ``work_dir``), the CROWN / LoFAST seconds ratio per depth and its metrics entry."""
+    ``results_dir``), the CROWN / LoFAST seconds ratio per depth and its metrics entry."""
 
     n: int
     trained: pd.DataFrame

@@ -12,24 +12,34 @@ own params.yaml section, typed; ``ctx`` everything else the stage may use, resol
 - ``processed_dir`` (the data stage's output) and ``sections``: the other typed sections a
   stage reads (the frontier reads ``train_vit``), by section name;
 - ``dvc_file`` and ``study``: the report stage's dvc.yaml and the whole params file, validated
-  (:func:`attncert.stages.registry.load_params`; the report stage's notebook loads it).
+  (:func:`attncert.stages.registry.load_params`).
 
-A notebook takes the sections ``python -m attncert.pipeline.nbrun`` passes, calls
-:func:`setup` once (it parses them, applies ``base.threads``/``base.deterministic`` and
-resolves the device) and calls ``run``.
+A notebook gets the params file and its unit or grid point from
+``python -m attncert.pipeline.nbrun``, calls :func:`setup` once (it
+reads the file, applies ``base.threads``/``base.deterministic``, resolves the device and
+builds this context) and calls ``run``.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from pathlib import Path
 from types import ModuleType
 from typing import Any
 
 import torch
 
 from attncert.pipeline.dvcfile import DVC_FILE
-from attncert.pipeline.params import BaseParams, parse_section
+from attncert.pipeline.params import (
+    PARAMS_FILE,
+    BaseParams,
+    ParamsError,
+    StudyParams,
+    VitGridParams,
+    parse_section,
+    read_yaml,
+)
 from attncert.pipeline.runs import GridPoint
 from attncert.pipeline.runtime import configure
 from attncert.training.precision import resolve_precision
@@ -76,25 +86,43 @@ def make_context(base: BaseParams | None = None, *, device: bool = True, **kw: A
     return Context(base=base, device=dev, precision=resolve_precision(base.precision, dev), **kw)
 
 
-def setup(module: ModuleType, section: Mapping[str, Any], base: Mapping[str, Any] | None = None,
-          *, item: str | None = None, point: Mapping[str, Any] | None = None,
-          processed_dir: str | None = None, sections: Mapping[str, Mapping[str, Any]] | None = None,
-          device: bool = True, **extra: Any) -> tuple[Any, Context]:
-    """A notebook's one call: (``module.Params`` parsed from ``section``, the
-    :class:`Context`). ``sections``: other raw sections, parsed by the owning stage's
-    ``SECTIONS`` (name -> Params class); ``point``: a matrix item (``vit_grid``);
-    ``device=False`` for the stages that only gather records; ``extra``: other
-    :class:`Context` fields (``study``)."""
-    b = None if base is None else parse_section("base", base, BaseParams)
+def setup(module: ModuleType, params_file: str | Path = PARAMS_FILE, *, unit: str | None = None,
+          point: Mapping[str, str] | None = None, base: bool = True, device: bool = True,
+          **extra: Any) -> tuple[Any, Context]:
+    """A notebook's one call: (``module.Params``, the stage's own section of ``params_file``,
+    typed; the :class:`Context`).
+
+    It reads the sections the module needs, each validated by its class (``nbrun`` has
+    validated the whole file before the kernel started; this module imports no other stage,
+    so a stage's code deps stay its own): ``base`` (``base=False``: the data stage, which reads
+    no other section) with ``base.threads`` / ``base.deterministic`` applied, the device and
+    precision (``device=False``: a stage that only gathers records), ``unit`` as ``item``,
+    ``point`` ({key: value text} of one value per ``vit_grid`` list, nbrun's ``--item``) as a
+    :class:`~attncert.pipeline.runs.GridPoint`, ``data.processed_dir``, the sections of the
+    module's ``SECTIONS`` (name -> class); ``extra``: other :class:`Context` fields
+    (``study``)."""
+    raw = read_yaml(params_file)
+    if not isinstance(raw, Mapping):
+        raise ParamsError(f"{params_file}: expected a mapping of sections")
+
+    def section(name: str) -> Mapping[str, Any]:
+        if name not in raw:
+            raise ParamsError(f"{name}: section missing from {params_file}")
+        return raw[name]
+
+    b = parse_section("base", section("base"), BaseParams) if base else None
     if b is not None:
         configure(b)  # threads, deterministic algorithms
-    p = parse_section(module.SECTION, section, module.Params)
-    sections = sections or {}
+    p = parse_section(module.SECTION, section(module.SECTION), module.Params)
     owners = getattr(module, "SECTIONS", {})
-    unknown = sorted(set(sections) - set(owners))
-    if unknown:
-        raise ValueError(f"{module.__name__} reads no section {unknown[0]!r}")
-    typed = {name: parse_section(name, raw, owners[name]) for name, raw in sections.items()}
-    grid = None if point is None else parse_section("vit_grid", point, GridPoint)
-    return p, make_context(b, device=device, item=item, point=grid,
-                           processed_dir=processed_dir, sections=typed, **extra)
+    sections = {name: parse_section(name, section(name), cls) for name, cls in owners.items()}
+    grid = None
+    if point is not None:
+        grid_params = StudyParams({"vit_grid": parse_section("vit_grid", section("vit_grid"),
+                                                             VitGridParams)})
+        grid = parse_section("vit_grid", grid_params.grid_point(["vit_grid"], point), GridPoint)
+    processed = section("data").get("processed_dir")
+    if not isinstance(processed, str):
+        raise ParamsError(f"data.processed_dir: expected a path, got {processed!r}")
+    return p, make_context(b, device=device, item=unit, point=grid, processed_dir=processed,
+                           sections=sections, **extra)

@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any
 from attncert.pipeline.params import read_yaml
 
 if TYPE_CHECKING:  # the whole params file, for annotations only
-    from attncert.stages.registry import Params
+    from attncert.pipeline.params import StudyParams as Params
 
 DVC_FILE = "dvc.yaml"
 #: executed notebooks live under here (dvc.yaml's nbrun outputs)
@@ -54,7 +54,10 @@ def _lookup(ref: str, params: Params, item: Mapping[str, Any], key: str | None) 
     section, _, name = ref.strip().partition(".")
     if section == "item":
         return item[name]
-    return getattr(params[section], name)
+    value = params[section]
+    for part in name.split("."):  # a key of a group: section.group.key
+        value = getattr(value, part)
+    return value
 
 
 def resolve(text: str, params: Params, item: Mapping[str, Any] | None = None,

@@ -5,11 +5,13 @@
     python -m attncert.pipeline.nbrun notebooks/03_train_vit.py OUT.ipynb --section vit_grid \
         --section train_vit --item dataset=mnist --item depth=3 --item heads=4 --item gamma_vo=0.5
 
-params.yaml is read once (YAML 1.2, validated by ``attncert.stages.registry``); the chosen
-sections are passed to papermill with their real Python types: a section whose name the notebook's
-``parameters`` cell declares as one dict (the stage module parses it back into its
-dataclass), any other entry field by field. Everything is checked before the kernel starts:
-the params file, and that the notebook's ``parameters`` cell declares exactly what is passed.
+The notebook gets the params file's path, its ``unit`` (``--unit``: one independent unit of a
+split stage) and its grid ``point`` (``--item``: one value of each list of the grid's section)
+and reads its own typed section with :func:`attncert.stages.registry.setup`; ``--section``
+names what the stage reads (as dvc.yaml's ``params``). Everything is checked before the
+kernel starts: the params file (YAML 1.2, validated by :mod:`attncert.stages.registry`), the
+sections and the grid point, and that the notebook's ``parameters`` cell declares exactly
+what is passed.
 Errors are one line on stderr, exit status 2; so is a paper-scale stage that would run on the
 CPU (:func:`attncert.pipeline.doctor.require_device`).
 
@@ -78,7 +80,8 @@ def check_parameters(nb, passed: dict, notebook: str) -> None:
         raise NotebookError(f"{notebook}: parameter {extra[0]!r} is passed but not declared")
     unset = sorted(set(declared) - set(passed))
     if unset:
-        raise NotebookError(f"{notebook}: declared parameter {unset[0]!r} has no params.yaml key")
+        raise NotebookError(f"{notebook}: declared parameter {unset[0]!r} is not passed (nbrun "
+                            "passes params_file, and unit or point where given)")
 
 
 def parse_items(pairs: list[str]) -> dict[str, str]:
@@ -106,10 +109,15 @@ def run(notebook: str, output: str, sections: list[str], params_file: str = PARA
     if device:
         require_device(base.scale, base.device, sections)
     nb = read_notebook(notebook)
-    values = params.notebook_parameters(sections, declared_parameters(nb),
-                                        parse_items(items or []))
+    point = parse_items(items or [])
+    for entry in sections:
+        params.fields(entry)  # the section (or section.key) exists
+    params.grid_point(sections, point)  # the grid point is on the grid
+    values: dict = {"params_file": str(Path(params_file).resolve())}
     if unit is not None:
         values["unit"] = unit
+    if point:
+        values["point"] = point
     check_parameters(nb, values, notebook)
 
     import papermill as pm
@@ -235,8 +243,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("notebook", help="jupytext .py (percent) notebook")
     ap.add_argument("output", help="executed .ipynb to write")
     ap.add_argument("--section", action="append", required=True,
-                    help="params.yaml section (or one parameter, section.key) passed to the "
-                         "notebook (repeatable)")
+                    help="params.yaml section (or one parameter, section.key) the stage "
+                         "reads, as dvc.yaml's params (repeatable)")
     ap.add_argument("--item", action="append", default=[], metavar="KEY=VALUE",
                     help="one value of a list parameter: the grid point of a DVC matrix stage")
     ap.add_argument("--unit", help="the notebook's `unit` parameter: one independent unit of a "

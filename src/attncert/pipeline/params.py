@@ -145,7 +145,7 @@ class VitGridParams:
     stage). A stage gets ONE value of each list through ``nbrun --item`` and parses it as
     :class:`attncert.pipeline.runs.GridPoint`."""
 
-    runs_dir: str = param(doc="one folder per grid point: checkpoints, model, metrics")
+    results_dir: str = param(doc="one folder per grid point: checkpoints, model, metrics")
     dataset: list[str] = param(one_of(*IMAGE_DATASETS), unique)
     depth: list[int] = param(positive, unique)
     heads: list[int] = param(positive, unique)
@@ -238,6 +238,15 @@ RENAMED: dict[str, str] = {
         "depths", "deep_depths", "alpha1", "residual", "residual_init")},
     "text.hidden": "text.dim",
     "text.max_eval": "text.max_test",
+    "train_vit.adv_eps": "train_vit.adv_eps_255 (units of 1/255)",
+    "certify_vit.cert_softmax_lipschitz": "certify_vit.softmax_lipschitz",
+    "vit_grid.runs_dir": "vit_grid.results_dir",
+    **{f"{s}.work_dir": f"{s}.results_dir" for s in ("frontier", "certvit", "crown")},
+    **{f"certvit.table1_{k}": f"certvit.table1.{k}" for k in (
+        "datasets", "grid", "dim", "depth", "heads", "mlp_hidden", "pretrain_epochs",
+        "batch_size", "lr")},
+    **{f"certvit.imagenet_{k}": f"certvit.imagenet.{k}" for k in ("sources", "calibration")},
+    "certvit.processed_dir": "data.processed_dir (one for every stage)",
 }
 
 
@@ -305,3 +314,64 @@ def read_yaml(path: str | Path) -> Any:
         raise ParamsError(f"{path}: invalid YAML: {first}") from exc
 
 
+@dataclass(frozen=True)
+class StudyParams:
+    """All sections of params.yaml, validated."""
+
+    sections: dict[str, Any]
+
+    def __getitem__(self, name: str) -> Any:
+        return self.sections[name]
+
+    def fields(self, entry: str) -> dict[str, Any]:
+        """The fields of section ``entry`` (``section.key``: that one field, as DVC lists
+        granular params); a one-line error for an unknown section or key."""
+        name, _, only = entry.partition(".")
+        if name not in self.sections:
+            raise ParamsError(f"{name}: unknown section; known: {', '.join(self.sections)}")
+        fields = dataclasses.asdict(self.sections[name])
+        if only and only not in fields:
+            raise ParamsError(f"{entry}: unknown parameter")
+        return {only: fields[only]} if only else fields
+
+    def grid_point(self, names: list[str], items: Mapping[str, str]) -> dict[str, Any]:
+        """One grid point (a DVC matrix item) of the sections ``names``: ``{key: text}``
+        replaces the list field ``key`` by the single value ``text`` (parsed as YAML 1.2),
+        which must be one of the list's values; returns the grid section's fields with them
+        ({} without items). Every list field of that section needs an item."""
+        lists = {(name, k): v for name in names for k, v in self.fields(name).items()
+                 if isinstance(v, list) and "." not in name}
+        if not items:
+            return {}
+        out: dict[str, Any] = {}
+        owners = set()
+        for key, value_text in items.items():
+            owner = [name for name, k in lists if k == key]
+            if len(owner) != 1:
+                keys = sorted({k for _, k in lists})
+                raise ParamsError(f"--item {key}: not a list parameter of one of the sections "
+                                  f"{', '.join(names)} (lists: {', '.join(keys)})")
+            name = owner[0]
+            owners.add(name)
+            full = f"{name}.{key}"
+            hints = typing.get_type_hints(type(self.sections[name]))
+            (item_tp,) = typing.get_args(hints[key])
+            value = _check_type(f"--item {key}", _parse_scalar(full, value_text), item_tp)
+            if value not in lists[name, key]:
+                raise ParamsError(f"--item {key}={value_text}: not in {full} = "
+                                  f"{lists[name, key]}")
+            out[key] = value
+        if len(owners) > 1:
+            raise ParamsError(f"--item: the keys belong to several sections {sorted(owners)}")
+        (name,) = owners
+        for key, value in self.fields(name).items():
+            if isinstance(value, list) and key not in out:
+                raise ParamsError(f"{name}.{key}: a grid point needs --item {key}=VALUE")
+        return {**self.fields(name), **out}
+
+
+def _parse_scalar(key: str, text: str) -> Any:
+    try:
+        return yaml_12().load(text)
+    except Exception as exc:
+        raise ParamsError(f"--item {key}: cannot parse {text!r}") from exc

@@ -2,7 +2,7 @@
 
 A grid point (a DVC matrix item of ``vit_grid``, :class:`GridPoint`) is a dataset, a depth, a
 number of heads and gamma_vo; the ``train_vit`` stage (:mod:`attncert.stages.train_vit`) builds
-its configs from its section. Its folder ``<runs_dir>/<name>/`` holds ``ckpt/`` (the per-epoch
+its configs from its section. Its folder ``<results_dir>/<name>/`` holds ``ckpt/`` (the per-epoch
 checkpoint, kept between ``dvc repro`` runs so that training resumes; cleared when the run's
 :func:`fingerprint` changes, :func:`attncert.training.train.train_resumable`), ``model.pt`` (the
 final model) and ``train.json`` (per-epoch metrics).
@@ -27,7 +27,7 @@ class GridPoint:
     """One point of ``vit_grid`` as a matrix stage gets it (nbrun ``--item``): one value of
     each list, parsed with ``params.parse_section("vit_grid", raw, GridPoint)``."""
 
-    runs_dir: str = param()
+    results_dir: str = param()
     dataset: str = param(one_of(*IMAGE_DATASETS))
     depth: int = param(positive)
     heads: int = param(positive)
@@ -40,8 +40,8 @@ class GridPoint:
 
     @property
     def run_dir(self) -> Path:
-        """``<runs_dir>/<name>``: the point's checkpoint, model and training metrics."""
-        return Path(self.runs_dir) / self.name
+        """``<results_dir>/<name>``: the point's checkpoint, model and training metrics."""
+        return Path(self.results_dir) / self.name
 
 
 def run_name(dataset: str, depth: int, heads: int, gamma_vo: float) -> str:

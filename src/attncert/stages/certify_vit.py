@@ -52,7 +52,7 @@ class Params:
     cert_batch_size: int = param(positive)
     variants: list[str] = param(one_of(*certify.VARIANTS), unique)
     tests: list[str] = param(one_of(*certify.TESTS), unique)
-    cert_softmax_lipschitz: float = param(one_of_numbers(0.5, 1.0))
+    softmax_lipschitz: float = param(one_of_numbers(0.5, 1.0))
     max_radius: float = param(positive)
     cert_eps: list[float] = param(positive, unique)
     attack_steps: int = param(positive)
@@ -87,7 +87,7 @@ def run(p: Params, ctx: Context) -> Certified:
     n = len(data["test"]["y"]) if p.n_test == 0 else min(p.n_test, len(data["test"]["y"]))
     x = as_float(data["test"]["x"][:n]).double().to(device)
     y = data["test"]["y"][:n].to(device)
-    table = certify.certify_table(model, x, y, p.variants, p.tests, p.cert_softmax_lipschitz,
+    table = certify.certify_table(model, x, y, p.variants, p.tests, p.softmax_lipschitz,
                                   p.max_radius, p.cert_batch_size)
     # the audit attacks the first n_attack points; its rows compare certified and PGD
     # accuracy on those same points

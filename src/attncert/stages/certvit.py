@@ -28,7 +28,13 @@ from attncert.certvit.spectral import Budgets
 from attncert.certvit.steps import (
     Result,
 )
-from attncert.certvit.study import DRParams, imagenet_route, run_steps
+from attncert.certvit.study import (
+    DRParams,
+    ImagenetParams,
+    Table1Params,
+    imagenet_route,
+    run_steps,
+)
 from attncert.certvit.tables import (
     PAPER_EPS,
     at_paper_eps,
@@ -72,7 +78,6 @@ class Params:
     source: str = param(doc="'pipeline' (train a standard ViT here), an HF hub id, an HF "
                             "folder or a save_vit checkpoint file")
     dataset: str = param(one_of(*IMAGE_DATASETS))
-    processed_dir: str = param(doc="the data stage's processed_dir")
     patch: int = param(positive, doc="the pipeline's standard ViT (source 'pipeline' only)")
     dim: int = param(positive)
     depth: int = param(positive)
@@ -115,31 +120,10 @@ class Params:
     cert_eps: list[float] = param(positive, unique)
     attack_steps: int = param(positive)
     attack_restarts: int = param(positive)
-    table1_datasets: list[str] = param(one_of(*IMAGE_DATASETS), unique,
-                                       doc="CertViT Table 1: per dataset a small standard ViT "
-                                           "trained here (the table1_* shape and schedule), "
-                                           "then every step above (empty: none)")
-    table1_grid: dict[str, int] = param(doc="Table 1 ViTs, per dataset: patches per image side "
-                                            "(patch = image size / grid)")
-    table1_dim: dict[str, int] = param(doc="Table 1 ViTs, per dataset (as every table1_ "
-                                           "mapping): width")
-    table1_depth: dict[str, int] = param()
-    table1_heads: dict[str, int] = param()
-    table1_mlp_hidden: dict[str, int] = param()
-    table1_pretrain_epochs: dict[str, int] = param(doc="Table 1 ViTs: training from scratch")
-    table1_batch_size: int = param(positive)
-    table1_lr: float = param(positive, doc="Table 1 ViTs: training and the adaptation "
-                                           "fine-tune")
-    imagenet_sources: list[str] = param(unique, doc="CertViT Table 3: ImageNet-pretrained ViTs "
-                                        "(hub ids or HF folders) on the user's ImageNet "
-                                        "validation images (the 20-image sample without them); "
-                                        "'tiny': a tiny random HF ViT (the route, not a "
-                                        "result); [none] or []: not run")
-    imagenet_calibration: int = param(positive, doc="Table 3: the first n images set the norm "
-                                                    "radii and Douglas-Rachford's pairs (at "
-                                                    "most half); one image per class of the "
-                                                    "rest is certified")
-    work_dir: str = param()
+    table1: Table1Params = param(doc="CertViT Table 1: a small standard ViT per dataset, "
+                                     "trained here, then every step above")
+    imagenet: ImagenetParams = param(doc="CertViT Table 3: ImageNet-pretrained ViTs")
+    results_dir: str = param()
     metrics: str = param()
 
     def __post_init__(self) -> None:
@@ -154,39 +138,27 @@ class Params:
         if PAPER_EPS not in self.cert_eps:
             raise ParamsError(f"certvit.cert_eps: must include {PAPER_EPS} (CertViT's MNIST "
                               "eps, compared in the report)")
-        shapes = ("grid", "dim", "depth", "heads", "mlp_hidden", "pretrain_epochs")
-        for name in shapes:
-            values = getattr(self, f"table1_{name}")
-            lacking = [d for d in self.table1_datasets if d not in values]
-            if lacking:
-                raise ParamsError(f"certvit.table1_{name}: needs an entry for {lacking} (one "
-                                  f"per dataset of table1_datasets), got {sorted(values)}")
-            if any(v <= 0 for v in values.values()):
-                raise ParamsError(f"certvit.table1_{name}: must be > 0, got {values}")
-        for d in self.table1_datasets:
-            if self.table1_dim[d] % self.table1_heads[d]:
-                raise ParamsError(f"certvit.table1_heads: {d}: table1_dim {self.table1_dim[d]} "
-                                  f"is not divisible by {self.table1_heads[d]} heads")
-        for d in self.table1_datasets:
+        for d in self.table1.datasets:
             if table1_eps(d) not in self.cert_eps:
                 raise ParamsError(f"certvit.cert_eps: must include {table1_eps(d)} (CertViT's "
-                                  f"eps for {d}) while table1_datasets lists {d!r}")
+                                  f"eps for {d}) while table1.datasets lists {d!r}")
 
-    def table1(self, dataset: str, image_size: int) -> Params:
+    def table1_run(self, dataset: str, image_size: int) -> Params:
         """The section for the Table 1 run on ``dataset`` (images of ``image_size`` pixels):
         a small ViT trained here, its own folder and metrics file, no further runs."""
-        grid = self.table1_grid[dataset]
+        t = self.table1
+        grid = t.grid[dataset]
         if image_size % grid:
-            raise ParamsError(f"certvit.table1_grid: {dataset}'s {image_size}-pixel images do "
+            raise ParamsError(f"certvit.table1.grid: {dataset}'s {image_size}-pixel images do "
                               f"not split into {grid} patches per side")
-        work = Path(self.work_dir) / "table1" / dataset
+        work = Path(self.results_dir) / "table1" / dataset
         return dataclasses.replace(
             self, source=cv.PIPELINE, dataset=dataset, patch=image_size // grid,
-            dim=self.table1_dim[dataset], depth=self.table1_depth[dataset],
-            heads=self.table1_heads[dataset], mlp_hidden=self.table1_mlp_hidden[dataset],
-            pretrain_epochs=self.table1_pretrain_epochs[dataset],
-            batch_size=self.table1_batch_size, lr=self.table1_lr, table1_datasets=[],
-            imagenet_sources=[], work_dir=str(work), metrics=str(work / "metrics.json"))
+            dim=t.dim[dataset], depth=t.depth[dataset], heads=t.heads[dataset],
+            mlp_hidden=t.mlp_hidden[dataset], pretrain_epochs=t.pretrain_epochs[dataset],
+            batch_size=t.batch_size, lr=t.lr, table1=dataclasses.replace(t, datasets=[]),
+            imagenet=dataclasses.replace(self.imagenet, sources=[]), results_dir=str(work),
+            metrics=str(work / "metrics.json"))
 
 
 # ------------------------------------------------------------------ units and the gather
@@ -197,12 +169,12 @@ def units(p: Params) -> list[str]:
     """The stage's independent units, one DVC stage each: ``main`` (``certvit_main``), one per
     Table 1 dataset (``table1-<dataset>``: ``certvit_table1@<dataset>``) and ``imagenet``
     (``certvit_imagenet``). :func:`run` gathers them."""
-    return [MAIN, *(TABLE1 + d for d in p.table1_datasets), IMAGENET]
+    return [MAIN, *(TABLE1 + d for d in p.table1.datasets), IMAGENET]
 
 
 def unit_file(p: Params, unit: str) -> Path:
     """Where :func:`_run_unit` writes the unit's record (JSON)."""
-    return Path(p.work_dir) / "units" / f"{unit}.json"
+    return Path(p.results_dir) / "units" / f"{unit}.json"
 
 
 def dvc_stage(unit: str) -> str:
@@ -212,17 +184,17 @@ def dvc_stage(unit: str) -> str:
     return f"certvit_{unit}"
 
 
-def table1_params(p: Params, dataset: str) -> Params:
+def table1_params(p: Params, dataset: str, processed_dir: str) -> Params:
     """The section of the Table 1 run on ``dataset`` (its images' size from the data)."""
-    size = int(load_processed(dataset, p.processed_dir)["train"]["x"].shape[-1])
-    return p.table1(dataset, size)
+    size = int(load_processed(dataset, processed_dir)["train"]["x"].shape[-1])
+    return p.table1_run(dataset, size)
 
 
-def unit_params(p: Params, unit: str) -> Params:
+def unit_params(p: Params, unit: str, processed_dir: str) -> Params:
     """The params a unit's run uses: the section (``main``, ``imagenet``) or its Table 1
     run's (:meth:`Params.table1`)."""
     if unit.startswith(TABLE1):
-        return table1_params(p, unit.removeprefix(TABLE1))
+        return table1_params(p, unit.removeprefix(TABLE1), processed_dir)
     return p
 
 
@@ -241,12 +213,12 @@ def _run_unit(p: Params, ctx: Context, unit: str) -> tuple[dict[str, Any], Resul
         raise ValueError(f"certvit unit {unit!r}: not one of {units(p)}")
     r = None
     if unit == IMAGENET:
-        body = imagenet_route(p, base, device)
+        body = imagenet_route(p, base, device, ctx.processed_dir)
     elif unit == MAIN:
-        r = run_steps(p, base, device)
+        r = run_steps(p, base, device, ctx.processed_dir)
         body = r.metrics
     else:
-        r = run_steps(unit_params(p, unit), base, device)
+        r = run_steps(unit_params(p, unit, ctx.processed_dir), base, device, ctx.processed_dir)
         body = table1_entry(r.metrics)
     record = {"unit": unit, "key": unit_key("certvit", p, base), "device": str(device), **body}
     write_json(unit_file(p, unit), record)
@@ -267,7 +239,7 @@ def _gather(p: Params, ctx: Context) -> dict[str, Any]:
     base = ctx.require_base()
     t0 = time.perf_counter()
     main = read_unit(p, base, MAIN)
-    table1 = {d: read_unit(p, base, TABLE1 + d) for d in p.table1_datasets}
+    table1 = {d: read_unit(p, base, TABLE1 + d) for d in p.table1.datasets}
     net = read_unit(p, base, IMAGENET)
     broken = {u: broken_count(e) for u, e in [(MAIN, main), *((TABLE1 + d, e)
                                                           for d, e in table1.items())]}

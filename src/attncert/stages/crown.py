@@ -116,7 +116,7 @@ class Params:
                                                     "are results, not errors)")
     attack_steps: int = param(positive)
     attack_restarts: int = param(positive)
-    work_dir: str = param()
+    results_dir: str = param()
     metrics: str = param()
 
     def __post_init__(self) -> None:
@@ -145,7 +145,7 @@ def units(p: Params) -> list[str]:
 
 def unit_file(p: Params, unit: str) -> Path:
     """Where :func:`_run_unit` writes the unit's record (JSON)."""
-    return Path(p.work_dir) / "units" / f"{unit}.json"
+    return Path(p.results_dir) / "units" / f"{unit}.json"
 
 
 def run(p: Params, ctx: Context) -> dict[str, Any] | Result:
@@ -156,7 +156,7 @@ def run(p: Params, ctx: Context) -> dict[str, Any] | Result:
 
 def _run_unit(p: Params, ctx: Context, unit: str) -> dict[str, Any]:
     """One unit of :func:`units` (``<dataset>-L<depth>``): train its ViT on ``ctx.device``
-    (checkpoint in ``work_dir/ckpt/<dataset>/L<depth>``), certify the first ``n_test`` test
+    (checkpoint in ``results_dir/ckpt/<dataset>/L<depth>``), certify the first ``n_test`` test
     points by LoFAST and every CROWN method (its own ``time_budget``), audit them with PGD;
     write the record to :func:`unit_file` (before the checks, so a failure can be inspected)
     and return it. Raises :class:`attncert.soundness.UnsoundCertificateError` on a broken
@@ -174,7 +174,7 @@ def _run_unit(p: Params, ctx: Context, unit: str) -> dict[str, Any]:
     x = as_float(data["test"]["x"][:n]).to(dev, torch.float64)
     y = data["test"]["y"][:n].to(dev)
     model, acc, secs = train_model(data, p, depth, base.seed,
-                                   Path(p.work_dir) / "ckpt" / dataset / f"L{depth}", dev,
+                                   Path(p.results_dir) / "ckpt" / dataset / f"L{depth}", dev,
                                    ctx.precision)
     lo = lofast_frame(model.double(), x, y, p.lofast_variant, p.cert_eps)
     certified = {e: torch.tensor(lo[f"certified_{e}"].to_numpy()) for e in p.cert_eps}
@@ -227,12 +227,12 @@ def read_unit(p: Params, base: BaseParams, unit: str) -> dict[str, Any]:
 
 def _gather(p: Params, ctx: Context) -> Result:
     """Gather every unit's record (:func:`read_unit`), dataset by dataset: write lofast.csv
-    and crown.csv (one ``dataset`` column), each dataset's tables as PNGs under ``work_dir``
+    and crown.csv (one ``dataset`` column), each dataset's tables as PNGs under ``results_dir``
     and the metrics file: ``{"datasets": {name: ...}, "eps", "depths", "broken",
     "stage_seconds"}``. Reads records only (no device); the units' checks run again."""
     base = ctx.require_base()
     t0 = time.perf_counter()
-    out = Path(p.work_dir)
+    out = Path(p.results_dir)
     records = {u: read_unit(p, base, u) for u in units(p)}
     for u, rec in records.items():
         check_unit(rec, p.max_error_share, str(unit_file(p, u)))

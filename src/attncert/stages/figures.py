@@ -44,7 +44,7 @@ class MissingMetricsError(FileNotFoundError):
 
 
 if TYPE_CHECKING:  # the whole params file, for annotations only
-    from attncert.stages.registry import Params as AllParams
+    from attncert.pipeline.params import StudyParams as AllParams
 
 #: this module's params.yaml section
 SECTION = "figures"
@@ -200,7 +200,7 @@ def beside_baselines(params: AllParams, loaded: Sequence[tuple[StageRun, dict]]
     samples = {run: pd.read_csv(results / run / "samples.csv") for run in points
                if (results / run / "samples.csv").is_file()}
     cv = stage_metrics(loaded, "certvit").get("certvit")
-    cv_samples = Path(params["certvit"].work_dir) / "samples.csv"
+    cv_samples = Path(params["certvit"].results_dir) / "samples.csv"
     baseline = None
     if cv and cv.get("linear_baseline") and cv_samples.is_file():
         rows = pd.read_csv(cv_samples)

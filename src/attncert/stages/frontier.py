@@ -116,7 +116,7 @@ class Params:
     linear_epochs: int = param(positive)
     linear_lr: float = param(positive)
     linear_logit_scale: float = param(positive)
-    work_dir: str = param(doc="units/<unit>.json, ckpt/<unit>/, frontier.csv, frontier.png")
+    results_dir: str = param(doc="units/<unit>.json, ckpt/<unit>/, frontier.csv, frontier.png")
     metrics: str = param()
 
     def __post_init__(self) -> None:
@@ -138,7 +138,7 @@ def units(p: Params) -> list[str]:
 
 
 def unit_file(p: Params, unit: str) -> Path:
-    return Path(p.work_dir) / "units" / f"{unit}.json"
+    return Path(p.results_dir) / "units" / f"{unit}.json"
 
 
 def _key(p: Params, ctx: Context) -> dict[str, Any]:
@@ -189,7 +189,7 @@ def run(p: Params, ctx: Context) -> dict[str, Any] | Result:
 
 
 def _run_unit(p: Params, ctx: Context, unit: str) -> dict[str, Any]:
-    """One unit (``<dataset>-<setting>``): train (resumable, ``work_dir/ckpt/<unit>``),
+    """One unit (``<dataset>-<setting>``): train (resumable, ``results_dir/ckpt/<unit>``),
     certify and attack on the validation points; write the record (before the soundness
     check, so a failure can be inspected) and return it."""
     base, tv = ctx.require_base(), ctx.section("train_vit")
@@ -208,12 +208,12 @@ def _run_unit(p: Params, ctx: Context, unit: str) -> dict[str, Any]:
     if kind == "linear":
         model = PixelLinear(train["x"][0].numel(), len(data["classes"]), seed=base.seed)
     else:
-        point = GridPoint(p.work_dir, dataset, p.depth, p.heads, p.gamma_vo)
+        point = GridPoint(p.results_dir, dataset, p.depth, p.heads, p.gamma_vo)
         model = build_vit(train_vit.model_config(tv, point, data))
     fp = runs.fingerprint(model.config, cfg, dataset,
                           f"{data['source']}; training split minus its last {p.holdout}",
                           precision)
-    curves, status = train_resumable(model, train, val, cfg, Path(p.work_dir) / "ckpt" / unit,
+    curves, status = train_resumable(model, train, val, cfg, Path(p.results_dir) / "ckpt" / unit,
                                      dev, fingerprint=fp, precision=precision,
                                      eval_name="validation")
     n = min(p.n_val, len(val["y"]))
@@ -309,7 +309,7 @@ class Result:
 
 
 def _gather(p: Params, ctx: Context) -> Result:
-    """Gather every unit's record: write ``work_dir``'s frontier.csv and frontier.png and the
+    """Gather every unit's record: write ``results_dir``'s frontier.csv and frontier.png and the
     metrics file. Reads records only (no device); the units' checks run again."""
     t0 = time.perf_counter()
     tv = ctx.section("train_vit")
@@ -317,7 +317,7 @@ def _gather(p: Params, ctx: Context) -> Result:
     for rec in records:
         check_unit(rec, str(unit_file(p, rec["unit"])))
     table = frame(records, p.cert_eps)
-    out = Path(p.work_dir)
+    out = Path(p.results_dir)
     with atomic_path(out / "frontier.csv") as tmp:
         table.to_csv(tmp, index=False)
     selected, scores = select(table, p.select_eps)

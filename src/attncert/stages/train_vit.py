@@ -81,7 +81,7 @@ class Params:
     eval_batch_size: int = param(positive)
     msvp_lambda: list[float] = param(nonneg, doc="SpecFormer's MSVP (lam_q, lam_k, lam_v); 0 = off")
     adversarial: str = param(one_of(*ADVERSARIAL))
-    adv_eps: float = param(positive, doc="l_inf radius of adversarial training (pixel space)")
+    adv_eps_255: float = param(positive, doc="l_inf radius of adversarial training (x 1/255)")
     adv_steps: int = param(positive)
 
     def __post_init__(self) -> None:
@@ -114,7 +114,7 @@ def train_config(p: Params, seed: int) -> TrainConfig:
         olsa_gamma=p.olsa_gamma, lofast_eps=p.lofast_eps, lofast_ramp=p.lofast_ramp,
         lofast_mix=p.lofast_mix, logit_scale=p.logit_scale, augment=p.augment,
         grad_clip=p.grad_clip, eval_batch_size=p.eval_batch_size,
-        msvp_lambda=tuple(p.msvp_lambda), adversarial=p.adversarial, adv_eps=p.adv_eps,
+        msvp_lambda=tuple(p.msvp_lambda), adversarial=p.adversarial, adv_eps=p.adv_eps_255 / 255,
         adv_steps=p.adv_steps, seed=seed)
 
 
