@@ -376,17 +376,39 @@ def test_readme_section_is_idempotent_and_only_touches_its_block(metrics_tree, t
     before, after = "# title\n\nintro\n\n## Results\n\n", "\n\n## Next\n\ntext\n"
     readme = tmp_path / "README.md"
     readme.write_text(f"{before}{results_md.README_START}\nold\n{results_md.README_END}{after}")
-    assert results_md.update_readme(readme, summary_path)
+    results = tmp_path / "results.md"
+    results.write_text(f"# Results\n\n{results_md.README_START}\n{results_md.README_END}\n")
+    assert results_md.update_readme(readme, summary_path, results)
     first = readme.read_text()
+    # README: the first rows of each table; the results page: every brief row
+    data = json.loads(summary_path.read_text())
+    assert results.read_text().count("\n| ") > first.count("\n| ") or all(
+        len([r for r in e["rows"] if r["brief"]]) <= results_md.README_ROWS
+        for e in data["stages"].values())
+    assert results_md.render_results(data, None) in results.read_text()
     assert first.startswith(before + results_md.README_START) and first.endswith(
         results_md.README_END + after)
     assert "\nold\n" not in first and "| run |" in first, first
     assert "| paper source |" in first  # the papers beside ours where a setting matches
     assert "**certvit**: not run" in first
-    assert not results_md.update_readme(readme, summary_path)
+    assert not results_md.update_readme(readme, summary_path, results)
     assert readme.read_text() == first
     with pytest.raises(ValueError, match="exactly one"):
         results_md.replace_section("no markers", "x")
+
+
+def test_the_readme_keeps_the_first_rows_of_each_table(metrics_tree):
+    """README's results: at most README_ROWS rows per table, the others counted and linked
+    to docs/results.md; each kept row is the full page's row."""
+    params, root = metrics_tree
+    data = figures_stage.summary(params, STAGES, root)
+    full, short = (_readme_tables(results_md.render_results(data, limit))
+                   for limit in (None, 1))
+    assert set(full) == set(short)
+    for name, rows in full.items():
+        assert short[name] == rows[:1]
+    if any(len(rows) > 1 for rows in full.values()):
+        assert "more rows in [docs/results.md]" in results_md.render_results(data, 1)
 
 
 def _readme_tables(text: str) -> dict[str, list[dict[str, str]]]:

@@ -1,7 +1,7 @@
 """The report's commands.
 
     python -m attncert.report summary   # reports/metrics/summary.json from every stage's metrics
-    python -m attncert.report readme    # README.md's results section, from summary.json
+    python -m attncert.report readme    # the results sections of README.md and docs/results.md
     python -m attncert.report html      # reports/html/: each executed notebook and index.html
 """
 
@@ -15,7 +15,7 @@ from pathlib import Path
 from attncert.pipeline.dvcfile import DVC_FILE, read_stages, stage_runs
 from attncert.pipeline.params import PARAMS_FILE
 from attncert.report.htmlexport import html_export
-from attncert.report.readme import README_FILE, update_readme
+from attncert.report.readme import README_FILE, RESULTS_FILE, update_readme
 from attncert.stages import figures as figures_stage
 from attncert.stages.registry import load_params
 
@@ -27,13 +27,15 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--params", default=PARAMS_FILE)
     ap.add_argument("--dvc", default=DVC_FILE)
     ap.add_argument("--readme", default=README_FILE)
+    ap.add_argument("--results", default=RESULTS_FILE, help="readme: the full results page")
     ap.add_argument("--force", action="store_true", help="html: export every page again")
     args = ap.parse_args(argv)
     params = load_params(args.params)
     fig = params["figures"]
     if args.command == "readme":
-        changed = update_readme(args.readme, fig.summary)
-        print(f"{args.readme}: results section {'updated' if changed else 'unchanged'}")
+        changed = update_readme(args.readme, fig.summary, args.results)
+        print(f"{args.readme}, {args.results}: results sections "
+              f"{'updated' if changed else 'unchanged'}")
         return 0
     stages = read_stages(args.dvc)
     if args.command == "summary":

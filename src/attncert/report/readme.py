@@ -1,5 +1,6 @@
-"""README's results section: summary.json's brief rows as Markdown tables, written between
-the results markers (``python -m attncert.report readme``)."""
+"""The results sections: summary.json's brief rows as Markdown tables, written between the
+results markers of docs/results.md (every brief row) and of README.md (the first rows of
+each stage's table, :data:`README_ROWS`) by ``python -m attncert.report readme``."""
 
 from __future__ import annotations
 
@@ -10,11 +11,14 @@ from pathlib import Path
 from typing import Any
 
 README_FILE = "README.md"
+RESULTS_FILE = "docs/results.md"
+#: rows of each stage's table in README.md (docs/results.md has them all)
+README_ROWS = 3
 README_START = "<!-- results:start -->"
 README_END = "<!-- results:end -->"
 
-__all__ = ["README_FILE", "README_START", "README_END", "fmt", "cell", "render_results",
-           "replace_section", "update_readme"]
+__all__ = ["README_FILE", "RESULTS_FILE", "README_ROWS", "README_START", "README_END", "fmt",
+           "cell", "render_results", "replace_section", "update_readme"]
 
 
 def fmt(value: Any, unit: str) -> str:
@@ -46,8 +50,9 @@ def _table(header: Sequence[str], body: Sequence[Sequence[str]]) -> list[str]:
     return [line(header), "|" + "---|" * len(header), *map(line, body)]
 
 
-def render_results(data: Mapping[str, Any]) -> str:
-    """Markdown of summary.json's brief rows: a table per stage, the paper's numbers beside."""
+def render_results(data: Mapping[str, Any], limit: int | None = None) -> str:
+    """Markdown of summary.json's brief rows: a table per stage, the paper's numbers beside;
+    ``limit``: at most that many rows per table, the count of the others named."""
     lines = [f"Scale `{data['scale']}`; generated from `reports/metrics/summary.json` by "
              "`python -m attncert.report readme`. Accuracies in %; `paper` is the paper's "
              "number for the same quantity (its own model and setting)."]
@@ -65,12 +70,16 @@ def render_results(data: Mapping[str, Any]) -> str:
             labels = list(dict.fromkeys(r["label"] for r in rows))
             cells = {(r["run"], r["label"]): cell(r) for r in rows}
             runs = [p for p in entry["runs"] if any(k[0] == p for k in cells)]
-            lines += _table(["run", *labels],
-                            [[p, *(cells.get((p, lab), "–") for lab in labels)] for p in runs])
+            header = ["run", *labels]
+            body = [[p, *(cells.get((p, lab), "–") for lab in labels)] for p in runs]
         else:
-            lines += _table(["quantity", "ours", "paper", "paper source"],
-                            [[r["label"], fmt(r["ours"], r["unit"]), fmt(r["paper"], r["unit"]),
-                              r["source"] or ""] for r in rows])
+            header = ["quantity", "ours", "paper", "paper source"]
+            body = [[r["label"], fmt(r["ours"], r["unit"]), fmt(r["paper"], r["unit"]),
+                     r["source"] or ""] for r in rows]
+        lines += _table(header, body[:limit])
+        if limit is not None and len(body) > limit:
+            lines += ["", f"({len(body) - limit} more rows in [docs/results.md]"
+                          "(docs/results.md#results))"]
     return "\n".join(lines)
 
 
@@ -86,11 +95,20 @@ def replace_section(text: str, body: str, start: str = README_START,
     return f"{head}{start}\n{body.strip()}\n{end}{tail}"
 
 
-def update_readme(readme: str | Path, summary_path: str | Path) -> bool:
-    """Rewrite README's results section from summary.json; True when the file changed."""
-    readme = Path(readme)
-    text = readme.read_text()
-    new = replace_section(text, render_results(json.loads(Path(summary_path).read_text())))
-    if new != text:
-        readme.write_text(new)
-    return new != text
+def update_readme(readme: str | Path, summary_path: str | Path,
+                  results: str | Path | None = RESULTS_FILE) -> bool:
+    """Rewrite the results sections from summary.json: README's (the first
+    :data:`README_ROWS` rows of each table) and ``results``' (every brief row; None: none).
+    True when a file changed."""
+    data = json.loads(Path(summary_path).read_text())
+    changed = False
+    for path, limit in ((readme, README_ROWS), (results, None)):
+        if path is None:
+            continue
+        path = Path(path)
+        text = path.read_text()
+        new = replace_section(text, render_results(data, limit))
+        if new != text:
+            path.write_text(new)
+            changed = True
+    return changed
