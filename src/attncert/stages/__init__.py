@@ -13,8 +13,9 @@ A stage module owns everything about its stage that is not a reusable method:
   show (:mod:`attncert.report.headline`); ``figures``, whose metrics file is the summary of the
   others' rows, has none.
 
-The stage's notebook takes its sections (passed whole by :mod:`attncert.pipeline.nbrun`),
-calls :func:`attncert.pipeline.context.setup` once and ``run``, and shows tables and figures.
+The stage's notebook gets the params file and its unit or grid point from
+:mod:`attncert.pipeline.nbrun`, calls :func:`attncert.pipeline.context.setup` once (its typed
+section and the context) and ``run``, and shows tables and figures.
 dvc.yaml lists the modules each stage imports (``tests/test_dvc_deps.py``): a stage depends on
 its own module, never on the others' (nbrun validates every section before a stage starts),
 except ``figures``, whose report reads every stage's rows.
