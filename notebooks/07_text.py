@@ -93,8 +93,8 @@ r.table.round(4)
 
 # %%
 display(r.audit[["model", "eps", "attacked", "robust_acc", "certified_acc", "broken"]])
-display(Markdown(f"**Soundness audit** (checked by the stage): 0 broken certificates over "
-                 f"{len(r.audits)} models and "
+display(Markdown(f"**Soundness audit** (checked by the stage): {int(r.audit['broken'].sum())} "
+                 f"broken certificates over {len(r.audits)} models and "
                  f"{len(p.cert_eps)} eps values."))
 
 # %% [markdown]

@@ -148,15 +148,7 @@ show(figs.plot_lipschitz_components(
                                        for k in ("adapt_finetuned", "constrained", "final")]]]))
 display(Markdown("**The certificate's constant** (features x max ||w_j - w_k||) per step:"))
 display(res.pairwise().style.format("{:.4g}"))
-for m in modes:
-    start, acc = bounds[m]["adapt_finetuned"], logs[m].column("clean_acc")
-    display(Markdown(
-        f"**{m}:** the bound falls {start.features / bounds[m]['constrained'].features:.3g}x "
-        f"by constraining and ends {start.features / bounds[m]['final'].features:.3g}x below the "
-        f"model Douglas-Rachford starts from (features); clean accuracy "
-        f"{100 * acc['adapt_finetuned']:.1f}% before constraining, "
-        f"{100 * acc['constrained']:.1f}% constrained, {100 * acc['finetuned']:.1f}% after "
-        "the fine-tune."))
+display(Markdown("  \n".join(res.bound_notes())))
 table.style.format({k: "{:.4g}" for k in labelled})
 
 # %% [markdown]
@@ -177,29 +169,11 @@ show(figs.plot_certified_modes({m: r["certified_acc"] for m, r in with_baseline.
                                pgd_note=(f" (first {reports[headline]['n_attacked']})"
                                          if reports[headline]["n_attacked"]
                                          < len(reports[headline]["correct"]) else "")))
-display(Markdown(
-    f"**Trivial baseline** (a linear classifier on pixels, exact radius; "
-    f"{res.baseline_status}): clean {100 * baseline['clean_acc']:.1f}%, certified "
-    + ", ".join(f"{100 * baseline['certified_acc'][e]:.1f}% at {e}" for e in p.cert_eps)
-    + f". The {headline} ViT is above it at eps "
-    + (", ".join(str(e) for e in p.cert_eps
-                 if reports[headline]["certified_acc"][e] > baseline["certified_acc"][e])
-       or "none") + "."))
-n_cert, n_att = len(reports[headline]["correct"]), reports[headline]["n_attacked"]
-display(Markdown(f"Certified on {n_cert} test images, attacked on the first {n_att}."))
-pd.concat({m: pd.DataFrame({
-    f"certified, {n_cert} (%)": {e: 100 * a for e, a in r["certified_acc"].items()},
-    f"certified, first {n_att} (%)": {e: 100 * a
-                                      for e, a in r["attacked_certified_acc"].items()},
-    f"PGD, first {n_att} (%)": {e: 100 * a for e, a in r["pgd_acc"].items()}})
-    for m, r in with_baseline.items()}, axis=1).rename_axis("eps")
+display(Markdown(res.baseline_note(p.cert_eps)))
+display(res.certified_table())
 
 # %%
-display(Markdown(
-    f"**Soundness audit:** 0 broken certificates over {len(p.cert_eps)} eps values in "
-    f"{len(modes)} mode(s) ({p.attack_steps} PGD steps, {p.attack_restarts} restart(s)); "
-    "median certified radius " + ", ".join(f"{m} {float(reports[m]['radius'].median()):.3g}"
-                                           for m in modes) + "."))
+display(Markdown(res.audit_note(p.attack_steps, p.attack_restarts)))
 
 # %% [markdown]
 # ### CertViT's numbers: beside the Table 1 runs only

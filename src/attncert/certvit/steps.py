@@ -176,3 +176,55 @@ class Result:
         """The certificate's constant (features x max ||w_j - w_k||) per step and mode."""
         return pd.DataFrame({m: {k: b.pairwise for k, b in self.bounds[m].items()}
                              for m in self.modes})
+
+    def bound_notes(self) -> list[str]:
+        """Per mode (Markdown): how far constraining and the whole run lower the features'
+        bound below the model Douglas-Rachford starts from, and the clean accuracy before
+        constraining, constrained and after the fine-tune."""
+        notes = []
+        for m in self.modes:
+            b, acc = self.bounds[m], self.logs[m].column("clean_acc")
+            start = b["adapt_finetuned"].features
+            notes.append(
+                f"**{m}:** the bound falls {start / b['constrained'].features:.3g}x by "
+                f"constraining and ends {start / b['final'].features:.3g}x below the model "
+                f"Douglas-Rachford starts from (features); clean accuracy "
+                f"{100 * acc['adapt_finetuned']:.1f}% before constraining, "
+                f"{100 * acc['constrained']:.1f}% constrained, {100 * acc['finetuned']:.1f}% "
+                "after the fine-tune.")
+        return notes
+
+    def baseline_note(self, cert_eps: list[float]) -> str:
+        """The linear baseline's clean and certified accuracy (Markdown) and the eps at which
+        the headline mode's ViT certifies more than it."""
+        base, ours = self.baseline, self.reports[self.headline]
+        above = [str(e) for e in cert_eps
+                 if ours["certified_acc"][e] > base["certified_acc"][e]]
+        return (f"**Trivial baseline** (a linear classifier on pixels, exact radius; "
+                f"{self.baseline_status}): clean {100 * base['clean_acc']:.1f}%, certified "
+                + ", ".join(f"{100 * base['certified_acc'][e]:.1f}% at {e}" for e in cert_eps)
+                + f". The {self.headline} ViT is above it at eps "
+                + (", ".join(above) or "none") + ".")
+
+    def certified_table(self) -> pd.DataFrame:
+        """Certified accuracy (%) on every certified image and on the attacked ones, and PGD
+        accuracy on those, per eps (rows) for every mode and the baseline (column groups)."""
+        n_cert = len(self.reports[self.headline]["correct"])
+        n_att = self.reports[self.headline]["n_attacked"]
+        return pd.concat({m: pd.DataFrame({
+            f"certified, {n_cert} (%)": {e: 100 * a for e, a in r["certified_acc"].items()},
+            f"certified, first {n_att} (%)": {e: 100 * a for e, a
+                                              in r["attacked_certified_acc"].items()},
+            f"PGD, first {n_att} (%)": {e: 100 * a for e, a in r["pgd_acc"].items()}})
+            for m, r in self.with_baseline().items()}, axis=1).rename_axis("eps")
+
+    def audit_note(self, attack_steps: int, attack_restarts: int) -> str:
+        """The soundness audit in one line (Markdown): the broken certificates counted over
+        every mode and the baseline, and each mode's median certified radius."""
+        broken = sum(int(r["broken"]) for r in self.with_baseline().values())
+        eps = len(self.reports[self.headline]["pgd_acc"])
+        return (f"**Soundness audit:** {broken} broken certificates over {eps} eps values in "
+                f"{len(self.modes)} mode(s) and the baseline ({attack_steps} PGD steps, "
+                f"{attack_restarts} restart(s)); median certified radius "
+                + ", ".join(f"{m} {float(self.reports[m]['radius'].median()):.3g}"
+                            for m in self.modes) + ".")

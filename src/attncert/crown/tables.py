@@ -144,3 +144,15 @@ def paper_table2() -> pd.DataFrame:
                        for ds, per in paper.LOFAST_TABLE2.items() for m, vals in per.items()
                        for e, (a, s) in zip(paper.LOFAST_TABLE_EPS[:2], vals, strict=True)])
     return df.pivot_table(index=["dataset", "method"], columns="eps", values=["acc", "seconds"])
+
+
+def audit_summary(parts: Mapping[str, Any]) -> tuple[pd.DataFrame, str]:
+    """Every dataset's audit rows in one frame (dataset, depth, eps, attacked, PGD accuracy,
+    broken per method) and one line (Markdown) counting the broken certificates in them."""
+    audit = pd.concat([r.audit.assign(dataset=k) for k, r in parts.items()])
+    broken = [c for c in audit if c.startswith("broken_")]
+    n = int(audit[broken].to_numpy().sum()) if broken else 0
+    cells = audit[["dataset", "depth", "eps"]].drop_duplicates()
+    return (audit[["dataset", "depth", "eps", "attacked", "robust_acc", *broken]],
+            f"**{n} broken certificates** over {len(cells)} (dataset, depth, eps) cells and "
+            f"{len(broken)} certified methods ({', '.join(c[7:] for c in broken)}).")
