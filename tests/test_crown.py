@@ -39,6 +39,23 @@ def sample_ball(x: torch.Tensor, eps: float, n: int, g: torch.Generator) -> torc
     return x + d * r.view(-1, 1, 1, 1)
 
 
+def test_the_training_config_takes_every_training_key_of_the_section():
+    """Each TrainConfig field is a crown key of the same name, the LMT margin, the seed, or
+    one named as kept at its default: a new TrainConfig field fails here until placed."""
+    import dataclasses
+
+    from attncert.training.train import TrainConfig
+
+    p = load_params()["crown"]
+    cfg = study.train_config(p, seed=5)
+    placed = {*study.TRAIN_KEYS, *study.TRAIN_DEFAULTS, "margin", "seed"}
+    assert {f.name for f in dataclasses.fields(TrainConfig)} == placed
+    assert (cfg.margin, cfg.seed) == ("lmt", 5)
+    assert all(getattr(cfg, k) == getattr(p, k) for k in study.TRAIN_KEYS)
+    defaults = TrainConfig()
+    assert all(getattr(cfg, k) == getattr(defaults, k) for k in study.TRAIN_DEFAULTS)
+
+
 def test_patches_are_idempotent():
     assert apply_patches() == PATCHES and len(PATCHES) == 6
 

@@ -34,6 +34,22 @@ def vit_config(data: Mapping[str, Any], p: Params, depth: int) -> ViTConfig:
         radius_attn=p.radius_attn, gamma_qk=p.gamma_qk, gamma_vo=p.gamma_vo)
 
 
+#: the crown section's training keys (TrainConfig fields of the same name); the margin is
+#: LMT's, every other TrainConfig field keeps its default (AdamW, no clipping, no MSVP, no
+#: adversarial or mixed batches): :data:`TRAIN_DEFAULTS`
+TRAIN_KEYS = ("epochs", "batch_size", "lr", "weight_decay", "warmup_steps", "augment",
+              "lmt_offset", "logit_scale", "eval_batch_size")
+TRAIN_DEFAULTS = ("olsa_gamma", "grad_clip", "msvp_lambda", "adversarial", "adv_eps",
+                  "adv_steps", "optimizer", "momentum", "mixup_alpha", "cutmix_alpha",
+                  "mix_prob", "mix_switch_prob", "lofast_eps", "lofast_ramp", "lofast_mix")
+
+
+def train_config(p: Params, seed: int) -> TrainConfig:
+    """The crown ViTs' training (LoFAST section 5.2's LMT recipe): every key of
+    :data:`TRAIN_KEYS` from the section, ``margin="lmt"``, ``seed``."""
+    return TrainConfig(**{k: getattr(p, k) for k in TRAIN_KEYS}, margin="lmt", seed=seed)
+
+
 def train_model(data: Mapping[str, Any], p: Params, depth: int, seed: int,
                 ckpt_dir: str | Path, device: str | torch.device, precision: str = "auto"):
     """Train one ViT (resumable in ``ckpt_dir``, at ``precision``:
@@ -43,9 +59,7 @@ def train_model(data: Mapping[str, Any], p: Params, depth: int, seed: int,
     finished run reports the time its training took)."""
     torch.manual_seed(seed)
     model = build_vit(vit_config(data, p, depth))
-    cfg = TrainConfig(epochs=p.epochs, batch_size=p.batch_size, lr=p.lr,
-                      warmup_steps=p.warmup_steps, margin="lmt", lmt_offset=p.lmt_offset,
-                      logit_scale=p.logit_scale, seed=seed)
+    cfg = train_config(p, seed)
     n = p.max_train or len(data["train"]["y"])
     tr = {"x": data["train"]["x"][:n], "y": data["train"]["y"][:n]}
     # a checkpoint of another model, config or training subset is cleared, never resumed

@@ -46,6 +46,7 @@ from attncert.data import as_float, load_processed
 from attncert.pipeline.context import Context
 from attncert.pipeline.io import write_json
 from attncert.pipeline.params import (
+    AUGMENTS,
     NORMALIZE,
     VIT_POOLS,
     BaseParams,
@@ -95,9 +96,12 @@ class Params:
     epochs: int = param(positive)
     batch_size: int = param(positive)
     lr: float = param(positive)
+    weight_decay: float = param(nonneg)
     warmup_steps: int = param(nonneg)
+    augment: str = param(one_of(*AUGMENTS))
     lmt_offset: float = param(nonneg)
     logit_scale: float = param(positive)
+    eval_batch_size: int = param(positive, doc="the evaluation after every training epoch")
     n_test: int = param(positive, doc="first n test images, the same for every method")
     cert_eps: list[float] = param(positive, unique)
     lofast_variant: str = param(one_of(*LOFAST_VARIANTS))
