@@ -8,6 +8,7 @@ import importlib
 import importlib.util
 import inspect
 import pkgutil
+import re
 from pathlib import Path
 
 import pytest
@@ -34,7 +35,8 @@ def test_a_unit_stage_runs_its_stage_module_s_unit(unit_stage):
     notebook = next(w for w in STAGES[unit_stage]["cmd"].split() if w.startswith("notebooks/"))
     text = (ROOT / notebook).read_text()
     assert f"from attncert.stages import {owner} as stage" in text and "stage.run(" in text
-    assert "item=" in text, f"{notebook} does not pass its unit to setup"
+    assert re.search(r"setup\(stage, params_file, unit=(unit|stage\.[A-Z]+)\)", text), (
+        f"{notebook} does not pass its unit to setup")
     assert list(STAGES).index(unit_stage) < list(STAGES).index(owner)
 
 
