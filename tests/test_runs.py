@@ -41,6 +41,21 @@ def test_run_name_matches_the_dvc_template():
     assert runs.run_name("svhn", 6, 8, 1.0) == "svhn-L6-H8-vo1.0"
 
 
+def test_setup_reads_the_grid_point_and_refuses_none():
+    """A grid notebook's setup turns nbrun's item texts into the typed point; an empty point
+    (the notebook run without one) is a one-line error, not a missing-key message."""
+    from attncert.pipeline.context import setup
+
+    grid = load_params()["vit_grid"]
+    items = {"dataset": grid.dataset[0], "depth": str(grid.depth[0]),
+             "heads": str(grid.heads[0]), "gamma_vo": str(grid.gamma_vo[0])}
+    p, ctx = setup(train_vit, point=items, device=False)
+    assert p == load_params()["train_vit"] and ctx.point.depth == grid.depth[0]
+    assert ctx.processed_dir == load_params()["data"].processed_dir
+    with pytest.raises(ParamsError, match="needs its grid point"):
+        setup(train_vit, point={}, device=False)
+
+
 def test_a_grid_point_parses_from_the_item_nbrun_passes():
     p = load_params()
     grid = p["vit_grid"]

@@ -151,8 +151,9 @@ def audit_summary(parts: Mapping[str, Any]) -> tuple[pd.DataFrame, str]:
     broken per method) and one line (Markdown) counting the broken certificates in them."""
     audit = pd.concat([r.audit.assign(dataset=k) for k, r in parts.items()])
     broken = [c for c in audit if c.startswith("broken_")]
-    n = int(audit[broken].to_numpy().sum()) if broken else 0
+    n = sum(r.metrics["broken"] for r in parts.values())
     cells = audit[["dataset", "depth", "eps"]].drop_duplicates()
+    methods = ", ".join(c.removeprefix("broken_") for c in broken)
     return (audit[["dataset", "depth", "eps", "attacked", "robust_acc", *broken]],
             f"**{n} broken certificates** over {len(cells)} (dataset, depth, eps) cells and "
-            f"{len(broken)} certified methods ({', '.join(c[7:] for c in broken)}).")
+            f"{len(broken)} certified methods ({methods}).")

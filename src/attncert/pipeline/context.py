@@ -118,6 +118,9 @@ def setup(module: ModuleType, params_file: str | Path = PARAMS_FILE, *, unit: st
     sections = {name: parse_section(name, section(name), cls) for name, cls in owners.items()}
     grid = None
     if point is not None:
+        if not point:
+            raise ParamsError("vit_grid: this notebook needs its grid point, one value of each "
+                              "vit_grid list (point = {key: value}; nbrun --item key=value)")
         grid_params = StudyParams({"vit_grid": parse_section("vit_grid", section("vit_grid"),
                                                              VitGridParams)})
         grid = parse_section("vit_grid", grid_params.grid_point(["vit_grid"], point), GridPoint)

@@ -7,7 +7,7 @@
 
 The notebook gets the params file's path, its ``unit`` (``--unit``: one independent unit of a
 split stage) and its grid ``point`` (``--item``: one value of each list of the grid's section)
-and reads its own typed section with :func:`attncert.stages.registry.setup`; ``--section``
+and reads its own typed section with :func:`attncert.pipeline.context.setup`; ``--section``
 names what the stage reads (as dvc.yaml's ``params``). Everything is checked before the
 kernel starts: the params file (YAML 1.2, validated by :mod:`attncert.stages.registry`), the
 sections and the grid point, and that the notebook's ``parameters`` cell declares exactly
@@ -110,9 +110,7 @@ def run(notebook: str, output: str, sections: list[str], params_file: str = PARA
         require_device(base.scale, base.device, sections)
     nb = read_notebook(notebook)
     point = parse_items(items or [])
-    for entry in sections:
-        params.fields(entry)  # the section (or section.key) exists
-    params.grid_point(sections, point)  # the grid point is on the grid
+    params.grid_point(sections, point)  # the sections exist, the grid point is on the grid
     values: dict = {"params_file": str(Path(params_file).resolve())}
     if unit is not None:
         values["unit"] = unit

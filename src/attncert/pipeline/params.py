@@ -338,7 +338,8 @@ class StudyParams:
         """One grid point (a DVC matrix item) of the sections ``names``: ``{key: text}``
         replaces the list field ``key`` by the single value ``text`` (parsed as YAML 1.2),
         which must be one of the list's values; returns the grid section's fields with them
-        ({} without items). Every list field of that section needs an item."""
+        ({} without items). Every list field of that section needs an item; every entry of
+        ``names`` must exist (:meth:`fields`), items or not."""
         lists = {(name, k): v for name in names for k, v in self.fields(name).items()
                  if isinstance(v, list) and "." not in name}
         if not items:

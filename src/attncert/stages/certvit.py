@@ -192,7 +192,7 @@ def table1_params(p: Params, dataset: str, processed_dir: str) -> Params:
 
 def unit_params(p: Params, unit: str, processed_dir: str) -> Params:
     """The params a unit's run uses: the section (``main``, ``imagenet``) or its Table 1
-    run's (:meth:`Params.table1`)."""
+    run's (:meth:`Params.table1_run`)."""
     if unit.startswith(TABLE1):
         return table1_params(p, unit.removeprefix(TABLE1), processed_dir)
     return p
