@@ -44,8 +44,8 @@ p, ctx = setup(stage, params_file, device=False)
 b = ctx.base
 res = stage.run(p, ctx)
 parts = res.datasets
-display(Markdown(f"**{b.scale} scale**: {', '.join(p.datasets)}, depths {p.depths}, {p.dim}-d, "
-                 f"patch {p.patch}, {', '.join(f'{k}: {r.n}' for k, r in parts.items())} test "
+display(Markdown(f"**{b.scale} scale**: {', '.join(p.datasets)}, depths {p.depths}, {p.vit.dim}-d, "
+                 f"patch {p.vit.patch}, {', '.join(f'{k}: {r.n}' for k, r in parts.items())} test "
                  f"points, eps {p.cert_eps}; CROWN methods {p.methods} in {p.bound_dtype} on "
                  f"{res.device} (time limit {p.time_limit:g} s per bound; "
                  + (f"budget {p.time_budget:g} s of bounds per unit; " if p.time_budget else "")

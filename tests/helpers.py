@@ -2,10 +2,18 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import torch
 
 from attncert.bounds import AttentionWeights
 from attncert.models.vit import ViTConfig, build_vit
+from attncert.pipeline.params import read_yaml
+from attncert.pipeline.shapes import VIT_SECTION, parse_presets
+
+ROOT = Path(__file__).resolve().parents[1]
+#: the committed params.yaml's named ViT shapes (a section that names one is parsed with them)
+PRESETS = parse_presets(read_yaml(ROOT / "params.yaml")[VIT_SECTION])
 
 F64 = torch.float64
 

@@ -8,7 +8,7 @@ import matplotlib
 import pandas as pd
 import pytest
 import torch
-from helpers import tiny_vit
+from helpers import PRESETS, tiny_vit
 from matplotlib.figure import Figure
 
 from attncert import soundness
@@ -49,15 +49,15 @@ def dataset(n=32, size=8, classes=4, channels=1, seed=0):
 
 def p_dr(raw):
     """The Douglas-Rachford config the section's ``dr`` group builds (seed 3)."""
-    return params.parse_section("certvit", raw, certvit_stage.Params).dr.config(3)
+    return params.parse_section("certvit", raw, certvit_stage.Params, PRESETS).dr.config(3)
 
 
 def test_the_section_takes_the_library_s_choices():
     raw = params.read_yaml(params.PARAMS_FILE)["certvit"]
-    params.parse_section("certvit", raw, certvit_stage.Params)
+    params.parse_section("certvit", raw, certvit_stage.Params, PRESETS)
     assert registry.section_class("certvit") is certvit_stage.Params
     with pytest.raises(params.ParamsError, match="0.4867"):  # CertViT's MNIST 1.58 in pixels
-        params.parse_section("certvit", {**raw, "cert_eps": [0.1]}, certvit_stage.Params)
+        params.parse_section("certvit", {**raw, "cert_eps": [0.1]}, certvit_stage.Params, PRESETS)
     for key, bad in (("norm", "layernorm"), ("finetune_scope", "all"),
                      ("finetune_margin", "radius"), ("radius_quantile", 1.0),
                      ("dr", {**raw["dr"], "relaxation": 2.0}), ("heads", 3),
@@ -67,27 +67,31 @@ def test_the_section_takes_the_library_s_choices():
                      ("table1", {**raw["table1"], "depth": {"mnist": 6}}),
                      ("table1", {**raw["table1"], "datasets": ["imagenet"]})):
         with pytest.raises(params.ParamsError, match=f"certvit.{key}"):
-            params.parse_section("certvit", {**raw, key: bad}, certvit_stage.Params)
+            params.parse_section("certvit", {**raw, key: bad}, certvit_stage.Params, PRESETS)
     # a group is one config object, taken whole; a key of the flat layout names its new place
     assert p_dr(raw) == DRConfig(**{k: v for k, v in raw["dr"].items() if k != "images"},
                                  seed=3)
     with pytest.raises(params.ParamsError, match="certvit.dr.eta: missing"):
         params.parse_section("certvit", {**raw, "dr": {k: v for k, v in raw["dr"].items()
-                                                      if k != "eta"}}, certvit_stage.Params)
+                                                      if k != "eta"}},
+                             certvit_stage.Params, PRESETS)
     with pytest.raises(params.ParamsError, match="certvit.dr_eta: renamed: the key is now "
                                                  "certvit.dr.eta"):
-        params.parse_section("certvit", {**raw, "dr_eta": 0.01}, certvit_stage.Params)
+        params.parse_section("certvit", {**raw, "dr_eta": 0.01}, certvit_stage.Params, PRESETS)
     # Table 1's datasets need their CertViT eps on the grid; the grid must split the image
     with pytest.raises(params.ParamsError, match="0.0361.*cifar100"):
         params.parse_section("certvit", {**raw, "cert_eps": [0.4867], "table1": {
-            **raw["table1"], "datasets": ["mnist", "cifar100"]}}, certvit_stage.Params)
-    p = params.parse_section("certvit", raw, certvit_stage.Params)
+            **raw["table1"], "datasets": ["mnist", "cifar100"]}}, certvit_stage.Params, PRESETS)
+    p = params.parse_section("certvit", raw, certvit_stage.Params, PRESETS)
     # CertViT Table 4's shapes per dataset: patch 7 on MNIST, patch 4 and d 192 on CIFAR
-    assert p.table1_run("cifar10", 32).patch == 4 and p.table1_run("mnist", 28).patch == 7
-    assert (p.table1_run("cifar100", 32).depth, p.table1_run("cifar10", 32).dim) == (12, 192)
-    with pytest.raises(params.ParamsError, match="table1.grid"):
-        dataclasses.replace(p, table1=dataclasses.replace(
-            p.table1, grid={**p.table1.grid, "cifar10": 5})).table1_run("cifar10", 32)
+    assert p.table1_run("cifar10", 32).vit.patch == 4 and p.table1_run("mnist", 28).vit.patch == 7
+    assert (p.table1_run("cifar100", 32).vit.depth, p.table1_run("cifar10", 32).vit.dim) == (
+        12, 192)
+    with pytest.raises(params.ParamsError, match="table1.vit: cifar10's 32-pixel images do not "
+                                                 "split into patches of 5"):
+        dataclasses.replace(p, table1=dataclasses.replace(p.table1, vit={
+            **p.table1.vit, "cifar10": params.VitShape(5, 192, 6, 3, 576)})).table1_run(
+                "cifar10", 32)
     # its eps (normalised input) as the pixel radius it covers: eps x min(std), rounded down
     assert cv_tables.table1_eps("mnist") == 0.4867 == pytest.approx(1.58 * 0.3081, abs=1e-4)
     assert (cv_tables.table1_eps("cifar10"), cv_tables.table1_eps("cifar100")) == (
@@ -251,9 +255,10 @@ def test_modes_match_the_schema():
         stage.adaptation("l2", "project")
     raw = params.read_yaml(params.PARAMS_FILE)["certvit"]
     with pytest.raises(params.ParamsError, match="constrain"):
-        params.parse_section("certvit", {**raw, "constrain": []}, certvit_stage.Params)
+        params.parse_section("certvit", {**raw, "constrain": []}, certvit_stage.Params, PRESETS)
     with pytest.raises(params.ParamsError, match="constrain"):
-        params.parse_section("certvit", {**raw, "constrain": ["sparse"]}, certvit_stage.Params)
+        params.parse_section("certvit", {**raw, "constrain": ["sparse"]}, certvit_stage.Params,
+                             PRESETS)
 
 
 @pytest.mark.parametrize("mode", stage.MODES)
@@ -325,17 +330,17 @@ def test_the_stage_runs_every_mode_and_writes_its_files(tmp_path):
     raw = params.read_yaml(params.PARAMS_FILE)
     base = params.parse_section("base", {**raw["base"], "device": "cpu"}, params.BaseParams)
     p = dataclasses.replace(
-        params.parse_section("certvit", raw["certvit"], certvit_stage.Params),
-        source=stage.PIPELINE, dataset="mnist", patch=4, dim=16,
-        depth=1, heads=2, mlp_hidden=16, pretrain_epochs=1, batch_size=16, warmup_steps=2,
+        params.parse_section("certvit", raw["certvit"], certvit_stage.Params, PRESETS),
+        source=stage.PIPELINE, dataset="mnist", vit=params.VitShape(4, 16, 1, 2, 16),
+        pretrain_epochs=1, batch_size=16, warmup_steps=2,
         adapt_epochs=1, dr=dataclasses.replace(
-            params.parse_section("certvit", raw["certvit"], certvit_stage.Params).dr,
+            params.parse_section("certvit", raw["certvit"], certvit_stage.Params, PRESETS).dr,
             iterations=1, projection_steps=2, max_pairs=64, batch_size=32, images=16),
         finetune_epochs=1, spectral_epochs=1, n_test=0,
         n_attack=5, eval_batch_size=64, cert_eps=[0.1, 0.4867], attack_steps=2,
         attack_restarts=1, table1=stage_study.Table1Params(
-            datasets=["mnist"], grid={"mnist": 2}, dim={"mnist": 8}, depth={"mnist": 1},
-            heads={"mnist": 2}, mlp_hidden={"mnist": 8}, pretrain_epochs={"mnist": 1},
+            datasets=["mnist"], vit={"mnist": params.VitShape(4, 8, 1, 2, 8)},
+            pretrain_epochs={"mnist": 1},
             batch_size=16, lr=1e-3),
         results_dir=str(tmp_path / "work"), metrics=str(tmp_path / "metrics.json"))
     assert certvit_stage.units(p) == ["main", "table1-mnist", "imagenet"]

@@ -33,7 +33,11 @@ def _with(path: Path, tmp_path: Path, section: str, key: str, value) -> Path:
 
     yaml = YAML()
     data = yaml.load(path.read_text())
-    data[section][key] = value
+    *groups, leaf = key.split(".")  # a key of a group (or a named shape): group.key
+    where = data[section]
+    for g in groups:
+        where = where[g]
+    where[leaf] = value
     out = tmp_path / f"{section}-{key}.yaml"
     with out.open("w") as f:
         yaml.dump(data, f)
@@ -66,7 +70,7 @@ def test_table_has_every_stage_and_follows_the_params(smoke, tmp_path):
 
     base = train_vit_flops(smoke)
     assert train_vit_flops(_with(smoke, tmp_path, "train_vit", "epochs", 4)) > 3.9 * base
-    assert train_vit_flops(_with(smoke, tmp_path, "train_vit", "patch", 14)) < base
+    assert train_vit_flops(_with(smoke, tmp_path, "vit", "lofast.patch", 14)) < base
 
 
 def test_crown_work_is_per_dataset(smoke, tmp_path):

@@ -16,6 +16,7 @@ from attncert.crown.tables import tables
 from attncert.models.vit import ViTConfig, build_vit
 from attncert.pipeline.context import make_context
 from attncert.pipeline.nbrun import read_notebook
+from attncert.pipeline.shapes import VitShape
 from attncert.stages import crown as stage
 from attncert.stages.registry import load_params
 from attncert.training.train import resolve_device
@@ -217,7 +218,7 @@ def test_paper_scale_crown_model_is_patch_16_at_32_pixels():
     """LoFAST section 5.2's ViT at the committed scale: 4 tokens of 16 x 16 pixels on CIFAR's
     32 x 32 x 3, and the CROWN graph computes the same function."""
     p = load_params(ROOT / "params.yaml")["crown"]
-    assert p.patch == 16 and p.datasets == ["cifar10", "svhn"]   # LoFAST Table 2's rows
+    assert p.vit.patch == 16 and p.datasets == ["cifar10", "svhn"]   # LoFAST Table 2's rows
     data = {"train": {"x": torch.zeros(2, 3, 32, 32, dtype=torch.uint8)},
             "classes": [str(c) for c in range(10)], "mean": [0.5] * 3, "std": [0.25] * 3}
     torch.manual_seed(0)
@@ -282,8 +283,9 @@ def test_units_then_gather(tmp_path):
             "mean": [0.5], "std": [0.25], "source": "synthetic"}
     torch_save(data, tmp_path / "processed" / "mnist.pt")
     paper = load_params(Path(__file__).resolve().parents[1] / "params.yaml")["crown"]
-    p = dataclasses.replace(paper, datasets=["mnist"], depths=[1, 2], patch=8, dim=8, heads=2,
-                            mlp_hidden=8, epochs=1, batch_size=8, warmup_steps=1, n_test=3,
+    p = dataclasses.replace(paper, datasets=["mnist"], depths=[1, 2],
+                            vit=VitShape(patch=8, dim=8, depth=None, heads=2, mlp_hidden=8),
+                            epochs=1, batch_size=8, warmup_steps=1, n_test=3,
                             cert_eps=[0.02], methods=["crown"], time_limit=0.0,
                             attack_steps=2, attack_restarts=1, results_dir=str(tmp_path / "w"),
                             metrics=str(tmp_path / "crown.json"))

@@ -48,8 +48,8 @@ def test_a_departure_from_a_same_row_is_caught(record, params):
     problems = fidelity.check_params(record, bad)
     assert any(p.startswith("specformer.msvp_lambda") for p in problems)
     assert any(p.startswith("text.epochs") for p in problems)
-    del bad["crown"]["dim"]
-    assert any("crown.dim: not a params.yaml key" in p
+    del bad["vit"]["lofast_small"]["dim"]
+    assert any("vit.lofast_small.dim: not a params.yaml key" in p
                for p in fidelity.check_params(record, bad))
 
 

@@ -9,6 +9,7 @@ import torch
 
 from attncert.pipeline.context import make_context
 from attncert.pipeline.params import BaseParams, ParamsError, parse_section
+from attncert.pipeline.shapes import VitShape
 from attncert.stages import frontier as stage
 from attncert.stages.registry import load_params
 
@@ -84,7 +85,7 @@ def test_units_train_on_the_training_split_minus_the_held_out_images_then_gather
         return data
 
     monkeypatch.setattr(stage, "load_processed", load)
-    tv = dataclasses.replace(PAPER["train_vit"], patch=8, dim=8, mlp_hidden=8, epochs=1,
+    tv = dataclasses.replace(PAPER["train_vit"], vit=VitShape(8, 8, None, None, 8), epochs=1,
                              batch_size=8, warmup_steps=1, augment="none", lofast_ramp=0.0)
     p = dataclasses.replace(PAPER["frontier"], datasets=["mnist"],
                             settings=["lmt-0.2", "lofast-0.5", "linear-0.5"], depth=1, heads=2,

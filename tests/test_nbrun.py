@@ -79,7 +79,7 @@ from attncert.stages import train_vit as stage
 from attncert.pipeline.context import setup
 p, ctx = setup(stage, params_file, point=point, device=False)
 pathlib.Path("seen.json").write_text(json.dumps({"point": point, "name": ctx.point.name,
-                                                 "depth": ctx.point.depth, "dim": p.dim}))
+                                                 "depth": ctx.point.depth, "dim": p.vit.dim}))
 '''
 
 

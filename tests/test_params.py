@@ -8,6 +8,7 @@ import pytest
 
 from attncert.pipeline import profile
 from attncert.pipeline.params import ParamsError, read_yaml
+from attncert.pipeline.shapes import VitShape
 from attncert.stages.registry import load_params, validate
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -55,8 +56,26 @@ def test_yaml_12_semantics(tmp_path):
         ("text", "olsa.residual_init", 0.0, r"^text\.olsa: residual_init must be in \(0, 1\)"),
         ("text", "olsa.alpha1", 0.0, r"^text\.olsa\.alpha1: must be > 0"),
         ("text", "lofast.dim", 10, r"^text\.lofast: dim 10 is not divisible by 4 heads"),
-        ("specformer", "certified.heads", 3,
-         r"^specformer\.certified: dim 128 is not divisible by 3 heads"),
+        ("vit", "lofast_small.heads", 3,
+         r"^vit\.lofast_small: dim = 128 is not divisible by heads = 3"),
+        ("vit", "lofast.patch", 0, r"^vit\.lofast\.patch: must be > 0"),
+        ("vit_grid", "heads", [4, 7],
+         r"^vit_grid\.heads: 7 heads do not split train_vit's shape's dim = 384"),
+        ("frontier", "heads", 5, r"^frontier\.heads: 5 heads do not split"),
+        ("vit", "lofast_small.depth", 0, r"^vit\.lofast_small\.depth: must be > 0"),
+        ("crown", "vit", "lofast_smal",
+         r"^crown\.vit: 'lofast_smal' is not a shape of the vit section \(did you mean "
+         r"'lofast_small'\?\); known: lofast, "),
+        ("crown", "vit", {"patch": 16}, r"^crown\.vit: expected the name of a ViT shape"),
+        ("specformer", "certified.vit", "lofast",
+         r"^specformer\.certified\.vit: the shape it names has depth: null; this stage "
+         r"needs a depth"),
+        ("certvit", "vit", "lofast", r"^certvit\.vit: the shape it names has depth: null"),
+        ("certvit", "table1.vit", {"mnist": "certvit_mnist"},
+         r"^certvit\.table1: vit needs an entry for \['cifar10', 'cifar100'\]"),
+        ("certvit", "table1.vit", {"mnist": "certvit_mnist", "cifar10": "lofast",
+                                   "cifar100": "certvit_cifar100"},
+         r"^certvit\.table1\.vit\.cifar10: the shape it names has depth: null"),
         ("crown", "datasets", ["cifar10", "sst2"],
          r"^crown\.datasets: 'sst2' is not an image dataset; choose from mnist, "),
         ("crown", "datasets", ["svhn", "sst2"],
@@ -94,6 +113,34 @@ def test_unknown_and_missing_keys(raw):
     del raw["data"]["subset_seed"]
     with pytest.raises(ParamsError, match=r"data\.subset_seed: missing"):
         validate(raw)
+
+
+def test_a_key_of_the_old_layout_names_its_new_place(raw):
+    """A ViT shape lives in the vit section; a stage names it (one-line error for the old keys)."""
+    raw["crown"]["dim"] = 128
+    with pytest.raises(ParamsError, match=r"^crown\.dim: renamed: the key is now crown\.vit "
+                                          r"\(the name of a shape of the vit section"):
+        validate(raw)
+    del raw["crown"]["dim"]
+    raw["certvit"]["table1"]["grid"] = {"mnist": 4}
+    with pytest.raises(ParamsError, match=r"^certvit\.table1\.grid: renamed: the key is now "
+                                          r"certvit\.table1\.vit"):
+        validate(raw)
+
+
+def test_stages_share_a_named_shape(raw):
+    """crown and the certified pair name one shape at the paper scale: one edit moves both."""
+    p = validate(raw)
+    assert p["crown"].vit is p["specformer"].certified.vit is p["vit"]["lofast_small"]
+    raw["vit"]["lofast_small"]["dim"] = 64
+    p = validate(raw)
+    assert p["crown"].vit.dim == p["specformer"].certified.vit.dim == 64
+    assert p.fields("vit")["lofast_small"]["dim"] == 64
+    # a grid stage's shape leaves depth and heads to its grid; arch() takes them
+    assert p["train_vit"].vit.depth is None
+    assert p["train_vit"].vit.arch(depth=2, heads=4)["dim"] == 384
+    with pytest.raises(ParamsError, match="depth is null"):
+        p["train_vit"].vit.arch(heads=4)
 
 
 def test_unknown_section(raw):
@@ -134,6 +181,8 @@ def test_profiles_apply_and_validate(project_copy, name):
         value = after[section]
         for part in path:
             value = getattr(value, part) if dataclasses.is_dataclass(value) else value[part]
+        if isinstance(value, VitShape):  # a stage's vit key: the shape of that name
+            new = after["vit"][new]
         assert value == new
     # a profile is applied to the paper base, so re-applying never stacks
     with pytest.raises(ParamsError, match="not in git"):

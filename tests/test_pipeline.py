@@ -11,6 +11,7 @@ import pytest
 
 from attncert.pipeline import runs
 from attncert.pipeline.nbrun import declared_parameters, parse_items, read_notebook
+from attncert.pipeline.shapes import VIT_SECTION, uses_presets
 from attncert.report import rows as report
 from attncert.stages.registry import load_params
 
@@ -90,6 +91,8 @@ def test_stage_sections_params_and_notebook_agree(stage, spec, item):
     mod = importlib.import_module(f"attncert.stages.{module.group(1)}")
     reads = {mod.SECTION, *getattr(mod, "SECTIONS", {})} | ({"base"} if mod.SECTION != "data"
                                                             else set())
+    if any(map(uses_presets, [mod.Params, *getattr(mod, "SECTIONS", {}).values()])):
+        reads.add(VIT_SECTION)  # a section names a shape of the vit section
     tracked = {s.split(".")[0] for s in sections}
     assert reads <= tracked, f"{stage}: reads {sorted(reads - tracked)} untracked"
     assert notebook in _names(spec["deps"], item, key)

@@ -95,7 +95,7 @@ def test_scale_changes_keep_edits_and_refuse_scale_dependent_ones(project, venv_
     assert proc.returncode == 0, proc.stderr
     p = load_params(project / "params.yaml")
     assert (p["base"].scale, p["train_vit"].epochs, p["tightness"].input_radius) == ("cpu", 3, 2.0)
-    assert p["train_vit"].patch == 14, "the cpu profile's own values are applied"
+    assert p["train_vit"].vit.patch == 14, "the cpu profile's own values are applied"
     # undoing the edit (the cpu value) lets the scale change again without a flag
     _edit(project, "train_vit", "epochs", "6")
     assert _make(project, venv_env, tmp_path, "SCALE=paper").returncode == 0

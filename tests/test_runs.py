@@ -16,6 +16,7 @@ from attncert.figures import vit as figs  # noqa: E402
 from attncert.pipeline import runs  # noqa: E402
 from attncert.pipeline.params import ParamsError, parse_section
 from attncert.pipeline.runs import GridPoint  # noqa: E402
+from attncert.pipeline.shapes import VitShape
 from attncert.stages import train_vit  # noqa: E402
 from attncert.stages.registry import load_params  # noqa: E402
 from attncert.training.checkpoint import prepare_checkpoint_dir  # noqa: E402
@@ -81,7 +82,7 @@ def test_vit_config_takes_the_dataset_and_the_grid_point(normalize, mean, std):
     s = _settings(normalize=normalize)
     cfg = train_vit.model_config(s, _point(depth=4, heads=8, gamma_vo=0.75), _data(3, 32))
     assert (cfg.channels, cfg.image_size, cfg.num_classes) == (3, 32, 10)
-    assert (cfg.depth, cfg.heads, cfg.gamma_vo, cfg.dim) == (4, 8, 0.75, s.dim)
+    assert (cfg.depth, cfg.heads, cfg.gamma_vo, cfg.dim) == (4, 8, 0.75, s.vit.dim)
     assert cfg.mean == mean and cfg.std == std
 
 
@@ -121,19 +122,22 @@ def test_every_dataset_builder_gives_the_config_it_built_before(channels, size):
                                     "std": [0.3 - c / 50 for c in range(channels)]}
     mean, std = tuple(data["mean"]), tuple(data["std"])
     shape = {"image_size": size, "channels": channels, "num_classes": 10}
-    s = _settings(patch=4)
-    grid = {k: getattr(s, k) for k in ("kind", "patch", "dim", "mlp_hidden", "block", "pool",
-                                       "radius_attn", "radius_stream", "gamma_qk", "head_norm")}
-    crown = {"patch": 4, "dim": 16, "heads": 2, "mlp_hidden": 32, "pool": "mean",
-             "radius_attn": 1.5, "gamma_qk": 0.25, "gamma_vo": 0.5}
+    s = _settings(vit=dataclasses.replace(load_params()["train_vit"].vit, patch=4))
+    grid = {k: getattr(s, k) for k in ("kind", "block", "pool", "radius_attn", "radius_stream",
+                                       "gamma_qk", "head_norm")}
+    grid |= {k: getattr(s.vit, k) for k in ("patch", "dim", "mlp_hidden")}
+    crown_vit = VitShape(patch=4, dim=16, depth=None, heads=2, mlp_hidden=32)
+    crown = {"pool": "mean", "radius_attn": 1.5, "gamma_qk": 0.25, "gamma_vo": 0.5}
     arch = {"patch": 4, "dim": 16, "depth": 2, "heads": 2, "mlp_hidden": 32}
     for norm, m, sd in (("mean", mean, None), ("std", mean, std), ("none", None, None)):
         assert train_vit.model_config(dataclasses.replace(s, normalize=norm), _point(),
                                       data) == ViTConfig(
             **shape, depth=3, heads=4, gamma_vo=0.5, mean=m, std=sd, **grid)
-        crown_p = dataclasses.replace(load_params()["crown"], **crown, normalize=norm)
+        crown_p = dataclasses.replace(load_params()["crown"], vit=crown_vit, **crown,
+                                      normalize=norm)
         assert vit_config(data, crown_p, 4) == ViTConfig(
-            **shape, depth=4, kind="lipschitz", block="stream", mean=m, std=sd, **crown)
+            **shape, depth=4, kind="lipschitz", block="stream", mean=m, std=sd, patch=4, dim=16,
+            heads=2, mlp_hidden=32, **crown)
     assert sf.data_config(data, **arch) == ViTConfig(**shape, mean=mean, std=std, **arch)
     assert sf.data_config(data, "mean", **arch) == ViTConfig(**shape, mean=mean, **arch)
     assert sf.base_model_config(data, block="prenorm", **arch) == ViTConfig(

@@ -15,6 +15,7 @@ from attncert.figures import specformer as figs
 from attncert.models import ViTConfig, build_vit
 from attncert.msvp import exact_head_sigma
 from attncert.pipeline.context import make_context
+from attncert.pipeline.shapes import VitShape
 from attncert.report import paper as paper_module
 from attncert.soundness import UnsoundCertificateError
 from attncert.stages import specformer as stage
@@ -179,8 +180,8 @@ def cifar_shaped(dataset, num_classes, mirror, tmp_path, max_train=0):
                             "source": f"{dataset}-shaped {sample['source']}"}, max_train, 0)
 
 #: The only knobs shrunk: model size, epochs, batch size, attack steps, attacked images.
-TINY = {"dim": 8, "depth": 1, "heads": 2, "mlp_hidden": 8, "epochs": 1, "adv_epochs": 1,
-        "batch_size": 10, "eval_batch_size": 10, "adv_steps": 1, "attack_steps": 2,
+TINY = {"vit": VitShape(patch=4, dim=8, depth=1, heads=2, mlp_hidden=8), "epochs": 1,
+        "adv_epochs": 1, "batch_size": 10, "eval_batch_size": 10, "adv_steps": 1, "attack_steps": 2,
         "n_test": 20}
 
 
@@ -206,7 +207,7 @@ def test_paper_scale_cifar_grid_code_path(dataset, num_classes, mirror, tmp_path
     # attncert.studies.specformer)
     specs = sf.attack_specs(p.std_eps_255, p.adv_eval_eps_255, p.attack_steps, p.attack_eps)
     plan = sf.run_plan(p.methods, p.adv_methods, *study.recipe(p, 0, sf.SCRATCH))
-    base = sf.base_model_config(data, p.patch, p.dim, p.depth, p.heads, p.mlp_hidden, p.block)
+    base = sf.base_model_config(data, **p.vit.arch(), block=p.block)
     x, y = sf.eval_split(data, p.n_test)
     rows = []
     for training, method, cfg in plan:
@@ -445,7 +446,7 @@ def test_units_then_gather(mirror, tmp_path):
                             attack_eps=[0.5], timing_steps=1, timing_rounds=2, timing_warmup=0,
                             msvp_lambda_ablation=[[1e-3, 0.0, 0.0], list(paper.msvp_lambda)],
                             certified=dataclasses.replace(
-                                paper.certified, dim=8, heads=2, depth=1, mlp_hidden=16,
+                                paper.certified, vit=VitShape(16, 8, 1, 2, 16),
                                 epochs=1, n_test=4, attack_steps=2, attack_restarts=1),
                             results_dir=str(tmp_path / "results"),
                             metrics=str(tmp_path / "specformer.json"))

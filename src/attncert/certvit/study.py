@@ -45,6 +45,7 @@ from attncert.pipeline.params import (
     positive,
     unique,
 )
+from attncert.pipeline.shapes import VitShape
 from attncert.training.precision import resolve_precision
 from attncert.training.train import TrainConfig, train_resumable
 
@@ -85,33 +86,28 @@ class DRParams:
 @dataclass(frozen=True)
 class Table1Params:
     """params.yaml ``certvit.table1``: CertViT Table 1's small standard ViTs, one per dataset
-    of ``datasets`` trained here (shape per dataset from its Table 4, schedule from its Table
-    9), then every step of the section; the mappings need an entry per dataset."""
+    of ``datasets`` trained here (shape per dataset from its Table 4, a shape of the ``vit``
+    section; schedule from its Table 9), then every step of the section; the mappings need an
+    entry per dataset."""
 
     datasets: list[str] = param(one_of(*IMAGE_DATASETS), unique, doc="empty: none")
-    grid: dict[str, int] = param(doc="patches per image side (patch = image size / grid)")
-    dim: dict[str, int] = param()
-    depth: dict[str, int] = param()
-    heads: dict[str, int] = param()
-    mlp_hidden: dict[str, int] = param()
+    vit: dict[str, VitShape] = param(doc="per dataset the name of a shape of the vit section")
     pretrain_epochs: dict[str, int] = param(doc="training from scratch")
     batch_size: int = param(positive)
     lr: float = param(positive, doc="training and the adaptation fine-tune")
 
     def __post_init__(self) -> None:
-        for name in ("grid", "dim", "depth", "heads", "mlp_hidden", "pretrain_epochs"):
+        for name in ("vit", "pretrain_epochs"):
             values = getattr(self, name)
             lacking = [d for d in self.datasets if d not in values]
             if lacking:
                 raise ValueError(f"{name} needs an entry for {lacking} (one per dataset of "
                                  f"datasets), got {sorted(values)}")
-            if any(isinstance(v, bool) or not isinstance(v, int) or v <= 0
-                   for v in values.values()):
-                raise ValueError(f"{name} must map to ints > 0, got {values}")
+        if any(isinstance(v, bool) or not isinstance(v, int) or v <= 0
+               for v in self.pretrain_epochs.values()):
+            raise ValueError(f"pretrain_epochs must map to ints > 0, got {self.pretrain_epochs}")
         for d in self.datasets:
-            if self.dim[d] % self.heads[d]:
-                raise ValueError(f"heads: {d}: dim {self.dim[d]} is not divisible by "
-                                 f"{self.heads[d]} heads")
+            self.vit[d].require(f"certvit.table1.vit.{d}", "depth", "heads")
 
 
 @dataclass(frozen=True)
@@ -182,9 +178,7 @@ def run_steps(p: Params, base: BaseParams, device: torch.device, processed_dir: 
     1 unit in ``Params.table1_run``'s folder). ``Result.metrics``: its record's numbers."""
     torch.manual_seed(base.seed)
     data = load_processed(p.dataset, processed_dir)
-    architecture = dict(patch=p.patch, dim=p.dim, depth=p.depth, heads=p.heads,
-                        mlp_hidden=p.mlp_hidden)
-    model, origin = cv.source_model(p.source, data, architecture, base.seed)
+    model, origin = cv.source_model(p.source, data, p.vit.arch(), base.seed)
     model.to(device)
     modes = [m for m in cv.MODES if m in p.constrain]
     r = Result(device, data, origin, model, modes, {m: StepLog() for m in modes},

@@ -34,8 +34,7 @@ def bench_models(params) -> dict[str, tuple[nn.Module, Callable[[int], tuple], s
     ds, depth, heads = g.dataset[0], max(g.depth), max(g.heads)
     lip = train_vit.model_config(s, GridPoint(g.results_dir, ds, depth, heads, g.gamma_vo[0]),
                                  stand_in(ds))
-    base = sf.base_model_config(stand_in(sfp.datasets[0]), sfp.patch, sfp.dim, sfp.depth,
-                                sfp.heads, sfp.mlp_hidden, sfp.block)
+    base = sf.base_model_config(stand_in(sfp.datasets[0]), **sfp.vit.arch(), block=sfp.block)
 
     def images(cfg):
         return functools.partial(random_images, cfg)

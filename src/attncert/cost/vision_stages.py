@@ -120,8 +120,7 @@ def specformer_work(p, n_train_max: int, n_test_max: int) -> list[Work]:
         channels, _, k, n_tr, n_te = DATASETS[ds]
         n_tr, n_te = capped(s.max_train, capped(n_train_max, n_tr)), capped(n_test_max, n_te)
         if src == sf.SCRATCH:
-            base = sf.base_model_config(stand_in(ds), s.patch, s.dim, s.depth, s.heads,
-                                        s.mlp_hidden, s.block)
+            base = sf.base_model_config(stand_in(ds), **s.vit.arch(), block=s.block)
             recipe = (s.epochs, s.adv_epochs, s.batch_size)
         elif src in HF_VITS:  # fine-tuned at its own input size (the upsampling is free)
             from attncert.models import ViTConfig
@@ -301,8 +300,7 @@ def _certvit_run_work(cv, n_train_max: int, n_test_max: int, label: str) -> list
     _, size, _, n_tr, n_te = DATASETS[cv.dataset]
     n_tr, n_te = capped(n_train_max, n_tr), capped(n_test_max, n_te)
     if cv.source == stage.PIPELINE:
-        arch = dict(patch=cv.patch, dim=cv.dim, depth=cv.depth, heads=cv.heads,
-                    mlp_hidden=cv.mlp_hidden)
+        arch = cv.vit.arch()
         cfg = stage.pretrain_config(stand_in(cv.dataset), **arch)
     elif cv.source in HF_VITS:
         from attncert.models import ViTConfig

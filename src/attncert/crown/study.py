@@ -29,8 +29,7 @@ if TYPE_CHECKING:
 def vit_config(data: Mapping[str, Any], p: Params, depth: int) -> ViTConfig:
     """The study's Lipschitz ViT of one depth for a processed dataset (stream blocks)."""
     return runs.dataset_vit_config(
-        data, p.normalize, patch=p.patch, dim=p.dim, depth=depth, heads=p.heads,
-        mlp_hidden=p.mlp_hidden, kind="lipschitz", block="stream", pool=p.pool,
+        data, p.normalize, **p.vit.arch(depth=depth), kind="lipschitz", block="stream", pool=p.pool,
         radius_attn=p.radius_attn, gamma_qk=p.gamma_qk, gamma_vo=p.gamma_vo)
 
 

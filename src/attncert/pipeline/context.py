@@ -42,6 +42,7 @@ from attncert.pipeline.params import (
 )
 from attncert.pipeline.runs import GridPoint
 from attncert.pipeline.runtime import configure
+from attncert.pipeline.shapes import VIT_SECTION, parse_presets, uses_presets
 from attncert.training.precision import resolve_precision
 from attncert.training.train import resolve_device
 
@@ -99,8 +100,9 @@ def setup(module: ModuleType, params_file: str | Path = PARAMS_FILE, *, unit: st
     precision (``device=False``: a stage that only gathers records), ``unit`` as ``item``,
     ``point`` ({key: value text} of one value per ``vit_grid`` list, nbrun's ``--item``) as a
     :class:`~attncert.pipeline.runs.GridPoint`, ``data.processed_dir``, the sections of the
-    module's ``SECTIONS`` (name -> class); ``extra``: other :class:`Context` fields
-    (``study``)."""
+    module's ``SECTIONS`` (name -> class), parsed with the ``vit`` section's shapes when one
+    names a shape (:class:`~attncert.pipeline.shapes.VitShape`); ``extra``: other
+    :class:`Context` fields (``study``)."""
     raw = read_yaml(params_file)
     if not isinstance(raw, Mapping):
         raise ParamsError(f"{params_file}: expected a mapping of sections")
@@ -113,9 +115,12 @@ def setup(module: ModuleType, params_file: str | Path = PARAMS_FILE, *, unit: st
     b = parse_section("base", section("base"), BaseParams) if base else None
     if b is not None:
         configure(b)  # threads, deterministic algorithms
-    p = parse_section(module.SECTION, section(module.SECTION), module.Params)
     owners = getattr(module, "SECTIONS", {})
-    sections = {name: parse_section(name, section(name), cls) for name, cls in owners.items()}
+    presets = (parse_presets(section(VIT_SECTION))
+               if any(map(uses_presets, [module.Params, *owners.values()])) else None)
+    p = parse_section(module.SECTION, section(module.SECTION), module.Params, presets)
+    sections = {name: parse_section(name, section(name), cls, presets)
+                for name, cls in owners.items()}
     grid = None
     if point is not None:
         if not point:

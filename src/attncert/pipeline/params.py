@@ -24,6 +24,8 @@ from typing import Any
 
 from ruamel.yaml import YAML
 
+from attncert.pipeline.renamed import RENAMED
+
 PARAMS_FILE = "params.yaml"
 
 #: Image datasets the data stage can prepare, and the text datasets.
@@ -212,49 +214,14 @@ def _check_type(key: str, value: Any, tp: Any) -> Any:
     raise TypeError(f"unsupported schema type {tp!r} for {key}")  # a bug in this module
 
 
-#: keys of an older params.yaml layout -> where they are now (a one-line error names it)
-RENAMED: dict[str, str] = {
-    **{f"certvit.dr_{k}": f"certvit.dr.{k}" for k in (
-        "threshold", "eta", "relaxation", "iterations", "projection_steps", "batch_size",
-        "max_pairs", "images")},
-    **{f"certvit.budget_{k}": f"certvit.budget.{k}" for k in (
-        "embed", "q", "v", "o", "fc1", "fc2", "gain")},
-    **{f"specformer.finetune_{k}": f"specformer.finetune.{k}" for k in (
-        "epochs", "adv_epochs", "batch_size", "lr", "weight_decay", "warmup_steps", "grad_clip",
-        "optimizer", "momentum", "mixup_alpha", "cutmix_alpha", "mix_prob", "mix_switch_prob")},
-    **{f"specformer.cert_{k}": f"specformer.certified.{k}" for k in (
-        "patch", "dim", "depth", "heads", "gamma_qk", "gamma_vo", "radius_attn", "epochs", "lr",
-        "lmt_offset", "logit_scale", "msvp_lambda", "n_test")},
-    "specformer.cert_eps": "specformer.certified.cert_eps",
-    "specformer.n_eval": "specformer.n_test",
-    **{f"text.lofast_{k}": f"text.lofast.{k}" for k in (
-        "heads", "gamma_vo", "dim", "mlp_hidden", "gamma_qk", "radius_attn", "variants",
-        "epochs", "lr", "logit_scale")},
-    "text.lofast_layers": "text.lofast.depths",
-    **{f"text.frozen_{k}": f"text.frozen.{k}" for k in (
-        "datasets", "source", "epochs", "lr", "lr_decay_epochs", "max_train")},
-    "text.frozen_hidden": "text.frozen.dim",
-    **{f"text.olsa_{k}": f"text.olsa.{k}" for k in (
-        "depths", "deep_depths", "alpha1", "residual", "residual_init")},
-    "text.hidden": "text.dim",
-    "text.max_eval": "text.max_test",
-    "train_vit.adv_eps": "train_vit.adv_eps_255 (units of 1/255)",
-    "certify_vit.cert_softmax_lipschitz": "certify_vit.softmax_lipschitz",
-    "vit_grid.runs_dir": "vit_grid.results_dir",
-    **{f"{s}.work_dir": f"{s}.results_dir" for s in ("frontier", "certvit", "crown")},
-    **{f"certvit.table1_{k}": f"certvit.table1.{k}" for k in (
-        "datasets", "grid", "dim", "depth", "heads", "mlp_hidden", "pretrain_epochs",
-        "batch_size", "lr")},
-    **{f"certvit.imagenet_{k}": f"certvit.imagenet.{k}" for k in ("sources", "calibration")},
-    "certvit.processed_dir": "data.processed_dir (one for every stage)",
-}
-
-
-def parse_section(name: str, raw: Any, cls: type) -> Any:
+def parse_section(name: str, raw: Any, cls: type,
+                  presets: Mapping[str, Any] | None = None) -> Any:
     """Validate one section's mapping against its dataclass; return the instance. A field whose
     type is a dataclass is a group (``certvit.dr``): its mapping is parsed the same way, and
-    the class's own ``__post_init__`` checks become one-line errors. A key of an older layout
-    (:data:`RENAMED`) is an error that names its new place."""
+    the class's own ``__post_init__`` checks become one-line errors. A field of a named type
+    (a class with ``PRESET_SECTION``, such as :class:`attncert.pipeline.shapes.VitShape`), or a
+    mapping to one, is written as names of ``presets`` (that section, parsed). A key of an
+    older layout (:data:`RENAMED`) is an error that names its new place."""
     if not isinstance(raw, Mapping):
         fail(name, f"expected a mapping of parameters, got {raw!r}")
     hints = typing.get_type_hints(cls)
@@ -274,8 +241,20 @@ def parse_section(name: str, raw: Any, cls: type) -> Any:
     values = {}
     for key, f in fields.items():
         full = f"{name}.{key}"
+        named = preset_type(hints[key])
+        if named:  # a name (or {entry: name}) of a preset section
+            section = named.PRESET_SECTION
+            if typing.get_origin(hints[key]) is not dict:
+                values[key] = _preset(full, raw[key], presets, section)
+                continue
+            if not isinstance(raw[key], Mapping):
+                fail(full, f"expected a mapping to names of the {section} section, got "
+                           f"{raw[key]!r}")
+            values[key] = {str(k): _preset(f"{full}.{k}", v, presets, section)
+                           for k, v in raw[key].items()}
+            continue
         if dataclasses.is_dataclass(hints[key]):  # a group: one config object, taken whole
-            values[key] = parse_section(full, raw[key], hints[key])
+            values[key] = parse_section(full, raw[key], hints[key], presets)
             continue
         v = _check_type(full, raw[key], hints[key])
         for check in f.metadata.get("checks", ()):
@@ -287,6 +266,28 @@ def parse_section(name: str, raw: Any, cls: type) -> Any:
         raise
     except ValueError as exc:  # a config class's own check (its message names the field)
         fail(name, str(exc))
+
+
+def preset_type(tp: Any) -> type | None:
+    """The named type of a field typed ``T`` or ``dict[str, T]`` where ``T`` has
+    ``PRESET_SECTION`` (None otherwise)."""
+    if typing.get_origin(tp) is dict:
+        tp = typing.get_args(tp)[1]
+    return tp if hasattr(tp, "PRESET_SECTION") else None
+
+
+def _preset(key: str, value: Any, presets: Mapping[str, Any] | None, section: str) -> Any:
+    if presets is None:  # a bug in the caller: it did not read the section
+        raise TypeError(f"{key}: parse_section needs the {section} section's presets")
+    if not isinstance(value, str):
+        fail(key, f"expected the name of a shape of the {section} section "
+                  f"({', '.join(presets)}), got {value!r}")
+    if value not in presets:
+        close = _closest(value, presets)
+        hint = f" (did you mean {close!r}?)" if close else ""
+        fail(key, f"{value!r} is not a shape of the {section} section{hint}; known: "
+                  f"{', '.join(presets)}")
+    return presets[value]
 
 
 def _closest(word: str, options) -> str | None:
@@ -329,7 +330,9 @@ class StudyParams:
         name, _, only = entry.partition(".")
         if name not in self.sections:
             raise ParamsError(f"{name}: unknown section; known: {', '.join(self.sections)}")
-        fields = dataclasses.asdict(self.sections[name])
+        section = self.sections[name]
+        fields = ({k: dataclasses.asdict(v) for k, v in section.items()}
+                  if isinstance(section, Mapping) else dataclasses.asdict(section))
         if only and only not in fields:
             raise ParamsError(f"{entry}: unknown parameter")
         return {only: fields[only]} if only else fields

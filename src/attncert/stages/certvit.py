@@ -58,6 +58,7 @@ from attncert.pipeline.params import (
     unit_interval,
 )
 from attncert.pipeline.records import read_record, unit_key
+from attncert.pipeline.shapes import VitShape
 from attncert.report.headline import middle_eps, numbers, row
 from attncert.report.paper import certvit_table1
 
@@ -78,11 +79,8 @@ class Params:
     source: str = param(doc="'pipeline' (train a standard ViT here), an HF hub id, an HF "
                             "folder or a save_vit checkpoint file")
     dataset: str = param(one_of(*IMAGE_DATASETS))
-    patch: int = param(positive, doc="the pipeline's standard ViT (source 'pipeline' only)")
-    dim: int = param(positive)
-    depth: int = param(positive)
-    heads: int = param(positive)
-    mlp_hidden: int = param(positive)
+    vit: VitShape = param(doc="source 'pipeline' only: the name of a shape of the vit "
+                              "section, the standard ViT trained here")
     pretrain_epochs: int = param(nonneg, doc="pipeline: training from scratch; loaded: "
                                              "fine-tuning on the dataset (0 = as loaded)")
     batch_size: int = param(positive)
@@ -127,9 +125,7 @@ class Params:
     metrics: str = param()
 
     def __post_init__(self) -> None:
-        if self.dim % self.heads:
-            raise ParamsError(f"certvit.heads: dim = {self.dim} is not divisible by heads = "
-                              f"{self.heads}")
+        self.vit.require("certvit.vit", "depth", "heads")
         if not 0 < self.dr.relaxation < 2:
             raise ParamsError(f"certvit.dr.relaxation: must be in (0, 2), got "
                               f"{self.dr.relaxation!r}")
@@ -147,16 +143,15 @@ class Params:
         """The section for the Table 1 run on ``dataset`` (images of ``image_size`` pixels):
         a small ViT trained here, its own folder and metrics file, no further runs."""
         t = self.table1
-        grid = t.grid[dataset]
-        if image_size % grid:
-            raise ParamsError(f"certvit.table1.grid: {dataset}'s {image_size}-pixel images do "
-                              f"not split into {grid} patches per side")
+        vit = t.vit[dataset]
+        if image_size % vit.patch:
+            raise ParamsError(f"certvit.table1.vit: {dataset}'s {image_size}-pixel images do "
+                              f"not split into patches of {vit.patch} pixels")
         work = Path(self.results_dir) / "table1" / dataset
         return dataclasses.replace(
-            self, source=cv.PIPELINE, dataset=dataset, patch=image_size // grid,
-            dim=t.dim[dataset], depth=t.depth[dataset], heads=t.heads[dataset],
-            mlp_hidden=t.mlp_hidden[dataset], pretrain_epochs=t.pretrain_epochs[dataset],
-            batch_size=t.batch_size, lr=t.lr, table1=dataclasses.replace(t, datasets=[]),
+            self, source=cv.PIPELINE, dataset=dataset, vit=vit,
+            pretrain_epochs=t.pretrain_epochs[dataset], batch_size=t.batch_size, lr=t.lr,
+            table1=dataclasses.replace(t, datasets=[]),
             imagenet=dataclasses.replace(self.imagenet, sources=[]), results_dir=str(work),
             metrics=str(work / "metrics.json"))
 

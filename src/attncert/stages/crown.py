@@ -61,6 +61,7 @@ from attncert.pipeline.params import (
     unique,
 )
 from attncert.pipeline.records import read_record, unit_key
+from attncert.pipeline.shapes import VitShape
 from attncert.report import paper
 from attncert.report.headline import eps_match, numbers, row
 
@@ -83,10 +84,8 @@ class Params:
                                 doc="image datasets, each with its own ViTs (LoFAST Table 2: "
                                     "CIFAR-10, SVHN)")
     depths: list[int] = param(positive, unique, doc="one ViT per depth (LoFAST: 3, 4, 5)")
-    patch: int = param(positive)
-    dim: int = param(positive)
-    heads: int = param(positive)
-    mlp_hidden: int = param(positive)
+    vit: VitShape = param(doc="the name of a shape of the vit section (depths replace its "
+                              "depth)")
     pool: str = param(one_of(*VIT_POOLS))
     radius_attn: float = param(positive)
     gamma_qk: float = param(positive)
@@ -124,9 +123,7 @@ class Params:
     metrics: str = param()
 
     def __post_init__(self) -> None:
-        if self.dim % self.heads:
-            raise ParamsError(f"crown.heads: dim = {self.dim} is not divisible by heads = "
-                              f"{self.heads}")
+        self.vit.require("crown.vit", "heads")
         if not self.methods:
             raise ParamsError("crown.methods: needs at least one method")
 

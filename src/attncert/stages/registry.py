@@ -1,7 +1,8 @@
 """Every section of params.yaml and its dataclass: the study's whole params file, validated.
 
 The stage modules own their sections (``attncert.stages.<stage>.Params``); this module lists
-them in file order (:data:`SECTIONS`, static imports) and reads the file once
+them in file order (:data:`SECTIONS`, static imports; the ``vit`` section of named ViT shapes,
+:func:`attncert.pipeline.params.parse_presets`, follows ``base``) and reads the file once
 (:func:`load_params`: every key required, one-line errors naming the key). The reading of
 one section (types, checks, did-you-mean) is :mod:`attncert.pipeline.params`.
 """
@@ -22,6 +23,7 @@ from attncert.pipeline.params import (
     parse_section,
     read_yaml,
 )
+from attncert.pipeline.shapes import VIT_SECTION, parse_presets
 from attncert.stages import (
     certify_vit,
     certvit,
@@ -54,19 +56,30 @@ SECTIONS: dict[str, type] = {
 
 
 def validate(raw: Any, source: str = PARAMS_FILE) -> StudyParams:
+    """Every section of ``raw`` by its class; the ``vit`` section (named ViT shapes, after
+    ``base``) first, since a section's ``vit`` key names one of them."""
     if not isinstance(raw, Mapping):
         raise ParamsError(f"{source}: expected a mapping of sections")
-    unknown = sorted(set(raw) - set(SECTIONS))
+    names = [*SECTIONS][:1] + [VIT_SECTION] + [*SECTIONS][1:]
+    unknown = sorted(set(raw) - set(names))
     if unknown:
-        close = _closest(unknown[0], SECTIONS)
+        close = _closest(unknown[0], names)
         hint = f" (did you mean {close!r}?)" if close else ""
         raise ParamsError(f"{unknown[0]}: unknown section{hint}")
-    missing = [s for s in SECTIONS if s not in raw]
+    missing = [s for s in names if s not in raw]
     if missing:
         raise ParamsError(f"{missing[0]}: section missing from {source}")
-    return StudyParams({name: parse_section(name, raw[name], section_class(name))
-                   for name in SECTIONS})
-
+    presets = parse_presets(raw[VIT_SECTION])
+    study = StudyParams({name: presets if name == VIT_SECTION
+                         else parse_section(name, raw[name], section_class(name), presets)
+                         for name in names})
+    shape = study["train_vit"].vit  # the grid's heads (and the frontier's) split its width
+    for key, heads in [("vit_grid.heads", h) for h in study["vit_grid"].heads] + [
+            ("frontier.heads", study["frontier"].heads)]:
+        if shape.dim % heads:
+            raise ParamsError(f"{key}: {heads} heads do not split train_vit's shape's dim = "
+                              f"{shape.dim}")
+    return study
 
 
 def load_params(path: str | Path = PARAMS_FILE) -> StudyParams:

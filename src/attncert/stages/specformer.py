@@ -39,6 +39,7 @@ from attncert.pipeline.params import (
     unique,
 )
 from attncert.pipeline.records import read_record, unit_key
+from attncert.pipeline.shapes import VitShape
 from attncert.report import paper
 from attncert.report.headline import numbers, row, scale_caveat
 from attncert.studies.specformer import (
@@ -63,7 +64,7 @@ class Params:
 
     datasets: list[str] = param(one_of(*IMAGE_DATASETS), unique)
     sources: list[str] = param(nonempty, unique,
-                               doc="'scratch' (a ViT of patch/dim/depth/heads trained here) or "
+                               doc="'scratch' (a ViT of the shape vit, trained here) or "
                                    "a pre-trained ViTForImageClassification: HF hub id or "
                                    "save_pretrained folder, fine-tuned with the finetune recipe")
     image_size: int = param(positive, doc="input size of the pre-trained sources; images are "
@@ -71,11 +72,7 @@ class Params:
     methods: list[str] = param(one_of(*sf.METHODS), unique, doc="standard training")
     adv_methods: list[str] = param(one_of(*sf.METHODS), unique,
                                    doc="PGD adversarial training ([] = none)")
-    patch: int = param(positive)
-    dim: int = param(positive)
-    depth: int = param(positive)
-    heads: int = param(positive)
-    mlp_hidden: int = param(positive)
+    vit: VitShape = param(doc="source scratch: the name of a shape of the vit section")
     block: str = param(one_of(*VIT_BLOCKS))
     max_train: int = param(nonneg, doc="seeded subset of every training split (0 = all)")
     lipsformer_alpha: float = param(positive, doc="LipsFormer's residual scale x + alpha f(x)")
@@ -117,8 +114,7 @@ class Params:
             if len(lam) != 3 or any(v < 0 for v in lam):
                 fail("specformer.msvp_lambda_ablation", f"each entry needs 3 values >= 0, got "
                                                         f"{lam!r}")
-        if self.dim % self.heads:
-            fail("specformer.heads", f"{self.dim} is not divisible by {self.heads} heads")
+        self.vit.require("specformer.vit", "depth", "heads")
         if "vanilla" not in self.methods:
             fail("specformer.methods", "needs vanilla (the reference of the step-time ratios)")
         pretrained = [s for s in self.sources if s != sf.SCRATCH]

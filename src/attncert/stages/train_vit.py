@@ -34,6 +34,7 @@ from attncert.pipeline.params import (
     probability,
 )
 from attncert.pipeline.runs import GridPoint
+from attncert.pipeline.shapes import VitShape
 from attncert.report.headline import numbers, row
 from attncert.training.train import ADVERSARIAL, TrainConfig, evaluate, train_resumable
 
@@ -52,9 +53,8 @@ class Params:
     """params.yaml ``train_vit``: the fixed settings of every grid point."""
 
     kind: str = param(one_of(*KINDS))
-    patch: int = param(positive)
-    dim: int = param(positive)
-    mlp_hidden: int = param(positive)
+    vit: VitShape = param(doc="the name of a shape of the vit section (the grid point sets "
+                              "depth and heads)")
     block: str = param(one_of(*VIT_BLOCKS))
     pool: str = param(one_of(*VIT_POOLS))
     radius_attn: float = param(positive)
@@ -95,10 +95,9 @@ class Params:
 def model_config(p: Params, point: GridPoint, data: Mapping[str, Any]) -> ViTConfig:
     """The grid point's ViT, sized by its processed dataset (:func:`runs.dataset_vit_config`)."""
     return runs.dataset_vit_config(
-        data, p.normalize, kind=p.kind, patch=p.patch, dim=p.dim, mlp_hidden=p.mlp_hidden,
+        data, p.normalize, kind=p.kind, **p.vit.arch(depth=point.depth, heads=point.heads),
         block=p.block, pool=p.pool, radius_attn=p.radius_attn, radius_stream=p.radius_stream,
-        gamma_qk=p.gamma_qk, head_norm=p.head_norm, depth=point.depth, heads=point.heads,
-        gamma_vo=point.gamma_vo)
+        gamma_qk=p.gamma_qk, head_norm=p.head_norm, gamma_vo=point.gamma_vo)
 
 
 #: TrainConfig fields the grid leaves at their defaults (AdamW, unmixed batches)

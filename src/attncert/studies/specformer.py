@@ -29,6 +29,7 @@ from attncert.pipeline.params import (
     unique,
     unit_interval,
 )
+from attncert.pipeline.shapes import VitShape
 from attncert.training.loop import OPTIMIZERS
 from attncert.training.train import TrainConfig
 
@@ -77,11 +78,8 @@ class CertifiedParams:
     soundness audit) on the first ``n_test`` test images. Training settings not named here are
     the from-scratch recipe's."""
 
-    patch: int = param(positive)
-    dim: int = param(positive)
-    depth: int = param(positive)
-    heads: int = param(positive)
-    mlp_hidden: int = param(positive, doc="SLL hidden width")
+    vit: VitShape = param(doc="the name of a shape of the vit section (mlp_hidden: the SLL "
+                              "hidden width)")
     gamma_qk: float = param(positive, doc="spectral norm of every W^Q_l, W^K_l")
     gamma_vo: float = param(positive, doc="spectral norm of every W^V_l, W^O_l")
     radius_attn: float = param(positive, doc="LayerProject radius of every attention input")
@@ -98,8 +96,7 @@ class CertifiedParams:
     def __post_init__(self) -> None:
         if len(self.msvp_lambda) != 3:
             raise ValueError(f"msvp_lambda needs 3 values, got {self.msvp_lambda!r}")
-        if self.dim % self.heads:
-            raise ValueError(f"dim {self.dim} is not divisible by {self.heads} heads")
+        self.vit.require("specformer.certified.vit", "depth", "heads")
 
 
 def recipe(p: Params, seed: int, source: str) -> tuple[TrainConfig, TrainConfig]:
@@ -121,8 +118,7 @@ def certified_configs(p: Params, data: Mapping[str, Any], seed: int
     (:class:`CertifiedParams`): the from-scratch recipe with the group's schedule, the LMT margin
     and no weight decay."""
     c = p.certified
-    model_cfg = sf.data_config(data, normalize="mean", patch=c.patch, dim=c.dim, depth=c.depth,
-                               heads=c.heads, mlp_hidden=c.mlp_hidden, kind="lipschitz",
+    model_cfg = sf.data_config(data, normalize="mean", **c.vit.arch(), kind="lipschitz",
                                block="stream", pool="mean", radius_attn=c.radius_attn,
                                gamma_qk=c.gamma_qk, gamma_vo=c.gamma_vo)
     train_cfg = dataclasses.replace(recipe(p, seed, sf.SCRATCH)[0], epochs=c.epochs, lr=c.lr,
@@ -135,8 +131,7 @@ def _train(p: Params, src: str, method: str, train_cfg: TrainConfig, data: Mappi
            dataset: str, ckpt: Path, device: torch.device, precision: str):
     """One run: the from-scratch ViT of ``p`` or the fine-tuned pre-trained ``src``."""
     if src == sf.SCRATCH:
-        vit = sf.base_model_config(data, p.patch, p.dim, p.depth, p.heads, p.mlp_hidden,
-                                   p.block)
+        vit = sf.base_model_config(data, **p.vit.arch(), block=p.block)
         return sf.train_run(sf.method_model_config(method, vit, p.lipsformer_alpha), train_cfg,
                             data, dataset, ckpt, device, precision)
     return sf.finetune_run(src, train_cfg, data, dataset, p.image_size, ckpt, device,

@@ -1,0 +1,49 @@
+"""Keys of an older params.yaml layout and where they are now: parsing one is a one-line error
+that names its new place (:func:`attncert.pipeline.params.parse_section`)."""
+
+#: old key -> where it is now
+RENAMED: dict[str, str] = {
+    **{f"certvit.dr_{k}": f"certvit.dr.{k}" for k in (
+        "threshold", "eta", "relaxation", "iterations", "projection_steps", "batch_size",
+        "max_pairs", "images")},
+    **{f"certvit.budget_{k}": f"certvit.budget.{k}" for k in (
+        "embed", "q", "v", "o", "fc1", "fc2", "gain")},
+    **{f"specformer.finetune_{k}": f"specformer.finetune.{k}" for k in (
+        "epochs", "adv_epochs", "batch_size", "lr", "weight_decay", "warmup_steps", "grad_clip",
+        "optimizer", "momentum", "mixup_alpha", "cutmix_alpha", "mix_prob", "mix_switch_prob")},
+    **{f"specformer.cert_{k}": f"specformer.certified.{k}" for k in (
+        "patch", "dim", "depth", "heads", "gamma_qk", "gamma_vo", "radius_attn", "epochs", "lr",
+        "lmt_offset", "logit_scale", "msvp_lambda", "n_test")},
+    "specformer.cert_eps": "specformer.certified.cert_eps",
+    "specformer.n_eval": "specformer.n_test",
+    **{f"text.lofast_{k}": f"text.lofast.{k}" for k in (
+        "heads", "gamma_vo", "dim", "mlp_hidden", "gamma_qk", "radius_attn", "variants",
+        "epochs", "lr", "logit_scale")},
+    "text.lofast_layers": "text.lofast.depths",
+    **{f"text.frozen_{k}": f"text.frozen.{k}" for k in (
+        "datasets", "source", "epochs", "lr", "lr_decay_epochs", "max_train")},
+    "text.frozen_hidden": "text.frozen.dim",
+    **{f"text.olsa_{k}": f"text.olsa.{k}" for k in (
+        "depths", "deep_depths", "alpha1", "residual", "residual_init")},
+    "text.hidden": "text.dim",
+    "text.max_eval": "text.max_test",
+    "train_vit.adv_eps": "train_vit.adv_eps_255 (units of 1/255)",
+    "certify_vit.cert_softmax_lipschitz": "certify_vit.softmax_lipschitz",
+    "vit_grid.runs_dir": "vit_grid.results_dir",
+    **{f"{s}.work_dir": f"{s}.results_dir" for s in ("frontier", "certvit", "crown")},
+    **{f"certvit.table1_{k}": f"certvit.table1.{k}" for k in (
+        "datasets", "grid", "dim", "depth", "heads", "mlp_hidden", "pretrain_epochs",
+        "batch_size", "lr")},
+    **{f"certvit.imagenet_{k}": f"certvit.imagenet.{k}" for k in ("sources", "calibration")},
+    "certvit.processed_dir": "data.processed_dir (one for every stage)",
+    **{f"certvit.table1.{k}": "certvit.table1.vit (per dataset the name of a shape of the vit "
+                              "section)" for k in ("grid", "dim", "depth", "heads", "mlp_hidden")},
+    **{f"{s}.{k}": f"{s}.vit (the name of a shape of the vit section, which holds its {k})"
+       for s, keys in (("train_vit", ("patch", "dim", "mlp_hidden")),
+                       ("crown", ("patch", "dim", "heads", "mlp_hidden")),
+                       ("specformer", ("patch", "dim", "depth", "heads", "mlp_hidden")),
+                       ("specformer.certified", ("patch", "dim", "depth", "heads",
+                                                 "mlp_hidden")),
+                       ("certvit", ("patch", "dim", "depth", "heads", "mlp_hidden")))
+       for k in keys},
+}
