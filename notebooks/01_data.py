@@ -62,7 +62,7 @@ for obj in objs:
 counts = figs.class_counts(objs)
 if not counts.empty:
     show(figs.class_balance(counts))
-counts.pivot_table(index=["dataset", "class"], columns="split", values="count")
+figs.class_count_table(counts)
 
 # %% [markdown]
 # ## Text lengths
@@ -73,6 +73,6 @@ for obj in objs:
     if obj["kind"] == "text":
         lengths = figs.sentence_lengths(obj)
         show(figs.length_histogram(lengths, obj["name"]))
-        display(lengths.groupby("split")["words"].describe())
+        display(figs.length_summary(lengths))
         print(obj["name"], "splits without labels (not used for reporting):",
               obj["unlabelled_splits"] or "none")

@@ -20,14 +20,12 @@
 params_file = "params.yaml"  # the study's params, passed by attncert.pipeline.nbrun
 
 # %%
-import pandas as pd
 from IPython.display import Markdown, display
 
 from attncert.figures import show
 from attncert.figures import tightness as figs
 from attncert.pipeline.context import setup
 from attncert.stages import tightness as stage
-from attncert.tightness import paper_table3_frame
 
 p, ctx = setup(stage, params_file)
 b = ctx.base
@@ -44,36 +42,32 @@ display(Markdown(f"**Layer:** {res.layer_source}  \n**Scale:** {b.scale}, {n_inp
 # differ, so compare the ratio LoFAST / PGD, not the values.
 
 # %%
-t3 = res.table3
-show(figs.plot_table3(t3))
-t3.pivot_table(index="eps", columns="method", values="value")
+show(figs.plot_table3(res.table3))
+res.table3_values()
 
 # %%
-paper = paper_table3_frame()
-pd.concat({"ours": t3.pivot_table(index="eps", columns="method", values="ratio_to_pgd"),
-           "paper": paper.pivot_table(index="eps", columns="method", values="ratio_to_pgd")},
-          axis=1).round(4)
+res.table3_ratios()
 
 # %% [markdown]
 # ## Figure 1: single-head pieces and multi-head bounds
 
 # %%
 show(figs.plot_figure1(res.figure1_single, res.figure1_multi))
-res.figure1_single.pivot_table(index="eps", columns=["quantity", "method"], values="ratio_to_pgd")
+res.figure1_ratios()
 
 # %% [markdown]
 # ## Figure 3: perturbing W^Q, W^K, W^V, W^O and X (eps fixed)
 
 # %%
 show(figs.plot_figure3(res.figure3))
-res.figure3.groupby(["target", "size"])["ratio"].describe()[["mean", "min", "max"]]
+res.figure3_ratios()
 
 # %% [markdown]
 # ## Figure 4: tightness against the input norm
 
 # %%
 show(figs.plot_figure4(res.figure4))
-res.figure4.pivot_table(index=["scale", "input_norm"], columns="method", values="ratio_to_pgd")
+res.figure4_ratios()
 
 # %%
-pd.Series(res.metrics["table3_lofast_M_over_pgd"], name="LoFAST(M) / PGD")
+res.lofast_over_pgd()

@@ -24,7 +24,6 @@ params_file = "params.yaml"  # the study's params, passed by attncert.pipeline.n
 point = {}  # the grid point: one value of each `vit_grid` list (nbrun --item)
 
 # %%
-import pandas as pd
 from IPython.display import Markdown, display
 
 from attncert.figures import show
@@ -44,7 +43,7 @@ display(Markdown(f"**Run** `{result.name}` ({b.scale} scale, device {dev}): the 
 # ## Certified radii
 
 # %%
-result.table[[c for c in result.table if not c.startswith("pgd_")]].describe().T.round(4)
+result.radii()
 
 # %% [markdown]
 # ## L2 PGD: empirical robust accuracy and the soundness audit
@@ -55,16 +54,14 @@ result.table[[c for c in result.table if not c.startswith("pgd_")]].describe().T
 # %%
 display(Markdown(f"**Soundness audit:** {result.summary['broken']} broken certificates over "
                  f"{len(p.cert_eps)} eps values; certified accuracy <= PGD accuracy everywhere."))
-result.audit[["eps", "attacked", "robust_acc"]
-             + [c for c in result.audit if c.startswith("broken_")]]
+result.audit_table()
 
 # %% [markdown]
 # ## Certified accuracy vs eps (Figure 2 analog for this configuration)
 
 # %%
 show(result.figure)
-result.long.pivot_table(index=["variant", "test"], columns="eps",
-                        values="accuracy").mul(100).round(1)
+result.certified_table()
 
 # %% [markdown]
 # ## Cost of each certificate
@@ -73,6 +70,4 @@ result.long.pivot_table(index=["variant", "test"], columns="eps",
 
 # %%
 show(figs.plot_radius_cost(result.summary))
-pd.DataFrame({"seconds/sample": result.summary["seconds_per_sample"],
-              "x forward": result.summary["cost_vs_forward"],
-              "median radius": result.summary["median_radius"]}).round(4)
+result.cost_table()

@@ -25,7 +25,6 @@ params_file = "params.yaml"  # the study's params, passed by attncert.pipeline.n
 unit = ""  # one of attncert.stages.frontier.units: <dataset>-<setting> (nbrun --unit)
 
 # %%
-import pandas as pd
 from IPython.display import Markdown, display
 
 from attncert.pipeline.context import setup
@@ -43,6 +42,4 @@ display(Markdown(f"**Unit** `{unit}` ({b.scale} scale, device {rec['device']}, "
 # ## Clean, certified and PGD accuracy on the validation points
 
 # %%
-pd.DataFrame({"certified": rec["certified_acc"], "PGD": rec["pgd_acc"]}).mul(100).round(1) \
-    .rename_axis("eps").T.assign(clean=round(100 * rec["clean_acc"], 1),
-                                 broken=rec["broken"])
+stage.unit_table(rec)

@@ -114,11 +114,8 @@ for name in res.runs:
 
 # %%
 for name in res.runs:
-    pair = res.sigma[(res.sigma["dataset"] == name)
-                     & res.sigma["method"].isin(["vanilla", "specformer"])]
-    show(figs.plot_max_sigma(pair, f"{name}: vanilla vs SpecFormer (MSVP)"))
-res.sigma.pivot_table(index=["dataset", "method", "depth"], columns="map",
-                      values="sigma").round(3)
+    show(figs.plot_max_sigma(res.sigma_pair(name), f"{name}: vanilla vs SpecFormer (MSVP)"))
+res.sigma_table()
 
 # %% [markdown]
 # ## Cost of a training step (SpecFormer Table 3)
@@ -152,8 +149,7 @@ res.ratios.round(4)
 display(Markdown(f"**certify(vanilla)**: `{res.refusal}`"))
 
 # %%
-display(res.cert_sigma.pivot_table(index=["method", "depth"], columns="map",
-                                   values="sigma").round(4))
+display(res.cert_sigma_table())
 res.certified.round(4)
 
 # %% [markdown]

@@ -32,6 +32,7 @@ from IPython.display import Markdown, display
 
 from attncert.pipeline.context import setup
 from attncert.stages import specformer as stage
+from attncert.studies.specformer import attack_table, step_times
 
 p, ctx = setup(stage, params_file, unit=unit)
 b = ctx.base
@@ -55,10 +56,7 @@ pd.DataFrame(rec["trained"]).round(4) if rec["trained"] else Markdown("(no main 
 # %%
 rows = rec["robustness"] or rec["ablation"] or []
 if rows:
-    frame = pd.DataFrame(rows)
-    keys = [k for k in ("dataset", "lambda", "training", "method") if k in frame]
-    display(frame.pivot_table(index=keys, columns="attack", values="accuracy", sort=False)
-            .round(4))
+    display(attack_table(rows))
 else:
     display(Markdown("(none here: this triple is `msvp_lambda`, answered by the main runs)"
                      if rec["ablation"] is None and unit.startswith("lambda")
@@ -69,8 +67,7 @@ else:
 
 # %%
 if rec["times"]:
-    display(pd.DataFrame(rec["times"]).groupby(["training", "method"], sort=False)[
-        "seconds_per_step"].median().to_frame())
+    display(step_times(rec["times"]))
 if rec["refusal"]:
     display(Markdown(f"**certify(vanilla)**: `{rec['refusal']}`"))
 pd.DataFrame(rec["certified"]).round(4) if rec["certified"] else None

@@ -32,7 +32,6 @@
 params_file = "params.yaml"  # the study's params, passed by attncert.pipeline.nbrun
 
 # %%
-import pandas as pd
 from IPython.display import Markdown, display
 
 from attncert.crown import PATCHES, tables
@@ -44,9 +43,10 @@ p, ctx = setup(stage, params_file, device=False)
 b = ctx.base
 res = stage.run(p, ctx)
 parts = res.datasets
-display(Markdown(f"**{b.scale} scale**: {', '.join(p.datasets)}, depths {p.depths}, {p.vit.dim}-d, "
-                 f"patch {p.vit.patch}, {', '.join(f'{k}: {r.n}' for k, r in parts.items())} test "
-                 f"points, eps {p.cert_eps}; CROWN methods {p.methods} in {p.bound_dtype} on "
+display(Markdown(f"**{b.scale} scale**: {', '.join(p.datasets)}, depths {p.depths}, "
+                 f"{p.vit.dim}-d, patch {p.vit.patch}, "
+                 f"{', '.join(f'{k}: {r.n}' for k, r in parts.items())} test points, "
+                 f"eps {p.cert_eps}; CROWN methods {p.methods} in {p.bound_dtype} on "
                  f"{res.device} (time limit {p.time_limit:g} s per bound; "
                  + (f"budget {p.time_budget:g} s of bounds per unit; " if p.time_budget else "")
                  + ("points LoFAST certified skip CROWN, so CROWN alone is not measured"
@@ -57,16 +57,14 @@ display(Markdown(f"**{b.scale} scale**: {', '.join(p.datasets)}, depths {p.depth
 # ## Training one ViT per depth and dataset
 
 # %%
-pd.concat([r.trained.assign(dataset=k) for k, r in parts.items()]).set_index(
-    ["dataset", "depth"]).round(2)
+tables.trained_table(parts)
 
 # %% [markdown]
 # ## Certifying the same points with LoFAST and CROWN
 # One row per (point, eps) and CROWN method; the count of each status per dataset and depth.
 
 # %%
-pd.concat([r.crown.assign(dataset=k) for k, r in parts.items()]).groupby(
-    ["dataset", "depth", "method", "status"]).size().unstack(fill_value=0)
+tables.crown_status_table(parts)
 
 # %% [markdown]
 # ## Soundness audit
@@ -99,8 +97,7 @@ for k, r in parts.items():
 for r in parts.values():
     show(r.figures["table2"])
 display(tables.paper_table2())
-pd.concat([r.table2.assign(dataset=k) for k, r in parts.items()]).set_index(
-    ["dataset", "depth", "eps", "method"]).round(3)
+tables.table2_all(parts)
 
 # %% [markdown]
 # ## Speed ratio

@@ -29,6 +29,7 @@ unit = ""  # one of attncert.stages.crown.units: <dataset>-L<depth> (nbrun --uni
 import pandas as pd
 from IPython.display import Markdown, display
 
+from attncert.crown import tables
 from attncert.pipeline.context import setup
 from attncert.stages import crown as stage
 
@@ -44,6 +45,6 @@ display(Markdown(f"**Unit** `{unit}` ({b.scale} scale, device {rec['device']}, "
 # ## CROWN's (point, eps) rows by status, and the unit's Tables 1-2 rows
 
 # %%
-display(pd.DataFrame(rec["crown"]).groupby(["method", "status"]).size().to_frame("pairs"))
+display(tables.unit_status_counts(rec["crown"]))
 display(pd.DataFrame(rec["table1"]).round(3))
 pd.DataFrame(rec["table2"]).round(3)

@@ -30,6 +30,7 @@ from attncert.figures import certvit as figs
 from attncert.models.vit import save_vit
 from attncert.pipeline import params
 from attncert.pipeline.context import make_context
+from attncert.pipeline.shapes import VitShape
 from attncert.report.paper import CERTVIT_CIFAR10, CERTVIT_MNIST
 from attncert.stages import certvit as certvit_stage
 from attncert.stages import registry
@@ -90,7 +91,7 @@ def test_the_section_takes_the_library_s_choices():
     with pytest.raises(params.ParamsError, match="table1.vit: cifar10's 32-pixel images do not "
                                                  "split into patches of 5"):
         dataclasses.replace(p, table1=dataclasses.replace(p.table1, vit={
-            **p.table1.vit, "cifar10": params.VitShape(5, 192, 6, 3, 576)})).table1_run(
+            **p.table1.vit, "cifar10": VitShape(5, 192, 6, 3, 576)})).table1_run(
                 "cifar10", 32)
     # its eps (normalised input) as the pixel radius it covers: eps x min(std), rounded down
     assert cv_tables.table1_eps("mnist") == 0.4867 == pytest.approx(1.58 * 0.3081, abs=1e-4)
@@ -331,7 +332,7 @@ def test_the_stage_runs_every_mode_and_writes_its_files(tmp_path):
     base = params.parse_section("base", {**raw["base"], "device": "cpu"}, params.BaseParams)
     p = dataclasses.replace(
         params.parse_section("certvit", raw["certvit"], certvit_stage.Params, PRESETS),
-        source=stage.PIPELINE, dataset="mnist", vit=params.VitShape(4, 16, 1, 2, 16),
+        source=stage.PIPELINE, dataset="mnist", vit=VitShape(4, 16, 1, 2, 16),
         pretrain_epochs=1, batch_size=16, warmup_steps=2,
         adapt_epochs=1, dr=dataclasses.replace(
             params.parse_section("certvit", raw["certvit"], certvit_stage.Params, PRESETS).dr,
@@ -339,7 +340,7 @@ def test_the_stage_runs_every_mode_and_writes_its_files(tmp_path):
         finetune_epochs=1, spectral_epochs=1, n_test=0,
         n_attack=5, eval_batch_size=64, cert_eps=[0.1, 0.4867], attack_steps=2,
         attack_restarts=1, table1=stage_study.Table1Params(
-            datasets=["mnist"], vit={"mnist": params.VitShape(4, 8, 1, 2, 8)},
+            datasets=["mnist"], vit={"mnist": VitShape(4, 8, 1, 2, 8)},
             pretrain_epochs={"mnist": 1},
             batch_size=16, lr=1e-3),
         results_dir=str(tmp_path / "work"), metrics=str(tmp_path / "metrics.json"))
@@ -404,7 +405,7 @@ def test_the_stage_runs_every_mode_and_writes_its_files(tmp_path):
     (work / "units" / "imagenet.json").write_text(json.dumps(net))
     with pytest.raises(soundness.UnsoundCertificateError, match="imagenet"):
         certvit_stage.run(p, make_context(base, device=False))
-    assert certvit_stage.unit_params(p, "table1-mnist", str(processed)).dim == 8
+    assert certvit_stage.unit_params(p, "table1-mnist", str(processed)).vit.dim == 8
     with pytest.raises(ValueError, match="not one of"):
         certvit_stage.run(p, make_context(base, item="table1-cifar10"))
 

@@ -69,7 +69,7 @@ def test_table_has_every_stage_and_follows_the_params(smoke, tmp_path):
         return sum(w.flops for w in cost.stage_work(load_params(path), ["train_vit"])[0])
 
     base = train_vit_flops(smoke)
-    assert train_vit_flops(_with(smoke, tmp_path, "train_vit", "epochs", 4)) > 3.9 * base
+    assert train_vit_flops(_with(smoke, tmp_path, "train_vit", "train.epochs", 4)) > 3.9 * base
     assert train_vit_flops(_with(smoke, tmp_path, "vit", "lofast.patch", 14)) < base
 
 
@@ -267,7 +267,7 @@ def test_crown_bounds_are_costed_from_the_measured_seconds(tmp_path, monkeypatch
 
 
 def test_the_lofast_margin_is_counted_in_the_grid_s_training_step():
-    """The grid's training work follows train_vit.margin: the lofast margin's bound (norms and
+    """The grid's training work follows train_vit.train.margin: the lofast margin's bound (norms and
     their backward pass) adds kernels and FLOPs to every step."""
     from attncert.cost.counting import stand_in, vit_counts
     from attncert.models import ViTConfig

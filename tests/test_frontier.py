@@ -43,10 +43,12 @@ def test_settings_parse_and_bad_ones_are_refused():
 
 def test_the_grid_setting_is_named_like_a_frontier_setting():
     tv = PAPER["train_vit"]
-    assert stage.grid_setting(tv) == f"lmt-{tv.lmt_offset:g}"
-    assert stage.grid_setting(dataclasses.replace(tv, margin="lofast", lofast_eps=0.5)) \
-        == "lofast-0.5"
-    assert stage.grid_setting(dataclasses.replace(tv, margin="none")) is None
+    assert stage.grid_setting(tv) == f"lmt-{tv.train.lmt_offset:g}"
+    def with_train(**changes):
+        return dataclasses.replace(tv, train=dataclasses.replace(tv.train, **changes))
+
+    assert stage.grid_setting(with_train(margin="lofast", lofast_eps=0.5)) == "lofast-0.5"
+    assert stage.grid_setting(with_train(margin="none")) is None
 
 
 def test_selection_reads_clean_and_certified_at_the_selection_eps_averaged_over_datasets():
@@ -85,8 +87,9 @@ def test_units_train_on_the_training_split_minus_the_held_out_images_then_gather
         return data
 
     monkeypatch.setattr(stage, "load_processed", load)
-    tv = dataclasses.replace(PAPER["train_vit"], vit=VitShape(8, 8, None, None, 8), epochs=1,
-                             batch_size=8, warmup_steps=1, augment="none", lofast_ramp=0.0)
+    paper_tv = PAPER["train_vit"]
+    tv = dataclasses.replace(paper_tv, vit=VitShape(8, 8, None, None, 8), train=dataclasses.replace(
+        paper_tv.train, epochs=1, batch_size=8, warmup_steps=1, augment="none", lofast_ramp=0.0))
     p = dataclasses.replace(PAPER["frontier"], datasets=["mnist"],
                             settings=["lmt-0.2", "lofast-0.5", "linear-0.5"], depth=1, heads=2,
                             holdout=20, n_val=12, n_attack=10, cert_eps=[0.1, 0.5],
@@ -117,7 +120,8 @@ def test_units_train_on_the_training_split_minus_the_held_out_images_then_gather
     with pytest.raises(ValueError, match="other params"):
         stage.run(dataclasses.replace(p, n_val=11), _ctx(base, tv))
     with pytest.raises(ValueError, match="other params"):  # the recipe is part of the key
-        stage.run(p, _ctx(base, dataclasses.replace(tv, lr=0.5)))
+        stage.run(p, _ctx(base, dataclasses.replace(
+            tv, train=dataclasses.replace(tv.train, lr=0.5))))
 
 
 def test_the_cost_model_counts_every_vit_unit():

@@ -49,7 +49,7 @@ COUNTS: dict[str, dict] = {
     "tightness": {"samples": 2, "cert_eps": [0.1], "fig3_sizes": [1.0], "fig3_samples": 1,
                   "fig4_scales": [1.0], "attack_steps": 2, "attack_restarts": 1},
     "vit_grid": {k: [v] for k, v in GRID_POINT.items()},
-    "train_vit": {"epochs": 1, "warmup_steps": 1},
+    "train_vit": {"train": {"epochs": 1, "warmup_steps": 1}},
     "certify_vit": {"n_test": 2, "n_attack": 1, "cert_eps": [0.1], "attack_steps": 2,
                     "attack_restarts": 1},
     "frontier": {"settings": ["lmt-0.2", "lofast-0.25", "linear-0.5"], "holdout": 50,

@@ -66,7 +66,8 @@ def test_yaml_12_semantics(tmp_path):
         ("crown", "vit", "lofast_smal",
          r"^crown\.vit: 'lofast_smal' is not a shape of the vit section \(did you mean "
          r"'lofast_small'\?\); known: lofast, "),
-        ("crown", "vit", {"patch": 16}, r"^crown\.vit: expected the name of a ViT shape"),
+        ("crown", "vit", {"patch": 16},
+         r"^crown\.vit: expected the name of a shape of the vit section"),
         ("specformer", "certified.vit", "lofast",
          r"^specformer\.certified\.vit: the shape it names has depth: null; this stage "
          r"needs a depth"),

@@ -90,3 +90,17 @@ def test_the_notebook_holds_no_plan(stage):
              if isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute)}
     assert "run" in calls, f"{notebook} does not call its stage's run"
     assert not calls & {"write_json", "write_text", "save"}, f"{notebook} writes files itself"
+
+
+#: table work a notebook leaves to the package: reshaping, grouping, joining, summarising
+TABLE_WORK = {"pivot_table", "pivot", "groupby", "concat", "merge", "unstack",
+              "describe", "agg", "mul", "div"}
+
+
+@pytest.mark.parametrize("notebook", sorted(p.name for p in (ROOT / "notebooks").glob("*.py")))
+def test_the_notebook_computes_no_table(notebook):
+    """Notebooks load, call and show: a stage's tables and ratios come from the package."""
+    tree = ast.parse((ROOT / "notebooks" / notebook).read_text())
+    calls = {n.func.attr for n in ast.walk(tree)
+             if isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute)}
+    assert not calls & TABLE_WORK, f"{notebook} computes tables itself: {calls & TABLE_WORK}"

@@ -17,12 +17,18 @@ ROOT = Path(__file__).resolve().parents[1]
 @pytest.mark.parametrize(
     "section,key,value,match",
     [
-        ("train_vit", "margin", "radius", r"^train_vit\.margin: unknown value 'radius'"),
+        ("train_vit", "train.margin", "radius",
+         r"^train_vit\.train\.margin: unknown value 'radius'"),
         ("train_vit", "kind", "deep", r"^train_vit\.kind: unknown value 'deep'"),
-        ("train_vit", "adversarial", "pgd_l2", r"^train_vit\.adversarial: unknown value"),
-        ("train_vit", "msvp_lambda", [0.0, 0.0], r"^train_vit\.msvp_lambda: needs 3 values"),
+        ("train_vit", "train.adversarial", "pgd_l2",
+         r"^train_vit\.train\.adversarial: unknown value"),
+        ("train_vit", "train.msvp_lambda", [0.0, 0.0],
+         r"^train_vit\.train: msvp_lambda: needs 3 values"),
         ("train_vit", "radius_stream", -1.0, r"^train_vit\.radius_stream: must be > 0 or null"),
-        ("train_vit", "epochs", 0, r"^train_vit\.epochs: must be > 0"),
+        ("train_vit", "train.epochs", 0, r"^train_vit\.train\.epochs: must be > 0"),
+        ("train_vit", "train.optimizer", "adam", r"^train_vit\.train\.optimizer: unknown value"),
+        ("train_vit", "epochs", 3, r"^train_vit\.epochs: renamed: the key is now "
+                                   r"train_vit\.train\.epochs"),
         ("certify_vit", "variants", ["lofast_M", "crown"],
          r"^certify_vit\.variants: unknown value 'crown'"),
         ("certify_vit", "tests", ["pairwise", "pairwise"], r"^certify_vit\.tests: .*duplicate"),
@@ -31,7 +37,11 @@ ROOT = Path(__file__).resolve().parents[1]
     ])
 def test_the_sections_refuse_bad_values(section, key, value, match):
     raw = read_yaml(ROOT / "params.yaml")
-    raw[section][key] = value
+    *groups, leaf = key.split(".")  # a key of a group: group.key
+    where = raw[section]
+    for g in groups:
+        where = where[g]
+    where[leaf] = value
     with pytest.raises(ParamsError, match=match):
         validate(raw)
 

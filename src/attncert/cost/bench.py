@@ -141,8 +141,8 @@ def bench_margins(params, batch: int, steps: int = 5, device: str = "auto",
     x, y = (a.to(dev) for a in random_images(cfg, batch))
     rows = []
     for margin in BENCH_MARGINS:
-        train_cfg = dataclasses.replace(train_vit.train_config(s, 0), margin=margin,
-                                        lofast_eps=s.lofast_eps or 0.1)
+        train_cfg = dataclasses.replace(s.train.config(0), margin=margin,
+                                        lofast_eps=s.train.lofast_eps or 0.1)
         torch.manual_seed(0)
         model = build_vit(cfg).to(dev).train()
         opt = torch.optim.AdamW(model.parameters(), lr=1e-4)

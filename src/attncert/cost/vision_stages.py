@@ -45,10 +45,10 @@ def grid_work(p, n_train_max: int, n_test_max: int) -> list[Work]:
                     point = GridPoint(g.results_dir, ds, depth, heads, vo)
                     name = point.name
                     cfg = train_vit.model_config(s, point, stand_in(ds))
-                    c = vit_counts(cfg, tuple(s.msvp_lambda), s.margin)
-                    adv = s.adv_steps if s.adversarial != "none" else 0
-                    out += training_work("train_vit", name, c, n_tr, n_te, s.epochs,
-                                         s.batch_size, s.eval_batch_size, adv)
+                    c = vit_counts(cfg, tuple(s.train.msvp_lambda), s.train.margin)
+                    adv = s.train.adv_steps if s.train.adversarial != "none" else 0
+                    out += training_work("train_vit", name, c, n_tr, n_te, s.train.epochs,
+                                         s.train.batch_size, s.train.eval_batch_size, adv)
                     n_cert = capped(cv.n_test, n_te)
                     out += certify_work("certify_vit", name, cfg, n_cert,
                                          cv.variants, len(cv.tests), cv.cert_batch_size)
@@ -79,10 +79,11 @@ def frontier_work(p, n_train_max: int) -> list[Work]:
             if kind == "linear":
                 continue
             name = f"{ds}-{setting}"
-            c = vit_counts(cfg, tuple(s.msvp_lambda), kind)
-            adv = s.adv_steps if s.adversarial != "none" else 0
-            items = training_work("frontier", name, c, n_tr, min(f.holdout, n_tr), s.epochs,
-                                  s.batch_size, s.eval_batch_size, adv)
+            c = vit_counts(cfg, tuple(s.train.msvp_lambda), kind)
+            adv = s.train.adv_steps if s.train.adversarial != "none" else 0
+            items = training_work("frontier", name, c, n_tr, min(f.holdout, n_tr),
+                                  s.train.epochs, s.train.batch_size, s.train.eval_batch_size,
+                                  adv)
             items += certify_work("frontier", name, cfg, f.n_val, ["lofast_M"], 1,
                                   f.cert_batch_size)
             items.append(audit_work("frontier", f"{name}: PGD audit", c["attack"], f.n_attack,

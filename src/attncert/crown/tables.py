@@ -157,3 +157,29 @@ def audit_summary(parts: Mapping[str, Any]) -> tuple[pd.DataFrame, str]:
     return (audit[["dataset", "depth", "eps", "attacked", "robust_acc", *broken]],
             f"**{n} broken certificates** over {len(cells)} (dataset, depth, eps) cells and "
             f"{len(broken)} certified methods ({methods}).")
+
+
+def _stacked(parts: Mapping[str, Any], name: str) -> pd.DataFrame:
+    """Frame ``name`` of every dataset's result, with its dataset as a column."""
+    return pd.concat([getattr(r, name).assign(dataset=k) for k, r in parts.items()])
+
+
+def trained_table(parts: Mapping[str, Any]) -> pd.DataFrame:
+    """Every dataset's trained ViTs, one row per dataset and depth."""
+    return _stacked(parts, "trained").set_index(["dataset", "depth"]).round(2)
+
+
+def crown_status_table(parts: Mapping[str, Any]) -> pd.DataFrame:
+    """CROWN's (point, eps) bounds: the count of each status per dataset, depth and method."""
+    return _stacked(parts, "crown").groupby(
+        ["dataset", "depth", "method", "status"]).size().unstack(fill_value=0)
+
+
+def table2_all(parts: Mapping[str, Any]) -> pd.DataFrame:
+    """LoFAST Table 2's rows of every dataset (dataset, depth, eps, method)."""
+    return _stacked(parts, "table2").set_index(["dataset", "depth", "eps", "method"]).round(3)
+
+
+def unit_status_counts(rows: Sequence[Mapping[str, Any]]) -> pd.DataFrame:
+    """One unit's CROWN (point, eps) rows: pairs per method and status."""
+    return pd.DataFrame(rows).groupby(["method", "status"]).size().to_frame("pairs")

@@ -60,6 +60,13 @@ def class_counts(objs: list[dict[str, Any]]) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
+def class_count_table(counts: pd.DataFrame) -> pd.DataFrame:
+    """:func:`class_counts` as dataset x class rows, one column per split."""
+    if counts.empty:
+        return counts
+    return counts.pivot_table(index=["dataset", "class"], columns="split", values="count")
+
+
 def class_balance(counts: pd.DataFrame, max_classes: int = 20):
     """Bar chart of class frequencies per split, one panel per dataset.
 
@@ -101,3 +108,8 @@ def length_histogram(lengths: pd.DataFrame, name: str = "sst2"):
     ax.set_title(f"{name} text length (words)")
     fig.tight_layout()
     return fig
+
+
+def length_summary(lengths: pd.DataFrame) -> pd.DataFrame:
+    """:func:`sentence_lengths` summarised per split (count, mean, quantiles)."""
+    return lengths.groupby("split")["words"].describe()

@@ -27,7 +27,12 @@ RENAMED: dict[str, str] = {
         "depths", "deep_depths", "alpha1", "residual", "residual_init")},
     "text.hidden": "text.dim",
     "text.max_eval": "text.max_test",
-    "train_vit.adv_eps": "train_vit.adv_eps_255 (units of 1/255)",
+    "train_vit.adv_eps": "train_vit.train.adv_eps_255 (units of 1/255)",
+    **{f"train_vit.{k}": f"train_vit.train.{k} (the training recipe, one group)" for k in (
+        "epochs", "batch_size", "lr", "weight_decay", "warmup_steps", "margin", "lmt_offset",
+        "olsa_gamma", "lofast_eps", "lofast_ramp", "lofast_mix", "logit_scale", "augment",
+        "grad_clip", "eval_batch_size", "msvp_lambda", "adversarial", "adv_eps_255",
+        "adv_steps")},
     "certify_vit.cert_softmax_lipschitz": "certify_vit.softmax_lipschitz",
     "vit_grid.runs_dir": "vit_grid.results_dir",
     **{f"{s}.work_dir": f"{s}.results_dir" for s in ("frontier", "certvit", "crown")},

@@ -75,6 +75,27 @@ class Certified:
     figure: Any  # certified accuracy vs eps (saved as certified.png; closed, for display)
     samples: Path  # samples.csv
 
+    def radii(self) -> pd.DataFrame:
+        """The certified radii (and clean columns) of every point, summarised per column."""
+        return self.table[[c for c in self.table if not c.startswith("pgd_")]].describe().T.round(4)
+
+    def audit_table(self) -> pd.DataFrame:
+        """Per eps: points attacked, PGD accuracy and broken certificates per variant."""
+        return self.audit[["eps", "attacked", "robust_acc"]
+                          + [c for c in self.audit if c.startswith("broken_")]]
+
+    def certified_table(self) -> pd.DataFrame:
+        """Certified accuracy (%) per variant and test (rows) and eps (columns)."""
+        return self.long.pivot_table(index=["variant", "test"], columns="eps",
+                                     values="accuracy").mul(100).round(1)
+
+    def cost_table(self) -> pd.DataFrame:
+        """Per certificate: seconds per sample, the same in forward passes, median radius."""
+        s = self.summary
+        return pd.DataFrame({"seconds/sample": s["seconds_per_sample"],
+                             "x forward": s["cost_vs_forward"],
+                             "median radius": s["median_radius"]}).round(4)
+
 
 def run(p: Params, ctx: Context) -> Certified:
     """Certify, attack and audit the model of the grid point ``ctx.point`` on ``ctx.device``;

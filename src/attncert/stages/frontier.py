@@ -159,10 +159,10 @@ def split(data: Mapping[str, Any], holdout: int) -> tuple[dict, dict]:
 
 def grid_setting(tv: train_vit.Params) -> str | None:
     """The setting ``train_vit`` trains the grid with (None for a margin not in :data:`KINDS`)."""
-    if tv.margin == "lmt":
-        return f"lmt-{tv.lmt_offset:g}"
-    if tv.margin == "lofast":
-        return f"lofast-{tv.lofast_eps:g}"
+    if tv.train.margin == "lmt":
+        return f"lmt-{tv.train.lmt_offset:g}"
+    if tv.train.margin == "lofast":
+        return f"lofast-{tv.train.lofast_eps:g}"
     return None
 
 
@@ -171,11 +171,12 @@ def train_config(p: Params, tv: train_vit.Params, kind: str, value: float,
     """The setting's training: ``train_vit``'s with its margin (a ViT); the linear baseline's
     own schedule with the radius margin."""
     if kind == "linear":
-        return TrainConfig(epochs=p.linear_epochs, batch_size=tv.batch_size, lr=p.linear_lr,
-                           warmup_steps=tv.warmup_steps, margin="radius", lmt_offset=value,
-                           logit_scale=p.linear_logit_scale,
-                           eval_batch_size=tv.eval_batch_size, seed=seed)
-    cfg = train_vit.train_config(tv, seed)
+        t = tv.train
+        return TrainConfig(epochs=p.linear_epochs, batch_size=t.batch_size, lr=p.linear_lr,
+                           warmup_steps=t.warmup_steps, margin="radius", lmt_offset=value,
+                           logit_scale=p.linear_logit_scale, eval_batch_size=t.eval_batch_size,
+                           seed=seed)
+    cfg = tv.train.config(seed)
     if kind == "lmt":
         return dataclasses.replace(cfg, margin="lmt", lmt_offset=value)
     return dataclasses.replace(cfg, margin="lofast", lofast_eps=value)
@@ -244,7 +245,7 @@ def _run_unit(p: Params, ctx: Context, unit: str) -> dict[str, Any]:
         "checkpoint": status, "epochs": len(curves),
         "train_seconds": sum(r["seconds"] for r in curves),
         "clean_acc": float(correct.double().mean()),
-        "val_acc_full": evaluate(model.float(), val, dev, tv.eval_batch_size)["acc"],
+        "val_acc_full": evaluate(model.float(), val, dev, tv.train.eval_batch_size)["acc"],
         "certified_acc": {str(k): a for k, a in
                           certify.certified_accuracy(correct, radius, p.cert_eps).items()},
         "certified_acc_attacked": {str(r["eps"]): r[f"certified_{setting}"] for r in audit},
@@ -263,6 +264,14 @@ def check_unit(record: Mapping[str, Any], where: str) -> None:
     soundness.require_sound({record["unit"]: record["audit"]},
                             {record["unit"]: (record["certified_acc_attacked"],
                                               record["pgd_acc"])}, see=where)
+
+
+def unit_table(record: Mapping[str, Any]) -> pd.DataFrame:
+    """One unit's record as one row per measure (certified, PGD; %) and a column per eps, with
+    its clean accuracy (%) and broken certificates beside."""
+    acc = pd.DataFrame({"certified": record["certified_acc"], "PGD": record["pgd_acc"]})
+    return acc.mul(100).round(1).rename_axis("eps").T.assign(
+        clean=round(100 * record["clean_acc"], 1), broken=record["broken"])
 
 
 def read_unit(p: Params, ctx: Context, unit: str) -> dict[str, Any]:

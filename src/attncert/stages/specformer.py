@@ -145,6 +145,21 @@ class Result:
     certified: pd.DataFrame  # the certified pair: certified accuracy per variant and eps
     metrics: dict[str, Any]
 
+    def sigma_pair(self, run: str) -> pd.DataFrame:
+        """One run's singular values, vanilla and SpecFormer only (SpecFormer Figure 2a)."""
+        s = self.sigma
+        return s[(s["dataset"] == run) & s["method"].isin(["vanilla", "specformer"])]
+
+    def sigma_table(self) -> pd.DataFrame:
+        """Largest singular value per run, method and layer (rows) and map (columns)."""
+        return self.sigma.pivot_table(index=["dataset", "method", "depth"], columns="map",
+                                      values="sigma").round(3)
+
+    def cert_sigma_table(self) -> pd.DataFrame:
+        """The certified pair's singular values per member and layer (rows) and map."""
+        return self.cert_sigma.pivot_table(index=["method", "depth"], columns="map",
+                                           values="sigma").round(4)
+
 
 #: the certified pair's unit; Table 5's are ``lambda<i>`` (DVC's matrix key of the i-th
 #: ``msvp_lambda_ablation`` entry) and the main runs' are the datasets' names

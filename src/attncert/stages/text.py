@@ -158,11 +158,11 @@ def _run_unit(p: Params, ctx: Context, unit: str) -> dict[str, Any]:
                               "results": {}, "curves": [], "audits": {}, "jobs": [],
                               "data": None, "entry": None}
     if unit.startswith(f"{STUDY}-"):
-        record |= sst2_unit(p, base, processed_dir, tok, common, evaluation, folder,
+        record |= sst2_unit(p, ctx, processed_dir, tok, common, evaluation, folder,
                             unit_jobs(p, tok.vocab_size, unit), str(dev_))
     elif unit in text_datasets(p):
         entry, fitted = other_dataset(
-            p, base, unit, processed_dir, tok, common, evaluation, folder,
+            p, ctx, unit, processed_dir, tok, common, evaluation, folder,
             lambda sep: jobs(p, tok.vocab_size, unit, sep))
         record["entry"] = entry
         if fitted is not None:

@@ -79,6 +79,38 @@ class Result:
         """Figure 1, multi-head: Table 3's bounds without SpecFormer."""
         return self.table3[self.table3.method != "SpecFormer"]
 
+    def table3_values(self) -> pd.DataFrame:
+        """Table 3, eps x method: every bound and the PGD lower bound."""
+        return self.table3.pivot_table(index="eps", columns="method", values="value")
+
+    def table3_ratios(self) -> pd.DataFrame:
+        """bound / PGD per eps and method, ours beside the paper's (LoFAST Table 3, on its
+        own trained layer: compare the ratios, not the values)."""
+        paper = tightness.paper_table3_frame()
+        return pd.concat({src: t.pivot_table(index="eps", columns="method",
+                                             values="ratio_to_pgd")
+                          for src, t in (("ours", self.table3), ("paper", paper))},
+                         axis=1).round(4)
+
+    def figure1_ratios(self) -> pd.DataFrame:
+        """Figure 1, one head: each piece's bound / PGD per eps."""
+        return self.figure1_single.pivot_table(index="eps", columns=["quantity", "method"],
+                                               values="ratio_to_pgd")
+
+    def figure3_ratios(self) -> pd.DataFrame:
+        """Figure 3: mean, min and max bound / PGD per perturbed target and size."""
+        return self.figure3.groupby(["target", "size"])["ratio"].describe()[
+            ["mean", "min", "max"]]
+
+    def figure4_ratios(self) -> pd.DataFrame:
+        """Figure 4: bound / PGD per input scale (and norm) and method."""
+        return self.figure4.pivot_table(index=["scale", "input_norm"], columns="method",
+                                        values="ratio_to_pgd")
+
+    def lofast_over_pgd(self) -> pd.Series:
+        """LoFAST(M) / PGD per eps (the metrics file's)."""
+        return pd.Series(self.metrics["table3_lofast_M_over_pgd"], name="LoFAST(M) / PGD")
+
 
 def run(p: Params, ctx: Context) -> Result:
     """Measure Table 3 and Figures 1, 3, 4 on the study's layer on ``ctx.device``; write the

@@ -1,14 +1,16 @@
 """The train_vit stage: one Lipschitz (or standard) ViT per ``vit_grid`` point (a DVC matrix item).
 
 The model and training configs are built once from the validated ``train_vit`` section and the
-grid point (:func:`model_config`, :func:`train_config`); training resumes from the point's
-per-epoch checkpoint (:func:`attncert.training.train.train_resumable`, keyed by
+grid point (:func:`model_config`; the ``train`` group taken whole, :meth:`Training.config`);
+training resumes from the point's per-epoch checkpoint
+(:func:`attncert.training.train.train_resumable`, keyed by
 :func:`attncert.pipeline.runs.fingerprint`). The point's folder receives ``model.pt``,
 ``train.json`` (per-epoch rows) and ``metrics.json``.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -36,12 +38,64 @@ from attncert.pipeline.params import (
 from attncert.pipeline.runs import GridPoint
 from attncert.pipeline.shapes import VitShape
 from attncert.report.headline import numbers, row
+from attncert.training.loop import OPTIMIZERS
 from attncert.training.train import ADVERSARIAL, TrainConfig, evaluate, train_resumable
 
 #: the training margins of the grid (``attncert.training.train`` also has "radius", not offered
 #: here); "lofast": the pairwise certificate's test with LoFAST's bound at a training radius
 #: (:mod:`attncert.training.certified_training`)
 MARGINS = ("none", "lmt", "olsa", "lofast")
+
+
+@dataclass(frozen=True)
+class Training:
+    """params.yaml ``train_vit.train``: the grid's training recipe, one group with every field
+    of :class:`~attncert.training.train.TrainConfig` but the seed (``adv_eps_255``: its
+    ``adv_eps`` in units of 1/255); :meth:`config` takes it whole."""
+
+    epochs: int = param(positive)
+    batch_size: int = param(positive)
+    lr: float = param(positive)
+    weight_decay: float = param(nonneg)
+    warmup_steps: int = param(nonneg)
+    optimizer: str = param(one_of(*OPTIMIZERS))
+    momentum: float = param(nonneg, doc="sgd only")
+    margin: str = param(one_of(*MARGINS))
+    lmt_offset: float = param(nonneg)
+    olsa_gamma: float = param(nonneg)
+    lofast_eps: float = param(nonneg, doc="margin lofast: the training radius (pixel l2)")
+    lofast_ramp: float = param(probability, doc="margin lofast: share of all steps over "
+                                                  "which the radius grows from 0")
+    lofast_mix: float = param(probability, doc="margin lofast: weight of its CE against "
+                                                 "the plain CE")
+    logit_scale: float = param(positive)
+    augment: str = param(one_of(*AUGMENTS))
+    grad_clip: float = param(nonneg)
+    mixup_alpha: float = param(nonneg, doc="Mixup / CutMix (mix_prob 0 = off)")
+    cutmix_alpha: float = param(nonneg)
+    mix_prob: float = param(probability)
+    mix_switch_prob: float = param(probability)
+    eval_batch_size: int = param(positive)
+    msvp_lambda: list[float] = param(nonneg, doc="SpecFormer's MSVP (lam_q, lam_k, lam_v); 0 = off")
+    adversarial: str = param(one_of(*ADVERSARIAL))
+    adv_eps_255: float = param(positive, doc="l_inf radius of adversarial training (x 1/255)")
+    adv_steps: int = param(positive)
+
+    def __post_init__(self) -> None:
+        if len(self.msvp_lambda) != 3:
+            raise ValueError(f"msvp_lambda: needs 3 values, got {self.msvp_lambda!r}")
+
+    def config(self, seed: int) -> TrainConfig:
+        """The :class:`TrainConfig` of this group and ``seed``: every field of it from the
+        group (a field the group lacks fails here, never a silent default)."""
+        own = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+        own["adv_eps"] = own.pop("adv_eps_255") / 255
+        own["msvp_lambda"] = tuple(own["msvp_lambda"])
+        names = [f.name for f in dataclasses.fields(TrainConfig) if f.name != "seed"]
+        if sorted(own) != sorted(names):
+            raise TypeError(f"train_vit.train and TrainConfig differ: "
+                            f"{sorted(set(names) ^ set(own))}")  # a bug: keep them one set
+        return TrainConfig(**own, seed=seed)
 
 
 #: this module's params.yaml section
@@ -62,34 +116,12 @@ class Params:
     gamma_qk: float = param(positive)
     head_norm: bool = param(doc="head rows scaled to unit norm (margins are feature margins)")
     normalize: str = param(one_of(*NORMALIZE), doc="inside the model; eps stays in pixel space")
-    epochs: int = param(positive)
-    batch_size: int = param(positive)
-    lr: float = param(positive)
-    weight_decay: float = param(nonneg)
-    warmup_steps: int = param(nonneg)
-    margin: str = param(one_of(*MARGINS))
-    lmt_offset: float = param(nonneg)
-    olsa_gamma: float = param(nonneg)
-    lofast_eps: float = param(nonneg, doc="margin lofast: the training radius (pixel l2)")
-    lofast_ramp: float = param(probability, doc="margin lofast: share of all steps over "
-                                                  "which the radius grows from 0")
-    lofast_mix: float = param(probability, doc="margin lofast: weight of its CE against "
-                                                 "the plain CE")
-    logit_scale: float = param(positive)
-    augment: str = param(one_of(*AUGMENTS))
-    grad_clip: float = param(nonneg)
-    eval_batch_size: int = param(positive)
-    msvp_lambda: list[float] = param(nonneg, doc="SpecFormer's MSVP (lam_q, lam_k, lam_v); 0 = off")
-    adversarial: str = param(one_of(*ADVERSARIAL))
-    adv_eps_255: float = param(positive, doc="l_inf radius of adversarial training (x 1/255)")
-    adv_steps: int = param(positive)
+    train: Training = param(doc="the training recipe, one config (every TrainConfig field)")
 
     def __post_init__(self) -> None:
         if self.radius_stream is not None and self.radius_stream <= 0:
             raise ParamsError(f"train_vit.radius_stream: must be > 0 or null, got "
                               f"{self.radius_stream!r}")
-        if len(self.msvp_lambda) != 3:
-            raise ParamsError(f"train_vit.msvp_lambda: needs 3 values, got {self.msvp_lambda!r}")
 
 
 def model_config(p: Params, point: GridPoint, data: Mapping[str, Any]) -> ViTConfig:
@@ -98,23 +130,6 @@ def model_config(p: Params, point: GridPoint, data: Mapping[str, Any]) -> ViTCon
         data, p.normalize, kind=p.kind, **p.vit.arch(depth=point.depth, heads=point.heads),
         block=p.block, pool=p.pool, radius_attn=p.radius_attn, radius_stream=p.radius_stream,
         gamma_qk=p.gamma_qk, head_norm=p.head_norm, gamma_vo=point.gamma_vo)
-
-
-#: TrainConfig fields the grid leaves at their defaults (AdamW, unmixed batches)
-FIXED = ("optimizer", "momentum", "mixup_alpha", "cutmix_alpha", "mix_prob", "mix_switch_prob")
-
-
-def train_config(p: Params, seed: int) -> TrainConfig:
-    """The grid's training settings with ``seed``: every TrainConfig field but the optimiser
-    and mixing ones (:data:`FIXED`: AdamW, no Mixup / CutMix, LoFAST's recipe)."""
-    return TrainConfig(
-        epochs=p.epochs, batch_size=p.batch_size, lr=p.lr, weight_decay=p.weight_decay,
-        warmup_steps=p.warmup_steps, margin=p.margin, lmt_offset=p.lmt_offset,
-        olsa_gamma=p.olsa_gamma, lofast_eps=p.lofast_eps, lofast_ramp=p.lofast_ramp,
-        lofast_mix=p.lofast_mix, logit_scale=p.logit_scale, augment=p.augment,
-        grad_clip=p.grad_clip, eval_batch_size=p.eval_batch_size,
-        msvp_lambda=tuple(p.msvp_lambda), adversarial=p.adversarial, adv_eps=p.adv_eps_255 / 255,
-        adv_steps=p.adv_steps, seed=seed)
 
 
 @dataclass(frozen=True)
@@ -142,7 +157,7 @@ def run(p: Params, ctx: Context) -> Trained:
     point, device, precision = ctx.point, ctx.device, ctx.precision
     data = load_processed(point.dataset, ctx.processed_dir)
     model_cfg = model_config(p, point, data)
-    train_cfg = train_config(p, ctx.seed)
+    train_cfg = p.train.config(ctx.seed)
     fp = runs.fingerprint(model_cfg, train_cfg, point.dataset, data["source"], precision)
     torch.manual_seed(ctx.seed)
     model = build_vit(model_cfg)
@@ -152,7 +167,7 @@ def run(p: Params, ctx: Context) -> Trained:
                                      metrics_path=point.run_dir / "train.json",
                                      precision=precision)
     save_vit(model, point.run_dir / "model.pt")
-    final = evaluate(model, data["test"], device, p.eval_batch_size)
+    final = evaluate(model, data["test"], device, p.train.eval_batch_size)
     metrics = {"run": point.name, "dataset": point.dataset, "clean_acc": final["acc"],
                "test_loss": final["loss"], "epochs": len(curves),
                "train_seconds": sum(r["seconds"] for r in curves), "parameters": n_params}

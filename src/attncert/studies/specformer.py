@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+import pandas as pd
 import torch
 
 from attncert import certify, soundness
@@ -315,3 +316,17 @@ def table5_rows(p: Params, records: Mapping[str, Mapping[str, Any]],
                    for r in rows if r["dataset"] == first_run and r["method"] == "specformer"]
         ablation += got
     return ablation
+
+
+def attack_table(rows: Sequence[Mapping[str, Any]]) -> pd.DataFrame:
+    """A unit's accuracy-under-attack rows: run (dataset, lambda, training, method) x attack."""
+    frame = pd.DataFrame(rows)
+    keys = [k for k in ("dataset", "lambda", "training", "method") if k in frame]
+    return frame.pivot_table(index=keys, columns="attack", values="accuracy",
+                             sort=False).round(4)
+
+
+def step_times(times: Sequence[Mapping[str, Any]]) -> pd.DataFrame:
+    """A unit's timed training steps: the median seconds per step per training and method."""
+    return pd.DataFrame(times).groupby(["training", "method"], sort=False)[
+        "seconds_per_step"].median().to_frame()

@@ -25,6 +25,7 @@ from attncert.text.tokenize import load_tokenizer
 from attncert.text.train_text import TextTrainConfig, encode_split, select_splits, train_model
 
 if TYPE_CHECKING:  # the stage's section and jobs, for annotations only
+    from attncert.pipeline.context import Context
     from attncert.stages.text import Params
     from attncert.text.jobs import Job
 
@@ -41,14 +42,14 @@ class Fitted(NamedTuple):
 
 def fit(todo: Mapping[str, Job], splits: Mapping[str, Mapping], frozen_splits: Mapping | None,
          folder: Path, common: Mapping[str, Any], evaluation: Mapping[str, Any], reported: str,
-         base: BaseParams, batch_size: int, label: str = "") -> Fitted:
+         ctx: Context, batch_size: int, label: str = "") -> Fitted:
     """Train (resumably, in ``folder/<name>``) and evaluate every job on one dataset's encoded
     splits; the frozen-encoder head on its own splits' encoder states (memory-mapped in
     ``<results_dir>/scratch/<unit>/``, deleted after the job: not a DVC output)."""
     dev_ = evaluation["device"]
     results, curves, audits = {}, [], {}
     for name, job in todo.items():
-        torch.manual_seed(base.seed)
+        torch.manual_seed(ctx.seed)
         model = job.cls(**job.kwargs)
         spec = {"class": job.cls.__name__, **{k: str(v) for k, v in job.kwargs.items()}}
         # the hub commit of a frozen encoder (transformers records it; None for a folder):
@@ -69,7 +70,7 @@ def fit(todo: Mapping[str, Job], splits: Mapping[str, Mapping], frozen_splits: M
                   f"sentences in {time.perf_counter() - t0:.0f} s")
         history = train_model(model, spec, data["train"], data["dev"],
                               TextTrainConfig(**(common | job.train)), folder / name,
-                              dev_, base.precision)
+                              dev_, ctx.precision)
         train_seconds = sum(r["seconds"] for r in history)  # every epoch, resumed or not
         metrics, curve, audits[name] = evaluate_model(name, model, job.family, data["dev"],
                                                       data["test"], **evaluation)
@@ -94,7 +95,7 @@ def frozen_tokenizer(p: Params, tok):
 
 
 
-def other_dataset(p: Params, base: BaseParams, name: str, processed_dir: str, tok,
+def other_dataset(p: Params, ctx: Context, name: str, processed_dir: str, tok,
                   common: Mapping[str, Any], evaluation: Mapping[str, Any], folder: Path,
                   make_jobs: Callable[[int | None], Mapping[str, Job]]
                   ) -> tuple[dict[str, Any], Fitted | None]:
@@ -108,16 +109,16 @@ def other_dataset(p: Params, base: BaseParams, name: str, processed_dir: str, to
         print(f"{name}: unavailable ({skipped})")
         return {"unavailable": skipped}, None
     ds = load_processed(name, processed_dir)
-    raw, reported = select_splits(ds, p.max_train, p.max_test, base.seed)
+    raw, reported = select_splits(ds, p.max_train, p.max_test, ctx.seed)
     splits = {s: encode_split(v, tok, p.max_len) for s, v in raw.items()}
     pairs = "text_pair" in raw["train"]
     frozen_splits, frozen_tok = None, None
     if name in p.frozen.datasets:
         frozen_tok = frozen_tokenizer(p, tok)
-        frozen_raw, _ = select_splits(ds, p.frozen.max_train, p.max_test, base.seed)
+        frozen_raw, _ = select_splits(ds, p.frozen.max_train, p.max_test, ctx.seed)
         frozen_splits = {s: encode_split(v, frozen_tok, p.max_len) for s, v in frozen_raw.items()}
     todo = make_jobs(frozen_tok.sep_token_id if pairs and frozen_tok is not None else None)
-    fitted = fit(todo, splits, frozen_splits, folder, common, evaluation, reported, base,
+    fitted = fit(todo, splits, frozen_splits, folder, common, evaluation, reported, ctx,
                   p.cert_batch_size, label=f"{name} ")
     n_cert = (len(raw["test"]["y"]) if p.n_test == 0
               else min(p.n_test, len(raw["test"]["y"])))
@@ -145,23 +146,23 @@ def settings(p: Params, base: BaseParams, dev_: torch.device
     return common, evaluation
 
 
-def sst2_unit(p: Params, base: BaseParams, processed_dir: str, tok, common: Mapping[str, Any],
+def sst2_unit(p: Params, ctx: Context, processed_dir: str, tok, common: Mapping[str, Any],
               evaluation: Mapping[str, Any], folder: Path, todo: Mapping[str, Job],
               device: str) -> dict[str, Any]:
     """One SST-2 unit's jobs ``todo`` trained and evaluated: its record's ``data``, ``jobs``,
     ``results``, ``curves`` and ``audits``."""
     sst2 = load_processed(STUDY, processed_dir)
-    raw, reported = select_splits(sst2, p.max_train, p.max_test, base.seed)
+    raw, reported = select_splits(sst2, p.max_train, p.max_test, ctx.seed)
     splits = {name: encode_split(s, tok, p.max_len) for name, s in raw.items()}
     # the frozen head's own seeded subset of the whole training split (its cost is the
     # encoder's forward pass once per sentence, not training steps); dev and test the same
     frozen_splits = None
     if "frozen-olsa" in todo:
-        frozen_raw, _ = select_splits(sst2, p.frozen.max_train, p.max_test, base.seed)
+        frozen_raw, _ = select_splits(sst2, p.frozen.max_train, p.max_test, ctx.seed)
         frozen_tok = frozen_tokenizer(p, tok)
         frozen_splits = {name: encode_split(s, frozen_tok, p.max_len)
                          for name, s in frozen_raw.items()}
-    fitted = fit(todo, splits, frozen_splits, folder, common, evaluation, reported, base,
+    fitted = fit(todo, splits, frozen_splits, folder, common, evaluation, reported, ctx,
                   p.cert_batch_size)
     n_cert = (len(raw["test"]["y"]) if p.n_test == 0
               else min(p.n_test, len(raw["test"]["y"])))
