@@ -40,21 +40,15 @@ def sample_ball(x: torch.Tensor, eps: float, n: int, g: torch.Generator) -> torc
     return x + d * r.view(-1, 1, 1, 1)
 
 
-def test_the_training_config_takes_every_training_key_of_the_section():
-    """Each TrainConfig field is a crown key of the same name, the LMT margin, the seed, or
-    one named as kept at its default: a new TrainConfig field fails here until placed."""
-    import dataclasses
-
-    from attncert.training.train import TrainConfig
+def test_the_training_config_is_the_section_s_training_group():
+    """crown.train is the same group as train_vit.train (every TrainConfig field but the seed):
+    the paper scale trains LoFAST section 5.2's LMT recipe, the config takes the group whole."""
+    from attncert.training.recipe import Training
 
     p = load_params()["crown"]
-    cfg = study.train_config(p, seed=5)
-    placed = {*study.TRAIN_KEYS, *study.TRAIN_DEFAULTS, "margin", "seed"}
-    assert {f.name for f in dataclasses.fields(TrainConfig)} == placed
-    assert (cfg.margin, cfg.seed) == ("lmt", 5)
-    assert all(getattr(cfg, k) == getattr(p, k) for k in study.TRAIN_KEYS)
-    defaults = TrainConfig()
-    assert all(getattr(cfg, k) == getattr(defaults, k) for k in study.TRAIN_DEFAULTS)
+    assert isinstance(p.train, Training) and type(p.train) is type(load_params()["train_vit"].train)
+    cfg = p.train.config(seed=5)
+    assert (cfg.margin, cfg.lmt_offset, cfg.seed) == ("lmt", 0.2, 5)
 
 
 def test_patches_are_idempotent():
@@ -285,7 +279,8 @@ def test_units_then_gather(tmp_path):
     paper = load_params(Path(__file__).resolve().parents[1] / "params.yaml")["crown"]
     p = dataclasses.replace(paper, datasets=["mnist"], depths=[1, 2],
                             vit=VitShape(patch=8, dim=8, depth=None, heads=2, mlp_hidden=8),
-                            epochs=1, batch_size=8, warmup_steps=1, n_test=3,
+                            train=dataclasses.replace(paper.train, epochs=1, batch_size=8,
+                                                      warmup_steps=1), n_test=3,
                             cert_eps=[0.02], methods=["crown"], time_limit=0.0,
                             attack_steps=2, attack_restarts=1, results_dir=str(tmp_path / "w"),
                             metrics=str(tmp_path / "crown.json"))

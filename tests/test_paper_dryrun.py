@@ -79,7 +79,8 @@ COUNTS: dict[str, dict] = {
                 "n_test": 2, "n_attack": 2, "attack_steps": 2, "attack_restarts": 1,
                 "table1": {"pretrain_epochs": {"mnist": 1, "cifar10": 1, "cifar100": 1},
                            "batch_size": 128}},
-    "crown": {"depths": [3], "max_train": 32, "epochs": 1, "batch_size": 16, "warmup_steps": 1,
+    "crown": {"depths": [3], "max_train": 32,
+              "train": {"epochs": 1, "batch_size": 16, "warmup_steps": 1},
               "n_test": 1, "cert_eps": [0.02], "alpha_iterations": 1, "time_limit": 5.0,
               "attack_steps": 2, "attack_restarts": 1},
 }

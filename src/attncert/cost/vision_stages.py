@@ -226,8 +226,9 @@ def crown_work(p, n_train_max: int, n_test_max: int) -> tuple[list[Work], float]
         for depth in c_p.depths:
             cfg = vit_config(stand_in(dataset), c_p, depth)
             c = vit_counts(cfg)
-            items = training_work("crown", f"{dataset} L{depth}", c, n_tr, n_te, c_p.epochs,
-                                  c_p.batch_size, 500)
+            t = c_p.train
+            items = training_work("crown", f"{dataset} L{depth}", c, n_tr, n_te, t.epochs,
+                                  t.batch_size, t.eval_batch_size)
             items += certify_work("crown", f"{dataset} L{depth} LoFAST", cfg, n,
                                   [c_p.lofast_variant], 1, 100)
             items.append(audit_work("crown", f"{dataset} L{depth}: PGD audit", c["attack"], n,

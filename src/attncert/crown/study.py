@@ -19,7 +19,7 @@ from attncert.crown.bridge import CrownCertifier, certify_points
 from attncert.models import ViTConfig, build_vit
 from attncert.pipeline import runs
 from attncert.training.precision import resolve_precision
-from attncert.training.train import TrainConfig, evaluate, resolve_device, train_resumable
+from attncert.training.train import evaluate, resolve_device, train_resumable
 
 if TYPE_CHECKING:
     from attncert.stages.crown import Params
@@ -33,22 +33,6 @@ def vit_config(data: Mapping[str, Any], p: Params, depth: int) -> ViTConfig:
         radius_attn=p.radius_attn, gamma_qk=p.gamma_qk, gamma_vo=p.gamma_vo)
 
 
-#: the crown section's training keys (TrainConfig fields of the same name); the margin is
-#: LMT's, every other TrainConfig field keeps its default (AdamW, no clipping, no MSVP, no
-#: adversarial or mixed batches): :data:`TRAIN_DEFAULTS`
-TRAIN_KEYS = ("epochs", "batch_size", "lr", "weight_decay", "warmup_steps", "augment",
-              "lmt_offset", "logit_scale", "eval_batch_size")
-TRAIN_DEFAULTS = ("olsa_gamma", "grad_clip", "msvp_lambda", "adversarial", "adv_eps",
-                  "adv_steps", "optimizer", "momentum", "mixup_alpha", "cutmix_alpha",
-                  "mix_prob", "mix_switch_prob", "lofast_eps", "lofast_ramp", "lofast_mix")
-
-
-def train_config(p: Params, seed: int) -> TrainConfig:
-    """The crown ViTs' training (LoFAST section 5.2's LMT recipe): every key of
-    :data:`TRAIN_KEYS` from the section, ``margin="lmt"``, ``seed``."""
-    return TrainConfig(**{k: getattr(p, k) for k in TRAIN_KEYS}, margin="lmt", seed=seed)
-
-
 def train_model(data: Mapping[str, Any], p: Params, depth: int, seed: int,
                 ckpt_dir: str | Path, device: str | torch.device, precision: str = "auto"):
     """Train one ViT (resumable in ``ckpt_dir``, at ``precision``:
@@ -58,7 +42,7 @@ def train_model(data: Mapping[str, Any], p: Params, depth: int, seed: int,
     finished run reports the time its training took)."""
     torch.manual_seed(seed)
     model = build_vit(vit_config(data, p, depth))
-    cfg = train_config(p, seed)
+    cfg = p.train.config(seed)
     n = p.max_train or len(data["train"]["y"])
     tr = {"x": data["train"]["x"][:n], "y": data["train"]["y"][:n]}
     # a checkpoint of another model, config or training subset is cleared, never resumed

@@ -33,6 +33,9 @@ RENAMED: dict[str, str] = {
         "olsa_gamma", "lofast_eps", "lofast_ramp", "lofast_mix", "logit_scale", "augment",
         "grad_clip", "eval_batch_size", "msvp_lambda", "adversarial", "adv_eps_255",
         "adv_steps")},
+    **{f"crown.{k}": f"crown.train.{k} (the training recipe, one group)" for k in (
+        "epochs", "batch_size", "lr", "weight_decay", "warmup_steps", "augment", "lmt_offset",
+        "logit_scale", "eval_batch_size")},
     "certify_vit.cert_softmax_lipschitz": "certify_vit.softmax_lipschitz",
     "vit_grid.runs_dir": "vit_grid.results_dir",
     **{f"{s}.work_dir": f"{s}.results_dir" for s in ("frontier", "certvit", "crown")},

@@ -46,7 +46,6 @@ from attncert.data import as_float, load_processed
 from attncert.pipeline.context import Context
 from attncert.pipeline.io import write_json
 from attncert.pipeline.params import (
-    AUGMENTS,
     NORMALIZE,
     VIT_POOLS,
     BaseParams,
@@ -64,6 +63,7 @@ from attncert.pipeline.records import read_record, unit_key
 from attncert.pipeline.shapes import VitShape
 from attncert.report import paper
 from attncert.report.headline import eps_match, numbers, row
+from attncert.training.recipe import Training
 
 #: LoFAST's certificate variants compared with CROWN (pairwise test); the CROWN methods are
 #: the keys of :data:`attncert.crown.METHODS` (crown, alpha_crown).
@@ -92,15 +92,8 @@ class Params:
     gamma_vo: float = param(positive)
     normalize: str = param(one_of(*NORMALIZE))
     max_train: int = param(nonneg, doc="first n training images (0 = all)")
-    epochs: int = param(positive)
-    batch_size: int = param(positive)
-    lr: float = param(positive)
-    weight_decay: float = param(nonneg)
-    warmup_steps: int = param(nonneg)
-    augment: str = param(one_of(*AUGMENTS))
-    lmt_offset: float = param(nonneg)
-    logit_scale: float = param(positive)
-    eval_batch_size: int = param(positive, doc="the evaluation after every training epoch")
+    train: Training = param(doc="the ViTs' training recipe, one config (every TrainConfig "
+                                "field)")
     n_test: int = param(positive, doc="first n test images, the same for every method")
     cert_eps: list[float] = param(positive, unique)
     lofast_variant: str = param(one_of(*LOFAST_VARIANTS))

@@ -10,7 +10,6 @@ training resumes from the point's per-epoch checkpoint
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -24,79 +23,19 @@ from attncert.pipeline import runs
 from attncert.pipeline.context import Context
 from attncert.pipeline.io import write_json
 from attncert.pipeline.params import (
-    AUGMENTS,
     NORMALIZE,
     VIT_BLOCKS,
     VIT_POOLS,
     ParamsError,
-    nonneg,
     one_of,
     param,
     positive,
-    probability,
 )
 from attncert.pipeline.runs import GridPoint
 from attncert.pipeline.shapes import VitShape
 from attncert.report.headline import numbers, row
-from attncert.training.loop import OPTIMIZERS
-from attncert.training.train import ADVERSARIAL, TrainConfig, evaluate, train_resumable
-
-#: the training margins of the grid (``attncert.training.train`` also has "radius", not offered
-#: here); "lofast": the pairwise certificate's test with LoFAST's bound at a training radius
-#: (:mod:`attncert.training.certified_training`)
-MARGINS = ("none", "lmt", "olsa", "lofast")
-
-
-@dataclass(frozen=True)
-class Training:
-    """params.yaml ``train_vit.train``: the grid's training recipe, one group with every field
-    of :class:`~attncert.training.train.TrainConfig` but the seed (``adv_eps_255``: its
-    ``adv_eps`` in units of 1/255); :meth:`config` takes it whole."""
-
-    epochs: int = param(positive)
-    batch_size: int = param(positive)
-    lr: float = param(positive)
-    weight_decay: float = param(nonneg)
-    warmup_steps: int = param(nonneg)
-    optimizer: str = param(one_of(*OPTIMIZERS))
-    momentum: float = param(nonneg, doc="sgd only")
-    margin: str = param(one_of(*MARGINS))
-    lmt_offset: float = param(nonneg)
-    olsa_gamma: float = param(nonneg)
-    lofast_eps: float = param(nonneg, doc="margin lofast: the training radius (pixel l2)")
-    lofast_ramp: float = param(probability, doc="margin lofast: share of all steps over "
-                                                  "which the radius grows from 0")
-    lofast_mix: float = param(probability, doc="margin lofast: weight of its CE against "
-                                                 "the plain CE")
-    logit_scale: float = param(positive)
-    augment: str = param(one_of(*AUGMENTS))
-    grad_clip: float = param(nonneg)
-    mixup_alpha: float = param(nonneg, doc="Mixup / CutMix (mix_prob 0 = off)")
-    cutmix_alpha: float = param(nonneg)
-    mix_prob: float = param(probability)
-    mix_switch_prob: float = param(probability)
-    eval_batch_size: int = param(positive)
-    msvp_lambda: list[float] = param(nonneg, doc="SpecFormer's MSVP (lam_q, lam_k, lam_v); 0 = off")
-    adversarial: str = param(one_of(*ADVERSARIAL))
-    adv_eps_255: float = param(positive, doc="l_inf radius of adversarial training (x 1/255)")
-    adv_steps: int = param(positive)
-
-    def __post_init__(self) -> None:
-        if len(self.msvp_lambda) != 3:
-            raise ValueError(f"msvp_lambda: needs 3 values, got {self.msvp_lambda!r}")
-
-    def config(self, seed: int) -> TrainConfig:
-        """The :class:`TrainConfig` of this group and ``seed``: every field of it from the
-        group (a field the group lacks fails here, never a silent default)."""
-        own = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
-        own["adv_eps"] = own.pop("adv_eps_255") / 255
-        own["msvp_lambda"] = tuple(own["msvp_lambda"])
-        names = [f.name for f in dataclasses.fields(TrainConfig) if f.name != "seed"]
-        if sorted(own) != sorted(names):
-            raise TypeError(f"train_vit.train and TrainConfig differ: "
-                            f"{sorted(set(names) ^ set(own))}")  # a bug: keep them one set
-        return TrainConfig(**own, seed=seed)
-
+from attncert.training.recipe import Training
+from attncert.training.train import TrainConfig, evaluate, train_resumable
 
 #: this module's params.yaml section
 SECTION = "train_vit"
