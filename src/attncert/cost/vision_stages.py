@@ -112,8 +112,12 @@ def tightness_work(p) -> list[Work]:
 
 
 def specformer_work(p, n_train_max: int, n_test_max: int) -> list[Work]:
+    """The stage's own plan (:func:`attncert.specformer.run_plan` of each source's recipe,
+    :func:`attncert.studies.specformer.recipe`): per run its training and attacks, Table 5's
+    runs (the specformer method of the first source and dataset at every other lambda), then
+    the certified pair."""
     from attncert import specformer as sf
-    from attncert.studies.specformer import CERT_VARIANTS, certified_configs
+    from attncert.studies.specformer import CERT_VARIANTS, certified_configs, recipe
 
     s = p["specformer"]
     out = []
@@ -122,13 +126,11 @@ def specformer_work(p, n_train_max: int, n_test_max: int) -> list[Work]:
         n_tr, n_te = capped(s.max_train, capped(n_train_max, n_tr)), capped(n_test_max, n_te)
         if src == sf.SCRATCH:
             base = sf.base_model_config(stand_in(ds), **s.vit.arch(), block=s.block)
-            recipe = (s.epochs, s.adv_epochs, s.batch_size)
         elif src in HF_VITS:  # fine-tuned at its own input size (the upsampling is free)
             from attncert.models import ViTConfig
 
             base = ViTConfig(channels=channels, num_classes=k, kind="standard",
                              block="prenorm", pool="cls", attn_bias=True, **HF_VITS[src])
-            recipe = (s.finetune.epochs, s.finetune.adv_epochs, s.finetune.batch_size)
         else:
             raise ValueError(f"specformer.sources: the shape of {src!r} is unknown here; add it "
                              "to attncert.cost.HF_VITS")
@@ -136,40 +138,38 @@ def specformer_work(p, n_train_max: int, n_test_max: int) -> list[Work]:
         n_eval = min(s.n_test, n_te)
         # FGSM (1), PGD-2, CW-n, PGD-n and L2 PGD-n per radius
         steps = 1 + 2 + 2 * s.attack_steps + s.attack_steps * len(s.attack_eps)
-        for training, methods, epochs in (("standard", s.methods, recipe[0]),
-                                          ("adversarial", s.adv_methods, recipe[1])):
-            for m in methods:
-                cfg = sf.method_model_config(m, base, s.lipsformer_alpha)
-                c = vit_counts(cfg, tuple(s.msvp_lambda) if m == "specformer" else None)
-                adv = s.adv_steps if training == "adversarial" else 0
-                items = training_work("specformer", f"{run} {training} {m}", c, n_tr, n_te,
-                                      epochs, recipe[2], s.eval_batch_size, adv)
-                items.append(audit_work("specformer", f"{run} {training} {m}: attacks",
-                                        c["attack"], n_eval, 1, steps, 1, s.eval_batch_size))
-                out += in_unit(items, f"specformer_runs@{ds}")
-                if m != "specformer" or (ds, src) != (s.datasets[0], s.sources[0]):
-                    continue
-                # SpecFormer Table 5: the specformer method at every other lambda
-                for i, lam in enumerate(s.msvp_lambda_ablation):
-                    if [float(v) for v in lam] == [float(v) for v in s.msvp_lambda]:
-                        continue  # the main run's own model
-                    what = f"{run} {training} {m} lambda {lam}"
-                    items = training_work("specformer", what, c, n_tr, n_te, epochs, recipe[2],
-                                          s.eval_batch_size, adv)
-                    items.append(audit_work("specformer", f"{what}: attacks", c["attack"],
-                                            n_eval, 1, steps, 1, s.eval_batch_size))
-                    out += in_unit(items, f"specformer_table5@lambda{i}")
+        for training, m, t in sf.run_plan(s.methods, s.adv_methods, *recipe(s, 0, src)):
+            cfg = sf.method_model_config(m, base, s.lipsformer_alpha)
+            c = vit_counts(cfg, tuple(s.msvp_lambda) if m == "specformer" else None)
+            adv = t.adv_steps if t.adversarial != "none" else 0
+            items = training_work("specformer", f"{run} {training} {m}", c, n_tr, n_te,
+                                  t.epochs, t.batch_size, t.eval_batch_size, adv)
+            items.append(audit_work("specformer", f"{run} {training} {m}: attacks",
+                                    c["attack"], n_eval, 1, steps, 1, t.eval_batch_size))
+            out += in_unit(items, f"specformer_runs@{ds}")
+            if m != "specformer" or (ds, src) != (s.datasets[0], s.sources[0]):
+                continue
+            # SpecFormer Table 5: the specformer method at every other lambda
+            for i, lam in enumerate(s.msvp_lambda_ablation):
+                if [float(v) for v in lam] == [float(v) for v in s.msvp_lambda]:
+                    continue  # the main run's own model
+                what = f"{run} {training} {m} lambda {lam}"
+                items = training_work("specformer", what, c, n_tr, n_te, t.epochs,
+                                      t.batch_size, t.eval_batch_size, adv)
+                items.append(audit_work("specformer", f"{what}: attacks", c["attack"],
+                                        n_eval, 1, steps, 1, t.eval_batch_size))
+                out += in_unit(items, f"specformer_table5@lambda{i}")
     # the certified pair: two Lipschitz ViTs (with and without MSVP), certified by two bounds
     ds = s.datasets[0]
     _, _, _, n_tr, n_te = DATASETS[ds]
     n_tr, n_te = capped(s.max_train, capped(n_train_max, n_tr)), capped(n_test_max, n_te)
-    cfg = certified_configs(s, stand_in(ds), 0)[0]
+    cfg, t = certified_configs(s, stand_in(ds), 0)
     cert = s.certified
     n_cert = min(cert.n_test, n_te)
     for label, lam in (("without MSVP", None), ("with MSVP", tuple(cert.msvp_lambda))):
         c = vit_counts(cfg, lam)
         items = training_work("specformer", f"certified pair, {label}", c, n_tr, n_te,
-                              cert.epochs, s.batch_size, s.eval_batch_size)
+                              t.epochs, t.batch_size, t.eval_batch_size)
         items += certify_work("specformer", f"certified pair, {label}", cfg, n_cert,
                               list(CERT_VARIANTS), 1, 100)
         items.append(audit_work("specformer", f"certified pair, {label}: PGD audit",
