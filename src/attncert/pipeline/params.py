@@ -5,6 +5,9 @@ defaults here. Each top-level section maps to a frozen dataclass whose fields ca
 type and an optional check (a group, such as ``certvit.dr``, is a dataclass field);
 :func:`parse_section` reads one and raises ``ParamsError`` with a one-line message naming the
 offending key. The whole file is validated by :func:`attncert.stages.registry.load_params`.
+A field of a named type (a ViT shape, :mod:`attncert.pipeline.shapes`) is written as the name of
+an entry of its section (``crown.vit: lofast_small``); keys of an older layout are one-line
+errors naming their new place (:mod:`attncert.pipeline.renamed`).
 
 One spelling per concept across sections: ``cert_eps`` lists the radii at which a bound or
 certificate is evaluated, ``attack_eps`` radii that are only attacked, ``attack_steps`` and
