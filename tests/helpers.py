@@ -52,3 +52,12 @@ def tiny_vit(**kw) -> torch.nn.Module:
     """``TINY_VIT`` with ``kw`` overriding, built after ``torch.manual_seed(0)``, in eval mode."""
     torch.manual_seed(0)
     return build_vit(ViTConfig(**{**TINY_VIT, **kw})).eval()
+
+
+def set_key(tree: dict, section: str, key: str, value) -> None:
+    """Set ``section.key`` in a params tree; ``key`` may name a group's key (``train.epochs``)."""
+    *groups, leaf = key.split(".")
+    where = tree[section]
+    for g in groups:
+        where = where[g]
+    where[leaf] = value

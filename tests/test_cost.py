@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from helpers import set_key
 
 from attncert import cost
 from attncert.pipeline import profile
@@ -33,11 +34,7 @@ def _with(path: Path, tmp_path: Path, section: str, key: str, value) -> Path:
 
     yaml = YAML()
     data = yaml.load(path.read_text())
-    *groups, leaf = key.split(".")  # a key of a group (or a named shape): group.key
-    where = data[section]
-    for g in groups:
-        where = where[g]
-    where[leaf] = value
+    set_key(data, section, key, value)
     out = tmp_path / f"{section}-{key}.yaml"
     with out.open("w") as f:
         yaml.dump(data, f)

@@ -5,6 +5,7 @@ import shutil
 from pathlib import Path
 
 import pytest
+from helpers import set_key
 
 from attncert.pipeline import profile
 from attncert.pipeline.params import ParamsError, read_yaml
@@ -95,11 +96,7 @@ def test_yaml_12_semantics(tmp_path):
     ],
 )
 def test_invalid_values_name_the_key(raw, section, key, value, match):
-    *groups, leaf = key.split(".")  # a key of a group: group.key
-    where = raw[section]
-    for g in groups:
-        where = where[g]
-    where[leaf] = value
+    set_key(raw, section, key, value)
     with pytest.raises(ParamsError, match=match) as err:
         validate(raw)
     assert "\n" not in str(err.value)

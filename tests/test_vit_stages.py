@@ -4,6 +4,7 @@ and the headline rows beside the papers' numbers."""
 from pathlib import Path
 
 import pytest
+from helpers import set_key
 
 from attncert.pipeline.context import make_context
 from attncert.pipeline.params import ParamsError, read_yaml
@@ -37,11 +38,7 @@ ROOT = Path(__file__).resolve().parents[1]
     ])
 def test_the_sections_refuse_bad_values(section, key, value, match):
     raw = read_yaml(ROOT / "params.yaml")
-    *groups, leaf = key.split(".")  # a key of a group: group.key
-    where = raw[section]
-    for g in groups:
-        where = where[g]
-    where[leaf] = value
+    set_key(raw, section, key, value)
     with pytest.raises(ParamsError, match=match):
         validate(raw)
 
