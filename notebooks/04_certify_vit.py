@@ -64,6 +64,18 @@ show(result.figure)
 result.certified_table()
 
 # %% [markdown]
+# ## Does the attention attend?
+# On the certified points: the attention rows' entropy (1 = uniform), clean accuracy with every
+# attention matrix replaced by uniform weights (mean pooling) and by the identity (each token
+# attends to itself only), the points lost each way, the largest |attention logit| against the
+# cap the constraints put on it (R^2 gamma_qk^2 / sqrt(d_h)), and LoFAST(M)'s median radius over
+# the global bound's. A gap of 0 means the trained pattern changes no prediction: the
+# certificate is then one of a token-wise MLP, and the local bound has nothing to exploit.
+
+# %%
+result.attention_table()
+
+# %% [markdown]
 # ## Cost of each certificate
 # Seconds per sample for the whole certificate with its radius (the eps-independent terms, a
 # share of the forward pass, the bisection), and the same as a multiple of one forward pass.

@@ -43,3 +43,13 @@ display(Markdown(f"**Unit** `{unit}` ({b.scale} scale, device {rec['device']}, "
 
 # %%
 stage.unit_table(rec)
+
+# %% [markdown]
+# ## Does the attention attend?
+# On the same validation points: the attention rows' entropy per layer (1 = uniform), clean
+# accuracy with every attention matrix replaced by uniform weights and by the identity, the
+# points lost each way, the largest |attention logit| against its structural cap, and
+# LoFAST(M)'s median certified radius over the global bound's (none for the linear baseline).
+
+# %%
+stage.unit_attention(rec)

@@ -1,6 +1,7 @@
 """The frontier stage: settings, the validation split, the selection rule, units then gather."""
 
 import dataclasses
+import json
 from pathlib import Path
 
 import pandas as pd
@@ -24,15 +25,29 @@ def _ctx(base, tv, unit=None):
 
 
 def test_settings_parse_and_bad_ones_are_refused():
-    assert stage.parse_setting("lofast-0.5") == ("lofast", 0.5)
-    assert stage.parse_setting("lmt-0.15") == ("lmt", 0.15)
-    assert stage.parse_setting("linear-1") == ("linear", 1.0)
-    for bad in ("lofast", "lofast-0", "lmt-x", "olsa-1.0", "lofast-0.5-1"):
-        with pytest.raises(ValueError, match="<kind>-<value>"):
+    assert stage.parse_setting("lofast-0.5") == stage.Setting("lofast", 0.5)
+    assert stage.parse_setting("lmt-0.15") == stage.Setting("lmt", 0.15)
+    assert stage.parse_setting("linear-1") == stage.Setting("linear", 1.0)
+    s = stage.parse_setting("lofast-0.5_p7_qk1.5_r4_vo0.25_mix0.3")
+    assert (s.kind, s.value, s.is_vit) == ("lofast", 0.5, True)
+    assert s.model_axes() == {"patch": 7, "gamma_qk": 1.5, "radius_attn": 4.0, "gamma_vo": 0.25}
+    assert s.train_axes() == {"lofast_mix": 0.3}
+    std = stage.parse_setting("standard_p7")
+    assert (std.kind, std.value, std.is_vit, std.axes) == ("standard", None, False,
+                                                           {"patch": 7})
+    for bad, match in (("lofast", "<kind>-<value>"), ("lofast-0", "<kind>-<value>"),
+                       ("lmt-x", "<kind>-<value>"), ("olsa-1.0", "<kind>-<value>"),
+                       ("lofast-0.5-1", "<kind>-<value>"), ("standard-1", "<kind>-<value>"),
+                       ("lofast-0.5_z3", "unknown axis"), ("lofast-0.5_p7.5", "not a int"),
+                       ("lofast-0.5_qk0", "once"), ("lofast-0.5_p7_p4", "once"),
+                       ("linear-0.5_p7", "no axes"), ("standard_qk1", "patch axis only")):
+        with pytest.raises(ValueError, match=match):
             stage.parse_setting(bad)
     raw = dataclasses.asdict(PAPER["frontier"])
     for key, value, match in (("settings", ["lmt-0.2", "lofst-0.5"], "lofst"),
                               ("settings", ["linear-0.5"], "at least one ViT setting"),
+                              ("settings", ["standard", "lofast-0.5_x1"], "unknown axis"),
+                              ("min_attention_gap", -1.0, "min_attention_gap"),
                               ("select_eps", 0.3, "not one of cert_eps"),
                               ("n_val", 6000, "holdout"),
                               ("n_attack", 2000, "n_val"),
@@ -52,14 +67,57 @@ def test_the_grid_setting_is_named_like_a_frontier_setting():
 
 
 def test_selection_reads_clean_and_certified_at_the_selection_eps_averaged_over_datasets():
-    rows = [("a", "lmt-0.2", "lmt", 98, 10), ("a", "lofast-0.5", "lofast", 95, 80),
-            ("a", "linear-0.5", "linear", 85, 99),  # the baseline is never selected
-            ("b", "lmt-0.2", "lmt", 90, 60), ("b", "lofast-0.5", "lofast", 60, 10)]
+    rows = [("a", "lmt-0.2", "lmt", 98, 10, 0.0), ("a", "lofast-0.5", "lofast", 95, 80, 3.0),
+            ("a", "linear-0.5", "linear", 85, 99, None),  # the baselines are never selected
+            ("a", "standard", "standard", 99, None, 20.0),
+            ("b", "lmt-0.2", "lmt", 90, 60, 2.0), ("b", "lofast-0.5", "lofast", 60, 10, 1.5)]
     table = pd.DataFrame([{"dataset": d, "setting": s, "kind": k, "clean": c,
-                           "certified@0.5": r} for d, s, k, c, r in rows])
+                           "certified@0.5": r, "uniform_gap": g} for d, s, k, c, r, g in rows])
     selected, scores = stage.select(table, 0.5)
     # lmt: (54 + 75) / 2 = 64.5; lofast: (87.5 + 35) / 2 = 61.25
     assert selected == "lmt-0.2" and scores.to_dict() == {"lmt-0.2": 64.5, "lofast-0.5": 61.25}
+    # with attention counted: lmt-0.2 loses nothing on dataset a, so it is not a transformer
+    assert stage.attending(table, 1.0).to_dict() == {"lmt-0.2": False, "lofast-0.5": True}
+    assert stage.select(table, 0.5, 1.0)[0] == "lofast-0.5"
+    assert stage.select(table, 0.5, 5.0)[0] is None  # none attends
+
+
+def test_the_target_reads_the_standard_vit_of_the_same_patch_and_dataset():
+    rows = [("a", "standard", "standard", 14, 10.0, None, 0),
+            ("a", "standard_p7", "standard", 7, 60.0, None, 0),
+            ("a", "lofast-0.5", "lofast", 14, 6.0, 1.4, 0),      # 6 >= 5, 1.4 >= 1.3: met
+            ("a", "lofast-0.5_p7", "lofast", 7, 6.0, 2.0, 0),    # 6 < 30: not met
+            ("a", "lmt-0.5", "lmt", 14, 6.0, 1.2, 0),            # radius ratio too small
+            ("a", "lofast-1", "lofast", 14, 8.0, 2.0, 1),        # a broken certificate
+            ("b", "lofast-0.5", "lofast", 14, 9.0, 2.0, 0)]      # no standard ViT on b
+    table = pd.DataFrame([{"dataset": d, "setting": s, "kind": k, "patch": p,
+                           "uniform_gap": g, "local_global": r, "broken": b}
+                          for d, s, k, p, g, r, b in rows])
+    t = stage.attention_targets(table)
+    assert t["target_met"].tolist() == [True, False, False, False, False]
+    assert t["standard_gap"].tolist()[:2] == [10.0, 60.0]
+    assert t["share_of_standard"].tolist()[0] == pytest.approx(0.6)
+
+
+def test_a_setting_builds_its_model_and_recipe_from_train_vit_and_its_axes():
+    tv, f = PAPER["train_vit"], PAPER["frontier"]
+    data = {"train": {"x": torch.zeros(1, 3, 32, 32, dtype=torch.uint8)},
+            "classes": list(range(10)), "mean": [0.5] * 3, "std": [0.25] * 3}
+    base = stage.model_config(f, tv, stage.parse_setting("lofast-0.5"), "cifar10", data)
+    assert (base.kind, base.gamma_qk, base.radius_attn) == ("lipschitz", tv.gamma_qk,
+                                                            tv.radius_attn)
+    opened = stage.model_config(f, tv, stage.parse_setting("lofast-0.5_p8_qk2_r4"), "cifar10",
+                                data)
+    assert (opened.patch, opened.gamma_qk, opened.radius_attn) == (8, 2.0, 4.0)
+    assert dataclasses.replace(opened, patch=base.patch, gamma_qk=base.gamma_qk,
+                               radius_attn=base.radius_attn) == base
+    std = stage.model_config(f, tv, stage.parse_setting("standard_p8"), "cifar10", data)
+    assert (std.kind, std.block, std.patch, std.dim, std.depth) == (
+        "standard", "prenorm", 8, base.dim, base.depth)
+    rec = stage.train_config(f, tv, stage.parse_setting("standard"), 0)
+    assert (rec.margin, rec.lr, rec.epochs) == ("none", f.standard_lr, tv.train.epochs)
+    mixed = stage.train_config(f, tv, stage.parse_setting("lofast-0.25_mix0.3"), 0)
+    assert (mixed.margin, mixed.lofast_eps, mixed.lofast_mix) == ("lofast", 0.25, 0.3)
 
 
 class _NoTest(dict):
@@ -91,32 +149,47 @@ def test_units_train_on_the_training_split_minus_the_held_out_images_then_gather
     tv = dataclasses.replace(paper_tv, vit=VitShape(8, 8, None, None, 8), train=dataclasses.replace(
         paper_tv.train, epochs=1, batch_size=8, warmup_steps=1, augment="none", lofast_ramp=0.0))
     p = dataclasses.replace(PAPER["frontier"], datasets=["mnist"],
-                            settings=["lmt-0.2", "lofast-0.5", "linear-0.5"], depth=1, heads=2,
+                            settings=["lmt-0.2", "lofast-0.5_qk2", "standard", "linear-0.5"],
+                            depth=1, heads=2,
                             holdout=20, n_val=12, n_attack=10, cert_eps=[0.1, 0.5],
                             select_eps=0.5, attack_steps=3, attack_restarts=1, linear_epochs=1,
                             results_dir=str(tmp_path / "w"), metrics=str(tmp_path / "f.json"))
     base = BaseParams(scale="smoke", seed=0, device="cpu", precision="fp32", threads=0,
                       deterministic=False)
-    assert stage.units(p) == ["mnist-lmt-0.2", "mnist-lofast-0.5", "mnist-linear-0.5"]
+    assert stage.units(p) == ["mnist-lmt-0.2", "mnist-lofast-0.5_qk2", "mnist-standard",
+                              "mnist-linear-0.5"]
     train, val = stage.split(data, p.holdout)
     assert torch.equal(val["x"], x[40:]) and torch.equal(train["x"], x[:40])
     with pytest.raises(ValueError, match="has not run"):
         stage.run(p, _ctx(base, tv))
+    recs = {}
     for unit in stage.units(p):
-        rec = stage.run(p, _ctx(base, tv, unit))
+        rec = recs[unit] = stage.run(p, _ctx(base, tv, unit))
         assert rec["n_val"] == 12 and rec["n_attacked"] == 10 and rec["broken"] == 0
-        for e in ("0.1", "0.5"):  # never above what PGD leaves on the same points
-            assert rec["certified_acc_attacked"][e] <= rec["pgd_acc"][e]
+        for r in rec["audit"]:  # never above what PGD leaves on the same points
+            for key in ("certified_global", f"certified_{unit[6:]}"):
+                assert r.get(key, 0) <= r["robust_acc"]
     assert rec["kind"] == "linear" and seen == {"mnist": "processed"}
+    assert rec["attention"] is None and "certified_acc" in rec
+    opened, std = recs["mnist-lofast-0.5_qk2"], recs["mnist-standard"]
+    # R^2 gamma_qk^2 / sqrt(d_h), d_h = 8 / 2
+    assert opened["attention"]["logit_cap"] == pytest.approx(tv.radius_attn ** 2 * 4.0 / 2.0)
+    assert opened["attention"]["n"] == 12 and opened["local_global_radius"] is not None
+    assert opened["median_radius"] >= opened["median_radius_global"]
+    assert std["attention"]["logit_cap"] is None and "certified_acc" not in std
+    assert std["n_train"] == 40
     again = stage.run(p, _ctx(base, tv, "mnist-lmt-0.2"))
     assert again["checkpoint"] == "resume" and again["clean_acc"] == \
         stage.read_unit(p, _ctx(base, tv), "mnist-lmt-0.2")["clean_acc"]
     res = stage.run(p, _ctx(base, tv))
-    assert list(res.table["setting"]) == p.settings and res.selected in p.settings[:2]
+    assert list(res.table["setting"]) == p.settings and res.selected_any in p.settings[:2]
+    assert res.selected in (*p.settings[:2], None)
     assert res.metrics["grid_setting"] == "lmt-0.2"
     assert res.metrics["grid_is_selected"] == (res.selected == "lmt-0.2")
-    assert (tmp_path / "w" / "frontier.csv").is_file()
-    assert (tmp_path / "w" / "frontier.png").is_file()
+    for name in ("frontier.csv", "frontier.png", "attention.png"):
+        assert (tmp_path / "w" / name).is_file()
+    assert len(res.targets) == 2 and list(res.attention_table().columns)[-1] == "local_global"
+    assert json.loads(Path(p.metrics).read_text())["rows"][2]["certified@0.5"] is None
     with pytest.raises(ValueError, match="other params"):
         stage.run(dataclasses.replace(p, n_val=11), _ctx(base, tv))
     with pytest.raises(ValueError, match="other params"):  # the recipe is part of the key
@@ -130,6 +203,7 @@ def test_the_cost_model_counts_every_vit_unit():
     items = frontier_work(PAPER, 0)
     f = PAPER["frontier"]
     vit = [s for s in f.settings if not s.startswith("linear-")]
+    assert any(s.startswith("standard") for s in vit)  # the standard ViT is counted too
     assert {w.unit for w in items} == {f"frontier_unit@{d}-{s}" for d in f.datasets
                                        for s in vit}
     lofast = sum(w.flops for w in items if "lofast" in w.unit)

@@ -24,6 +24,7 @@ from attncert.cost.work import (
     audit_work,
     capped,
     certify_work,
+    diagnostics_work,
     in_unit,
     n_steps,
     training_work,
@@ -56,39 +57,44 @@ def grid_work(p, n_train_max: int, n_test_max: int) -> list[Work]:
                                           min(cv.n_attack, n_cert), len(cv.cert_eps),
                                           cv.attack_steps, cv.attack_restarts,
                                           cv.cert_batch_size))
+                    out.append(diagnostics_work("certify_vit", name, cfg, n_cert,
+                                                cv.cert_batch_size))
     return out
 
 
 def frontier_work(p, n_train_max: int) -> list[Work]:
-    """Per unit (``frontier_unit@<dataset>-<setting>``): the ViT of the frontier's grid shape
-    trained with its margin on the training split minus the held-out images, LoFAST(M) on
-    ``n_val`` of those and the PGD audit on ``n_attack``. The linear baseline's units (a
+    """Per unit (``frontier_unit@<dataset>-<setting>``): the setting's ViT (the frontier's grid
+    shape with the setting's axes; the standard ViT of that shape) trained on the first
+    ``max_train`` of the training split minus the held-out images, LoFAST(M) and the global
+    bound on ``n_val`` of those (certified settings), the PGD audit on ``n_attack`` and the
+    attention diagnostics (three forward passes of ``n_val``). The linear baseline's units (a
     linear model on pixels) are left out: seconds, next to a ViT's hours."""
-    from attncert.pipeline.runs import GridPoint
-    from attncert.stages import frontier, train_vit
+    from attncert.stages import frontier
 
     f, s = p["frontier"], p["train_vit"]
     out = []
     for ds in f.datasets:
         _, _, _, n_tr, _ = DATASETS[ds]
         n_tr = capped(n_train_max, n_tr) - f.holdout
-        point = GridPoint(f.results_dir, ds, f.depth, f.heads, f.gamma_vo)
-        cfg = train_vit.model_config(s, point, stand_in(ds))
-        for setting in f.settings:
-            kind, _ = frontier.parse_setting(setting)
-            if kind == "linear":
+        n_tr = capped(f.max_train, n_tr)
+        for setting_name in f.settings:
+            setting = frontier.parse_setting(setting_name)
+            if setting.kind == "linear":
                 continue
-            name = f"{ds}-{setting}"
-            c = vit_counts(cfg, tuple(s.train.msvp_lambda), kind)
-            adv = s.train.adv_steps if s.train.adversarial != "none" else 0
+            name = f"{ds}-{setting_name}"
+            cfg = frontier.model_config(f, s, setting, ds, stand_in(ds))
+            tc = frontier.train_config(f, s, setting, 0)
+            c = vit_counts(cfg, tuple(tc.msvp_lambda), tc.margin)
+            adv = tc.adv_steps if tc.adversarial != "none" else 0
             items = training_work("frontier", name, c, n_tr, min(f.holdout, n_tr),
-                                  s.train.epochs, s.train.batch_size, s.train.eval_batch_size,
-                                  adv)
-            items += certify_work("frontier", name, cfg, f.n_val, ["lofast_M"], 1,
-                                  f.cert_batch_size)
+                                  tc.epochs, tc.batch_size, tc.eval_batch_size, adv)
+            if setting.is_vit:
+                items += certify_work("frontier", name, cfg, f.n_val, ["lofast_M", "global"],
+                                      1, f.cert_batch_size)
             items.append(audit_work("frontier", f"{name}: PGD audit", c["attack"], f.n_attack,
                                     len(f.cert_eps), f.attack_steps, f.attack_restarts,
                                     f.cert_batch_size))
+            items.append(diagnostics_work("frontier", name, cfg, f.n_val, f.cert_batch_size))
             out += in_unit(items, f"frontier_unit@{name}")
     return out
 

@@ -69,6 +69,15 @@ def capped(max_n: int, full: int) -> int:
     return min(max_n, full) if max_n else full
 
 
+def diagnostics_work(stage: str, name: str, cfg, n: int, batch: int) -> Work:
+    """The attention diagnostics (:mod:`attncert.diagnostics`): three float64 forward passes
+    (trained, uniform and identity attention) over ``n`` points."""
+    f64 = vit_forward64(cfg)
+    calls = 3 * n_steps(n, batch)
+    return Work(stage, f"{name}: attention diagnostics", "fp64", calls * f64.flops(batch),
+                calls * f64.kernels)
+
+
 def certify_work(stage: str, name: str, cfg, n: int, variants, tests: int, batch: int
                  ) -> list[Work]:
     """Certificates in float64: per batch one forward and each variant's per-layer terms."""

@@ -9,7 +9,7 @@ import pandas as pd
 import seaborn as sns
 from matplotlib.figure import Figure
 
-__all__ = ["plot_frontier"]
+__all__ = ["plot_attention", "plot_frontier"]
 
 
 def plot_frontier(table: pd.DataFrame, eps: Sequence[float], select_eps: float) -> Figure:
@@ -18,6 +18,7 @@ def plot_frontier(table: pd.DataFrame, eps: Sequence[float], select_eps: float) 
     reach), the linear baseline in black. Bottom: certified accuracy at ``select_eps`` against
     clean accuracy, one labelled point per setting (the frontier)."""
     sns.set_theme(style="whitegrid", context="paper")
+    table = table[table["kind"] != "standard"]  # not certified: the attention figure has it
     datasets = list(dict.fromkeys(table["dataset"]))
     settings = list(dict.fromkeys(table["setting"]))
     palette = dict(zip([s for s in settings if not s.startswith("linear-")],
@@ -46,4 +47,44 @@ def plot_frontier(table: pd.DataFrame, eps: Sequence[float], select_eps: float) 
                    ylabel=f"certified accuracy at eps {select_eps:g} (%)")
         if col == len(datasets) - 1:
             top.legend(fontsize=6, loc="upper left", bbox_to_anchor=(1.01, 1), frameon=False)
+    return fig
+
+
+def plot_attention(table: pd.DataFrame, select_eps: float, min_gap: float) -> Figure:
+    """One panel per dataset: certified accuracy at ``select_eps`` (LoFAST(M), filled; the
+    global bound on the same model, hollow) against the points of clean accuracy lost when
+    every attention matrix is made uniform. Settings below ``min_gap`` (dead attention: the
+    model is a token-wise MLP) in grey; the standard ViT of each patch size as a dotted
+    vertical line at its gap (how much attention can matter on the task); the linear baseline
+    as a horizontal line."""
+    sns.set_theme(style="whitegrid", context="paper")
+    datasets = list(dict.fromkeys(table["dataset"]))
+    fig, axes = plt.subplots(1, len(datasets), figsize=(5.5 * len(datasets), 4.2),
+                             squeeze=False, constrained_layout=True)
+    col = f"certified@{select_eps:g}"
+    for ax, ds in zip(axes[0], datasets, strict=True):
+        part = table[table["dataset"] == ds]
+        for _, r in part.iterrows():
+            if r["kind"] == "linear":
+                ax.axhline(r[col], color="black", lw=1, label=f"{r['setting']} (linear)")
+            elif r["kind"] == "standard":
+                ax.axvline(r["uniform_gap"], color="tab:purple", ls=":", lw=1.2,
+                           label=f"{r['setting']} (patch {r['patch']:g}): its gap")
+            else:
+                alive = r["uniform_gap"] >= min_gap
+                c = "tab:blue" if alive else "grey"
+                ax.scatter(r["uniform_gap"], r[col], color=c, s=40, zorder=3)
+                ax.scatter(r["uniform_gap"], r[f"global@{select_eps:g}"], facecolors="none",
+                           edgecolors=c, s=40, zorder=3)
+                ax.annotate(r["setting"], (r["uniform_gap"], r[col]),
+                            textcoords="offset points", xytext=(4, 3), fontsize=7)
+        ax.axvspan(-100, min_gap, color="grey", alpha=0.12, lw=0,
+                   label=f"dead attention (gap < {min_gap:g} points)")
+        gaps = part["uniform_gap"].dropna()
+        ax.set(xlim=(min(-1.0, gaps.min() - 1) if len(gaps) else -1,
+                     max(5.0, gaps.max() * 1.1 + 1) if len(gaps) else 5),
+               ylim=(-2, 102), title=f"{ds}: validation split",
+               xlabel="points of clean accuracy lost with uniform attention",
+               ylabel=f"certified accuracy at eps {select_eps:g} (%)")
+        ax.legend(fontsize=6, loc="best", frameon=False)
     return fig

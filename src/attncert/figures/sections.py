@@ -85,15 +85,31 @@ def baselines(res: Result) -> list[Part]:
 
 
 def frontier(res: Result) -> list[Part]:
-    """Certified vs clean accuracy per training margin on the validation split."""
+    """Certified vs clean accuracy per training setting on the validation split; certified
+    accuracy against the points lost with uniform attention (does the attention matter?)."""
     front = res.metrics("frontier").get("frontier")
     if not front:
         return [res.note("frontier") or "(the frontier stage has not run)"]
-    return [(frontier_figs.plot_frontier(pd.DataFrame(front["rows"]), front["eps"],
-                                         front["select_eps"]),
-             res.key_figure(4, "frontier_per_training_margin")),
-            f"Selected on validation: `{front['selected']}`; the grid trains with "
-            f"`{front['grid_setting']}`."]
+    table = pd.DataFrame(front["rows"])
+    parts: list[Part] = [
+        (frontier_figs.plot_frontier(table, front["eps"], front["select_eps"]),
+         res.key_figure(4, "frontier_per_training_setting"))]
+    if "uniform_gap" in table:
+        parts.append((frontier_figs.plot_attention(table, front["select_eps"],
+                                                   front["min_attention_gap"]),
+                      res.key_figure(5, "certified_accuracy_vs_attention_gap")))
+    sel = front["selected"]
+    parts.append(f"Selected on validation, attention counted (a setting must lose at least "
+                 f"{front.get('min_attention_gap', 0):g} points with uniform attention on "
+                 f"every dataset): `{sel}`" if sel else
+                 "No certified setting's attention changes predictions (every one loses under "
+                 f"{front.get('min_attention_gap', 0):g} points with uniform attention on some "
+                 "dataset): none is selected with attention counted")
+    parts.append(f"Selected with attention not counted: `{front.get('selected_any', sel)}`; the "
+                 f"grid trains with `{front['grid_setting']}`.")
+    if front.get("targets"):
+        parts.append(pd.DataFrame(front["targets"]).set_index(["dataset", "setting"]).round(3))
+    return parts
 
 
 def cost(res: Result) -> list[Part]:
@@ -127,7 +143,7 @@ def text(res: Result) -> list[Part]:
     parts: list[Part] = []
     if not curves.empty:
         parts.append((figs.plot_text_certified(curves),
-                      res.key_figure(5, "text_certified_accuracy")))
+                      res.key_figure(6, "text_certified_accuracy")))
     rows = res.rows("text")
     fig = figs.plot_headline(rows, "OLSA's SST radius beside ours")
     if fig is not None:
@@ -140,7 +156,7 @@ def crown(res: Result) -> list[Part]:
     if (noted := _noted(res, "crown")) is not None:
         return noted
     return [(figs.plot_crown(figs.crown_frame(res.metrics("crown").get("crown"))),
-             res.key_figure(6, "lofast_vs_crown")),
+             res.key_figure(7, "lofast_vs_crown")),
             figs.headline_frame(res.rows("crown"))]
 
 

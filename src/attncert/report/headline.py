@@ -46,9 +46,13 @@ def eps_match(eps: str | float, grid: Sequence[float]) -> int | None:
 #: the keys of a stage's DVC headline (:func:`attncert.pipeline.nbrun.write_headline`), the same in
 #: every stage so that ``dvc metrics show`` prints one narrow table: clean accuracy; certified and
 #: PGD accuracy at ``eps`` (the middle radius of the stage's grid); broken certificates; the
-#: largest bound / PGD ratio (tightness); an average certified radius (text); and, added by
-#: nbrun, the stage's seconds and peak resident memory (GB)
-NUMBERS = ("clean", "cert", "pgd", "eps", "broken", "ratio", "radius", "seconds", "peak_gb")
+#: largest bound / PGD ratio (tightness); an average certified radius (text); the points of
+#: clean accuracy lost when every attention matrix is replaced by uniform weights
+#: (``attn_uniform_gap``, :mod:`attncert.diagnostics`) and LoFAST(M)'s median certified radius
+#: over the global bound's (``local_global_radius``); and, added by nbrun, the stage's seconds
+#: and peak resident memory (GB)
+NUMBERS = ("clean", "cert", "pgd", "eps", "broken", "ratio", "radius", "attn_uniform_gap",
+           "local_global_radius", "seconds", "peak_gb")
 
 
 def middle_eps(by_eps: Mapping[str, Any]) -> str | None:

@@ -3,8 +3,9 @@
 The first ``n_test`` test images (0: all), in float64: certified radii per variant and test
 (:func:`attncert.certify.certify_table`), then L2 PGD at every eps on every correct point of
 the first ``n_attack`` (:func:`attncert.certify.audit`): the empirical robust accuracy and
-the soundness audit, which compares certified and PGD accuracy on those same points. The
-point's results folder receives ``samples.csv`` (one row per test point), ``metrics.json``
+the soundness audit, which compares certified and PGD accuracy on those same points; then the
+attention diagnostics on the certified points (:func:`attncert.diagnostics.attention_diagnostics`:
+does the model's attention change any prediction?). The point's results folder receives ``samples.csv`` (one row per test point), ``metrics.json``
 (:func:`attncert.certify.summarize`) and ``certified.png``; a broken certificate then fails the
 stage (:func:`attncert.soundness.require_sound`).
 """
@@ -20,7 +21,7 @@ import matplotlib.pyplot as plt
 import pandas as pd
 import torch
 
-from attncert import certify, soundness
+from attncert import certify, diagnostics, soundness
 from attncert.data import as_float, load_processed
 from attncert.figures import vit as figs
 from attncert.models import ViTConfig
@@ -89,6 +90,10 @@ class Certified:
         return self.long.pivot_table(index=["variant", "test"], columns="eps",
                                      values="accuracy").mul(100).round(1)
 
+    def attention_table(self) -> pd.DataFrame:
+        """Does the attention do anything: :func:`attention_summary` of this point."""
+        return attention_summary({self.name: self.summary})
+
     def cost_table(self) -> pd.DataFrame:
         """Per certificate: seconds per sample, the same in forward passes, median radius."""
         s = self.summary
@@ -123,7 +128,9 @@ def run(p: Params, ctx: Context) -> Certified:
         table[f"pgd_adversarial_at_{e}"] = pd.array([*success.tolist(), *[None] * (n - m)],
                                                     dtype="boolean")
     summary = {**certify.summarize(table, rows, p.cert_eps, p.variants, p.tests),
-               "n_attacked": m}
+               "n_attacked": m,
+               "attention": diagnostics.attention_diagnostics(model, x, y, p.cert_batch_size)}
+    summary["local_global_radius"] = diagnostics.local_global_radius(summary["median_radius"])
     samples = out_dir / "samples.csv"
     with atomic_path(samples) as tmp:
         table.to_csv(tmp, index=False)
@@ -141,9 +148,47 @@ def run(p: Params, ctx: Context) -> Certified:
                      summary, long, fig, samples)
 
 
+def attention_summary(metrics: Mapping[str, Mapping]) -> pd.DataFrame:
+    """One row per model ({name: metrics with an ``attention`` entry}): mean row entropy / log n,
+    clean accuracy (%) with the trained, uniform and identity attention, the gaps (points), the
+    largest |logit| seen against the structural cap, and LoFAST(M)'s median certified radius over
+    the global bound's (``local_global_radius``, when the model was certified with both)."""
+    rows = []
+    for name, m in metrics.items():
+        a = m["attention"]
+        rows.append({"model": name, "entropy / log n": a["entropy_mean"],
+                     "clean %": 100 * a["acc"], "uniform %": 100 * a["acc_uniform"],
+                     "identity %": 100 * a["acc_identity"], "uniform gap": a["uniform_gap"],
+                     "identity gap": a["identity_gap"], "max |logit|": a["logit_max"],
+                     "logit cap": a["logit_cap"],
+                     "LoFAST(M) / global radius": m.get("local_global_radius")})
+    return pd.DataFrame(rows).set_index("model").round(4)
+
+
+def attention_rows(m: Mapping) -> list[dict]:
+    """Headline rows of the attention diagnostics (``m["attention"]``) and the local / global
+    radius ratio."""
+    a = m.get("attention")
+    if a is None:
+        return []
+    out = [row("attention/entropy", "attention entropy / log n (1 = uniform)",
+               a["entropy_mean"], "ratio"),
+           row("attention/uniform_gap", "points lost with uniform attention", a["uniform_gap"],
+               "value", brief=True),
+           row("attention/identity_gap", "points lost with self-only attention",
+               a["identity_gap"], "value")]
+    if a.get("logit_cap") is not None:
+        out.append(row("attention/logit_cap", "structural cap on |attention logit|",
+                       a["logit_cap"], "value"))
+    if m.get("local_global_radius") is not None:
+        out.append(row("local_global_radius", "median radius LoFAST(M) / global",
+                       m["local_global_radius"], "ratio", brief=True))
+    return out
+
+
 def headline_rows(m: Mapping, item: Mapping) -> list[dict]:
     """Clean, PGD and certified accuracy per eps, seconds per sample, cost per forward pass,
-    broken certificates. The grid is LoFAST Figure 2's (384-d ViTs), which prints no numbers:
+    broken certificates, the attention diagnostics. The grid is LoFAST Figure 2's (384-d ViTs), which prints no numbers:
     LoFAST Table 1's are of 128-d models (the crown stage) and CertViT's of its own ViTs (the
     certvit stage), so no paper number stands beside a grid point."""
     rows = [row("clean_acc", "clean accuracy", m["clean_acc"], "fraction", brief=True)]
@@ -161,7 +206,7 @@ def headline_rows(m: Mapping, item: Mapping) -> list[dict]:
         rows.append(row(f"cost_vs_forward/{key}", f"cost / forward pass {key}", c, "ratio"))
     if "broken" in m:
         rows.append(row("broken", "broken certificates", m["broken"], "count"))
-    return rows
+    return rows + attention_rows(m)
 
 
 #: the certificate the DVC headline reports (LoFAST(M), pairwise test)
@@ -170,9 +215,12 @@ HEADLINE_CERTIFICATE = "lofast_M_pairwise"
 
 def headline_numbers(m: Mapping, item: Mapping) -> dict[str, float]:
     """The DVC headline: clean accuracy, LoFAST(M)'s certified and PGD accuracy at the middle
-    eps, broken certificates."""
+    eps, broken certificates, the points lost with uniform attention and LoFAST(M)'s median
+    radius over the global bound's."""
     pgd = m.get("pgd_acc", {})
     eps = middle_eps(pgd)
     cert = m.get("certified_acc", {}).get(HEADLINE_CERTIFICATE, {})
     return numbers(clean=m.get("clean_acc"), cert=cert.get(eps), pgd=pgd.get(eps),
-                   eps=None if eps is None else float(eps), broken=m.get("broken"))
+                   eps=None if eps is None else float(eps), broken=m.get("broken"),
+                   attn_uniform_gap=m.get("attention", {}).get("uniform_gap"),
+                   local_global_radius=m.get("local_global_radius"))

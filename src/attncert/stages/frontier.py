@@ -33,13 +33,14 @@ import matplotlib.pyplot as plt
 import pandas as pd
 import torch
 from matplotlib.figure import Figure
+from torch import Tensor
 
-from attncert import certify, soundness
+from attncert import certify, diagnostics, soundness
 from attncert.certvit.baseline import PixelLinear
 from attncert.certvit.certificate import certified_radius
 from attncert.data import as_float, load_processed
 from attncert.figures import frontier as figs
-from attncert.models import build_vit
+from attncert.models import ViTConfig, build_vit
 from attncert.pipeline import runs
 from attncert.pipeline.context import Context
 from attncert.pipeline.io import atomic_path, write_json
@@ -47,6 +48,7 @@ from attncert.pipeline.params import (
     fail,
     image_datasets,
     nonempty,
+    nonneg,
     param,
     positive,
     unique,
@@ -57,24 +59,85 @@ from attncert.report.headline import numbers, row
 from attncert.stages import train_vit
 from attncert.training.train import TrainConfig, evaluate, train_resumable
 
-#: setting kinds: ``<kind>-<value>``
+#: setting kinds: ``<kind>-<value>`` (``standard`` takes no value)
 KINDS = {"lmt": "LMT logit offset", "lofast": "LoFAST certified training at radius",
-         "linear": "linear baseline, radius margin at offset"}
-#: the certificate every ViT setting is measured with
+         "linear": "linear baseline, radius margin at offset",
+         "standard": "standard (unconstrained) ViT of the same shape, plain cross-entropy"}
+#: the certificate every ViT setting is measured with, and the global bound beside it
 CERTIFICATE = ("lofast_M", "pairwise")
+GLOBAL = ("global", "pairwise")
+#: the axes a setting may add after its kind: ``_<axis><value>`` (e.g. ``lofast-0.5_p7_qk1``);
+#: each overrides one field of the model (or of the training recipe) ``train_vit`` gives
+AXES = {"p": ("patch", int, "patch size (more tokens: a smaller patch)"),
+        "qk": ("gamma_qk", float, "spectral norm of W^Q, W^K"),
+        "r": ("radius_attn", float, "LayerProject radius of the attention inputs"),
+        "vo": ("gamma_vo", float, "spectral norm of W^V, W^O"),
+        "mix": ("lofast_mix", float, "weight of the lofast margin's CE")}
+#: axes that change the training recipe (the others change the model)
+TRAIN_AXES = ("lofast_mix",)
 
 
-def parse_setting(setting: str) -> tuple[str, float]:
-    """``"lofast-0.5"`` -> ("lofast", 0.5); ValueError for anything else."""
-    kind, _, value = setting.partition("-")
-    try:
-        v = float(value)
-    except ValueError:
-        v = -1.0
-    if kind not in KINDS or not v > 0:
-        raise ValueError(f"{setting!r}: a setting is <kind>-<value>, kind one of "
-                         f"{', '.join(KINDS)} and value > 0 (e.g. lofast-0.5)")
-    return kind, v
+@dataclass(frozen=True)
+class Setting:
+    """A parsed setting: its kind, its value (None for ``standard``) and the overrides of its
+    axes ({ViTConfig or TrainConfig field: value})."""
+
+    kind: str
+    value: float | None
+    axes: dict[str, Any] = dataclasses.field(default_factory=dict)
+
+    @property
+    def is_vit(self) -> bool:
+        """A ViT that is certified (not the linear baseline, not the standard ViT)."""
+        return self.kind in ("lmt", "lofast")
+
+    def model_axes(self) -> dict[str, Any]:
+        return {k: v for k, v in self.axes.items() if k not in TRAIN_AXES}
+
+    def train_axes(self) -> dict[str, Any]:
+        return {k: v for k, v in self.axes.items() if k in TRAIN_AXES}
+
+
+def _setting_error(setting: str, why: str) -> ValueError:
+    return ValueError(f"{setting!r}: {why}. A setting is <kind>-<value>[_<axis><value>...], "
+                      f"kind one of {', '.join(k for k in KINDS if k != 'standard')} and value "
+                      f"> 0 (e.g. lofast-0.5), or standard[_<axis><value>...]; axes: "
+                      + ", ".join(f"{a} ({f})" for a, (f, _, _) in AXES.items()))
+
+
+def parse_setting(setting: str) -> Setting:
+    """``"lofast-0.5_p7_qk1"`` -> Setting("lofast", 0.5, {"patch": 7, "gamma_qk": 1.0});
+    ValueError naming the grammar for anything else."""
+    head, *tokens = setting.split("_")
+    if head == "standard":
+        kind, v = "standard", None
+    else:
+        kind, _, value = head.partition("-")
+        try:
+            v = float(value)
+        except ValueError:
+            v = -1.0
+        if kind not in KINDS or kind == "standard" or not v > 0:
+            raise _setting_error(setting, "not <kind>-<value>")
+    axes: dict[str, Any] = {}
+    for tok in tokens:
+        name = next((a for a in sorted(AXES, key=len, reverse=True) if tok.startswith(a)), None)
+        if name is None:
+            raise _setting_error(setting, f"unknown axis {tok!r}")
+        field_, cast, _ = AXES[name]
+        try:
+            val = cast(tok[len(name):])
+        except ValueError:
+            raise _setting_error(setting, f"axis {tok!r}: {tok[len(name):]!r} is not a "
+                                          f"{cast.__name__}") from None
+        if not val > 0 or field_ in axes:
+            raise _setting_error(setting, f"axis {tok!r}: a value > 0, once")
+        axes[field_] = val
+    if kind == "linear" and axes:
+        raise _setting_error(setting, "the linear baseline takes no axes")
+    if kind == "standard" and set(axes) - {"patch"}:
+        raise _setting_error(setting, "the standard ViT takes the patch axis only")
+    return Setting(kind, v, axes)
 
 
 def settings_ok(key: str, v: list) -> None:
@@ -83,7 +146,7 @@ def settings_ok(key: str, v: list) -> None:
             parse_setting(s)
         except ValueError as exc:
             fail(key, str(exc))
-    if not any(parse_setting(s)[0] != "linear" for s in v):
+    if not any(parse_setting(s).is_vit for s in v):
         fail(key, "needs at least one ViT setting (lmt-* or lofast-*)")
 
 
@@ -116,6 +179,13 @@ class Params:
     linear_epochs: int = param(positive)
     linear_lr: float = param(positive)
     linear_logit_scale: float = param(positive)
+    standard_lr: float = param(positive, doc="the standard ViT's learning rate (train_vit's "
+                                             "recipe otherwise, margin none)")
+    max_train: int = param(nonneg, doc="first n images of the training part (0 = all of it)")
+    min_attention_gap: float = param(nonneg, doc="points of clean accuracy a setting must "
+                                                 "lose with uniform attention, on every "
+                                                 "dataset, to count as a transformer in the "
+                                                 "selection")
     results_dir: str = param(doc="units/<unit>.json, ckpt/<unit>/, frontier.csv, frontier.png")
     metrics: str = param()
 
@@ -146,14 +216,16 @@ def _key(p: Params, ctx: Context) -> dict[str, Any]:
             | unit_key("train_vit", ctx.section("train_vit"), ctx.require_base()))
 
 
-def split(data: Mapping[str, Any], holdout: int) -> tuple[dict, dict]:
+def split(data: Mapping[str, Any], holdout: int, max_train: int = 0) -> tuple[dict, dict]:
     """(training part, validation part) of the training split: the last ``holdout`` images
-    are the validation split."""
+    are the validation split; the training part is the first ``max_train`` of the others
+    (0: all of them)."""
     n = len(data["train"]["y"])
     if holdout >= n:
         raise ValueError(f"frontier.holdout: {holdout} >= the {n} training images")
     cut = n - holdout
-    return ({k: data["train"][k][:cut] for k in ("x", "y")},
+    end = cut if max_train == 0 else min(cut, max_train)
+    return ({k: data["train"][k][:end] for k in ("x", "y")},
             {k: data["train"][k][cut:] for k in ("x", "y")})
 
 
@@ -166,20 +238,36 @@ def grid_setting(tv: train_vit.Params) -> str | None:
     return None
 
 
-def train_config(p: Params, tv: train_vit.Params, kind: str, value: float,
-                 seed: int) -> TrainConfig:
-    """The setting's training: ``train_vit``'s with its margin (a ViT); the linear baseline's
-    own schedule with the radius margin."""
-    if kind == "linear":
+def train_config(p: Params, tv: train_vit.Params, setting: Setting, seed: int) -> TrainConfig:
+    """The setting's training: ``train_vit``'s with its margin and its recipe axes (a ViT);
+    ``train_vit``'s without a margin at ``standard_lr`` (the standard ViT); the linear
+    baseline's own schedule with the radius margin."""
+    if setting.kind == "linear":
         t = tv.train
         return TrainConfig(epochs=p.linear_epochs, batch_size=t.batch_size, lr=p.linear_lr,
-                           warmup_steps=t.warmup_steps, margin="radius", lmt_offset=value,
-                           logit_scale=p.linear_logit_scale, eval_batch_size=t.eval_batch_size,
-                           seed=seed)
+                           warmup_steps=t.warmup_steps, margin="radius",
+                           lmt_offset=setting.value, logit_scale=p.linear_logit_scale,
+                           eval_batch_size=t.eval_batch_size, seed=seed)
     cfg = tv.train.config(seed)
-    if kind == "lmt":
-        return dataclasses.replace(cfg, margin="lmt", lmt_offset=value)
-    return dataclasses.replace(cfg, margin="lofast", lofast_eps=value)
+    if setting.kind == "standard":
+        return dataclasses.replace(cfg, margin="none", lr=p.standard_lr)
+    cfg = dataclasses.replace(cfg, **setting.train_axes())
+    if setting.kind == "lmt":
+        return dataclasses.replace(cfg, margin="lmt", lmt_offset=setting.value)
+    return dataclasses.replace(cfg, margin="lofast", lofast_eps=setting.value)
+
+
+def model_config(p: Params, tv: train_vit.Params, setting: Setting, dataset: str,
+                 data: Mapping[str, Any]) -> ViTConfig:
+    """The setting's ViT: ``train_vit``'s model of the frontier's grid shape with the
+    setting's model axes; the standard ViT is that shape (patch axis included) with the
+    standard ViT's parts (LayerNorm, GELU MLP, free attention, pre-norm blocks)."""
+    point = GridPoint(p.results_dir, dataset, p.depth, p.heads, p.gamma_vo)
+    cfg = train_vit.model_config(tv, point, data)
+    if setting.kind == "standard":
+        return dataclasses.replace(cfg, kind="standard", block="prenorm",
+                                   **setting.model_axes())
+    return dataclasses.replace(cfg, **setting.model_axes())
 
 
 def run(p: Params, ctx: Context) -> dict[str, Any] | Result:
@@ -191,29 +279,28 @@ def run(p: Params, ctx: Context) -> dict[str, Any] | Result:
 
 def _run_unit(p: Params, ctx: Context, unit: str) -> dict[str, Any]:
     """One unit (``<dataset>-<setting>``): train (resumable, ``results_dir/ckpt/<unit>``),
-    certify and attack on the validation points; write the record (before the soundness
-    check, so a failure can be inspected) and return it."""
+    certify and attack on the validation points, measure what the attention does; write the
+    record (before the soundness check, so a failure can be inspected) and return it."""
     base, tv = ctx.require_base(), ctx.section("train_vit")
     dev, precision = ctx.device, ctx.precision
     if unit not in units(p):
         raise ValueError(f"frontier unit {unit!r}: not one of {units(p)}")
     dataset = next(d for d in p.datasets if unit.startswith(f"{d}-")
                    and unit[len(d) + 1:] in p.settings)
-    setting = unit[len(dataset) + 1:]
-    kind, value = parse_setting(setting)
+    name = unit[len(dataset) + 1:]
+    setting = parse_setting(name)
     t0 = time.perf_counter()
     data = load_processed(dataset, ctx.processed_dir)
-    train, val = split(data, p.holdout)
-    cfg = train_config(p, tv, kind, value, base.seed)
+    train, val = split(data, p.holdout, p.max_train)
+    cfg = train_config(p, tv, setting, base.seed)
     torch.manual_seed(base.seed)
-    if kind == "linear":
+    if setting.kind == "linear":
         model = PixelLinear(train["x"][0].numel(), len(data["classes"]), seed=base.seed)
     else:
-        point = GridPoint(p.results_dir, dataset, p.depth, p.heads, p.gamma_vo)
-        model = build_vit(train_vit.model_config(tv, point, data))
+        model = build_vit(model_config(p, tv, setting, dataset, data))
     fp = runs.fingerprint(model.config, cfg, dataset,
-                          f"{data['source']}; training split minus its last {p.holdout}",
-                          precision)
+                          f"{data['source']}; the first {len(train['y'])} of the training split "
+                          f"minus its last {p.holdout}", precision)
     curves, status = train_resumable(model, train, val, cfg, Path(p.results_dir) / "ckpt" / unit,
                                      dev, fingerprint=fp, precision=precision,
                                      eval_name="validation")
@@ -222,56 +309,98 @@ def _run_unit(p: Params, ctx: Context, unit: str) -> dict[str, Any]:
     y = val["y"][:n].to(dev)
     model = model.eval().double()
     t1 = time.perf_counter()
-    if kind == "linear":
+    radii: dict[str, Tensor] = {}
+    if setting.kind == "linear":
         with torch.no_grad():
             logits = model(x)
-            radius = certified_radius(logits, model.head_weight(), 1.0).cpu()
+            radii[name] = certified_radius(logits, model.head_weight(), 1.0).cpu()
             correct = (logits.argmax(1) == y).cpu()
+    elif setting.kind == "standard":  # not certifiable (LayerNorm): attacked only
+        with torch.no_grad():
+            correct = (model(x).argmax(1) == y).cpu()
     else:
-        variant, test = CERTIFICATE
-        table = certify.certify_table(model, x, y, [variant], [test], 1.0, p.max_radius,
-                                      p.cert_batch_size)
-        radius = torch.tensor(table[f"radius_{variant}_{test}"].to_numpy())
+        table = certify.certify_table(model, x, y, [CERTIFICATE[0], GLOBAL[0]], ["pairwise"],
+                                      1.0, p.max_radius, p.cert_batch_size)
         correct = torch.tensor(table["correct"].to_numpy()).bool()
+        radii[name] = torch.tensor(table["radius_{}_{}".format(*CERTIFICATE)].to_numpy())
+        radii["global"] = torch.tensor(table["radius_{}_{}".format(*GLOBAL)].to_numpy())
     cert_seconds = time.perf_counter() - t1
+    attention = (None if setting.kind == "linear" else
+                 diagnostics.attention_diagnostics(model, x, y, p.cert_batch_size))
     m = min(p.n_attack, n)
     torch.manual_seed(base.seed)
-    audit, _ = certify.audit(model, x[:m], y[:m], {setting: radius[:m]}, p.cert_eps,
-                             p.attack_steps, p.attack_restarts, base.seed, p.cert_batch_size,
-                             progress=True)
+    audit, _ = certify.audit(model, x[:m], y[:m], {k: r[:m] for k, r in radii.items()},
+                             p.cert_eps, p.attack_steps, p.attack_restarts, base.seed,
+                             p.cert_batch_size, progress=True)
     record = {
         "unit": unit, "key": _key(p, ctx), "device": str(dev), "dataset": dataset,
-        "setting": setting, "kind": kind, "value": value, "n_val": n, "n_attacked": m,
-        "checkpoint": status, "epochs": len(curves),
-        "train_seconds": sum(r["seconds"] for r in curves),
+        "setting": name, "kind": setting.kind, "value": setting.value, "axes": setting.axes,
+        "patch": getattr(model.config, "patch", None), "n_train": len(train["y"]), "n_val": n, "n_attacked": m, "checkpoint": status,
+        "epochs": len(curves), "train_seconds": sum(r["seconds"] for r in curves),
         "clean_acc": float(correct.double().mean()),
         "val_acc_full": evaluate(model.float(), val, dev, tv.train.eval_batch_size)["acc"],
-        "certified_acc": {str(k): a for k, a in
-                          certify.certified_accuracy(correct, radius, p.cert_eps).items()},
-        "certified_acc_attacked": {str(r["eps"]): r[f"certified_{setting}"] for r in audit},
         "pgd_acc": {str(r["eps"]): r["robust_acc"] for r in audit},
-        "broken": sum(r[f"broken_{setting}"] for r in audit),
-        "median_radius": float(radius.median()),
+        "broken": sum(r[f"broken_{k}"] for r in audit for k in radii),
         "certify_seconds_per_sample": cert_seconds / max(n, 1),
-        "audit": audit, "seconds": time.perf_counter() - t0}
+        "audit": audit, "attention": attention, "local_global_radius": None}
+    if name in radii:
+        record.update(
+            certified_acc={str(k): a for k, a in certify.certified_accuracy(
+                correct, radii[name], p.cert_eps).items()},
+            certified_acc_attacked={str(r["eps"]): r[f"certified_{name}"] for r in audit},
+            median_radius=float(radii[name].median()))
+    if "global" in radii:
+        record["certified_acc_global"] = {str(k): a for k, a in certify.certified_accuracy(
+            correct, radii["global"], p.cert_eps).items()}
+        record["median_radius_global"] = float(radii["global"].median())
+        record["local_global_radius"] = diagnostics.local_global_radius(
+            {"local": record["median_radius"], "global": record["median_radius_global"]},
+            "local", "global")
+    record["seconds"] = time.perf_counter() - t0
     write_json(unit_file(p, unit), record)
     check_unit(record, str(unit_file(p, unit)))
     return record
 
 
 def check_unit(record: Mapping[str, Any], where: str) -> None:
-    """No broken certificate, certified accuracy at most PGD accuracy on the attacked points."""
-    soundness.require_sound({record["unit"]: record["audit"]},
-                            {record["unit"]: (record["certified_acc_attacked"],
-                                              record["pgd_acc"])}, see=where)
+    """No broken certificate, certified accuracy at most PGD accuracy on the attacked points
+    (every certificate of the unit: its own and, for a ViT, the global bound's)."""
+    claims = {}
+    if "certified_acc_attacked" in record:
+        claims[record["unit"]] = (record["certified_acc_attacked"], record["pgd_acc"])
+    if "certified_acc_global" in record:
+        claims[f"{record['unit']} (global)"] = (
+            {str(r["eps"]): r["certified_global"] for r in record["audit"]}, record["pgd_acc"])
+    if not claims:  # the standard ViT: attacked, nothing certified
+        return
+    soundness.require_sound({record["unit"]: record["audit"]}, claims, see=where)
 
 
 def unit_table(record: Mapping[str, Any]) -> pd.DataFrame:
-    """One unit's record as one row per measure (certified, PGD; %) and a column per eps, with
-    its clean accuracy (%) and broken certificates beside."""
-    acc = pd.DataFrame({"certified": record["certified_acc"], "PGD": record["pgd_acc"]})
+    """One unit's record as one row per measure (certified with LoFAST(M) and with the global
+    bound where the unit certifies, PGD; %) and a column per eps, with its clean accuracy (%)
+    and broken certificates beside."""
+    cols = {"certified": record.get("certified_acc"),
+            "certified (global)": record.get("certified_acc_global"), "PGD": record["pgd_acc"]}
+    acc = pd.DataFrame({k: v for k, v in cols.items() if v is not None})
     return acc.mul(100).round(1).rename_axis("eps").T.assign(
         clean=round(100 * record["clean_acc"], 1), broken=record["broken"])
+
+
+def unit_attention(record: Mapping[str, Any]) -> pd.DataFrame | None:
+    """One unit's attention diagnostics (None for the linear baseline): per layer the rows'
+    entropy / log n, then clean accuracy (%) with the trained, uniform and identity attention,
+    the gaps (points), the largest |logit| and its cap, LoFAST(M) / global median radius."""
+    a = record.get("attention")
+    if a is None:
+        return None
+    return pd.DataFrame([{
+        **{f"entropy {name}": e for name, e in zip(a["layers"], a["entropy"], strict=True)},
+        "clean %": 100 * a["acc"], "uniform %": 100 * a["acc_uniform"],
+        "identity %": 100 * a["acc_identity"], "uniform gap": a["uniform_gap"],
+        "identity gap": a["identity_gap"], "max |logit|": a["logit_max"],
+        "logit cap": a["logit_cap"], "LoFAST(M) / global radius": record["local_global_radius"]}],
+        index=[record["unit"]]).T.round(4)
 
 
 def read_unit(p: Params, ctx: Context, unit: str) -> dict[str, Any]:
@@ -281,28 +410,78 @@ def read_unit(p: Params, ctx: Context, unit: str) -> dict[str, Any]:
 
 
 def frame(records: Sequence[Mapping[str, Any]], eps: Sequence[float]) -> pd.DataFrame:
-    """One row per (dataset, setting): clean, certified and PGD accuracy at every eps (%)."""
+    """One row per (dataset, setting): clean, certified (LoFAST(M) and the global bound) and
+    PGD accuracy at every eps (%), the attention diagnostics (uniform / identity gaps in
+    points, entropy / log n, the logit cap) and LoFAST(M)'s median radius over the global
+    bound's; NaN where a setting has no such number (the standard ViT is not certified, the
+    linear baseline has no attention)."""
+    nan = float("nan")
     rows = []
     for r in records:
         out = {"dataset": r["dataset"], "setting": r["setting"], "kind": r["kind"],
-               "clean": 100 * r["clean_acc"]}
+               "patch": r.get("patch"), "clean": 100 * r["clean_acc"]}
         for e in eps:
-            out[f"certified@{e:g}"] = 100 * r["certified_acc"][str(float(e))]
+            out[f"certified@{e:g}"] = 100 * r.get("certified_acc", {}).get(str(float(e)), nan)
+        for e in eps:
+            out[f"global@{e:g}"] = 100 * r.get("certified_acc_global", {}).get(str(float(e)),
+                                                                              nan)
         for e in eps:
             out[f"pgd@{e:g}"] = 100 * r["pgd_acc"][str(float(e))]
-        out.update(broken=r["broken"], n_val=r["n_val"], n_attacked=r["n_attacked"],
+        a = r.get("attention") or {}
+        out.update(uniform_gap=a.get("uniform_gap", nan), identity_gap=a.get("identity_gap", nan),
+                   entropy=a.get("entropy_mean", nan),
+                   logit_cap=nan if a.get("logit_cap") is None else a["logit_cap"],
+                   local_global=nan if r.get("local_global_radius") is None
+                   else r["local_global_radius"],
+                   broken=r["broken"], n_val=r["n_val"], n_attacked=r["n_attacked"],
                    train_seconds=r["train_seconds"])
         rows.append(out)
     return pd.DataFrame(rows)
 
 
-def select(table: pd.DataFrame, select_eps: float) -> tuple[str, pd.Series]:
-    """The ViT setting with the highest mean over datasets of (clean + certified at
-    ``select_eps``) / 2, and every ViT setting's score (ties: the first in ``settings``)."""
-    vit = table[table["kind"] != "linear"]
+def attending(table: pd.DataFrame, min_gap: float) -> pd.Series:
+    """Per certified ViT setting: True when it loses at least ``min_gap`` points of clean
+    accuracy with uniform attention on every dataset (its attention changes predictions)."""
+    vit = table[table["kind"].isin(["lmt", "lofast"])]
+    return (vit["uniform_gap"] >= min_gap).groupby(vit["setting"], sort=False).all()
+
+
+def select(table: pd.DataFrame, select_eps: float, min_gap: float | None = None
+           ) -> tuple[str | None, pd.Series]:
+    """The certified ViT setting with the highest mean over datasets of (clean + certified at
+    ``select_eps``) / 2, and every certified ViT setting's score (ties: the first in
+    ``settings``). With ``min_gap``, only the settings that attend (:func:`attending`) can be
+    selected; None when none does."""
+    vit = table[table["kind"].isin(["lmt", "lofast"])]
     score = ((vit["clean"] + vit[f"certified@{select_eps:g}"]) / 2).groupby(
         vit["setting"], sort=False).mean()
+    if min_gap is not None:
+        ok = attending(table, min_gap)
+        eligible = score[ok.reindex(score.index, fill_value=False)]
+        return (str(eligible.idxmax()) if len(eligible) else None), score
     return str(score.idxmax()), score
+
+
+def attention_targets(table: pd.DataFrame, share: float = 0.5, min_gap: float = 1.0,
+                      ratio: float = 1.3) -> pd.DataFrame:
+    """Per certified ViT row: the standard ViT's uniform-attention gap on the same dataset and
+    patch (NaN when the frontier trains none), the row's share of it, and whether the row meets
+    the study's target: a gap of at least ``share`` of the standard ViT's and ``min_gap``
+    points, LoFAST(M)'s median radius at least ``ratio`` x the global bound's, 0 broken."""
+    std = table[table["kind"] == "standard"]
+    ref = {(r["dataset"], r["patch"]): r["uniform_gap"] for _, r in std.iterrows()}
+    rows = []
+    for _, r in table[table["kind"].isin(["lmt", "lofast"])].iterrows():
+        g = ref.get((r["dataset"], r["patch"]), float("nan"))
+        met = bool(pd.notna(g) and r["uniform_gap"] >= max(min_gap, share * g)
+                   and r["local_global"] >= ratio and r["broken"] == 0)
+        rows.append({"dataset": r["dataset"], "setting": r["setting"], "patch": r["patch"],
+                     "uniform_gap": r["uniform_gap"], "standard_gap": g,
+                     "share_of_standard": r["uniform_gap"] / g if pd.notna(g) and g > 0
+                     else float("nan"),
+                     "local_global": r["local_global"], "broken": r["broken"],
+                     "target_met": met})
+    return pd.DataFrame(rows)
 
 
 @dataclass
@@ -311,15 +490,33 @@ class Result:
 
     table: pd.DataFrame
     scores: pd.Series
-    selected: str
+    selected: str | None  # the best setting whose attention attends (None: none does)
+    selected_any: str  # the best setting, attention not counted
     grid_setting: str | None
     figure: Figure
+    attention_figure: Figure
+    targets: pd.DataFrame  # attention_targets
     metrics: dict[str, Any]
+
+    def attention_table(self) -> pd.DataFrame:
+        """Per dataset and setting: clean and certified accuracy at the selection eps (LoFAST(M)
+        and the global bound), the uniform and identity gaps (points), entropy / log n, the
+        logit cap and the median radius ratio."""
+        e = self.metrics["select_eps"]
+        cols = ["dataset", "setting", "clean", f"certified@{e:g}", f"global@{e:g}",
+                "uniform_gap", "identity_gap", "entropy", "logit_cap", "local_global"]
+        return self.table[cols].set_index(["dataset", "setting"]).round(3)
+
+
+def _records(table: pd.DataFrame) -> list[dict[str, Any]]:
+    """The table's rows for JSON: NaN (no such number) as null."""
+    return table.astype(object).where(table.notna(), None).to_dict("records")
 
 
 def _gather(p: Params, ctx: Context) -> Result:
-    """Gather every unit's record: write ``results_dir``'s frontier.csv and frontier.png and the
-    metrics file. Reads records only (no device); the units' checks run again."""
+    """Gather every unit's record: write ``results_dir``'s frontier.csv, frontier.png,
+    attention.png and the metrics file. Reads records only (no device); the units' checks run
+    again."""
     t0 = time.perf_counter()
     tv = ctx.section("train_vit")
     records = [read_unit(p, ctx, u) for u in units(p)]
@@ -329,58 +526,89 @@ def _gather(p: Params, ctx: Context) -> Result:
     out = Path(p.results_dir)
     with atomic_path(out / "frontier.csv") as tmp:
         table.to_csv(tmp, index=False)
-    selected, scores = select(table, p.select_eps)
-    fig = figs.plot_frontier(table, p.cert_eps, p.select_eps)
-    with atomic_path(out / "frontier.png") as tmp:
-        fig.savefig(tmp, format="png", dpi=120, bbox_inches="tight")
-    plt.close(fig)  # shown once, by the notebook
+    selected, scores = select(table, p.select_eps, p.min_attention_gap)
+    selected_any, _ = select(table, p.select_eps)
+    targets = attention_targets(table, min_gap=max(1.0, p.min_attention_gap))
+    figures = {"frontier.png": figs.plot_frontier(table, p.cert_eps, p.select_eps),
+               "attention.png": figs.plot_attention(table, p.select_eps, p.min_attention_gap)}
+    for fname, fig in figures.items():
+        with atomic_path(out / fname) as tmp:
+            fig.savefig(tmp, format="png", dpi=120, bbox_inches="tight")
+        plt.close(fig)  # shown once, by the notebook
     grid = grid_setting(tv)
     metrics = {
         "settings": p.settings, "datasets": p.datasets, "eps": p.cert_eps,
-        "select_eps": p.select_eps, "selected": selected, "grid_setting": grid,
+        "select_eps": p.select_eps, "min_attention_gap": p.min_attention_gap,
+        "selected": selected, "selected_any": selected_any, "grid_setting": grid,
         "grid_is_selected": grid == selected, "scores": scores.round(4).to_dict(),
-        "rows": table.to_dict("records"), "broken": int(table["broken"].sum()),
+        "attending": attending(table, p.min_attention_gap).to_dict(),
+        "rows": _records(table), "targets": _records(targets),
+        "broken": int(table["broken"].sum()),
         "stage_seconds": sum(r["seconds"] for r in records) + time.perf_counter() - t0}
     write_json(p.metrics, metrics)
-    return Result(table, scores, selected, grid, fig, metrics)
+    return Result(table, scores, selected, selected_any, grid, figures["frontier.png"],
+                  figures["attention.png"], targets, metrics)
 
 
-def _row_of(m: Mapping, dataset: str, setting: str) -> Mapping | None:
+def _row_of(m: Mapping, dataset: str, setting: str | None) -> Mapping | None:
     return next((r for r in m.get("rows", []) if r["dataset"] == dataset
                  and r["setting"] == setting), None)
 
 
+def _pct(v: float | None) -> float | None:
+    return None if v is None else v / 100
+
+
 def headline_rows(m: Mapping, item: Mapping) -> list[dict]:
-    """Per dataset: the selected setting's and the linear baseline's clean and certified
-    accuracy at the selection eps (validation split), then broken certificates."""
+    """The selection (with attention counted, and without), then per dataset the selected
+    settings', the standard ViT's and the linear baseline's clean and certified accuracy at
+    the selection eps (validation split) with the points each loses with uniform attention,
+    the study's target per certified setting, broken certificates."""
     eps = m.get("select_eps")
-    sel = m.get("selected")
-    out = [row("selected", f"selected setting {sel}: its score (validation)",
-               m.get("scores", {}).get(sel), "percent", brief=True),
+    sel, sel_any = m.get("selected"), m.get("selected_any", m.get("selected"))
+    out = [row("selected", f"selected setting {sel} (attention counted): its score "
+               "(validation)", m.get("scores", {}).get(sel), "percent", brief=True),
+           row("selected_any", f"selected setting {sel_any} (attention not counted): its "
+               "score", m.get("scores", {}).get(sel_any), "percent", brief=True),
            row("grid_is_selected", f"the grid trains with {sel} (1) or with "
                f"{m.get('grid_setting')} (0)", int(bool(m.get("grid_is_selected"))), "count",
                brief=True)]
+    shown = [sel, sel_any] + [s for s in m.get("settings", [])
+                              if s.startswith(("linear-", "standard"))]
     for ds in m.get("datasets", []):
-        for setting in [m.get("selected")] + [s for s in m.get("settings", [])
-                                             if s.startswith("linear-")]:
+        for setting in dict.fromkeys(s for s in shown if s is not None):
             r = _row_of(m, ds, setting)
             if r is None:
                 continue
             out.append(row(f"{ds}/{setting}/clean", f"{ds} {setting}: clean (validation)",
                            r["clean"] / 100, "fraction", brief=True))
-            out.append(row(f"{ds}/{setting}/certified", f"{ds} {setting}: certified at eps "
-                           f"{eps:g} (validation)", r[f"certified@{eps:g}"] / 100, "fraction",
-                           brief=True))
+            if r.get(f"certified@{eps:g}") is not None:
+                out.append(row(f"{ds}/{setting}/certified", f"{ds} {setting}: certified at "
+                               f"eps {eps:g} (validation)", _pct(r[f"certified@{eps:g}"]),
+                               "fraction", brief=True))
+            if r.get("uniform_gap") is not None:
+                out.append(row(f"{ds}/{setting}/uniform_gap", f"{ds} {setting}: points lost "
+                               "with uniform attention", r["uniform_gap"], "value", brief=True))
+    for t in m.get("targets", []):
+        out.append(row(f"{t['dataset']}/{t['setting']}/target_met",
+                       f"{t['dataset']} {t['setting']}: attends (>= half the standard ViT's "
+                       "gap) and LoFAST(M) radius >= 1.3x global (1) or not (0)",
+                       int(bool(t["target_met"])), "count"))
     out.append(row("broken", "broken certificates", m.get("broken"), "count"))
     return out
 
 
 def headline_numbers(m: Mapping, item: Mapping) -> dict[str, float]:
-    """The DVC headline: the selected setting's clean and certified accuracy at the
-    selection eps on the first dataset, broken certificates."""
+    """The DVC headline: on the first dataset, the selected setting's (attention counted; the
+    best setting when none attends) clean and certified accuracy at the selection eps, the
+    points it loses with uniform attention, LoFAST(M)'s median radius over the global bound's;
+    broken certificates."""
     ds = (m.get("datasets") or [None])[0]
-    r = _row_of(m, ds, m.get("selected")) if ds else None
+    sel = m.get("selected") or m.get("selected_any")
+    r = _row_of(m, ds, sel) if ds else None
     eps = m.get("select_eps")
-    return numbers(clean=None if r is None else r["clean"] / 100,
-                   cert=None if r is None else r[f"certified@{eps:g}"] / 100,
-                   eps=eps, broken=m.get("broken"))
+    if r is None:
+        return numbers(eps=eps, broken=m.get("broken"))
+    return numbers(clean=r["clean"] / 100, cert=_pct(r.get(f"certified@{eps:g}")), eps=eps,
+                   broken=m.get("broken"), attn_uniform_gap=r.get("uniform_gap"),
+                   local_global_radius=r.get("local_global"))
