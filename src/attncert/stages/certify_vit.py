@@ -1,14 +1,14 @@
 """The certify_vit stage: every bound variant and certificate test on one trained grid point.
 
 The first ``n_test`` test images (0: all), in float64: certified radii per variant and test
-(:func:`attncert.certify.certify_table`), then L2 PGD at every eps on every correct point of
-the first ``n_attack`` (:func:`attncert.certify.audit`): the empirical robust accuracy and
-the soundness audit, which compares certified and PGD accuracy on those same points; then the
-attention diagnostics on the certified points (:func:`attncert.diagnostics.attention_diagnostics`:
-does the model's attention change any prediction?). The point's results folder receives ``samples.csv`` (one row per test point), ``metrics.json``
-(:func:`attncert.certify.summarize`) and ``certified.png``; a broken certificate then fails the
-stage (:func:`attncert.soundness.require_sound`).
-"""
+(:func:`attncert.certify.certify_table`), then L2 PGD at every eps on every correct point of the
+first ``n_attack`` (:func:`attncert.certify.audit`): the empirical robust accuracy and the
+soundness audit, which compares certified and PGD accuracy on those same points; then the
+attention diagnostics on the certified points
+(:func:`attncert.diagnostics.attention_diagnostics`: does the model's attention change any
+prediction?). The point's results folder receives ``samples.csv`` (one row per test point),
+``metrics.json`` (:func:`attncert.certify.summarize`) and ``certified.png``; a broken
+certificate then fails the stage (:func:`attncert.soundness.require_sound`)."""
 
 from __future__ import annotations
 
@@ -188,9 +188,10 @@ def attention_rows(m: Mapping) -> list[dict]:
 
 def headline_rows(m: Mapping, item: Mapping) -> list[dict]:
     """Clean, PGD and certified accuracy per eps, seconds per sample, cost per forward pass,
-    broken certificates, the attention diagnostics. The grid is LoFAST Figure 2's (384-d ViTs), which prints no numbers:
-    LoFAST Table 1's are of 128-d models (the crown stage) and CertViT's of its own ViTs (the
-    certvit stage), so no paper number stands beside a grid point."""
+    broken certificates, the attention diagnostics. The grid is LoFAST Figure 2's (384-d ViTs),
+    which prints no numbers: LoFAST Table 1's are of 128-d models (the crown stage) and
+    CertViT's of its own ViTs (the certvit stage), so no paper number stands beside a grid
+    point."""
     rows = [row("clean_acc", "clean accuracy", m["clean_acc"], "fraction", brief=True)]
     for eps, acc in m.get("pgd_acc", {}).items():
         rows.append(row(f"pgd_acc/{eps}", f"L2 PGD accuracy at eps {eps}", acc, "fraction"))

@@ -1,0 +1,279 @@
+"""The frontier study's settings and tables (:mod:`attncert.stages.frontier` runs it).
+
+A setting is ``<kind>-<value>[_<axis><value>...]`` (or ``standard[_p<patch>]``): a training
+margin (``lmt``, ``lofast``), the linear baseline (``linear``) or the standard ViT of the same
+shape, with axes that override one field of the ViT ``train_vit`` gives (the patch size, the
+norms of the attention maps, the attention radius) or of its recipe. The tables read the units'
+records: the frontier table, which settings attend (lose clean accuracy when every attention
+matrix is made uniform), the selection rule and the study's targets.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import pandas as pd
+
+from attncert.models import ViTConfig
+from attncert.pipeline.params import fail
+from attncert.pipeline.runs import GridPoint
+from attncert.stages import train_vit
+from attncert.training.train import TrainConfig
+
+if TYPE_CHECKING:
+    from attncert.stages.frontier import Params as FrontierParams
+
+#: setting kinds: ``<kind>-<value>`` (``standard`` takes no value)
+KINDS = {"lmt": "LMT logit offset", "lofast": "LoFAST certified training at radius",
+         "linear": "linear baseline, radius margin at offset",
+         "standard": "standard (unconstrained) ViT of the same shape, plain cross-entropy"}
+#: the certificate every ViT setting is measured with, and the global bound beside it
+CERTIFICATE = ("lofast_M", "pairwise")
+GLOBAL = ("global", "pairwise")
+#: the axes a setting may add after its kind: ``_<axis><value>`` (e.g. ``lofast-0.5_p7_qk1``);
+#: each overrides one field of the model (or of the training recipe) ``train_vit`` gives
+AXES = {"p": ("patch", int, "patch size (more tokens: a smaller patch)"),
+        "qk": ("gamma_qk", float, "spectral norm of W^Q, W^K"),
+        "r": ("radius_attn", float, "LayerProject radius of the attention inputs"),
+        "vo": ("gamma_vo", float, "spectral norm of W^V, W^O"),
+        "mix": ("lofast_mix", float, "weight of the lofast margin's CE")}
+#: axes that change the training recipe (the others change the model)
+TRAIN_AXES = ("lofast_mix",)
+
+
+@dataclass(frozen=True)
+class Setting:
+    """A parsed setting: its kind, its value (None for ``standard``) and the overrides of its
+    axes ({ViTConfig or TrainConfig field: value})."""
+
+    kind: str
+    value: float | None
+    axes: dict[str, Any] = dataclasses.field(default_factory=dict)
+
+    @property
+    def is_vit(self) -> bool:
+        """A ViT that is certified (not the linear baseline, not the standard ViT)."""
+        return self.kind in ("lmt", "lofast")
+
+    def model_axes(self) -> dict[str, Any]:
+        return {k: v for k, v in self.axes.items() if k not in TRAIN_AXES}
+
+    def train_axes(self) -> dict[str, Any]:
+        return {k: v for k, v in self.axes.items() if k in TRAIN_AXES}
+
+
+def _setting_error(setting: str, why: str) -> ValueError:
+    return ValueError(f"{setting!r}: {why}. A setting is <kind>-<value>[_<axis><value>...], "
+                      f"kind one of {', '.join(k for k in KINDS if k != 'standard')} and value "
+                      f"> 0 (e.g. lofast-0.5), or standard[_<axis><value>...]; axes: "
+                      + ", ".join(f"{a} ({f})" for a, (f, _, _) in AXES.items()))
+
+
+def parse_setting(setting: str) -> Setting:
+    """``"lofast-0.5_p7_qk1"`` -> Setting("lofast", 0.5, {"patch": 7, "gamma_qk": 1.0});
+    ValueError naming the grammar for anything else."""
+    head, *tokens = setting.split("_")
+    if head == "standard":
+        kind, v = "standard", None
+    else:
+        kind, _, value = head.partition("-")
+        try:
+            v = float(value)
+        except ValueError:
+            v = -1.0
+        if kind not in KINDS or kind == "standard" or not v > 0:
+            raise _setting_error(setting, "not <kind>-<value>")
+    axes: dict[str, Any] = {}
+    for tok in tokens:
+        name = next((a for a in sorted(AXES, key=len, reverse=True) if tok.startswith(a)), None)
+        if name is None:
+            raise _setting_error(setting, f"unknown axis {tok!r}")
+        field_, cast, _ = AXES[name]
+        try:
+            val = cast(tok[len(name):])
+        except ValueError:
+            raise _setting_error(setting, f"axis {tok!r}: {tok[len(name):]!r} is not a "
+                                          f"{cast.__name__}") from None
+        if not val > 0 or field_ in axes:
+            raise _setting_error(setting, f"axis {tok!r}: a value > 0, once")
+        axes[field_] = val
+    if kind == "linear" and axes:
+        raise _setting_error(setting, "the linear baseline takes no axes")
+    if kind == "standard" and set(axes) - {"patch"}:
+        raise _setting_error(setting, "the standard ViT takes the patch axis only")
+    return Setting(kind, v, axes)
+
+
+def settings_ok(key: str, v: list) -> None:
+    for s in v:
+        try:
+            parse_setting(s)
+        except ValueError as exc:
+            fail(key, str(exc))
+    if not any(parse_setting(s).is_vit for s in v):
+        fail(key, "needs at least one ViT setting (lmt-* or lofast-*)")
+
+
+def unit_table(record: Mapping[str, Any]) -> pd.DataFrame:
+    """One unit's record as one row per measure (certified with LoFAST(M) and with the global
+    bound where the unit certifies, PGD; %) and a column per eps, with its clean accuracy (%)
+    and broken certificates beside."""
+    cols = {"certified": record.get("certified_acc"),
+            "certified (global)": record.get("certified_acc_global"), "PGD": record["pgd_acc"]}
+    acc = pd.DataFrame({k: v for k, v in cols.items() if v is not None})
+    return acc.mul(100).round(1).rename_axis("eps").T.assign(
+        clean=round(100 * record["clean_acc"], 1), broken=record["broken"])
+
+
+def unit_attention(record: Mapping[str, Any]) -> pd.DataFrame | None:
+    """One unit's attention diagnostics (None for the linear baseline): per layer the rows'
+    entropy / log n, then clean accuracy (%) with the trained, uniform and identity attention,
+    the gaps (points), the largest |logit| and its cap, LoFAST(M) / global median radius."""
+    a = record.get("attention")
+    if a is None:
+        return None
+    return pd.DataFrame([{
+        **{f"entropy {name}": e for name, e in zip(a["layers"], a["entropy"], strict=True)},
+        "clean %": 100 * a["acc"], "uniform %": 100 * a["acc_uniform"],
+        "identity %": 100 * a["acc_identity"], "uniform gap": a["uniform_gap"],
+        "identity gap": a["identity_gap"], "max |logit|": a["logit_max"],
+        "logit cap": a["logit_cap"], "LoFAST(M) / global radius": record["local_global_radius"]}],
+        index=[record["unit"]]).T.round(4)
+
+
+def frame(records: Sequence[Mapping[str, Any]], eps: Sequence[float]) -> pd.DataFrame:
+    """One row per (dataset, setting): clean, certified (LoFAST(M) and the global bound) and
+    PGD accuracy at every eps (%), the attention diagnostics (uniform / identity gaps in
+    points, entropy / log n, the logit cap) and LoFAST(M)'s median radius over the global
+    bound's; NaN where a setting has no such number (the standard ViT is not certified, the
+    linear baseline has no attention)."""
+    nan = float("nan")
+    rows = []
+    for r in records:
+        out = {"dataset": r["dataset"], "setting": r["setting"], "kind": r["kind"],
+               "patch": r.get("patch"), "clean": 100 * r["clean_acc"]}
+        for e in eps:
+            out[f"certified@{e:g}"] = 100 * r.get("certified_acc", {}).get(str(float(e)), nan)
+        for e in eps:
+            out[f"global@{e:g}"] = 100 * r.get("certified_acc_global", {}).get(str(float(e)),
+                                                                              nan)
+        for e in eps:
+            out[f"pgd@{e:g}"] = 100 * r["pgd_acc"][str(float(e))]
+        a = r.get("attention") or {}
+        out.update(uniform_gap=a.get("uniform_gap", nan), identity_gap=a.get("identity_gap", nan),
+                   entropy=a.get("entropy_mean", nan),
+                   logit_cap=nan if a.get("logit_cap") is None else a["logit_cap"],
+                   local_global=nan if r.get("local_global_radius") is None
+                   else r["local_global_radius"],
+                   broken=r["broken"], n_val=r["n_val"], n_attacked=r["n_attacked"],
+                   train_seconds=r["train_seconds"])
+        rows.append(out)
+    return pd.DataFrame(rows)
+
+
+def attending(table: pd.DataFrame, min_gap: float) -> pd.Series:
+    """Per certified ViT setting: True when it loses at least ``min_gap`` points of clean
+    accuracy with uniform attention on every dataset (its attention changes predictions)."""
+    vit = table[table["kind"].isin(["lmt", "lofast"])]
+    return (vit["uniform_gap"] >= min_gap).groupby(vit["setting"], sort=False).all()
+
+
+def select(table: pd.DataFrame, select_eps: float, min_gap: float | None = None
+           ) -> tuple[str | None, pd.Series]:
+    """The certified ViT setting with the highest mean over datasets of (clean + certified at
+    ``select_eps``) / 2, and every certified ViT setting's score (ties: the first in
+    ``settings``). With ``min_gap``, only the settings that attend (:func:`attending`) can be
+    selected; None when none does."""
+    vit = table[table["kind"].isin(["lmt", "lofast"])]
+    score = ((vit["clean"] + vit[f"certified@{select_eps:g}"]) / 2).groupby(
+        vit["setting"], sort=False).mean()
+    if min_gap is not None:
+        ok = attending(table, min_gap)
+        eligible = score[ok.reindex(score.index, fill_value=False)]
+        return (str(eligible.idxmax()) if len(eligible) else None), score
+    return str(score.idxmax()), score
+
+
+def attention_targets(table: pd.DataFrame, share: float = 0.5, min_gap: float = 1.0,
+                      ratio: float = 1.3) -> pd.DataFrame:
+    """Per certified ViT row: the standard ViT's uniform-attention gap on the same dataset and
+    patch (NaN when the frontier trains none), the row's share of it, and whether the row meets
+    the study's target: a gap of at least ``share`` of the standard ViT's and ``min_gap``
+    points, LoFAST(M)'s median radius at least ``ratio`` x the global bound's, 0 broken."""
+    std = table[table["kind"] == "standard"]
+    ref = {(r["dataset"], r["patch"]): r["uniform_gap"] for _, r in std.iterrows()}
+    rows = []
+    for _, r in table[table["kind"].isin(["lmt", "lofast"])].iterrows():
+        g = ref.get((r["dataset"], r["patch"]), float("nan"))
+        met = bool(pd.notna(g) and r["uniform_gap"] >= max(min_gap, share * g)
+                   and r["local_global"] >= ratio and r["broken"] == 0)
+        rows.append({"dataset": r["dataset"], "setting": r["setting"], "patch": r["patch"],
+                     "uniform_gap": r["uniform_gap"], "standard_gap": g,
+                     "share_of_standard": r["uniform_gap"] / g if pd.notna(g) and g > 0
+                     else float("nan"),
+                     "local_global": r["local_global"], "broken": r["broken"],
+                     "target_met": met})
+    return pd.DataFrame(rows)
+
+
+def _records(table: pd.DataFrame) -> list[dict[str, Any]]:
+    """The table's rows for JSON: NaN (no such number) as null."""
+    return table.astype(object).where(table.notna(), None).to_dict("records")
+
+
+def split(data: Mapping[str, Any], holdout: int, max_train: int = 0) -> tuple[dict, dict]:
+    """(training part, validation part) of the training split: the last ``holdout`` images
+    are the validation split; the training part is the first ``max_train`` of the others
+    (0: all of them)."""
+    n = len(data["train"]["y"])
+    if holdout >= n:
+        raise ValueError(f"frontier.holdout: {holdout} >= the {n} training images")
+    cut = n - holdout
+    end = cut if max_train == 0 else min(cut, max_train)
+    return ({k: data["train"][k][:end] for k in ("x", "y")},
+            {k: data["train"][k][cut:] for k in ("x", "y")})
+
+
+def grid_setting(tv: train_vit.Params) -> str | None:
+    """The setting ``train_vit`` trains the grid with (None for a margin not in :data:`KINDS`)."""
+    if tv.train.margin == "lmt":
+        return f"lmt-{tv.train.lmt_offset:g}"
+    if tv.train.margin == "lofast":
+        return f"lofast-{tv.train.lofast_eps:g}"
+    return None
+
+
+def train_config(p: FrontierParams, tv: train_vit.Params, setting: Setting,
+                 seed: int) -> TrainConfig:
+    """The setting's training: ``train_vit``'s with its margin and its recipe axes (a ViT);
+    ``train_vit``'s without a margin at ``standard_lr`` (the standard ViT); the linear
+    baseline's own schedule with the radius margin."""
+    if setting.kind == "linear":
+        t = tv.train
+        return TrainConfig(epochs=p.linear_epochs, batch_size=t.batch_size, lr=p.linear_lr,
+                           warmup_steps=t.warmup_steps, margin="radius",
+                           lmt_offset=setting.value, logit_scale=p.linear_logit_scale,
+                           eval_batch_size=t.eval_batch_size, seed=seed)
+    cfg = tv.train.config(seed)
+    if setting.kind == "standard":
+        return dataclasses.replace(cfg, margin="none", lr=p.standard_lr)
+    cfg = dataclasses.replace(cfg, **setting.train_axes())
+    if setting.kind == "lmt":
+        return dataclasses.replace(cfg, margin="lmt", lmt_offset=setting.value)
+    return dataclasses.replace(cfg, margin="lofast", lofast_eps=setting.value)
+
+
+def model_config(p: FrontierParams, tv: train_vit.Params, setting: Setting, dataset: str,
+                 data: Mapping[str, Any]) -> ViTConfig:
+    """The setting's ViT: ``train_vit``'s model of the frontier's grid shape with the
+    setting's model axes; the standard ViT is that shape (patch axis included) with the
+    standard ViT's parts (LayerNorm, GELU MLP, free attention, pre-norm blocks)."""
+    point = GridPoint(p.results_dir, dataset, p.depth, p.heads, p.gamma_vo)
+    cfg = train_vit.model_config(tv, point, data)
+    if setting.kind == "standard":
+        return dataclasses.replace(cfg, kind="standard", block="prenorm",
+                                   **setting.model_axes())
+    return dataclasses.replace(cfg, **setting.model_axes())
