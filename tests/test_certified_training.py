@@ -11,11 +11,11 @@ from attncert.training import certified_training as ct
 from attncert.training.train import TrainConfig, train
 
 
-def _model(seed: int = 0, dtype=torch.float64):
+def _model(seed: int = 0, dtype=torch.float64, **kw):
     torch.manual_seed(seed)
-    cfg = ViTConfig(image_size=8, channels=1, patch=4, dim=16, depth=2, heads=2, mlp_hidden=32,
-                    num_classes=3, kind="lipschitz", block="stream", pool="mean",
-                    gamma_vo=0.75, mean=(0.5,))
+    cfg = ViTConfig(**{**dict(image_size=8, channels=1, patch=4, dim=16, depth=2, heads=2,
+                              mlp_hidden=32, num_classes=3, kind="lipschitz", block="stream",
+                              pool="mean", gamma_vo=0.75, mean=(0.5,)), **kw})
     model = build_vit(cfg).to(dtype).eval()
     with torch.no_grad():  # attention far from uniform, as in the certifier's tests
         model.pos.normal_(0, 1.0)
@@ -191,3 +191,36 @@ def test_training_with_the_margin_resumes_exactly(tmp_path):
     assert [r["train_loss"] for r in again] == [r["train_loss"] for r in rows]
     for (k, a), b in zip(ref.state_dict().items(), resumed.state_dict().values(), strict=True):
         assert torch.equal(a, b), k
+
+
+def test_the_attention_entropy_term_is_the_diagnostics_entropy_and_trains_it_down(tmp_path):
+    """attention_entropy is the diagnostics' mean row entropy / log n (the same rows), it has
+    a gradient in W^Q, and training with attn_entropy > 0 makes the rows near one-hot where
+    the same training without it leaves them spread."""
+    from attncert import diagnostics
+
+    room = dict(radius_attn=4.0, gamma_qk=2.0)  # logits up to 16 x 4 / sqrt(8): room to sharpen
+    model, (x, y) = _model(**room), _data()
+    logits, inputs = model.attention_inputs(x, detach=False)
+    term = ct.attention_entropy(model, inputs)
+    want = diagnostics.attention_diagnostics(model, x, y)["entropy_mean"]
+    assert float(term.detach()) == pytest.approx(want, rel=1e-5)  # float32 in, float64 there
+    term.backward()
+    assert model.blocks[0].attn.q.weight.grad.abs().sum() > 0
+    g = torch.Generator().manual_seed(1)
+    data = {"x": torch.randint(0, 256, (64, 1, 8, 8), dtype=torch.uint8, generator=g),
+            "y": torch.randint(0, 3, (64,), generator=g)}
+
+    def trained_entropy(weight: float, margin: str) -> float:
+        cfg = TrainConfig(epochs=8, batch_size=16, lr=5e-2, margin=margin, lofast_eps=0.1,
+                          lmt_offset=0.1, attn_entropy=weight, seed=1)
+        m = _model(dtype=torch.float32, **room)
+        train(m, data, data, cfg, tmp_path / f"{margin}-{weight}", device="cpu",
+              progress=False)
+        xs = data["x"].float() / 255
+        return diagnostics.attention_diagnostics(m, xs, data["y"])["entropy_mean"]
+
+    for margin in ("none", "lmt"):
+        assert trained_entropy(2.0, margin) < 0.1 < 0.5 < trained_entropy(0.0, margin)
+    with pytest.raises(ValueError, match="attn_entropy"):
+        TrainConfig(attn_entropy=-1.0)

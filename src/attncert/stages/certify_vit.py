@@ -37,6 +37,7 @@ from attncert.pipeline.params import (
     unique,
 )
 from attncert.report.headline import middle_eps, numbers, row
+from attncert.report.paper import MNIST_EPS, mnist_anchor_rows
 
 #: this module's params.yaml section
 SECTION = "certify_vit"
@@ -207,6 +208,10 @@ def headline_rows(m: Mapping, item: Mapping) -> list[dict]:
         rows.append(row(f"cost_vs_forward/{key}", f"cost / forward pass {key}", c, "ratio"))
     if "broken" in m:
         rows.append(row("broken", "broken certificates", m["broken"], "count"))
+    if m.get("dataset") == "mnist":
+        cert = m.get("certified_acc", {}).get(HEADLINE_CERTIFICATE, {})
+        rows += mnist_anchor_rows("certified_acc/anchor", "certified LoFAST(M)",
+                                  cert.get(str(MNIST_EPS)))
     return rows + attention_rows(m)
 
 

@@ -39,9 +39,10 @@ AXES = {"p": ("patch", int, "patch size (more tokens: a smaller patch)"),
         "qk": ("gamma_qk", float, "spectral norm of W^Q, W^K"),
         "r": ("radius_attn", float, "LayerProject radius of the attention inputs"),
         "vo": ("gamma_vo", float, "spectral norm of W^V, W^O"),
-        "mix": ("lofast_mix", float, "weight of the lofast margin's CE")}
+        "mix": ("lofast_mix", float, "weight of the lofast margin's CE"),
+        "ent": ("attn_entropy", float, "weight of the attention-entropy penalty")}
 #: axes that change the training recipe (the others change the model)
-TRAIN_AXES = ("lofast_mix",)
+TRAIN_AXES = ("lofast_mix", "attn_entropy")
 
 
 @dataclass(frozen=True)

@@ -34,8 +34,8 @@ from attncert.bounds import lofast as lb
 from attncert.bounds.weights import AttentionWeights, attention_probs
 from attncert.models.vit import Component, propagate
 
-__all__ = ["feature_delta", "lofast_loss", "margin_eps", "surrogate_certifies",
-           "surrogate_terms"]
+__all__ = ["attention_entropy", "feature_delta", "lofast_loss", "margin_eps",
+           "surrogate_certifies", "surrogate_terms"]
 
 
 def surrogate_terms(x: Tensor, w: AttentionWeights, residual: bool) -> lb.LofastTerms:
@@ -68,14 +68,35 @@ def margin_eps(eps: float, ramp: float, step: int, total_steps: int) -> float:
     return eps * min(1.0, (step + 1) / (ramp * total_steps))
 
 
+def attention_entropy(model, inputs: Mapping[str, Tensor]) -> Tensor:
+    """The mean over the model's dot-product attention layers, heads, rows and the batch of
+    each attention row's entropy / log n (1: uniform rows, 0: one-hot), differentiable in the
+    weights and in the clean inputs ``inputs`` (:meth:`ViT.attention_inputs`, in the graph).
+    Computed in float32 outside autocast."""
+    from attncert.diagnostics import row_entropy
+
+    layers = [c for c in model.components() if c.kind == "attention"]
+    if not layers:
+        raise ValueError("attn_entropy: the model has no dot-product attention layer")
+    with torch.autocast(next(iter(inputs.values())).device.type, enabled=False):
+        total = 0.0
+        for c in layers:
+            x = inputs[c.name].float()
+            p = attention_probs(x, c.module.attention_weights(detach=False).like(x))
+            total = total + row_entropy(p).mean()
+    return total / len(layers)
+
+
 def lofast_loss(model, x: Tensor, y: Tensor, eps: float, scale: float, mix: float = 1.0,
-                softmax_lipschitz: float = 1.0) -> tuple[Tensor, Tensor]:
+                softmax_lipschitz: float = 1.0, entropy: float = 0.0) -> tuple[Tensor, Tensor]:
     """(logits, loss) of the ``lofast`` margin (module docstring) on a batch of images ``x``
-    (pixels in [0, 1]) with labels ``y``. The bound's norms run in float32 outside autocast."""
+    (pixels in [0, 1]) with labels ``y``, plus ``entropy`` x :func:`attention_entropy` when
+    ``entropy`` > 0. The bound's norms run in float32 outside autocast."""
     logits, inputs = model.attention_inputs(x, detach=False)
     ce = F.cross_entropy(scale * logits, y)
+    reg = entropy * attention_entropy(model, inputs) if entropy > 0 else 0.0
     if mix == 0 or eps == 0:
-        return logits, ce
+        return logits, ce + reg
     components = model.components()
     with torch.autocast(x.device.type, enabled=False):
         inputs32 = {k: v.float() for k, v in inputs.items()}
@@ -86,7 +107,7 @@ def lofast_loss(model, x: Tensor, y: Tensor, eps: float, scale: float, mix: floa
         dist = torch.cdist(head, head)[y]  # (B, C): ||w_y - w_j||, 0 at y
         need = dist * delta[:, None]
         margin_ce = F.cross_entropy(scale * (logits.float() + need), y)
-    return logits, (1.0 - mix) * ce + mix * margin_ce
+    return logits, (1.0 - mix) * ce + mix * margin_ce + reg
 
 
 def surrogate_certifies(model, x: Tensor, y: Tensor, eps: float,

@@ -41,6 +41,8 @@ class Training:
                                                   "which the radius grows from 0")
     lofast_mix: float = param(probability, doc="margin lofast: weight of its CE against "
                                                  "the plain CE")
+    attn_entropy: float = param(nonneg, doc="+ this x the attention rows' mean entropy / "
+                                            "log n (0 = off)")
     logit_scale: float = param(positive)
     augment: str = param(one_of(*AUGMENTS))
     grad_clip: float = param(nonneg)

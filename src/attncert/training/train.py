@@ -10,6 +10,10 @@ term). Optional terms, both off by default:
           Table 2): every batch is replaced by CE-PGD examples, ||x' - x||_inf <= adv_eps,
           adv_steps steps of 2.5 adv_eps / adv_steps from a random start drawn from the
           epoch's generator (resume stays exact); train_acc is then the adversarial accuracy.
+  attn_entropy > 0: + attn_entropy x the mean over attention layers, heads and rows of the
+          row entropy / log n (:func:`attncert.training.certified_training.attention_entropy`):
+          keeps the attention from settling at uniform weights, where it mixes no information a
+          mean could not (a certified ViT's bound otherwise drives it there).
 Mixup / CutMix (:mod:`attncert.training.mix`, off by default): with probability mix_prob a batch is
 mixed with itself reversed, and the loss is lam CE(s f, y) + (1 - lam) CE(s f, y_rev); only
 with margin "none" and without adversarial training. train_acc counts the batch's own labels.
@@ -83,6 +87,7 @@ class TrainConfig:
     lofast_eps: float = 0.0  # margin "lofast": the training radius (pixel l2)
     lofast_ramp: float = 0.0  # share of all steps over which it grows from 0
     lofast_mix: float = 1.0  # weight of the margin's CE against the plain CE
+    attn_entropy: float = 0.0  # + this x the attention rows' mean entropy / log n; 0 = off
     seed: int = 0
 
     def __post_init__(self) -> None:
@@ -99,7 +104,7 @@ class TrainConfig:
             if isinstance(v, bool) or not isinstance(v, int | float) or not v > 0:
                 raise ValueError(f"TrainConfig.{name} must be a number > 0, got {v!r}")
         for name in ("weight_decay", "lmt_offset", "olsa_gamma", "grad_clip", "lofast_eps",
-                     "lofast_ramp"):
+                     "lofast_ramp", "attn_entropy"):
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, int | float) or v < 0:
                 raise ValueError(f"TrainConfig.{name} must be a number >= 0, got {v!r}")
@@ -241,11 +246,14 @@ def step_loss(model: nn.Module, xb: Tensor, yb: Tensor, cfg: TrainConfig,
     if cfg.margin == "lofast":
         eps = certified_training.margin_eps(cfg.lofast_eps, cfg.lofast_ramp, *progress)
         logits, loss = certified_training.lofast_loss(model, xb, yb, eps, cfg.logit_scale,
-                                                      cfg.lofast_mix)
+                                                      cfg.lofast_mix, entropy=cfg.attn_entropy)
         if msvp is not None:
             loss = loss + msvp()
         return logits, loss
-    logits = model(xb)
+    if cfg.attn_entropy > 0:
+        logits, inputs = model.attention_inputs(xb, detach=False)
+    else:
+        logits = model(xb)
     head = None
     if cfg.margin == "radius":
         if not callable(getattr(model, "head_weight", None)):
@@ -256,6 +264,8 @@ def step_loss(model: nn.Module, xb: Tensor, yb: Tensor, cfg: TrainConfig,
     if partner is not None:
         y_rev, lam = partner
         loss = lam * loss + (1.0 - lam) * training_loss(logits, y_rev, cfg, head)
+    if cfg.attn_entropy > 0:
+        loss = loss + cfg.attn_entropy * certified_training.attention_entropy(model, inputs)
     if msvp is not None:
         loss = loss + msvp()
     return logits, loss
