@@ -55,7 +55,12 @@ def _certify_metrics(name: str) -> dict:
             "pgd_acc": {"0.1": 0.7, "1.58": 0.3},
             "median_radius": {k: 0.05 * (i + 1) for i, k in enumerate(keys)},
             "seconds_per_sample": {k: 1e-3 * (i + 1) for i, k in enumerate(keys)},
-            "cost_vs_forward": {k: 4.0 * (i + 1) for i, k in enumerate(keys)}}
+            "cost_vs_forward": {k: 4.0 * (i + 1) for i, k in enumerate(keys)},
+            "attention": {"layers": ["blocks.0.attn"], "entropy": [0.99], "entropy_mean": 0.99,
+                          "acc": 0.82, "acc_uniform": 0.8, "acc_identity": 0.7,
+                          "uniform_gap": 2.0, "identity_gap": 12.0, "logit_max": 0.1,
+                          "logit_cap": 0.177, "n": 50},
+            "local_global_radius": 1.4}
 
 
 def _text_model(family: str, test_acc: float, radii: dict, layers: int = 0) -> dict:
@@ -241,8 +246,14 @@ def test_summary_numbers_are_the_metrics_files_numbers(metrics_tree):
     cert = data["stages"]["certify_vit"]
     assert cert["status"] == "partial" and cert["runs"] == [run_name(*g) for g in GRID]
     assert cert["missing"] == [f"results/vit/{run_name(*GRID[1])}/metrics.json"]
-    # the grid (LoFAST Figure 2's models) carries no other paper's number
-    assert all(r["paper"] is None for r in cert["rows"])
+    # the grid (LoFAST Figure 2's models) carries no other paper's number: only the MNIST
+    # anchors at eps 1.58, labelled as other models and training
+    anchors = [r for r in cert["rows"] if r["paper"] is not None]
+    assert [(r["key"], r["paper"]) for r in anchors] == [
+        ("certified_acc/lofast_M_pairwise/1.58", 0.628)]
+    assert "not like for like" in anchors[0]["source"] and "54.5%" in anchors[0]["source"]
+    gap = next(r for r in cert["rows"] if r["key"].endswith("attention/uniform_gap"))
+    assert gap["ours"] == 2.0 and gap["brief"]
     assert data["stages"]["train_vit"]["status"] == "ok"
     assert data["stages"]["certvit"] == {"status": "not run", "metrics": [],
                                          "missing": [params["certvit"].metrics], "runs": None,
