@@ -43,7 +43,10 @@ p, ctx = setup(stage, params_file, device=False)
 b = ctx.base
 res = stage.run(p, ctx)
 verdict = ("trains its grid with it" if res.metrics["grid_is_selected"] else
-           f"trains its grid with `{res.grid_setting}`, not the selected setting")
+           f"trains its grid with `{res.grid_setting}`, not the selected setting"
+           if res.selected else f"trains its grid with `{res.grid_setting}`; no certified "
+           "setting's attention changes its predictions, so none is selected with attention "
+           "counted")
 display(Markdown(f"**Selected** (attention counted) `{res.selected}`, (attention not counted) "
                  f"`{res.selected_any}` ({b.scale} scale, eps {p.select_eps:g}); this scale "
                  f"{verdict}.  \n**Broken certificates:** {res.metrics['broken']}."))

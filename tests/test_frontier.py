@@ -28,6 +28,7 @@ def test_settings_parse_and_bad_ones_are_refused():
     assert stage.parse_setting("lofast-0.5") == stage.Setting("lofast", 0.5)
     assert stage.parse_setting("lmt-0.15") == stage.Setting("lmt", 0.15)
     assert stage.parse_setting("linear-1") == stage.Setting("linear", 1.0)
+    assert stage.parse_setting("lofast-0.5_tie1").model_axes() == {"qk_tied": True}
     s = stage.parse_setting("lofast-0.5_p7_qk1.5_r4_vo0.25_mix0.3")
     assert (s.kind, s.value, s.is_vit) == ("lofast", 0.5, True)
     assert s.model_axes() == {"patch": 7, "gamma_qk": 1.5, "radius_attn": 4.0, "gamma_vo": 0.25}
@@ -40,7 +41,8 @@ def test_settings_parse_and_bad_ones_are_refused():
                        ("lofast-0.5-1", "<kind>-<value>"), ("standard-1", "<kind>-<value>"),
                        ("lofast-0.5_z3", "unknown axis"), ("lofast-0.5_p7.5", "not a int"),
                        ("lofast-0.5_qk0", "once"), ("lofast-0.5_p7_p4", "once"),
-                       ("linear-0.5_p7", "no axes"), ("standard_qk1", "patch axis only")):
+                       ("linear-0.5_p7", "no axes"), ("standard_qk1", "patch axis only"),
+                       ("lofast-0.5_tie2", "not a 1 \\(on\\)")):
         with pytest.raises(ValueError, match=match):
             stage.parse_setting(bad)
     raw = dataclasses.asdict(PAPER["frontier"])

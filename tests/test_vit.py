@@ -279,3 +279,24 @@ def test_certification_refuses_the_baselines():
     model = tiny(kind="standard", block="stream", norm="center", attention="cosine")
     with pytest.raises(ValueError, match="no Lipschitz constant"):
         precompute(model, images())
+
+
+def test_tied_keys_share_the_query_map_and_certify_against_an_attack():
+    """qk_tied: one module for W^Q and W^K (B = W^Q W^Q^T), saved and loaded as one; its
+    LoFAST(M) certificate survives L2 PGD like the untied model's."""
+    from attncert import certify
+
+    with pytest.raises(ValueError, match="qk_tied"):
+        ViTConfig(**{**TINY, "kind": "standard", "attention": "l2", "qk_tied": True})
+    model = tiny(qk_tied=True, radius_attn=4.0, gamma_qk=2.0)
+    for block in model.blocks:
+        assert block.attn.k is block.attn.q
+        w = block.attn.attention_weights()
+        assert torch.equal(w.wq, w.wk)
+    x = images(8)
+    y = model(x).argmax(1)
+    table = certify.certify_table(model, x, y, ["lofast_M"], ["pairwise"], 1.0, 10.0, 8)
+    radius = torch.tensor(table["radius_lofast_M_pairwise"].to_numpy())
+    rows, _ = certify.audit(model, x, y, {"m": radius}, [float(radius.max()) * 0.99 + 1e-6],
+                            steps=20, restarts=2, seed=0)
+    assert rows[0]["broken_m"] == 0

@@ -83,8 +83,9 @@ def cost_table(params, gpu: GPU, utilisation: float = UTILISATION) -> str:
         notes["train_vit"] += (f"; {lofast_h:.3g} h with `train_vit.train.margin: lofast` "
                                f"(certified training with the local bound)")
     f = params["frontier"]
-    notes["frontier"] = (f"{len(f.datasets)} datasets x {len(f.settings)} settings (linear "
-                         f"baselines not counted)")
+    notes["frontier"] = (f"{len(f.datasets)} datasets x {len(f.settings)} settings: margins, "
+                         f"the attention axes and the standard ViT (linear baselines not "
+                         f"counted)")
     lines = ["| stage | PFLOP (counted) | GPU-hours | bound by | note |", "|---|---|---|---|---|"]
     for s in STAGES:
         lines.append(f"| {s} | {pflop[s]:.3g} | {hours[s]:.3g} | "

@@ -24,11 +24,12 @@ class MultiHeadAttention(nn.Module):
 
     ``lipschitz=True``: bias-free NormConstrainedLinear maps with ||W^Q||, ||W^K|| <= gamma_qk
     and ||W^V||, ||W^O|| <= gamma_vo (each head's block is a sub-matrix, so it obeys the same
-    bound). ``lipschitz=False``: plain nn.Linear (biases optional).
+    bound). ``lipschitz=False``: plain nn.Linear (biases optional). ``qk_tied``: the keys use
+    the queries' map (one module, W^K = W^Q).
     """
 
     def __init__(self, dim: int, heads: int, lipschitz: bool, gamma_qk: float = 1.0,
-                 gamma_vo: float = 1.0, bias: bool = False):
+                 gamma_vo: float = 1.0, bias: bool = False, qk_tied: bool = False):
         super().__init__()
         if dim % heads:
             raise ValueError(f"dim {dim} is not divisible by heads {heads}")
@@ -42,6 +43,8 @@ class MultiHeadAttention(nn.Module):
             self.v, self.o = make(gamma_vo), make(gamma_vo)
         else:
             self.q, self.k, self.v, self.o = (nn.Linear(dim, dim, bias=bias) for _ in range(4))
+        if qk_tied:  # W^K = W^Q: B_l = W^Q_l W^Q_l^T is positive semi-definite, never 0
+            self.k = self.q  # while W^Q_l is not (keys cannot turn orthogonal to queries)
 
     @property
     def has_bias(self) -> bool:

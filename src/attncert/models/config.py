@@ -28,7 +28,8 @@ class ViTConfig:
     offset keep their meaning (the head cannot grow instead of the margins; certificates use
     those rows).
     ``attention``, ``norm``, ``residual_scale``, ``spectral_init``: the baselines of the module
-    docstring (standard ViT only).
+    docstring (standard ViT only). ``qk_tied``: every dot-product attention uses its query map
+    for its keys (W^K = W^Q, so B = W^Q W^Q^T is positive semi-definite).
     """
 
     image_size: int = 28
@@ -54,6 +55,7 @@ class ViTConfig:
     norm: str = "layernorm"
     residual_scale: float = 0.0
     spectral_init: bool = False
+    qk_tied: bool = False
 
     def __post_init__(self) -> None:
         for name in ("image_size", "channels", "patch", "dim", "depth", "heads", "mlp_hidden",
@@ -93,6 +95,11 @@ class ViTConfig:
         v = self.residual_scale
         if isinstance(v, bool) or not isinstance(v, int | float) or v < 0:
             raise ValueError(f"ViTConfig.residual_scale must be a number >= 0, got {v!r}")
+        if not isinstance(self.qk_tied, bool):
+            raise ValueError(f"ViTConfig.qk_tied must be a bool, got {self.qk_tied!r}")
+        if self.qk_tied and self.attention != "dot":
+            raise ValueError("ViTConfig.qk_tied: ties the dot-product attention's keys to its "
+                             f"queries; attention {self.attention!r} has its own form")
         if not isinstance(self.spectral_init, bool):
             raise ValueError(f"ViTConfig.spectral_init must be a bool, got {self.spectral_init!r}")
         if self.kind == "lipschitz" and self.baseline:

@@ -35,7 +35,17 @@ CERTIFICATE = ("lofast_M", "pairwise")
 GLOBAL = ("global", "pairwise")
 #: the axes a setting may add after its kind: ``_<axis><value>`` (e.g. ``lofast-0.5_p7_qk1``);
 #: each overrides one field of the model (or of the training recipe) ``train_vit`` gives
+def flag(text: str) -> bool:
+    """An on-only axis value: "1"."""
+    if text != "1":
+        raise ValueError(text)
+    return True
+
+
+flag.__name__ = "1 (on)"
+
 AXES = {"p": ("patch", int, "patch size (more tokens: a smaller patch)"),
+        "tie": ("qk_tied", flag, "keys tied to queries, W^K = W^Q (tie1)"),
         "qk": ("gamma_qk", float, "spectral norm of W^Q, W^K"),
         "r": ("radius_attn", float, "LayerProject radius of the attention inputs"),
         "vo": ("gamma_vo", float, "spectral norm of W^V, W^O"),
