@@ -143,7 +143,10 @@ res.ratios.round(4)
 # x - mean only): one trained without and one with MSVP (`certified.msvp_lambda`), on the
 # first dataset, certified with LoFAST(M) and SpecFormer's own local bound (MATH.md section 3),
 # pairwise test, l2 radii in pixel space. Every certified image is also attacked with L2 PGD at
-# each radius (`pgd@eps`): a certificate the attack breaks (`broken`) fails the stage.
+# each radius (`pgd@eps`): a certificate the attack breaks (`broken`) fails the stage. On the
+# same images, each model's attention: the points of clean accuracy lost when every attention
+# matrix is replaced by uniform weights (`uniform_gap`) or by the identity (`identity_gap`),
+# and the rows' entropy / log n (`attn_entropy`, 1 = uniform).
 
 # %%
 display(Markdown(f"**certify(vanilla)**: `{res.refusal}`"))

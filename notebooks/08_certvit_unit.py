@@ -176,6 +176,15 @@ display(res.certified_table())
 display(Markdown(res.audit_note(p.attack_steps, p.attack_restarts)))
 
 # %% [markdown]
+# ### Does the attention attend?
+# Each mode's certified model on the certified images: the attention rows' entropy (1 =
+# uniform), clean accuracy with every attention matrix replaced by uniform weights and by the
+# identity, and the points lost each way (0: the attention changes no prediction).
+
+# %%
+res.attention_table()
+
+# %% [markdown]
 # ### CertViT's numbers: beside the Table 1 runs only
 # The `main` unit's model is not a model of CertViT's Table 1 (its small ViTs trained from
 # scratch), so no paper number stands beside it; a `table1-<dataset>` unit is, and its row of

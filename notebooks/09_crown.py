@@ -67,6 +67,17 @@ tables.trained_table(parts)
 tables.crown_status_table(parts)
 
 # %% [markdown]
+# ## Does the attention attend?
+# Each model on the whole test split: the attention rows' entropy (1 = uniform), clean
+# accuracy with every attention matrix replaced by uniform weights and by the identity, the
+# points lost each way, and the largest |attention logit| against the cap the constraints put
+# on it (R^2 gamma_qk^2 / sqrt(d_h)). A gap of 0: LoFAST and CROWN certify a model whose
+# attention changes no prediction.
+
+# %%
+tables.attention_table(parts)
+
+# %% [markdown]
 # ## Soundness audit
 # L2 PGD at each eps on every correct point; a point certified by LoFAST, CROWN or the
 # combination that PGD breaks is a soundness bug and fails the stage (so does a combination

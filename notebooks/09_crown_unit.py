@@ -37,9 +37,14 @@ p, ctx = setup(stage, params_file, unit=unit)
 b = ctx.base
 rec = stage.run(p, ctx)
 t = rec["trained"]
+a = rec["attention"]
 display(Markdown(f"**Unit** `{unit}` ({b.scale} scale, device {rec['device']}, "
                  f"{rec['seconds'] / 60:.1f} min): clean accuracy {t['test_acc']:.2f}%, "
-                 f"{rec['n']} test points certified and audited."))
+                 f"{rec['n']} test points certified and audited.  \n**Attention** on the "
+                 f"whole test split: entropy / log n {a['entropy_mean']:.4f}; "
+                 f"{a['uniform_gap']:.2f} points lost with uniform attention, "
+                 f"{a['identity_gap']:.2f} with the identity; largest |logit| "
+                 f"{a['logit_max']:.3g} (cap {a['logit_cap']:.3g})."))
 
 # %% [markdown]
 # ## CROWN's (point, eps) rows by status, and the unit's Tables 1-2 rows

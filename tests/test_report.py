@@ -160,7 +160,8 @@ def metrics_tree(tmp_path):
         "step_time_ratio": {"vanilla": 1.0, "specformer": 1.3}, "msvp_step_ratio": 1.3,
         "msvp_step_ratio_within_paper": True, "max_sigma": {}, "layernorm_certificate": "x",
         "certified": [{"model": "with MSVP", "variant": "lofast_M", "clean_acc": 0.5,
-                       "median_radius": 0.1, "certified@0.1": 0.25}]})
+                       "median_radius": 0.1, "certified@0.1": 0.25, "uniform_gap": 1.5,
+                       "identity_gap": 3.0, "attn_entropy": 0.9}]})
     _write(tmp_path / p["text"].metrics, _text_metrics())
     _write(tmp_path / p["crown"].metrics, _crown_metrics())
     return p, tmp_path
@@ -190,7 +191,8 @@ def _file_value(stage: str, m, key: str):
     report: rows of tables written as lists of records are found by their columns."""
     parts = key.split("/")
     if stage == "specformer" and parts[0] == "certified":
-        return _record(m["certified"], model=parts[1], variant=parts[2])[f"certified@{parts[3]}"]
+        rec = _record(m["certified"], model=parts[1], variant=parts[2])
+        return rec[parts[3]] if parts[3] in rec else rec[f"certified@{parts[3]}"]
     if stage == "crown" and parts[0] == "datasets" and parts[2] in ("trained", "table1",
                                                                     "table2"):
         m, parts = m["datasets"][parts[1]], parts[2:]

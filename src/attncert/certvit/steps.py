@@ -218,6 +218,19 @@ class Result:
             f"PGD, first {n_att} (%)": {e: 100 * a for e, a in r["pgd_acc"].items()}})
             for m, r in self.with_baseline().items()}, axis=1).rename_axis("eps")
 
+    def attention_table(self) -> pd.DataFrame:
+        """Per mode, on the certified images: the attention rows' entropy / log n, clean
+        accuracy (%) with the trained, uniform and identity attention and the points lost
+        each way (:func:`attncert.diagnostics.attention_diagnostics`)."""
+        return pd.DataFrame({m: {
+            "entropy / log n": r["attention"]["entropy_mean"],
+            "clean %": 100 * r["attention"]["acc"],
+            "uniform %": 100 * r["attention"]["acc_uniform"],
+            "identity %": 100 * r["attention"]["acc_identity"],
+            "uniform gap": r["attention"]["uniform_gap"],
+            "identity gap": r["attention"]["identity_gap"]}
+            for m, r in self.reports.items()}).T.round(4)
+
     def audit_note(self, attack_steps: int, attack_restarts: int) -> str:
         """The soundness audit in one line (Markdown): the broken certificates counted over
         every mode and the baseline, and each mode's median certified radius."""

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 import pandas as pd
 import torch
 
-from attncert import soundness
+from attncert import diagnostics, soundness
 from attncert.certvit import imagenet
 from attncert.certvit import methods as cv
 from attncert.certvit.adapt import adapt, calibrate_radii
@@ -294,6 +294,9 @@ def _certify(p: Params, base: BaseParams, r: Result, cfg: Configs, final: Mappin
         t0 = time.perf_counter()
         r.reports[m] = certify(final[m], x, y, **audit)
         seconds[m] = {"certify_and_audit": time.perf_counter() - t0}
+        # does the certified model's attention do anything (on the same images)
+        r.reports[m]["attention"] = diagnostics.attention_diagnostics(final[m], x, y,
+                                                                      p.eval_batch_size)
     samples_csv = Path(p.results_dir) / "samples.csv"
     every = r.with_baseline()
     with atomic_path(samples_csv) as tmp:  # the baseline's rows: figures compares like for like
@@ -350,8 +353,8 @@ def _metrics(p: Params, base: BaseParams, r: Result, seconds: Mapping[str, Mappi
              pre_seconds: float, linear_seconds: float) -> dict[str, Any]:
     """One run's numbers: the headline mode's at the top level, every mode's under ``modes``,
     the linear baseline's."""
-    per_mode = {m: stage_metrics(r.logs[m], r.bounds[m], r.reports[m], seconds[m])
-                for m in r.modes}
+    per_mode = {m: {**stage_metrics(r.logs[m], r.bounds[m], r.reports[m], seconds[m]),
+                    "attention": r.reports[m]["attention"]} for m in r.modes}
     out = {"source": p.source, "dataset": p.dataset, "scale": base.scale,
            "headline_mode": r.headline, **per_mode[r.headline], "modes": per_mode,
            "linear_baseline": baseline_metrics(r.baseline, linear_seconds)}

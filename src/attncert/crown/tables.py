@@ -76,9 +76,25 @@ def gather_dataset(p: Params, dataset: str, records: Sequence[Mapping[str, Any]]
         "table1": table1.to_dict("records"), "table2": table2.to_dict("records"),
         "crown_status": {f"L{d}": status_counts(crown_df[crown_df["depth"] == d])
                          for d in p.depths},
-        "trained": trained, "seconds": sum(rec["seconds"] for rec in records)}
+        "trained": trained, "seconds": sum(rec["seconds"] for rec in records),
+        "attention": {f"L{rec['trained']['depth']}": rec["attention"] for rec in records
+                      if rec.get("attention")}}
     return DatasetResult(n, pd.DataFrame(trained), crown_df, audit, table1, table2, ratio,
                          figures, metrics)
+
+
+def attention_table(parts: Mapping[str, DatasetResult]) -> pd.DataFrame:
+    """Per dataset and depth, on the whole test split: the attention rows' entropy / log n,
+    clean accuracy (%) with the trained, uniform and identity attention, the points lost each
+    way, the largest |logit| and the constraints' cap on it."""
+    rows = [{"dataset": name, "depth": depth, "entropy / log n": a["entropy_mean"],
+             "clean %": 100 * a["acc"], "uniform %": 100 * a["acc_uniform"],
+             "identity %": 100 * a["acc_identity"], "uniform gap": a["uniform_gap"],
+             "identity gap": a["identity_gap"], "max |logit|": a["logit_max"],
+             "logit cap": a["logit_cap"]}
+            for name, r in parts.items() for depth, a in r.metrics.get("attention", {}).items()]
+    return pd.DataFrame(rows).set_index(["dataset", "depth"]).round(4) if rows else (
+        pd.DataFrame())
 
 
 # ------------------------------------------------------------------ Tables 1-2

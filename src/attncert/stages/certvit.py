@@ -285,6 +285,9 @@ def headline_rows(m: Mapping, item: Mapping) -> list[dict]:
     if final is not None:
         rows.append(row(f"{key}/final", "Lipschitz bound of the final model", final, "value",
                         paper_value("lipschitz"), src, brief=True))
+    if m.get("attention"):
+        rows.append(row("attention/uniform_gap", "points lost with uniform attention "
+                        "(certified model)", m["attention"]["uniform_gap"], "value", brief=True))
     for mode, mm in m.get("modes", {}).items():
         if mode == m.get("headline_mode"):
             continue
@@ -341,10 +344,12 @@ def headline_rows(m: Mapping, item: Mapping) -> list[dict]:
 
 def headline_numbers(m: Mapping, item: Mapping) -> dict[str, float]:
     """The DVC headline: the headline mode's final clean accuracy, its certified and PGD
-    accuracy at the middle eps, broken certificates."""
+    accuracy at the middle eps, broken certificates, the points it loses with uniform
+    attention."""
     pgd = m.get("pgd_acc", {})
     eps = middle_eps(pgd)
     clean = m.get("test_clean_acc")
     return numbers(clean=clean if isinstance(clean, int | float) else None,
                    cert=m.get("certified_acc", {}).get(eps), pgd=pgd.get(eps),
-                   eps=None if eps is None else float(eps), broken=m.get("broken"))
+                   eps=None if eps is None else float(eps), broken=m.get("broken"),
+                   attn_uniform_gap=(m.get("attention") or {}).get("uniform_gap"))

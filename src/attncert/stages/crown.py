@@ -30,7 +30,7 @@ from typing import Any
 import pandas as pd
 import torch
 
-from attncert import certify, soundness
+from attncert import certify, diagnostics, soundness
 from attncert.crown import METHODS
 from attncert.crown.study import (
     Budget,
@@ -190,13 +190,16 @@ def _run_unit(p: Params, ctx: Context, unit: str) -> dict[str, Any]:
         radii[f"lofast+{method}"] = grid_radius({e: certified[e] | cr[e] for e in p.cert_eps})
     audit, _ = certify.audit(model.double(), x, y, radii, p.cert_eps, p.attack_steps,
                              p.attack_restarts, base.seed)
+    # does the attention do anything: on the whole test split (forward passes only)
+    attention = diagnostics.attention_diagnostics(
+        model, as_float(data["test"]["x"]).to(dev, torch.float64), data["test"]["y"].to(dev))
     crown_df = pd.concat(crown_rows)
     record = {"unit": unit, "key": unit_key("crown", p, base), "device": str(dev), "n": n,
               "trained": {"depth": depth, "test_acc": 100 * acc, "train_seconds": secs},
               "lofast": lo.assign(depth=depth).to_dict("records"),
               "crown": crown_df.assign(depth=depth).to_dict("records"),
               "audit": [dict(r, depth=depth) for r in audit], "table1": t1, "table2": t2,
-              "seconds": time.perf_counter() - t0}
+              "attention": attention, "seconds": time.perf_counter() - t0}
     write_json(unit_file(p, unit), record)
     check_unit(record, p.max_error_share, str(unit_file(p, unit)))
     return record
@@ -307,12 +310,19 @@ def dataset_rows(dataset: str, m: Mapping) -> list[dict]:
     for k, label in (("n", "certified test points"), ("broken", "broken certificates")):
         if k in m:
             rows.append(row(f"{key}{k}", f"{lab}{label}", m[k], "count"))
+    for depth, a in m.get("attention", {}).items():
+        rows.append(row(f"{key}attention/{depth}/uniform_gap", f"{lab}{depth} points lost with "
+                        "uniform attention (whole test split)", a["uniform_gap"], "value",
+                        brief=True))
+        rows.append(row(f"{key}attention/{depth}/entropy_mean", f"{lab}{depth} attention "
+                        "entropy / log n", a["entropy_mean"], "ratio"))
     return rows
 
 
 def headline_numbers(m: Mapping, item: Mapping) -> dict[str, float]:
     """The DVC headline: LoFAST with CROWN on the rest (Table 2), certified accuracy of the
-    first dataset's shallowest model at the middle eps; broken certificates."""
+    first dataset's shallowest model at the middle eps and the points that model loses with
+    uniform attention; broken certificates."""
     rows = next(iter(m.get("datasets", {}).values()), {}).get("table2", [])
     cert = eps = None
     if rows:
@@ -320,4 +330,7 @@ def headline_numbers(m: Mapping, item: Mapping) -> dict[str, float]:
         at = sorted((r for r in rows if r["depth"] == depth), key=lambda r: r["eps"])
         mid = at[len(at) // 2]
         cert, eps = mid["combined_acc"] / 100, mid["eps"]  # Table 2's rows are in %
-    return numbers(cert=cert, eps=eps, broken=m.get("broken"))
+    attention = next(iter(m.get("datasets", {}).values()), {}).get("attention", {})
+    first = min(attention, key=lambda k: int(k[1:]), default=None)
+    return numbers(cert=cert, eps=eps, broken=m.get("broken"),
+                   attn_uniform_gap=attention[first]["uniform_gap"] if first else None)

@@ -43,6 +43,7 @@ from attncert.pipeline.shapes import VitShape
 from attncert.report import paper
 from attncert.report.headline import numbers, row, scale_caveat
 from attncert.studies.specformer import (
+    CERT_VARIANTS,
     CertifiedParams,
     FinetuneParams,
     certified_pair,
@@ -359,6 +360,10 @@ def headline_rows(m: Mapping, item: Mapping) -> list[dict]:
             rows.append(row(f"certified/{r['model']}/{r['variant']}/broken",
                             f"{r['model']} {r['variant']}: certificates broken by PGD",
                             r["broken"], "count"))
+        if "uniform_gap" in r and r["variant"] == CERT_VARIANTS[0]:  # the model's, once
+            rows.append(row(f"certified/{r['model']}/{r['variant']}/uniform_gap",
+                            f"{r['model']}: points lost with uniform attention",
+                            r["uniform_gap"], "value", brief=True))
     return rows
 
 

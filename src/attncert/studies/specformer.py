@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 import pandas as pd
 import torch
 
-from attncert import certify, soundness
+from attncert import certify, diagnostics, soundness
 from attncert import specformer as sf
 from attncert.data import as_float
 from attncert.models import ViTConfig
@@ -239,8 +239,10 @@ def certified_pair(p: Params, data: Mapping[str, Any], dataset: str, seed: int, 
     in float64 with :data:`CERT_VARIANTS` (pairwise test) on the first ``certified.n_test``
     test images and every one of them attacked with L2 PGD at each ``certified.cert_eps``
     (:func:`attncert.certify.audit`): {"certified": one row per model and variant (clean,
-    certified and PGD accuracy per eps, broken certificates), "sigma": singular values per
-    model, "audit": {model: audit rows}} (:func:`check_certified` checks it)."""
+    certified and PGD accuracy per eps, broken certificates, and the model's attention
+    diagnostics on the same images: points lost with uniform and identity attention, entropy /
+    log n), "sigma": singular values per model, "audit": {model: audit rows}}
+    (:func:`check_certified` checks it)."""
     c = p.certified
     model_cfg, train_cfg = certified_configs(p, data, seed)
     n_cert = min(c.n_test, len(data["test"]["y"]))
@@ -254,6 +256,7 @@ def certified_pair(p: Params, data: Mapping[str, Any], dataset: str, seed: int, 
                                    device, precision)
         sigmas += sf.max_sigma_frame({label: model}).to_dict("records")
         model = model.double()
+        attention = diagnostics.attention_diagnostics(model, xc, yc, p.attack_batch_size)
         table = certify.certify_table(model, xc, yc, CERT_VARIANTS, ["pairwise"])
         correct = torch.tensor(table["correct"].to_numpy())
         radii = {v: torch.tensor(table[f"radius_{v}_pairwise"].to_numpy())
@@ -269,7 +272,10 @@ def certified_pair(p: Params, data: Mapping[str, Any], dataset: str, seed: int, 
                          "median_radius": float(radius[correct].median()) if correct.any()
                          else 0.0, **{f"certified@{e}": a for e, a in acc.items()},
                          **{f"pgd@{r['eps']}": r["robust_acc"] for r in audits[label]},
-                         "broken": sum(r[f"broken_{variant}"] for r in audits[label])})
+                         "broken": sum(r[f"broken_{variant}"] for r in audits[label]),
+                         "uniform_gap": attention["uniform_gap"],
+                         "identity_gap": attention["identity_gap"],
+                         "attn_entropy": attention["entropy_mean"]})
     return {"certified": rows, "sigma": sigmas, "audit": audits}
 
 
