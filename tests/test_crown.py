@@ -1,6 +1,7 @@
 """CROWN through auto_LiRPA on the Lipschitz ViT: the patches, the bridge equals the model, the
 bounds contain every sampled and attacked output, the combination, failures as rows."""
 
+import json
 import math
 import re
 from pathlib import Path
@@ -12,7 +13,7 @@ import torch
 from attncert.attacks import pgd_l2
 from attncert.crown import PATCHES, CrownCertifier, CrownViT, apply_patches, certify_points, study
 from attncert.crown.bridge import margin_spec
-from attncert.crown.tables import tables
+from attncert.crown.tables import attention_table, tables
 from attncert.models.vit import ViTConfig, build_vit
 from attncert.pipeline.context import make_context
 from attncert.pipeline.nbrun import read_notebook
@@ -292,8 +293,14 @@ def test_units_then_gather(tmp_path):
     for unit in stage.units(p):
         rec = stage.run(p, make_context(base, item=unit, processed_dir=str(tmp_path / "processed")))
         assert rec["n"] == 3 and (tmp_path / "w" / "ckpt" / "mnist" / unit[-2:]).is_dir()
+        # the attention diagnostics cover the whole test split, not only the certified points
+        assert rec["attention"]["n"] > rec["n"] and 0 <= rec["attention"]["entropy_mean"] <= 1
     res = stage.run(p, make_context(base, device=False))
     part = res.datasets["mnist"]
+    assert set(part.metrics["attention"]) == {"L1", "L2"}
+    assert list(attention_table(res.datasets).index) == [("mnist", "L1"), ("mnist", "L2")]
+    gap = stage.headline_numbers(json.loads(Path(p.metrics).read_text()), {})
+    assert gap["attn_uniform_gap"] == part.metrics["attention"]["L1"]["uniform_gap"]
     assert list(part.table1["depth"]) == [1, 1, 2, 2] and set(part.ratio) == {"1", "2"}
     assert (tmp_path / "w" / "crown.csv").is_file() and res.device == "cpu"
     with pytest.raises(ValueError, match="other params"):

@@ -132,17 +132,17 @@ def _logits(module: nn.Module, x: Tensor) -> Tensor | None:
 
 
 @torch.no_grad()
-def attention_diagnostics(model: nn.Module, x: Tensor, y: Tensor, batch_size: int = 500,
-                          forward: Callable[[nn.Module, Tensor], Tensor] | None = None
-                          ) -> dict[str, Any]:
+def attention_diagnostics(model: nn.Module, x: Tensor | tuple[Tensor, ...], y: Tensor,
+                          batch_size: int = 500) -> dict[str, Any]:
     """The diagnostics of the module docstring on points ``x`` with labels ``y`` (the model
-    and the points on one device; batches of ``batch_size``). ``forward(model, xb) -> logits``
-    defaults to ``model(xb)``. Accuracies are fractions, gaps points. The model is left in
-    eval mode."""
-    if len(x) != len(y) or len(y) == 0:
+    and the points on one device; batches of ``batch_size``): ``x`` a tensor of inputs
+    (``model(xb)``) or a tuple of tensors with one row per point (``model(*xb)``: a text
+    model's ids and mask). Accuracies are fractions, gaps points. The model is left in eval
+    mode."""
+    parts = x if isinstance(x, tuple) else (x,)
+    if any(len(t) != len(y) for t in parts) or len(y) == 0:
         raise ValueError(f"attention_diagnostics needs as many labels as points (> 0), got "
-                         f"{len(x)} points and {len(y)} labels")
-    fwd = forward or (lambda m, xb: m(xb))
+                         f"{[len(t) for t in parts]} points and {len(y)} labels")
     model.eval()
     layers = attention_layers(model)
     if not layers:
@@ -163,17 +163,17 @@ def attention_diagnostics(model: nn.Module, x: Tensor, y: Tensor, batch_size: in
         return hook
 
     for i in range(0, len(y), batch_size):
-        xb, yb = x[i:i + batch_size], y[i:i + batch_size]
+        xb, yb = tuple(t[i:i + batch_size] for t in parts), y[i:i + batch_size]
         handles = [m.register_forward_hook(capture(n), with_kwargs=True)
                    for n, m in layers.items()]
         try:
-            correct["trained"] += int((fwd(model, xb).argmax(-1) == yb).sum())
+            correct["trained"] += int((model(*xb).argmax(-1) == yb).sum())
         finally:
             for h in handles:
                 h.remove()
         for mode in ABLATIONS:
             with override_attention(model, mode) as calls:
-                correct[mode] += int((fwd(model, xb).argmax(-1) == yb).sum())
+                correct[mode] += int((model(*xb).argmax(-1) == yb).sum())
             unused = [n for n, c in calls.items() if c == 0]
             if unused:
                 raise ValueError(f"attention layer(s) {unused} do not form their attention "

@@ -288,6 +288,11 @@ def headline_rows(m: Mapping, item: Mapping) -> list[dict]:
             rows.append(row(f"{base}/attention/ratio",
                              f"{name} attention max probability / uniform (1/n)",
                              att["ratio"], "ratio", brief=r["family"] == "olsa"))
+        ablation = r.get("attention_ablation") or {}
+        if ablation.get("uniform_gap") is not None:
+            rows.append(row(f"{base}/attention_ablation/uniform_gap",
+                             f"{name} points lost with uniform attention",
+                             ablation["uniform_gap"], "value", brief=True))
         for eps, acc in r.get("certified_acc", {}).items():
             rows.append(row(f"{base}/certified_acc/{eps}", f"{name} certified at eps {eps}",
                              acc, "fraction"))
@@ -320,10 +325,12 @@ def headline_rows(m: Mapping, item: Mapping) -> list[dict]:
 
 def headline_numbers(m: Mapping, item: Mapping) -> dict[str, float]:
     """The DVC headline: SST-2's deepest OLSA (accuracy on the reported split, average
-    certified radius of its best variant), broken certificates of every model."""
+    certified radius of its best variant, points lost with uniform attention), broken
+    certificates of every model."""
     olsa = {int(match.group(1)): r for name, r in m.get("models", {}).items()
             if (match := OLSA_NAME.match(name)) and not match.group(2)}
     deep = olsa[max(olsa)] if olsa else {}
     radii = deep.get("avg_radius") or {}
     return numbers(clean=deep.get("test_acc"), radius=max(radii.values()) if radii else None,
-                   broken=m.get("broken"))
+                   broken=m.get("broken"),
+                   attn_uniform_gap=(deep.get("attention_ablation") or {}).get("uniform_gap"))

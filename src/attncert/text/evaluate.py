@@ -139,8 +139,23 @@ def evaluate_model(name: str, model: nn.Module, family: str, dev: Mapping[str, T
         "broken": broken, "cert_seconds_per_batch": seconds, "cert_batch_size": batch_size,
         **residual_diagnostics(model),
         "attention": attention_statistics(model, sub, device, batch_size),
+        "attention_ablation": attention_ablation(model, sub, device, batch_size),
     }
     return metrics, curves, audit
+
+
+def attention_ablation(model: nn.Module, data: Mapping[str, Tensor], device,
+                       batch_size: int = 256) -> dict[str, Any] | None:
+    """:func:`attncert.diagnostics.attention_diagnostics` on the sentences of ``data`` (clean
+    accuracy with every self-attention matrix replaced by uniform weights over the real
+    tokens and by the identity, the points lost each way, the rows' entropy); None for a
+    model without self-attention (depth 0)."""
+    from attncert import diagnostics
+
+    if not _attention_layers(model):
+        return None
+    x = (data["ids"].to(device), data["mask"].to(device))
+    return diagnostics.attention_diagnostics(model, x, data["y"].to(device), batch_size)
 
 
 # -- what the attention does -----------------------------------------------------------------
@@ -271,7 +286,8 @@ def attention_table(results: Mapping[str, Mapping[str, Any]]):
     """One row per model from :func:`evaluate_model` metrics: accuracy, average radius (both
     rules; for LoFAST the best variant), certified and PGD accuracy at every eps, cost, the
     mean residual gates and alpha1 over layers, the attention's mean max probability, its
-    uniform value 1/n and their ratio, broken certificates. A pandas DataFrame."""
+    uniform value 1/n and their ratio, the points of accuracy lost with uniform and identity
+    attention (:func:`attention_ablation`), broken certificates. A pandas DataFrame."""
     import pandas as pd
 
     def mean(v):
@@ -293,6 +309,8 @@ def attention_table(results: Mapping[str, Mapping[str, Any]]):
             "max_prob": math.nan if att["max_prob_mean"] is None else att["max_prob_mean"],
             "1/n": math.nan if att["uniform"] is None else att["uniform"],
             "attn_ratio": math.nan if att["ratio"] is None else att["ratio"],
+            **{f"{k}_gap": math.nan if not r.get("attention_ablation")
+               else r["attention_ablation"][f"{k}_gap"] for k in ("uniform", "identity")},
             "cert_s/batch": r["cert_seconds_per_batch"], "train_s": r.get("train_seconds"),
             "broken": r["broken"]})
     return pd.DataFrame(rows)

@@ -208,7 +208,7 @@ class L2Attention(nn.Module):
     def forward(self, x: Tensor, mask: Tensor) -> Tensor:
         wq = self.q.weight_effective()
         y = _split_heads(x @ wq.T, self.heads)  # (B, h, n, d_h): X W^{Q,h}
-        p = self._probs(y, mask)
+        p = self.compute_probs(x, mask)  # the same as self._probs(y, mask), replaceable
         # X A_h W^{V,h} = (X W^{Q,h}) (W^{Q,h}^T W^{V,h}) / sqrt(d_h); row blocks of (out, in)
         wq_h = wq.unflatten(0, (self.heads, self.d_head))  # (h, d_h, d) = W^{Q,h}^T
         wv_h = self.v.weight_effective().unflatten(0, (self.heads, self.d_head))
