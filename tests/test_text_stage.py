@@ -490,3 +490,31 @@ def test_a_paper_number_beside_a_smaller_scale_says_it_is_not_like_for_like():
         rows = {r["key"]: r for r in stage.headline_rows(m | {"scale": scale}, {})}
         r = rows["models/olsa-L3-g2/avg_radius/global"]
         assert r["paper"] == 0.979 and ("not like for like" in r["source"]) == unlike
+
+
+@pytest.mark.parametrize("attention", ["olsa", "l2"])
+def test_attention_ablation_of_text_models(attention):
+    """attention_ablation: None at depth 0; OLSA with a huge alpha1 is exactly uniform over
+    the real tokens (entropy 1, no gap); a sharp model's attention is replaced (its entropy
+    below 1), the ablation reaches every layer (the L2 attention's too) and leaves the model
+    as it was."""
+    from attncert.text.evaluate import attention_ablation
+
+    torch.manual_seed(0)
+    data = _toy(10)
+    flat = OLSAClassifier(12, max_len=8, dim=8, depth=0, heads=2, attention=attention)
+    assert attention_ablation(flat, data, "cpu") is None
+    if attention == "olsa":
+        uniform = OLSAClassifier(12, max_len=8, dim=8, depth=2, heads=2, alpha1=1e9,
+                                 train_alpha1=False).eval()
+        a = attention_ablation(uniform, data, "cpu", batch_size=3)
+        assert a["entropy"] == pytest.approx([1.0, 1.0], abs=1e-6)
+        assert a["uniform_gap"] == 0.0 and a["n"] == 10
+    kw = {"alpha1": 1e-3} if attention == "olsa" else {}
+    sharp = OLSAClassifier(12, max_len=8, dim=8, depth=2, heads=2, attention=attention,
+                           **kw).eval()
+    before = sharp(data["ids"], data["mask"])
+    a = attention_ablation(sharp, data, "cpu", batch_size=4)
+    assert len(a["entropy"]) == 2 and a["entropy_mean"] < 1.0
+    assert {"uniform_gap", "identity_gap", "acc_uniform"} <= set(a)
+    torch.testing.assert_close(sharp(data["ids"], data["mask"]), before)
