@@ -160,3 +160,20 @@ def test_local_global_radius():
     assert dg.local_global_radius({"lofast_M_pairwise": 1.3, "global_pairwise": 1.0}) == 1.3
     assert dg.local_global_radius({"lofast_M_pairwise": 1.3}) is None
     assert dg.local_global_radius({"lofast_M_pairwise": 1.0, "global_pairwise": 0.0}) is None
+
+
+@pytest.mark.parametrize("name", ["L2MultiHeadAttention", "LNFormerAttention",
+                                  "ScaledCosineAttention"])
+def test_every_attention_variant_can_be_replaced(name):
+    """The baselines' attention (CertViT's L2 attention, LNFormer, LipsFormer's cosine) forms
+    its matrix through compute_probs, so the ablation reaches it and changes the output."""
+    import attncert.layers as layers
+
+    torch.manual_seed(0)
+    attn = getattr(layers, name)(8, 2).double()
+    x = torch.randn(6, 5, 8, dtype=F64)
+    before = attn(x)
+    with dg.override_attention(attn, "identity") as calls:
+        after = attn(x)
+    assert calls[""] == 1 and not torch.allclose(after, before)
+    torch.testing.assert_close(attn(x), before)

@@ -126,7 +126,8 @@ class L2MultiHeadAttention(_HeadedAttention):
                 values = values + self.v.bias.view(h, 1, dh)
         else:
             values = self._split(self.v(x))
-        return self._merge(self._probs(q, self.d_head) @ values)
+        # the matrix through compute_probs (the same as _probs(q)): replaceable by an ablation
+        return self._merge(self.compute_probs(x) @ values)
 
     def lipschitz_bound(self, n: int, radius: float | None = None) -> float:
         """Global L2 (Frobenius) Lipschitz bound of this layer (no residual) on n tokens:
@@ -280,8 +281,8 @@ class LNFormerAttention(_HeadedAttention):
         return self._probs(q, k, v)
 
     def forward(self, x: Tensor) -> Tensor:
-        q, k, v = (self._split(m(x)) for m in (self.q, self.k, self.v))
-        return self._merge(self._probs(q, k, v) @ v)
+        # the matrix through compute_probs (replaceable by an ablation): the same numbers
+        return self._merge(self.compute_probs(x) @ self._split(self.v(x)))
 
 
 class ScaledCosineAttention(_HeadedAttention):
