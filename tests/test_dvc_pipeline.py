@@ -97,7 +97,7 @@ def test_smoke_pipeline_runs_offline_and_is_incremental(smoke_repo, env):
 
     # the report index opens on the study's key figures (from the figures notebook), embedded
     index = (smoke_repo / "reports/html/index.html").read_text()
-    assert index.count("<figure>") == 6 and index.index("<figure>") < index.index("<table>")
+    assert index.count("<figure>") == 7 and index.index("<figure>") < index.index("<table>")
 
     # a second repro does nothing
     again = _sh(["dvc", "repro"], smoke_repo, env)
