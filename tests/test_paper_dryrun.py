@@ -52,7 +52,7 @@ COUNTS: dict[str, dict] = {
     "train_vit": {"train": {"epochs": 1, "warmup_steps": 1}},
     "certify_vit": {"n_test": 2, "n_attack": 1, "cert_eps": [0.1], "attack_steps": 2,
                     "attack_restarts": 1},
-    "frontier": {"settings": ["lmt-0.2", "lofast-0.25_r4", "standard_p8", "linear-0.5"],
+    "frontier": {"settings": ["lmt-0.2", "lmt-0.2_r4", "standard_p8", "linear-0.5"],
                  "holdout": 50,
                  "n_val": 2, "n_attack": 1, "cert_eps": [0.25], "attack_steps": 2,
                  "attack_restarts": 1, "linear_epochs": 1},

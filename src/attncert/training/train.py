@@ -2,32 +2,27 @@
 schedule, seeded data order, an atomic checkpoint every epoch and resume from it.
 
 The loss: :func:`attncert.training.losses.training_loss` (CE at ``logit_scale`` plus the ``margin``
-term). Optional terms, both off by default:
-  msvp_lambda = (lam_q, lam_k, lam_v), any > 0: + SpecFormer's MSVP (eq. 12-14, MATH.md
-          section 7; :class:`attncert.msvp.MSVP`, its power-iteration vectors saved in the
-          checkpoint so a resumed run continues them exactly);
+term). Optional terms, off by default:
+  msvp_lambda = (lam_q, lam_k, lam_v), any > 0: + SpecFormer's MSVP (eq. 12-14, MATH.md sec. 7;
+          :class:`attncert.msvp.MSVP`, its power-iteration vectors checkpointed: exact resume);
   adversarial = "pgd_linf": PGD adversarial training (Madry et al. 2018, SpecFormer's
           Table 2): every batch is replaced by CE-PGD examples, ||x' - x||_inf <= adv_eps,
           adv_steps steps of 2.5 adv_eps / adv_steps from a random start drawn from the
           epoch's generator (resume stays exact); train_acc is then the adversarial accuracy.
-  attn_entropy > 0: + attn_entropy x the mean over attention layers, heads and rows of the
-          row entropy / log n (:func:`attncert.training.certified_training.attention_entropy`):
-          keeps the attention from settling at uniform weights, where it mixes no information a
-          mean could not (a certified ViT's bound otherwise drives it there).
+  attn_entropy > 0: + attn_entropy x the attention rows' mean entropy / log n
+          (:func:`attncert.training.certified_training.attention_entropy`).
 Mixup / CutMix (:mod:`attncert.training.mix`, off by default): with probability mix_prob a batch is
 mixed with itself reversed, and the loss is lam CE(s f, y) + (1 - lam) CE(s f, y_rev); only
 with margin "none" and without adversarial training. train_acc counts the batch's own labels.
 
-Speed: the training set moves to the device once (uint8 images stay uint8 there); each batch
-is indexed, converted and augmented on the device with the epoch's generator, which lives on
-that device. The forward pass and loss run at ``precision`` (:mod:`attncert.training.precision`:
-bf16 autocast on CUDA by default, float32 on CPU); evaluation and everything after training run
-outside autocast.
+Speed: the training set moves to the device once (uint8 images stay uint8 there); each batch is
+indexed, converted and augmented on the device with the epoch's generator, which lives there.
+The forward pass and loss run at ``precision`` (:mod:`attncert.training.precision`: bf16 autocast
+on CUDA by default, float32 on CPU); evaluation and all after training run outside autocast.
 
-The epoch loop (optimiser, schedule, checkpoint, metrics file, resume) is
-:mod:`attncert.training.loop`, shared with the text models; :func:`train_resumable` adds the
-checkpoint folder's fingerprint check (:mod:`attncert.training.checkpoint`): a run whose settings
-changed starts over.
+The epoch loop (optimiser, schedule, checkpoint, metrics file, resume; shared with the text
+models) is :mod:`attncert.training.loop`; :func:`train_resumable` adds the fingerprint check
+(:mod:`attncert.training.checkpoint`): a run whose settings changed starts over.
 """
 
 from __future__ import annotations
@@ -250,10 +245,8 @@ def step_loss(model: nn.Module, xb: Tensor, yb: Tensor, cfg: TrainConfig,
         if msvp is not None:
             loss = loss + msvp()
         return logits, loss
-    if cfg.attn_entropy > 0:
-        logits, inputs = model.attention_inputs(xb, detach=False)
-    else:
-        logits = model(xb)
+    logits, inputs = (model.attention_inputs(xb, detach=False) if cfg.attn_entropy > 0
+                      else (model(xb), None))
     head = None
     if cfg.margin == "radius":
         if not callable(getattr(model, "head_weight", None)):
