@@ -300,3 +300,45 @@ def test_tied_keys_share_the_query_map_and_certify_against_an_attack():
     rows, _ = certify.audit(model, x, y, {"m": radius}, [float(radius.max()) * 0.99 + 1e-6],
                             steps=20, restarts=2, seed=0)
     assert rows[0]["broken_m"] == 0
+
+
+def test_orthogonal_attention_keeps_its_paths_and_certifies_against_an_attack(tmp_path):
+    """attn_orthogonal: W^V, W^O and W^Q = W^K are gamma times orthogonal maps, so every head's
+    ||A_l|| is gamma_vo^2 and B_l is gamma_qk^2 times a rank-d_h projection, after training
+    steps too (they cannot be shrunk); saved and loaded; LoFAST(M) survives L2 PGD."""
+    from attncert import certify
+    from attncert.layers import OrthogonalLinear
+    from attncert.models.vit import load_vit, save_vit
+
+    with pytest.raises(ValueError, match="attn_orthogonal"):
+        ViTConfig(**{**TINY, "attn_orthogonal": True, "qk_tied": True})
+    with pytest.raises(ValueError, match="attn_orthogonal"):
+        ViTConfig(**{**TINY, "kind": "standard", "attn_orthogonal": True})
+    with pytest.raises(ValueError, match="gamma"):
+        OrthogonalLinear(4, 0.0)
+    model = tiny(attn_orthogonal=True, radius_attn=4.0, gamma_qk=1.5, gamma_vo=0.5).train()
+    opt = torch.optim.SGD(model.parameters(), lr=1.0)
+    for _ in range(3):  # large steps: the structure is a parametrisation, not a projection
+        opt.zero_grad()
+        model(images(4)).square().sum().backward()
+        opt.step()
+    model.eval()
+    for block in model.blocks:
+        attn = block.attn
+        assert attn.k is attn.q and isinstance(attn.v, OrthogonalLinear)
+        w = attn.attention_weights()
+        a = torch.linalg.svdvals(w.wv @ w.wo)[:, : w.d_h]  # (h, d_h): rank d_h, all gamma_vo^2
+        b = torch.linalg.svdvals(w.wq @ w.wk.transpose(-1, -2))[:, : w.d_h]
+        torch.testing.assert_close(a, torch.full_like(a, 0.25))
+        torch.testing.assert_close(b, torch.full_like(b, 2.25))
+    save_vit(model, tmp_path / "m.pt")
+    loaded = load_vit(tmp_path / "m.pt").double().eval()
+    x = images(8)
+    torch.testing.assert_close(loaded(x), model(x), rtol=1e-5, atol=1e-5)  # saved as float32
+    y = model(x).argmax(1)
+    table = certify.certify_table(model, x, y, ["lofast_M"], ["pairwise"], 1.0, 10.0, 8)
+    radius = torch.tensor(table["radius_lofast_M_pairwise"].to_numpy())
+    assert (radius > 0).any()
+    rows, _ = certify.audit(model, x, y, {"m": radius}, [float(radius.max()) * 0.99 + 1e-6],
+                            steps=20, restarts=2, seed=0)
+    assert rows[0]["broken_m"] == 0

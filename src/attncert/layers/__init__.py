@@ -10,7 +10,7 @@ from .attention_variants import (
     spectral_init_,
 )
 from .embed import PatchEmbed, patchify, spectral_norm_exact
-from .linear import NormConstrainedLinear
+from .linear import NormConstrainedLinear, OrthogonalLinear
 from .norm import Normalize
 from .project import LayerProject, project_local_lipschitz
 from .sll import SLLResidual
@@ -22,6 +22,7 @@ __all__ = [
     "LayerProject",
     "MultiHeadAttention",
     "NormConstrainedLinear",
+    "OrthogonalLinear",
     "Normalize",
     "PatchEmbed",
     "ResidualScale",

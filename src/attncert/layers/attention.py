@@ -11,7 +11,7 @@ import math
 import torch
 from torch import Tensor, nn
 
-from .linear import NormConstrainedLinear
+from .linear import NormConstrainedLinear, OrthogonalLinear
 
 
 def linear_weight(m: nn.Module) -> Tensor:
@@ -25,11 +25,15 @@ class MultiHeadAttention(nn.Module):
     ``lipschitz=True``: bias-free NormConstrainedLinear maps with ||W^Q||, ||W^K|| <= gamma_qk
     and ||W^V||, ||W^O|| <= gamma_vo (each head's block is a sub-matrix, so it obeys the same
     bound). ``lipschitz=False``: plain nn.Linear (biases optional). ``qk_tied``: the keys use
-    the queries' map (one module, W^K = W^Q).
+    the queries' map (one module, W^K = W^Q). ``orthogonal`` (Lipschitz only): W^V, W^O are
+    gamma_vo times orthogonal maps and W^K = W^Q gamma_qk times one, so every head's value path
+    A_l = W^V_l W^O_l has norm exactly gamma_vo^2 and B_l = W^Q_l W^Q_l^T is gamma_qk^2 times
+    an orthogonal projection of rank d_h: neither can be shrunk to switch the branch off.
     """
 
     def __init__(self, dim: int, heads: int, lipschitz: bool, gamma_qk: float = 1.0,
-                 gamma_vo: float = 1.0, bias: bool = False, qk_tied: bool = False):
+                 gamma_vo: float = 1.0, bias: bool = False, qk_tied: bool = False,
+                 orthogonal: bool = False):
         super().__init__()
         if dim % heads:
             raise ValueError(f"dim {dim} is not divisible by heads {heads}")
@@ -39,9 +43,15 @@ class MultiHeadAttention(nn.Module):
         if lipschitz:
             def make(gamma):
                 return NormConstrainedLinear(dim, dim, gamma, bias=False)
-            self.q, self.k = make(gamma_qk), make(gamma_qk)
-            self.v, self.o = make(gamma_vo), make(gamma_vo)
+            if orthogonal:
+                self.q = self.k = OrthogonalLinear(dim, gamma_qk)
+                self.v, self.o = OrthogonalLinear(dim, gamma_vo), OrthogonalLinear(dim, gamma_vo)
+            else:
+                self.q, self.k = make(gamma_qk), make(gamma_qk)
+                self.v, self.o = make(gamma_vo), make(gamma_vo)
         else:
+            if orthogonal:
+                raise ValueError("orthogonal: the Lipschitz attention only")
             self.q, self.k, self.v, self.o = (nn.Linear(dim, dim, bias=bias) for _ in range(4))
         if qk_tied:  # W^K = W^Q: B_l = W^Q_l W^Q_l^T is positive semi-definite, never 0
             self.k = self.q  # while W^Q_l is not (keys cannot turn orthogonal to queries)

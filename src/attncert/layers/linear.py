@@ -1,4 +1,5 @@
-"""Linear map with spectral norm <= gamma by AOL/SDP rescaling (MATH.md section 5)."""
+"""Linear maps with spectral norm <= gamma: AOL/SDP rescaling (MATH.md section 5), and the
+orthogonal map scaled by gamma (every singular value exactly gamma)."""
 
 from __future__ import annotations
 
@@ -46,3 +47,36 @@ class NormConstrainedLinear(nn.Module):
     def extra_repr(self) -> str:
         return (f"in_features={self.in_features}, out_features={self.out_features}, "
                 f"gamma={self.gamma:g}, bias={self.bias is not None}")
+
+
+class OrthogonalLinear(nn.Module):
+    """y = gamma Q x, Q = exp(S - S^T) orthogonal (dim x dim, no bias): every singular value is
+    gamma, so the map can neither grow past gamma nor shrink to zero.
+
+    The skew generator ``skew`` is the free parameter, initialised at random so that Q starts as
+    a random rotation; Q is recomputed from it in the parameter's dtype (orthogonal to that
+    precision: the bounds still take norms of :meth:`weight_effective`, never ``gamma``).
+    """
+
+    def __init__(self, dim: int, gamma: float = 1.0, init_scale: float = 1.0):
+        super().__init__()
+        if not gamma > 0:
+            raise ValueError(f"gamma must be > 0, got {gamma!r}")
+        self.in_features = self.out_features = dim
+        self.gamma = float(gamma)
+        self.skew = nn.Parameter(torch.randn(dim, dim) * (init_scale / dim ** 0.5))
+        self.bias = None
+
+    def weight_effective(self) -> Tensor:
+        """(dim, dim): gamma exp(S - S^T)."""
+        return self.gamma * torch.linalg.matrix_exp(self.skew - self.skew.T)
+
+    @property
+    def lipschitz(self) -> float:
+        return self.gamma
+
+    def forward(self, x: Tensor) -> Tensor:
+        return F.linear(x, self.weight_effective())
+
+    def extra_repr(self) -> str:
+        return f"dim={self.in_features}, gamma={self.gamma:g} (orthogonal)"

@@ -147,4 +147,5 @@ def _attention(cfg: ViTConfig) -> nn.Module:
     if cfg.attention == "cosine":
         return ScaledCosineAttention(cfg.dim, cfg.heads, bias=cfg.attn_bias)
     return MultiHeadAttention(cfg.dim, cfg.heads, cfg.kind == "lipschitz", cfg.gamma_qk,
-                              cfg.gamma_vo, bias=cfg.attn_bias, qk_tied=cfg.qk_tied)
+                              cfg.gamma_vo, bias=cfg.attn_bias, qk_tied=cfg.qk_tied,
+                              orthogonal=cfg.attn_orthogonal)

@@ -29,7 +29,9 @@ class ViTConfig:
     those rows).
     ``attention``, ``norm``, ``residual_scale``, ``spectral_init``: the baselines of the module
     docstring (standard ViT only). ``qk_tied``: every dot-product attention uses its query map
-    for its keys (W^K = W^Q, so B = W^Q W^Q^T is positive semi-definite).
+    for its keys (W^K = W^Q, so B = W^Q W^Q^T is positive semi-definite). ``attn_orthogonal``:
+    the Lipschitz attention's maps are scaled orthogonal ones, W^K = W^Q (neither the value path
+    nor the pattern's B can vanish).
     """
 
     image_size: int = 28
@@ -56,6 +58,7 @@ class ViTConfig:
     residual_scale: float = 0.0
     spectral_init: bool = False
     qk_tied: bool = False
+    attn_orthogonal: bool = False
 
     def __post_init__(self) -> None:
         for name in ("image_size", "channels", "patch", "dim", "depth", "heads", "mlp_hidden",
@@ -95,6 +98,13 @@ class ViTConfig:
         v = self.residual_scale
         if isinstance(v, bool) or not isinstance(v, int | float) or v < 0:
             raise ValueError(f"ViTConfig.residual_scale must be a number >= 0, got {v!r}")
+        if not isinstance(self.attn_orthogonal, bool):
+            raise ValueError(f"ViTConfig.attn_orthogonal must be a bool, got "
+                             f"{self.attn_orthogonal!r}")
+        if self.attn_orthogonal and (self.kind != "lipschitz" or self.attention != "dot"
+                                     or self.qk_tied):
+            raise ValueError("ViTConfig.attn_orthogonal: the Lipschitz ViT's dot-product "
+                             "attention only (its keys are tied already: no qk_tied)")
         if not isinstance(self.qk_tied, bool):
             raise ValueError(f"ViTConfig.qk_tied must be a bool, got {self.qk_tied!r}")
         if self.qk_tied and self.attention != "dot":

@@ -71,6 +71,9 @@ from attncert.studies.frontier import (  # noqa: F401 (the stage's names)
     parse_setting,
     select,
     settings_ok,
+    sharpening_frame,
+    sharpening_metrics,
+    sharpening_table,
     split,
     train_config,
     unit_attention,
@@ -114,7 +117,14 @@ class Params:
                                                  "lose with uniform attention, on every "
                                                  "dataset, to count as a transformer in the "
                                                  "selection")
-    results_dir: str = param(doc="units/<unit>.json, ckpt/<unit>/, frontier.csv, frontier.png")
+    sharpen_tokens: list[int] = param(positive, unique, nonempty,
+                                      doc="token counts of the sharpening measurement")
+    sharpen_caps: list[float] = param(positive, unique, nonempty,
+                                      doc="logit caps R^2 ||B_l|| / sqrt(d_h) it sets")
+    sharpen_eps: float = param(positive, doc="its perturbation size (Frobenius, token space)")
+    sharpen_samples: int = param(positive, doc="its random inputs per token count")
+    results_dir: str = param(doc="units/<unit>.json, ckpt/<unit>/, frontier.csv, frontier.png, "
+                                 "sharpening.csv")
     metrics: str = param()
 
     def __post_init__(self) -> None:
@@ -269,6 +279,7 @@ class Result:
     figure: Figure
     attention_figure: Figure
     targets: pd.DataFrame  # attention_targets
+    sharpening: pd.DataFrame  # sharpening_frame
     metrics: dict[str, Any]
 
     def attention_table(self) -> pd.DataFrame:
@@ -303,6 +314,9 @@ def _gather(p: Params, ctx: Context) -> Result:
         with atomic_path(out / fname) as tmp:
             fig.savefig(tmp, format="png", dpi=120, bbox_inches="tight")
         plt.close(fig)  # shown once, by the notebook
+    sharp = sharpening_frame(p, tv, ctx.require_base().seed)
+    with atomic_path(out / "sharpening.csv") as tmp:
+        sharp.to_csv(tmp, index=False)
     grid = grid_setting(tv)
     metrics = {
         "settings": p.settings, "datasets": p.datasets, "eps": p.cert_eps,
@@ -311,11 +325,11 @@ def _gather(p: Params, ctx: Context) -> Result:
         "grid_is_selected": grid == selected, "scores": scores.round(4).to_dict(),
         "attending": attending(table, p.min_attention_gap).to_dict(),
         "rows": _records(table), "targets": _records(targets),
-        "broken": int(table["broken"].sum()),
+        "broken": int(table["broken"].sum()), "sharpening": sharpening_metrics(sharp),
         "stage_seconds": sum(r["seconds"] for r in records) + time.perf_counter() - t0}
     write_json(p.metrics, metrics)
     return Result(table, scores, selected, selected_any, grid, figures["frontier.png"],
-                  figures["attention.png"], targets, metrics)
+                  figures["attention.png"], targets, sharp, metrics)
 
 
 def _row_of(m: Mapping, dataset: str, setting: str | None) -> Mapping | None:

@@ -46,6 +46,7 @@ flag.__name__ = "1 (on)"
 
 AXES = {"p": ("patch", int, "patch size (more tokens: a smaller patch)"),
         "tie": ("qk_tied", flag, "keys tied to queries, W^K = W^Q (tie1)"),
+        "orth": ("attn_orthogonal", flag, "scaled orthogonal W^Q = W^K, W^V, W^O (orth1)"),
         "qk": ("gamma_qk", float, "spectral norm of W^Q, W^K"),
         "r": ("radius_attn", float, "LayerProject radius of the attention inputs"),
         "vo": ("gamma_vo", float, "spectral norm of W^V, W^O"),
@@ -288,3 +289,45 @@ def model_config(p: FrontierParams, tv: train_vit.Params, setting: Setting, data
         return dataclasses.replace(cfg, kind="standard", block="prenorm",
                                    **setting.model_axes())
     return dataclasses.replace(cfg, **setting.model_axes())
+
+
+def sharpening_frame(p: FrontierParams, tv: train_vit.Params, seed: int) -> pd.DataFrame:
+    """Why the local bound closes the attention: one seeded random residual attention layer of
+    the frontier's shape (``train_vit``'s width, ``heads``, ``gamma_vo``; tokens projected to
+    ``train_vit.radius_attn``) per ``sharpen_tokens``, its logit cap set to each of
+    ``sharpen_caps``; per cap the rows' entropy, the largest logit, and the sensitivity at
+    ``sharpen_eps`` by PGD, LoFAST(M), LoFAST(xi) and the global bound
+    (:func:`attncert.tightness.studies.attention_sharpening`), float64 on the host."""
+    from attncert.tightness.layer import random_attention_layer
+    from attncert.tightness.studies import attention_sharpening
+
+    dim = tv.vit.arch(depth=p.depth, heads=p.heads)["dim"]
+    frames = []
+    for n in p.sharpen_tokens:
+        w, x = random_attention_layer(n, dim, p.heads, seed, (1.0, p.gamma_vo),
+                                      p.sharpen_samples, token_norm=tv.radius_attn)
+        frames.append(attention_sharpening(w, x, p.sharpen_caps, p.sharpen_eps,
+                                           p.attack_steps, p.attack_restarts, seed)
+                      .assign(tokens=n))
+    return pd.concat(frames, ignore_index=True)
+
+
+def sharpening_table(sharp: pd.DataFrame) -> pd.DataFrame:
+    """Per token count and cap: entropy / log n, the largest logit, PGD's sensitivity and each
+    bound's ratio to it."""
+    ratio = sharp.pivot_table(index=["tokens", "cap"], columns="method",
+                              values="ratio_to_pgd").drop(columns="PGD")
+    ratio.columns = [f"{c} / PGD" for c in ratio.columns]
+    pgd = sharp[sharp.method == "PGD"].set_index(["tokens", "cap"])
+    return pgd[["entropy", "logit_max"]].assign(PGD=pgd["value"]).join(ratio)
+
+
+def sharpening_metrics(sharp: pd.DataFrame) -> dict[str, Any]:
+    """{tokens: {cap: {entropy, logit_max, pgd, lofast_M_over_pgd, global_over_pgd}}}."""
+    t = sharpening_table(sharp)
+    return {f"n{n}": {f"{cap:g}": {"entropy": float(r["entropy"]),
+                                    "logit_max": float(r["logit_max"]), "pgd": float(r["PGD"]),
+                                    "lofast_M_over_pgd": float(r["LoFAST(M) / PGD"]),
+                                    "global_over_pgd": float(r["global / PGD"])}
+                      for (_, cap), r in t.loc[[n]].iterrows()}
+            for n in t.index.get_level_values(0).unique()}

@@ -21,6 +21,9 @@ from attncert.bounds import (
     pgd_sensitivity,
     specformer_bound,
 )
+from attncert.bounds.dotproduct import dot_product_attention_lipschitz
+from attncert.bounds.lofast import b_norm
+from attncert.bounds.weights import attention_probs
 from attncert.pipeline import rng
 
 # LoFAST Table 3 (single residual MHA layer of a trained 8-head ViT, bound on ||F(X')-F(X)||_F,
@@ -286,6 +289,56 @@ def figure4_input_norm(
     norms = torch.linalg.matrix_norm(xs, 2).view(len(scales), -1).mean(1)
     df = _summarise(values, scales, x.shape[0], "scale", extra={"input_norm": norms})
     return df.assign(eps=float(eps))
+
+
+def attention_sharpening(
+    w: AttentionWeights,
+    x: Tensor,
+    caps=(0.01, 0.1, 0.5, 1.0, 2.0, 4.0, 8.0),
+    eps: float = 0.1,
+    attack_steps: int = 100,
+    attack_restarts: int = 4,
+    seed: int = 0,
+) -> pd.DataFrame:
+    """The bound of one residual attention layer against PGD as its attention sharpens.
+
+    Each head's W^Q_l is rescaled so that the logit cap R^2 ||B_l|| / sqrt(d_h) (R the largest
+    token norm of ``x``) takes each value of ``caps``; values and inputs stay. Per cap: the
+    mean row entropy / log n and the largest |logit| on ``x``, and the sensitivity
+    max ||F(X+G) - F(X)||_F over ||G||_F <= eps by PGD (a lower bound), LoFAST(M), LoFAST(xi)
+    and the global bound (``dot_product_attention_lipschitz`` on the ball of radius R + eps
+    that holds every perturbed token, times eps). Columns: cap, entropy, logit_max, method,
+    value (mean), ratio_to_pgd, ratio_max.
+    """
+    if not caps or min(caps) <= 0:
+        raise ValueError(f"caps: positive logit caps, got {caps!r}")
+    radius = float(torch.linalg.vector_norm(x, dim=-1).max())
+    base = b_norm(w).to(x.dtype)  # (h,)
+    if radius <= 0 or not bool((base > 0).all()):
+        raise ValueError("attention_sharpening: needs nonzero inputs and every ||B_l|| > 0")
+    e = torch.full((x.shape[0],), float(eps), dtype=x.dtype, device=x.device)
+    values: dict[str, list[Tensor]] = {m: [] for m in ("PGD", "LoFAST(M)", "LoFAST(xi)",
+                                                        "global")}
+    entropy, logit_max = [], []
+    for cap in caps:
+        scale = cap * w.d_h ** 0.5 / (radius**2 * base)  # (h,): B_l -> scale_l B_l
+        ws = AttentionWeights(w.wq * scale[:, None, None].to(w.wq), w.wk, w.wv, w.wo)
+        p = attention_probs(x, ws.like(x))
+        ent = -(p * torch.log(p.clamp_min(1e-30))).sum(-1) / np.log(x.shape[1])
+        entropy.append(float(ent.mean()))
+        logits = torch.einsum("bnd,hde->bhne", x, ws.wq.to(x)) @ torch.einsum(
+            "bnd,hde->bhne", x, ws.wk.to(x)).transpose(-1, -2) / w.d_h ** 0.5
+        logit_max.append(float(logits.abs().max()))
+        values["PGD"].append(pgd_sensitivity(x, ws, e, True, steps=attack_steps,
+                                             restarts=attack_restarts, generator=_gen(seed, x)))
+        for m, mode in (("LoFAST(M)", "M"), ("LoFAST(xi)", "xi")):
+            values[m].append(lofast_from_terms(
+                lofast_terms(x, ws, True, mode, generator=_gen(seed, x)), e))
+        lip = dot_product_attention_lipschitz(ws, x.shape[1], radius + eps, True)
+        values["global"].append(torch.full_like(e, lip * eps))
+    stacked = {m: torch.cat(v) for m, v in values.items()}
+    return _summarise(stacked, caps, x.shape[0], "cap",
+                      extra={"entropy": entropy, "logit_max": logit_max}).assign(eps=float(eps))
 
 
 def summary_metrics(t3: pd.DataFrame, f1_single: pd.DataFrame, f3: pd.DataFrame,
