@@ -23,7 +23,7 @@ DVC ?= dvc
 GPUS ?=
 export PATH := $(abspath $(VENV))/bin:$(PATH)
 
-.PHONY: env pipeline test lint bench gpu-check clean-env
+.PHONY: env pipeline test lint bench rehearse gpu-check clean-env
 
 env: $(VENV)/.installed
 
@@ -55,6 +55,11 @@ lint: env
 bench: env
 	$(PY) -m attncert.bounds.bench
 	$(PY) -m attncert.cost bench
+
+# every big model of the paper scale built at random on this host (CPU by default), each kind
+# alone: seconds per step, peak host memory, the batch that fits (docs/rehearsal.md)
+rehearse: env
+	$(PY) -m attncert.pipeline.rehearse --out reports/rehearsal.json
 
 # on a GPU box: the device-relevant tests, the paper-shaped dry run on cuda, and the measured
 # training step of each model kind (reports/gpu_check.json: the cost model's per-kernel constant)

@@ -253,6 +253,57 @@ def test_points_lofast_certified_and_a_spent_budget_skip_crown():
         study.crown_frame(model, x, y, eps, "crown", 0.0, 5, lofast=done[:, :1])
 
 
+def test_misclassified_points_are_not_bounded_and_rows_survive_a_crash(tmp_path, monkeypatch):
+    """A point the model misclassifies runs no bound ("misclassified", 0 s); each point's rows
+    are journaled as it finishes: a crash mid-unit keeps the finished points, the rerun bounds
+    only the rest and gives the rows of an uninterrupted run; another key starts afresh."""
+    from attncert.crown import study as crown_study
+
+    model = tiny_vit()
+    g = torch.Generator().manual_seed(3)
+    x = torch.rand(4, 1, 8, 8, generator=g, dtype=torch.float64)
+    y = model(x).argmax(1)
+    y[1] = (y[1] + 1) % 3  # point 1 misclassified
+    correct = model(x).argmax(1) == y
+    eps = [0.02, 0.1]
+    whole, _ = study.crown_frame(model, x, y, eps, "crown", 0.0, 5, correct=correct)
+    assert (whole[whole["index"] == 1]["status"] == "misclassified").all()
+    assert (whole[whole["index"] == 1]["seconds"] == 0).all()
+    assert "misclassified" in study.NOT_RUN
+    with pytest.raises(ValueError, match="correct"):
+        study.crown_frame(model, x, y, eps, "crown", 0.0, 5, correct=correct[:2])
+
+    path, key = tmp_path / "crown-crown.jsonl", {"unit": "u", "seed": 0}
+    real, bounded = crown_study.certify_points, []
+
+    def crash_at_point_2(cert, xi, yi, *args, **kwargs):
+        if torch.equal(xi, x[2:3]):
+            raise KeyboardInterrupt("preempted")
+        bounded.append(xi)
+        return real(cert, xi, yi, *args, **kwargs)
+
+    monkeypatch.setattr(crown_study, "certify_points", crash_at_point_2)
+    with pytest.raises(KeyboardInterrupt):
+        study.crown_frame(model, x, y, eps, "crown", 0.0, 5, correct=correct,
+                          journal=study.Journal(path, key))
+    assert len(path.read_text().splitlines()) == 3  # the key and points 0 and 1
+    monkeypatch.setattr(crown_study, "certify_points", real)
+    journal = study.Journal(path, key)
+    assert sorted(journal.done) == [0, 1]
+    calls = []
+    monkeypatch.setattr(crown_study, "certify_points",
+                        lambda *a, **k: calls.append(a[1]) or real(*a, **k))
+    budget = study.Budget(1e6)
+    resumed, _ = study.crown_frame(model, x, y, eps, "crown", 0.0, 5, correct=correct,
+                                   journal=journal, budget=budget)
+    assert not any(torch.equal(c, x[0:1]) for c in calls), "point 0 came from the journal"
+    cols = ["index", "eps", "method", "certified", "status"]
+    pd.testing.assert_frame_equal(resumed[cols], whole[cols])
+    assert budget.left == pytest.approx(1e6 - resumed["seconds"].sum())
+    assert len(study.Journal(path, key).done) == 4
+    assert study.Journal(path, {"unit": "u", "seed": 1}).done == {}  # another key: afresh
+
+
 def test_a_stage_whose_bounds_mostly_fail_fails():
     rows = pd.DataFrame({"status": ["ok", "time_limit", "out_of_memory", "skipped", "lofast",
                                     "budget"]})

@@ -436,6 +436,51 @@ def test_a_transient_hub_error_is_retried_and_never_recorded_as_a_skip(tmp_path,
     assert len(calls) == 1  # no route: not retried
 
 
+def _datasets_error(cause: BaseException, wrapped_in: type | None = None) -> ConnectionError:
+    """The exception ``datasets.load_dataset`` raises when the hub call fails: ConnectionError
+    "Couldn't reach '<name>' on the Hub (<class>)" raised from the hub library's error (itself,
+    when ``wrapped_in`` is given, raised from ``cause``), as datasets/load.py does."""
+    inner = cause
+    if wrapped_in is not None:
+        try:
+            raise wrapped_in("An error happened while trying to locate the file on the Hub") \
+                from cause
+        except wrapped_in as e:
+            inner = e
+    try:
+        raise ConnectionError(f"Couldn't reach 'yelp_polarity' on the Hub "
+                              f"({type(inner).__name__})") from inner
+    except ConnectionError as e:
+        return e
+
+
+def test_the_datasets_librarys_own_timeouts_are_transient_and_offline_is_no_route():
+    """The shapes ``datasets`` really raises: a read timeout wrapped as "Couldn't reach ...
+    (ReadTimeout)" (or around LocalEntryNotFoundError) is retried, not a skip; offline mode
+    and a failed name lookup are no route."""
+    import types
+
+    from huggingface_hub import errors as hub_errors
+
+    from attncert.data.hub_text import no_route
+
+    # httpx's exception classes (names and messages as httpx raises them; httpx itself is not
+    # a dependency here): none of them derives from the builtin TimeoutError
+    httpx = types.SimpleNamespace(**{name: type(name, (Exception,), {}) for name in (
+        "ReadTimeout", "ConnectTimeout", "RemoteProtocolError", "ConnectError")})
+
+    timeout = httpx.ReadTimeout("The read operation timed out")
+    assert not no_route(_datasets_error(timeout))
+    assert not no_route(_datasets_error(timeout, hub_errors.LocalEntryNotFoundError))
+    assert not no_route(_datasets_error(httpx.ConnectTimeout("timed out")))
+    assert not no_route(_datasets_error(httpx.RemoteProtocolError(
+        "Server disconnected without sending a response.")))
+    assert no_route(_datasets_error(hub_errors.OfflineModeIsEnabled("Offline mode is enabled.")))
+    assert no_route(_datasets_error(httpx.ConnectError("[Errno -2] Name or service not known"),
+                                    hub_errors.LocalEntryNotFoundError))
+    assert no_route(ModuleNotFoundError("No module named 'datasets'"))
+
+
 def test_sst2_falls_back_to_hf_datasets_when_the_glue_archive_fails(tmp_path, monkeypatch):
     """GLUE's archive failing (after its retries) leads to GLUE's sst2 through ``datasets``,
     written as the archive's TSVs; with no route at all both failures are named."""

@@ -86,3 +86,16 @@ def _smoke_params():
             node = node[part]
         node[leaf] = value
     return validate(tree, "smoke params")
+
+
+def test_a_paper_run_on_too_little_disk_is_refused_and_fp64_is_measured():
+    from attncert.pipeline.doctor import ALLOW_LOW_DISK_ENV, PAPER_DISK_GB, check_disk, fp64_row
+
+    with pytest.raises(DeviceError, match=f"needs about {PAPER_DISK_GB:.0f} GB"):
+        check_disk("paper", env={}, free_gb=PAPER_DISK_GB - 1)
+    assert "needs about" in check_disk("paper", env={ALLOW_LOW_DISK_ENV: "1"}, free_gb=10.0)
+    assert "needs" not in check_disk("smoke", env={}, free_gb=1.0)
+    assert check_disk("paper", env={}, free_gb=PAPER_DISK_GB + 1).startswith(
+        f"{PAPER_DISK_GB + 1:.0f} GB free")
+    row = fp64_row("cpu", n=128)
+    assert row.startswith("float64 ") and "float32" in row

@@ -103,10 +103,18 @@ def test_smoke_pipeline_runs_offline_and_is_incremental(smoke_repo, env):
     again = _sh(["dvc", "repro"], smoke_repo, env)
     assert "Running stage" not in again
 
+    # a runtime-only key (the math libraries' thread count) is no stage's param: changing it
+    # mid-run leaves every stage, certificate and bound current
+    params = smoke_repo / "params.yaml"
+    original = params.read_text()
+    assert "  threads: 0 " in original
+    params.write_text(original.replace("  threads: 0 ", "  threads: 1 ", 1))
+    assert "up to date" in _sh(["dvc", "status"], smoke_repo, env)
+    params.write_text(original)
+
     # one data param changed: dvc sees exactly that, and reruns the data stage
     diff = _sh(["dvc", "params", "diff"], smoke_repo, env)
     assert "data.max_train" in diff and "base.scale" in diff
-    params = smoke_repo / "params.yaml"
     params.write_text(params.read_text().replace("grid_per_class: 4", "grid_per_class: 3"))
     status = _sh(["dvc", "status"], smoke_repo, env)
     assert "modified:" in status and "data" in status

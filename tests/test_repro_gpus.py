@@ -1,5 +1,7 @@
 """scripts/repro-gpus: units longest first to a pool of one worker per GPU; a failing unit
-does not stop the others, and the run exits non-zero naming it."""
+does not stop the others, and the run exits non-zero naming it; a failing cost model stops the
+run before any unit; ids index an inherited CUDA_VISIBLE_DEVICES; stale units rerun through
+the pool."""
 
 import os
 import subprocess
@@ -17,12 +19,22 @@ case "$*" in
     printf 'specformer_certified\\nspecformer\\ntext_unit@sst2-olsa\\ntext\\ncertvit_main\\n'
     printf 'certvit_imagenet\\ncertvit\\n'
     printf 'crown_unit@mnist-3\\ncrown\\ntightness\\nfigures\\n' ;;
-  *"--single-item text_unit@sst2-olsa"*) echo "text: simulated failure" >&2; exit 1 ;;
+  "status --json")  # the i-th call prints line i of $DVC_STATUS (none: nothing stale)
+    n=$(grep -c "status --json" "$DVC_LOG")
+    if [ -n "${DVC_STATUS:-}" ]; then sed -n "${n}p" "$DVC_STATUS"; fi ;;
+  *"--single-item ${FAIL_UNIT:-none}"*) echo "simulated failure" >&2; exit 1 ;;
 esac
 """
+FAKE_PYTHON = """#!/usr/bin/env bash
+if [ "$*" = "-m attncert.cost order" ]; then echo "cost: simulated failure" >&2; exit 1; fi
+exec "$REAL_PYTHON" "$@"
+"""
+UNITS = ["train_vit@mnist-1-2-0.5 certify_vit@mnist-1-2-0.5", "specformer_runs@mnist",
+         "specformer_certified", "text_unit@sst2-olsa", "certvit_main", "certvit_imagenet",
+         "crown_unit@mnist-3"]
 
 
-def _run_with_fake_dvc(tmp_path, venv_env, *args):
+def _run_with_fake_dvc(tmp_path, venv_env, *args, fail_order=False, **env_extra):
     """scripts/repro-gpus ``args`` in a smoke-scale copy of the repository, with the fake dvc
     above on PATH (no GPU here: below the paper scale the workers use the CPU; small shapes
     keep the cost estimate behind the order to seconds): (repo, dvc call log, process)."""
@@ -35,14 +47,29 @@ def _run_with_fake_dvc(tmp_path, venv_env, *args):
     (bin_dir / "dvc").chmod(0o755)
     log = tmp_path / "dvc.log"
     log.touch()
-    env = {**venv_env, "PATH": f"{bin_dir}{os.pathsep}{venv_env['PATH']}", "DVC_LOG": str(log)}
+    if fail_order:
+        (bin_dir / "python").write_text(FAKE_PYTHON)
+        (bin_dir / "python").chmod(0o755)
+        real = subprocess.run(["bash", "-c", "command -v python"], env=venv_env,
+                              capture_output=True, text=True, check=True).stdout.strip()
+        env_extra["REAL_PYTHON"] = real
+    env = {**venv_env, "PATH": f"{bin_dir}{os.pathsep}{venv_env['PATH']}", "DVC_LOG": str(log),
+           **env_extra}
+    env.pop("CUDA_VISIBLE_DEVICES", None)
+    env.update({k: v for k, v in env_extra.items() if k == "CUDA_VISIBLE_DEVICES"})
     proc = subprocess.run(["bash", "scripts/repro-gpus", *args], cwd=repo, env=env,
                           capture_output=True, text=True, timeout=900)
     return repo, log, proc
 
 
+def _ran(log) -> list[str]:
+    return [c.split(" --single-item ", 1)[1] for c in log.read_text().splitlines()
+            if "--single-item" in c]
+
+
 def test_a_failing_unit_does_not_stop_the_others(tmp_path, venv_env):
-    repo, log, proc = _run_with_fake_dvc(tmp_path, venv_env, "0", "1")
+    repo, log, proc = _run_with_fake_dvc(tmp_path, venv_env, "0", "1",
+                                         FAIL_UNIT="text_unit@sst2-olsa")
     assert proc.returncode == 1, proc.stderr
     assert "these units failed" in proc.stderr and "  text_unit@sst2-olsa" in proc.stderr
     calls = log.read_text().splitlines()
@@ -67,3 +94,46 @@ def test_the_unit_list_for_several_nodes(tmp_path, venv_env):
         "specformer_certified", "text_unit@sst2-olsa", "certvit_main", "certvit_imagenet",
         "crown_unit@mnist-3"])
     assert "repro" not in log.read_text()
+
+
+def test_a_failing_cost_model_stops_the_run_before_any_unit(tmp_path, venv_env):
+    """`cost order` raising must not leave every unit to the final repro on one GPU."""
+    _, log, proc = _run_with_fake_dvc(tmp_path, venv_env, "0", "1", fail_order=True)
+    assert proc.returncode != 0
+    assert "cost: simulated failure" in proc.stderr
+    calls = log.read_text()
+    assert "repro" not in calls, calls  # neither a unit, nor data, nor the final repro
+
+
+def test_ids_index_an_inherited_mask(tmp_path, venv_env):
+    """With CUDA_VISIBLE_DEVICES inherited (UUID and MIG entries too), id k is its k-th entry."""
+    mask = "GPU-aaaa, GPU-bbbb,MIG-cccc"
+    _, log, proc = _run_with_fake_dvc(tmp_path, venv_env, "0", "2", CUDA_VISIBLE_DEVICES=mask)
+    assert proc.returncode == 0, proc.stderr
+    calls = log.read_text().splitlines()
+    assert sorted(_ran(log)) == sorted(UNITS)
+    assert {c.split()[0] for c in calls if "--single-item" in c} == {
+        "CUDA_VISIBLE_DEVICES=GPU-aaaa", "CUDA_VISIBLE_DEVICES=MIG-cccc"}
+    assert calls[-1] == "CUDA_VISIBLE_DEVICES=GPU-aaaa repro"
+    _, log, proc = _run_with_fake_dvc(tmp_path / "beyond", venv_env, "0", "3",
+                                      CUDA_VISIBLE_DEVICES=mask)
+    assert proc.returncode == 2 and "not an index of the inherited" in proc.stderr
+    assert "repro" not in log.read_text()
+
+
+def test_stale_units_rerun_through_the_pool(tmp_path, venv_env):
+    """A unit stale after the pool (an edit during the run) runs through the pool again before
+    the final repro; one still stale after that stops the run instead of running serially."""
+    status = tmp_path / "status.txt"
+    status.write_text('{"crown_unit@mnist-3": [{"changed deps": {}}], "crown": []}\n{}\n')
+    _, log, proc = _run_with_fake_dvc(tmp_path / "once", venv_env, "0", "1",
+                                      DVC_STATUS=str(status))
+    assert proc.returncode == 0, proc.stderr
+    assert "rerunning them through the pool" in proc.stderr
+    assert sorted(_ran(log)) == sorted(UNITS + ["crown_unit@mnist-3"])
+    assert log.read_text().splitlines()[-1].endswith(" repro")
+    status.write_text('{"certvit_main": []}\n' * 2)
+    _, log, proc = _run_with_fake_dvc(tmp_path / "twice", venv_env, "0", "1",
+                                      DVC_STATUS=str(status))
+    assert proc.returncode == 1 and "still stale after a second pass" in proc.stderr
+    assert not any(c.endswith(" repro") for c in log.read_text().splitlines())

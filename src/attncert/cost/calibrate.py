@@ -2,9 +2,11 @@
 
 :func:`measure` times a training step of every model kind (:func:`attncert.cost.bench.
 bench_training`) on a CUDA device and divides each by the kernels the same step launches
-(counted as the cost model counts them, :func:`attncert.cost.counting.count`); the smallest
-quotient over the model kinds, the most launch-bound step, is an upper bound of the seconds
-per kernel (it still contains that step's FLOP time). The result goes to
+(counted as the cost model counts them, :func:`attncert.cost.counting.count`): each quotient
+is an upper bound of that kind's seconds per kernel (it still contains its FLOP time), and
+each stage's work is costed with the constant of the model kind it trains
+(:data:`STAGE_MODELS`; text: the largest of its three kinds), other work with the largest
+constant measured. The result goes to
 :data:`CALIBRATION_FILE`, which ``python -m attncert.cost`` reads when it exists, else the
 committed measurement :data:`COMMITTED_CALIBRATION` (:func:`calibrated`): the cost table
 says where and when its constant was measured.
@@ -21,6 +23,14 @@ from typing import Any
 from attncert.cost.counting import GPU
 from attncert.pipeline.io import write_json
 
+#: the bench model kind whose measured constant costs each stage's work (text: several)
+STAGE_MODELS = {
+    "tightness": ("lipschitz ViT (train_vit)",), "train_vit": ("lipschitz ViT (train_vit)",),
+    "certify_vit": ("lipschitz ViT (train_vit)",), "frontier": ("lipschitz ViT (train_vit)",),
+    "crown": ("lipschitz ViT (train_vit)",), "specformer": ("SpecFormer (MSVP)",),
+    "certvit": ("standard ViT (specformer vanilla)",),
+    "text": ("OLSA text", "LoFAST text", "standard text"),
+}
 #: written by ``python -m attncert.pipeline.doctor --calibrate`` (``make gpu-check``)
 CALIBRATION_FILE = "reports/gpu_check.json"
 #: the project's last GPU measurement, committed: the cost table's constant where no
@@ -60,7 +70,7 @@ def measure(params, device: str = "cuda", batch: int = 8, steps: int = 5,
         raise ValueError(f"the calibration measures a GPU; {device!r} is {dev}")
     rows = bench_training(params, batch=batch, steps=steps, device=str(dev))
     per = kernel_seconds(rows, params, batch)
-    best = min(per, key=per.get)
+    best = max(per, key=per.get)  # the fallback for work of no measured kind: an upper one
     record = {"date": datetime.date.today().isoformat(), "device": torch.cuda.get_device_name(dev),
               "torch": torch.__version__, "cuda": torch.version.cuda, "batch": batch,
               "steps": [dict(r, seconds_per_kernel=per[r["model"]]) for r in rows],
@@ -80,6 +90,15 @@ def calibrated(gpu: GPU, path: str | Path | None = None) -> GPU:
     if not path.is_file():
         return gpu
     record = json.loads(path.read_text())
-    return dataclasses.replace(gpu, kernel_seconds=float(record["kernel_seconds"]),
+    per = {r["model"]: float(r["seconds_per_kernel"]) for r in record.get("steps", [])
+           if "seconds_per_kernel" in r}
+    if not per:  # a record of one constant only
+        return dataclasses.replace(gpu, kernel_seconds=float(record["kernel_seconds"]),
+                                   calibration=f"{record['device']}, {record['date']}, "
+                                               f"{record['from']}")
+    by_stage = tuple((stage, max(per[m] for m in models))
+                     for stage, models in STAGE_MODELS.items() if all(m in per for m in models))
+    return dataclasses.replace(gpu, kernel_seconds=max(per.values()),
+                               kernel_seconds_by_stage=by_stage,
                                calibration=f"{record['device']}, {record['date']}, "
-                                           f"{record['from']}")
+                                           f"{len(per)} model kinds")

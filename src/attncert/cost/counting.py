@@ -59,6 +59,14 @@ class GPU:
     fp64: float
     kernel_seconds: float = 8e-6
     calibration: str = ""  # where kernel_seconds was measured ("" = the default constant)
+    #: ((stage, seconds per kernel), ...): the constant measured on the model kind a stage
+    #: trains (:func:`attncert.cost.calibrate.calibrated`); other stages use kernel_seconds
+    kernel_seconds_by_stage: tuple[tuple[str, float], ...] = ()
+
+    def kernel_seconds_for(self, stage: str) -> float:
+        """Seconds per kernel of ``stage``'s work: its model kind's measured constant, else
+        :attr:`kernel_seconds`."""
+        return dict(self.kernel_seconds_by_stage).get(stage, self.kernel_seconds)
 
 
 GPUS = {

@@ -244,8 +244,8 @@ def crown_work(p, n_train_max: int, n_test_max: int) -> tuple[list[Work], float]
             for method in c_p.methods:
                 sec, _ = crown_bound_seconds(depth, method)
                 limit = c_p.time_limit or math.inf
-                worst += n * len(c_p.cert_eps) * (limit if math.isnan(sec) else min(sec, limit))
-            worst = min(worst, c_p.time_budget) if c_p.time_budget else worst
+                one = n * len(c_p.cert_eps) * (limit if math.isnan(sec) else min(sec, limit))
+                worst += min(one, c_p.time_budget) if c_p.time_budget else one  # per method
             items.append(Work("crown", f"{dataset} L{depth}: CROWN bounds (at most)", "fp64",
                               0.0, 0.0, fixed_seconds=worst))
             bound_seconds += worst
@@ -278,8 +278,7 @@ def certvit_work(p, n_train_max: int, n_test_max: int) -> list[Work]:
         n = min(1000, n_val - min(cv.imagenet.calibration, n_val // 2))
         maps = cfg.depth * 6 + 2
         per_pass = 2 * 2 * cv.dr.max_pairs * cfg.dim * max(cfg.mlp_hidden, cfg.dim)
-        passes = cv.dr.iterations * cv.dr.projection_steps * math.ceil(cv.dr.max_pairs
-                                                                       / cv.dr.batch_size)
+        passes = cv.dr.iterations * cv.dr.projection_steps  # a step: every mini-batch at once
         f64 = vit_forward64(cfg)
         for mode in cv.constrain:  # accuracy forwards (loaded, adapted), DR, certificate, audit
             what = f"Table 3 ImageNet {source} {mode}"
@@ -287,7 +286,7 @@ def certvit_work(p, n_train_max: int, n_test_max: int) -> list[Work]:
                             2 * n_steps(n, cv.eval_batch_size)
                             * c["forward"].flops(cv.eval_batch_size),
                             2 * n_steps(n, cv.eval_batch_size) * c["forward"].kernels))
-            out.append(Work("certvit", f"{what}: Douglas-Rachford", "fp32",
+            out.append(Work("certvit", f"{what}: Douglas-Rachford", "fp64",
                             maps * passes * per_pass, maps * passes * 20))
             out.append(Work("certvit", f"{what}: global certificate", "fp64",
                             n_steps(n, cv.eval_batch_size) * f64.flops(cv.eval_batch_size),
@@ -323,12 +322,12 @@ def _certvit_run_work(cv, n_train_max: int, n_test_max: int, label: str) -> list
     c = vit_counts(cfg)
     out = training_work("certvit", f"{label}pre-train / fine-tune", c, n_tr, n_te,
                         cv.pretrain_epochs, cv.batch_size, cv.eval_batch_size)
-    # Douglas-Rachford: per linear map, dr.iterations x dr.projection_steps passes over its
-    # recorded pairs (a matrix product each), plus recording the pairs (forwards)
+    # Douglas-Rachford (float64): per linear map, at most dr.iterations x dr.projection_steps
+    # Haugazeau steps, each one batched pass over all its recorded pairs (the mini-batches are
+    # evaluated together: attncert.certvit.splitting.project_outputs)
     maps = cfg.depth * 6 + 2
     per_pass = 2 * 2 * cv.dr.max_pairs * cfg.dim * max(cfg.mlp_hidden, cfg.dim)
-    passes = cv.dr.iterations * cv.dr.projection_steps * math.ceil(cv.dr.max_pairs
-                                                                   / cv.dr.batch_size)
+    passes = cv.dr.iterations * cv.dr.projection_steps  # a step: every mini-batch at once
     # every mode's final model is certified on n_test images and attacked on n_attack
     n = n_te if cv.n_test == 0 else min(cv.n_test, n_te)
     f64 = vit_forward64(cfg)
@@ -339,7 +338,7 @@ def _certvit_run_work(cv, n_train_max: int, n_test_max: int, label: str) -> list
             out += training_work("certvit", f"{label}{mode}: {phase}", c, n_tr, n_te, epochs,
                                  cv.batch_size, cv.eval_batch_size)
         out.append(Work("certvit", f"{label}{mode}: Douglas-Rachford (from its matrix sizes)",
-                        "fp32", maps * passes * per_pass, maps * passes * 20))
+                        "fp64", maps * passes * per_pass, maps * passes * 20))
         out.append(Work("certvit", f"{label}{mode}: global certificate (float64 forwards)",
                         "fp64", n_steps(n, cv.eval_batch_size) * f64.flops(cv.eval_batch_size),
                         n_steps(n, cv.eval_batch_size) * f64.kernels))

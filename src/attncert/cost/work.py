@@ -29,7 +29,7 @@ class Work:
 
     def seconds(self, gpu: GPU, utilisation: float) -> float:
         return max(self.flops / (getattr(gpu, self.kind) * utilisation),
-                   self.kernels * gpu.kernel_seconds) + self.fixed_seconds
+                   self.kernels * gpu.kernel_seconds_for(self.stage)) + self.fixed_seconds
 
 
 def in_unit(items: list[Work], unit: str) -> list[Work]:

@@ -6,6 +6,8 @@ Functions that need the stage's params take its ``Params`` as an argument.
 
 from __future__ import annotations
 
+import json
+import os
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -69,8 +71,9 @@ def lofast_frame(model, x: Tensor, y: Tensor, variant: str, eps_grid: Sequence[f
     return out
 
 
-#: statuses of a (point, eps) row whose bound did not run
-NOT_RUN = ("skipped", "lofast", "budget")
+#: statuses of a (point, eps) row whose bound did not run ("misclassified": the point's
+#: prediction is wrong, so no bound can certify its label)
+NOT_RUN = ("skipped", "lofast", "budget", "misclassified")
 
 
 #: statuses of a bound that ran and gave a result (a time limit is the paper's "-", not an error)
@@ -91,14 +94,53 @@ class Budget:
         self.left -= seconds
 
 
+class Journal:
+    """A unit's CROWN rows of one method, appended to a JSON-lines file as each point finishes,
+    so that a crash, a preemption or a failed check loses at most the point in progress; a
+    rerun with the same ``key`` reads the finished points back, a file with another key is
+    started afresh. Line 1 is ``{"key": key}``; every other line is one point's rows."""
+
+    def __init__(self, path: str | Path, key: Mapping[str, Any]) -> None:
+        self.path, self.key = Path(path), json.loads(json.dumps(key))
+        self.done: dict[int, list[dict[str, Any]]] = {}
+        lines = self.path.read_text().splitlines() if self.path.is_file() else []
+        if lines and _loads(lines[0]) == {"key": self.key}:
+            for line in lines[1:]:
+                rows = _loads(line)
+                if isinstance(rows, list) and rows:  # a torn last line is dropped
+                    self.done[int(rows[0]["index"])] = rows
+            text = "".join(f"{line}\n" for line in lines[:1 + len(self.done)])
+        else:
+            text = json.dumps({"key": self.key}) + "\n"
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self.path.write_text(text)
+
+    def append(self, rows: list[dict[str, Any]]) -> None:
+        with open(self.path, "a") as f:
+            f.write(json.dumps(rows) + "\n")
+            f.flush()
+            os.fsync(f.fileno())
+
+
+def _loads(line: str) -> Any:
+    try:
+        return json.loads(line)
+    except json.JSONDecodeError:
+        return None
+
+
 def crown_frame(model, x: Tensor, y: Tensor, eps_grid: Sequence[float], method: str,
                 time_limit_s: float, alpha_iterations: int, dtype: torch.dtype = torch.float64,
                 progress: bool = False, lofast: Tensor | None = None,
-                budget: Budget | None = None) -> tuple[pd.DataFrame, float]:
+                budget: Budget | None = None, correct: Tensor | None = None,
+                journal: Journal | None = None) -> tuple[pd.DataFrame, float]:
     """One row per (point, eps), smallest eps first, skipping the larger eps of a point that
     was not certified; returns (rows, seconds to build the bounded graph). ``lofast`` (n,
     len(eps)) bool, eps ascending: pairs LoFAST certified, not run (status "lofast");
-    ``budget``: once spent, no bound runs (status "budget").
+    ``budget``: once spent, no bound runs (status "budget"); ``correct`` (n,) bool: a point
+    the model misclassifies is not bounded (status "misclassified": no bound certifies a
+    label the model does not predict); ``journal``: each point's rows appended as it finishes,
+    and the points it holds already taken from it (their seconds charged to ``budget``).
 
     CROWN runs where the points are (``x.device``: the model is moved there, in place) in
     ``dtype``: float64 for a certificate; float32 halves time and memory, with rounding in
@@ -109,29 +151,44 @@ def crown_frame(model, x: Tensor, y: Tensor, eps_grid: Sequence[float], method: 
     if lofast is not None and tuple(lofast.shape) != (len(y), len(eps_sorted)):
         raise ValueError(f"lofast: expected shape {(len(y), len(eps_sorted))}, got "
                          f"{tuple(lofast.shape)}")
+    if correct is not None and tuple(correct.shape) != (len(y),):
+        raise ValueError(f"correct: expected shape {(len(y),)}, got {tuple(correct.shape)}")
     model = model.to(device=x.device, dtype=dtype)
-    cert = CrownCertifier.from_vit(model, x.shape[1:], dtype)
+    cert = None
     rows = []
     for i in range(len(y)):
-        alive = True
+        if journal is not None and i in journal.done:
+            point = journal.done[i]
+            if budget is not None:
+                budget.charge(sum(r["seconds"] for r in point))
+            rows += point
+            continue
+        point, alive = [], True
         for j, e in enumerate(eps_sorted):
-            status = ("skipped" if not alive else
+            status = ("misclassified" if correct is not None and not bool(correct[i]) else
+                      "skipped" if not alive else
                       "lofast" if lofast is not None and bool(lofast[i, j]) else
                       "budget" if budget is not None and budget.spent() else None)
             if status is not None:
-                rows.append({"index": i, "eps": float(e), "method": method, "certified": False,
-                             "margin_lower": float("nan"), "seconds": 0.0, "status": status})
+                point.append({"index": i, "eps": float(e), "method": method,
+                              "certified": False, "margin_lower": float("nan"),
+                              "seconds": 0.0, "status": status})
                 continue
+            if cert is None:  # built once, and only when a bound runs
+                cert = CrownCertifier.from_vit(model, x.shape[1:], dtype)
             (row_,) = certify_points(cert, x[i:i + 1].to(dtype), y[i:i + 1], [e], method,
                                      time_limit_s, alpha_iterations)
             row_["index"] = i
             if budget is not None:
                 budget.charge(row_["seconds"])
             alive = bool(row_["certified"])
-            rows.append(row_)
+            point.append(row_)
+        if journal is not None:
+            journal.append(point)
+        rows += point
         if progress:
             print(f"{method}: point {i + 1}/{len(y)}", flush=True)
-    return pd.DataFrame(rows), cert.build_seconds
+    return pd.DataFrame(rows), (cert.build_seconds if cert is not None else 0.0)
 
 
 def require_few_errors(crown: pd.DataFrame, max_share: float, where: str) -> None:

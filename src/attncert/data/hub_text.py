@@ -125,6 +125,13 @@ RETRY_DELAYS = (10.0, 60.0)
 _NO_ROUTE = ("couldn't reach", "name or service not known", "temporary failure in name "
              "resolution", "network is unreachable", "connection refused", "offline",
              "no address associated", "nodename nor servname", "failed to resolve")
+#: what a transient failure says somewhere in the chain; it wins over :data:`_NO_ROUTE`, since
+#: ``datasets`` wraps a read timeout as "Couldn't reach '<name>' on the Hub (ReadTimeout)" (or
+#: "(LocalEntryNotFoundError)" around an httpx/requests timeout)
+_TRANSIENT = ("timeout", "timed out", "connection reset", "connection aborted",
+              "remote end closed", "remoteprotocolerror", "chunkedencodingerror",
+              "incompleteread", "too many requests", "bad gateway", "service unavailable",
+              "gateway time", "internal server error", "server error")
 
 
 class DownloadFailed(RuntimeError):
@@ -134,16 +141,20 @@ class DownloadFailed(RuntimeError):
 
 def no_route(exc: BaseException) -> bool:
     """Whether ``exc`` means the download has no route here (the library is missing, the hub
-    is unreachable or offline mode is on), as opposed to a transient failure worth a retry."""
+    is unreachable or offline mode is on), as opposed to a transient failure worth a retry
+    (a timeout, a dropped connection or a server error anywhere in its chain of causes)."""
+    chain: list[BaseException] = []
     seen: BaseException | None = exc
-    while seen is not None:
-        if isinstance(seen, ImportError):
-            return True
-        text = f"{type(seen).__name__}: {seen}".lower()
-        if any(marker in text for marker in _NO_ROUTE):
-            return True
+    while seen is not None and seen not in chain:
+        chain.append(seen)
         seen = seen.__cause__ or seen.__context__
-    return False
+    if any(isinstance(e, ImportError) for e in chain):
+        return True
+    texts = [f"{type(e).__name__}: {e}".lower() for e in chain]
+    if any(isinstance(e, TimeoutError) or any(m in t for m in _TRANSIENT)
+           for e, t in zip(chain, texts, strict=True)):
+        return False
+    return any(marker in t for t in texts for marker in _NO_ROUTE)
 
 
 def _with_retries(download: Callable[[], str], what: str) -> str:

@@ -5,6 +5,12 @@
     python -m attncert.pipeline.doctor --gpus 0 1 2  # exit 2 unless every id is a visible GPU
     python -m attncert.pipeline.doctor --no-steps    # the report without the model steps
 
+The report also gives the free disk where the pipeline writes (against what the paper scale
+needs, :data:`PAPER_DISK_GB`) and, per GPU, the float64 against float32 matrix throughput:
+certificates, Douglas-Rachford and CROWN run in float64, which many cards run at 1/32 or 1/64
+of float32. ``--gpus`` (what ``scripts/repro-gpus`` calls) also refuses a paper-scale run on
+too little free disk.
+
 At the paper scale a stage that trains or certifies refuses to start on a CPU
 (:func:`require_device`): a paper-scale run there takes months. The runner
 (:mod:`attncert.pipeline.nbrun`) calls it before any notebook cell runs, so the refusal is one line.
@@ -25,6 +31,14 @@ DEVICE_SECTIONS = frozenset({"tightness", "vit_grid", "train_vit", "certify_vit"
 CALIBRATION = "reports/gpu_check.json"
 #: set to 1 to run the paper scale on a CPU anyway (the paper-shaped dry run of the tests does)
 ALLOW_CPU_ENV = "ATTNCERT_ALLOW_CPU_PAPER"
+#: free disk (GB) the paper scale needs where it writes: the frozen encoder's memory-mapped
+#: states of Yelp (about 59 GB) and QQP (about 40 GB) exist at once in the first wave of
+#: units, next to the checkpoints DVC copies into its cache (docs/gpus.md)
+PAPER_DISK_GB = 150.0
+#: set to 1 to start a paper-scale run on less free disk anyway
+ALLOW_LOW_DISK_ENV = "ATTNCERT_ALLOW_LOW_DISK"
+#: float64 below this share of float32 throughput is flagged (RTX-class, L40S, A10: 1/64)
+SLOW_FP64_SHARE = 1 / 8
 
 
 class DeviceError(ValueError):
@@ -112,6 +126,67 @@ def _driver() -> str:
     return " ".join(found) or "unknown"
 
 
+def free_disk_gb(path: str = ".") -> float:
+    """Free space (GB) of the filesystem holding ``path``."""
+    import shutil
+
+    return shutil.disk_usage(path).free / 1e9
+
+
+def check_disk(scale: str, path: str = ".", env: dict[str, str] | None = None,
+               free_gb: float | None = None) -> str:
+    """Raise :class:`DeviceError` when a paper-scale run would start with less free disk than
+    :data:`PAPER_DISK_GB` at ``path`` (``ATTNCERT_ALLOW_LOW_DISK=1`` passes); other scales
+    pass. Returns the line the doctor prints."""
+    env = os.environ if env is None else env
+    free = free_disk_gb(path) if free_gb is None else free_gb
+    line = f"{free:.0f} GB free at {os.path.abspath(path)}"
+    if scale != "paper":
+        return line
+    if free < PAPER_DISK_GB and env.get(ALLOW_LOW_DISK_ENV) != "1":
+        raise DeviceError(f"{line}; the paper scale needs about {PAPER_DISK_GB:.0f} GB there "
+                          f"(the frozen encoder's states of Yelp and QQP, the DVC cache): free "
+                          f"some, or set {ALLOW_LOW_DISK_ENV}=1 to start anyway")
+    return f"{line} (the paper scale needs about {PAPER_DISK_GB:.0f} GB)"
+
+
+def matmul_tflops(device: str, dtype: Any, n: int = 4096, reps: int = 5) -> float:
+    """Measured dense matmul throughput (TFLOP/s) of ``device`` in ``dtype`` (n x n)."""
+    import time
+
+    import torch
+
+    a = torch.randn(n, n, device=device, dtype=dtype)
+    b = torch.randn(n, n, device=device, dtype=dtype)
+    cuda = torch.device(device).type == "cuda"
+    a @ b  # warm-up
+    if cuda:
+        torch.cuda.synchronize(device)
+    t0 = time.perf_counter()
+    for _ in range(reps):
+        a @ b
+    if cuda:
+        torch.cuda.synchronize(device)
+    return 2 * n**3 * reps / (time.perf_counter() - t0) / 1e12
+
+
+def fp64_row(device: str, n: int = 4096) -> str:
+    """float64 and float32 matmul throughput of ``device``, flagged when float64 is slow."""
+    import torch
+
+    prev = torch.backends.cuda.matmul.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = False  # float32 as float32, not TF32
+    try:
+        f64 = matmul_tflops(device, torch.float64, n)
+        f32 = matmul_tflops(device, torch.float32, n)
+    finally:
+        torch.backends.cuda.matmul.allow_tf32 = prev
+    note = (f"; float64 is {f32 / f64:.0f}x slower: certificates, Douglas-Rachford and CROWN "
+            "(float64) will take far longer than the cost table's H100 figures"
+            if f64 < SLOW_FP64_SHARE * f32 else "")
+    return f"float64 {f64:.1f} TFLOP/s, float32 {f32:.1f} TFLOP/s{note}"
+
+
 def report() -> list[tuple[str, str]]:
     """(what, value) rows: torch, CUDA, driver, each GPU's name, memory and bf16 support."""
     import torch
@@ -128,6 +203,7 @@ def report() -> list[tuple[str, str]]:
         rows.append((f"cuda:{i}", f"{props.name}, {free / 2**30:.1f} of {total / 2**30:.1f} GiB "
                                   f"free, compute {props.major}.{props.minor}, bf16 "
                                   f"{'yes' if torch.cuda.is_bf16_supported() else 'no'}"))
+        rows.append((f"cuda:{i} matmul", fp64_row(f"cuda:{i}")))
     return rows
 
 
@@ -155,11 +231,17 @@ def main(argv: list[str] | None = None) -> int:
         from attncert.stages.registry import load_params
 
         params = load_params(args.params)
+        scale = params["base"].scale
         if args.gpus is not None:
-            print(f"doctor: {check_gpu_ids(args.gpus, params['base'].scale)}")
+            print(f"doctor: {check_gpu_ids(args.gpus, scale)}")
+            print(f"doctor: disk: {check_disk(scale)}")
             return 0
         for what, value in report():
             print(f"{what:>20}  {value}")
+        try:
+            print(f"{'disk':>20}  {check_disk(scale)}")
+        except DeviceError as exc:
+            print(f"{'disk':>20}  {exc}")
         if args.no_steps:
             return 0
         device = args.device or params["base"].device

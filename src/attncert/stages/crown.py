@@ -7,12 +7,15 @@ every dataset). Both methods certify the TRUE label (a misclassified point is ne
 CROWN (:mod:`attncert.crown`) runs once per (point, eps), smallest eps first; a point it does
 not certify at an eps is not run at the larger ones (recorded "skipped", 0 s: it cannot be
 counted as certified there). With ``skip_lofast_certified`` CROWN does not run where LoFAST
-certified ("lofast"); past a unit's ``time_budget`` of CROWN seconds no bound runs
-("budget"); more than ``max_error_share`` errors among the bounds that ran fail the stage
-(:func:`attncert.crown.study.require_few_errors`). Seconds per sample: LoFAST's certificate
-with its radius (valid for every eps at once), CROWN's mean time of one (point, eps) bound over
-the pairs it ran. Every certified point is then attacked with L2 PGD: a broken certificate
-fails the stage.
+certified ("lofast"); a point the model misclassifies is not bounded ("misclassified"); past
+``time_budget`` CROWN seconds of one method in a unit, that method runs no more bounds
+("budget"; each method has its own); each point's rows are appended to
+``results_dir/ckpt/<dataset>/L<depth>/crown-<method>.jsonl`` as it finishes, and a rerun with the
+same params takes the finished points from there; more than ``max_error_share`` errors among
+the bounds that ran fail the stage (:func:`attncert.crown.study.require_few_errors`). Seconds
+per sample: LoFAST's certificate with its radius (valid for every eps at once), CROWN's mean
+time of one (point, eps) bound over the pairs it ran. Every certified point is then attacked
+with L2 PGD: a broken certificate fails the stage.
 
 Each (dataset, depth) is an independent unit (:func:`units`, one DVC stage each: several GPUs
 share the stage); :func:`run` gathers their records. The study's code (training, one row per
@@ -34,6 +37,7 @@ from attncert import certify, diagnostics, soundness
 from attncert.crown import METHODS
 from attncert.crown.study import (
     Budget,
+    Journal,
     crown_certified,
     crown_frame,
     grid_radius,
@@ -105,8 +109,9 @@ class Params:
     skip_lofast_certified: bool = param(
         doc="CROWN runs only where LoFAST did not certify (all LoFAST Table 2's combination "
             "needs); Table 1's CROWN-alone accuracy is then not measured")
-    time_budget: float = param(nonneg, doc="seconds of CROWN bounds per unit (dataset x depth; "
-                                           "0 = none); past it the rest are not run ('budget')")
+    time_budget: float = param(nonneg, doc="seconds of CROWN bounds per method and unit "
+                                           "(dataset x depth; 0 = none); past it that method's "
+                                           "remaining bounds are not run ('budget')")
     max_error_share: float = param(probability, doc="the stage fails when more of the bounds "
                                                     "that ran ended in an error (time limits "
                                                     "are results, not errors)")
@@ -175,12 +180,16 @@ def _run_unit(p: Params, ctx: Context, unit: str) -> dict[str, Any]:
     radii = {"lofast": grid_radius(certified)}
     lofast_done = (torch.stack([certified[e] for e in sorted(p.cert_eps)], 1)
                    if p.skip_lofast_certified else None)
-    budget = Budget(p.time_budget)
+    correct = torch.tensor(lo["correct"].to_numpy(), dtype=torch.bool)
+    ckpt = Path(p.results_dir) / "ckpt" / dataset / f"L{depth}"
     crown_rows, t1, t2 = [], [], []
-    for method in p.methods:
+    for method in p.methods:  # each method its own budget; rows journaled as they finish
+        journal = Journal(ckpt / f"crown-{method}.jsonl",
+                          {"unit": unit, "method": method, **unit_key("crown", p, base)})
         rows, _ = crown_frame(model, x, y, p.cert_eps, method, p.time_limit,
                               p.alpha_iterations, getattr(torch, p.bound_dtype),
-                              progress=True, lofast=lofast_done, budget=budget)
+                              progress=True, lofast=lofast_done, budget=Budget(p.time_budget),
+                              correct=correct, journal=journal)
         crown_rows.append(rows)
         a, b = tables(lo, rows, p.cert_eps, depth, METHODS[method])
         t1 += a if method == p.methods[0] else a[1:]

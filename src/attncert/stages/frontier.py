@@ -71,13 +71,13 @@ from attncert.studies.frontier import (  # noqa: F401 (the stage's names)
     parse_setting,
     select,
     settings_ok,
-    sharpening_frame,
     sharpening_metrics,
     sharpening_table,
     split,
     train_config,
     unit_attention,
     unit_table,
+    write_sharpening,
 )
 from attncert.training.train import evaluate, train_resumable
 
@@ -117,14 +117,12 @@ class Params:
                                                  "lose with uniform attention, on every "
                                                  "dataset, to count as a transformer in the "
                                                  "selection")
-    sharpen_tokens: list[int] = param(positive, unique, nonempty,
-                                      doc="token counts of the sharpening measurement")
-    sharpen_caps: list[float] = param(positive, unique, nonempty,
-                                      doc="logit caps R^2 ||B_l|| / sqrt(d_h) it sets")
-    sharpen_eps: float = param(positive, doc="its perturbation size (Frobenius, token space)")
-    sharpen_samples: int = param(positive, doc="its random inputs per token count")
-    results_dir: str = param(doc="units/<unit>.json, ckpt/<unit>/, frontier.csv, frontier.png, "
-                                 "sharpening.csv")
+    # the bound against PGD as attention sharpens (studies.frontier.sharpening_frame)
+    sharpen_tokens: list[int] = param(positive, unique, nonempty)
+    sharpen_caps: list[float] = param(positive, unique, nonempty)
+    sharpen_eps: float = param(positive)
+    sharpen_samples: int = param(positive)
+    results_dir: str = param(doc="units/, ckpt/, frontier.csv, *.png, sharpening.csv")
     metrics: str = param()
 
     def __post_init__(self) -> None:
@@ -314,9 +312,7 @@ def _gather(p: Params, ctx: Context) -> Result:
         with atomic_path(out / fname) as tmp:
             fig.savefig(tmp, format="png", dpi=120, bbox_inches="tight")
         plt.close(fig)  # shown once, by the notebook
-    sharp = sharpening_frame(p, tv, ctx.require_base().seed)
-    with atomic_path(out / "sharpening.csv") as tmp:
-        sharp.to_csv(tmp, index=False)
+    sharp = write_sharpening(p, tv, ctx.require_base().seed, out / "sharpening.csv")
     grid = grid_setting(tv)
     metrics = {
         "settings": p.settings, "datasets": p.datasets, "eps": p.cert_eps,

@@ -13,6 +13,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import pandas as pd
@@ -310,6 +311,17 @@ def sharpening_frame(p: FrontierParams, tv: train_vit.Params, seed: int) -> pd.D
                                            p.attack_steps, p.attack_restarts, seed)
                       .assign(tokens=n))
     return pd.concat(frames, ignore_index=True)
+
+
+def write_sharpening(p: FrontierParams, tv: train_vit.Params, seed: int, path: Path
+                     ) -> pd.DataFrame:
+    """:func:`sharpening_frame`, written to ``path`` (CSV, atomically) and returned."""
+    from attncert.pipeline.io import atomic_path
+
+    sharp = sharpening_frame(p, tv, seed)
+    with atomic_path(path) as tmp:
+        sharp.to_csv(tmp, index=False)
+    return sharp
 
 
 def sharpening_table(sharp: pd.DataFrame) -> pd.DataFrame:
