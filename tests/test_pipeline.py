@@ -11,6 +11,7 @@ import pytest
 
 from attncert.pipeline import runs
 from attncert.pipeline.nbrun import declared_parameters, parse_items, read_notebook
+from attncert.pipeline.params import BASE_RUNTIME
 from attncert.pipeline.shapes import VIT_SECTION, uses_presets
 from attncert.report import rows as report
 from attncert.stages.registry import load_params
@@ -74,7 +75,9 @@ def test_stage_sections_params_and_notebook_agree(stage, spec, item):
     expected = []
     for s in sections:
         lists = [k for k, v in PARAMS.fields(s).items() if isinstance(v, list)]
-        if "." not in s and set(lists) & set(parse_items(items)):
+        if s == "base":  # its runtime keys (threads) are no stage's param
+            expected += [f"base.{k}" for k in PARAMS.fields(s) if k not in BASE_RUNTIME]
+        elif "." not in s and set(lists) & set(parse_items(items)):
             expected += [f"{s}.{k}" for k in PARAMS.fields(s) if k not in lists]
         else:
             expected.append(s)

@@ -137,6 +137,11 @@ class BaseParams:
                                     "cuDNN autotuning: a run repeats on one machine")
 
 
+#: ``base`` keys that set how a stage runs, not what it computes: no stage's DVC param
+#: (dvc.yaml lists the other ``base`` keys), so changing them reruns nothing
+BASE_RUNTIME = ("threads",)
+
+
 #: ViT settings shared by several sections (names of ``attncert.models``).
 VIT_BLOCKS = ("stream", "prenorm")
 VIT_POOLS = ("cls", "mean")

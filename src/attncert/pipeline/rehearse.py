@@ -32,6 +32,7 @@ import torch
 from attncert.certify import certify_table
 from attncert.cost.counting import DATASETS, ENCODERS, HF_VITS, VOCAB, random_images, stand_in
 from attncert.models import build_vit
+from attncert.pipeline import rng
 from attncert.pipeline.io import write_json
 from attncert.pipeline.params import PARAMS_FILE, ParamsError, StudyParams, read_yaml
 from attncert.pipeline.runs import GridPoint
@@ -102,7 +103,7 @@ def _image_kind(model, cfg, data: Mapping[str, Any], s: Setup,
     shape = list(data["train"]["x"].shape[1:])
 
     def make(b: int) -> Callable[[], None]:
-        g = torch.Generator().manual_seed(s.seed)
+        g = rng.generator(s.seed, "cpu")
         train = {"x": torch.randint(0, 256, (b, *shape), dtype=torch.uint8, generator=g),
                  "y": torch.randint(0, len(data["classes"]), (b,), generator=g)}
         cfg_b = dataclasses.replace(cfg, batch_size=b)
@@ -177,7 +178,7 @@ def text_bert_base(s: Setup) -> Prepared:
     cfg = TextTrainConfig(**(settings(t, s.params["base"], s.dev)[0] | job.train))
 
     def make(b: int) -> Callable[[], None]:
-        g = torch.Generator().manual_seed(s.seed)
+        g = rng.generator(s.seed, "cpu")
         ids = torch.randint(1, VOCAB, (b, t.max_len), generator=g)
         sentences = {"ids": ids, "mask": torch.ones_like(ids, dtype=torch.bool),
                      "y": torch.randint(0, 2, (b,), generator=g)}
