@@ -156,3 +156,25 @@ def test_summary_metrics_keep_the_series_of_figures_3_and_4(layer):
     fig3, fig4 = ablation_frames(m)
     assert len(fig3) == 5 * 2 and len(fig4) == 3 * 2 and fig4.input_norm.notna().all()
     assert isinstance(plot_ablations(fig3, fig4, m["fig3_eps"]), Figure)
+
+
+def test_attention_sharpening_bounds_stay_above_pgd_as_the_pattern_sharpens():
+    """Raising the logit cap sharpens the rows (entropy falls, the largest logit grows); at
+    every cap LoFAST(M), LoFAST(xi) and the global bound on the ball of radius R + eps lie above
+    the PGD sensitivity, and the global bound above LoFAST(M); bad caps are refused."""
+    from attncert.tightness.layer import random_attention_layer
+    from attncert.tightness.studies import attention_sharpening
+
+    w, x = random_attention_layer(6, 16, 2, 0, (1.0, 0.5), 3, token_norm=4.0)
+    caps = (0.5, 8.0, 64.0)
+    df = attention_sharpening(w, x, caps, eps=0.3, attack_steps=20, attack_restarts=2)
+    pgd = df[df.method == "PGD"].set_index("cap")
+    assert pgd["entropy"].is_monotonic_decreasing and pgd["entropy"].iloc[-1] < 0.9
+    assert pgd["logit_max"].is_monotonic_increasing
+    for method in ("LoFAST(M)", "LoFAST(xi)", "global"):
+        sub = df[df.method == method].set_index("cap")
+        assert (sub["value"] >= pgd["value"] * (1 - 1e-9)).all(), method
+    m = df[df.method == "LoFAST(M)"].set_index("cap")["value"]
+    assert (df[df.method == "global"].set_index("cap")["value"] >= m).all()
+    with pytest.raises(ValueError, match="caps"):
+        attention_sharpening(w, x, (0.0, 1.0))

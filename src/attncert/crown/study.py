@@ -20,6 +20,7 @@ from attncert import certify
 from attncert.crown.bridge import CrownCertifier, certify_points
 from attncert.models import ViTConfig, build_vit
 from attncert.pipeline import runs
+from attncert.pipeline.io import atomic_path
 from attncert.training.precision import resolve_precision
 from attncert.training.train import evaluate, resolve_device, train_resumable
 
@@ -113,7 +114,8 @@ class Journal:
         else:
             text = json.dumps({"key": self.key}) + "\n"
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        self.path.write_text(text)
+        with atomic_path(self.path) as tmp:  # a crash here leaves the old file whole
+            tmp.write_text(text)
 
     def append(self, rows: list[dict[str, Any]]) -> None:
         with open(self.path, "a") as f:

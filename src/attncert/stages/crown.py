@@ -172,16 +172,14 @@ def _run_unit(p: Params, ctx: Context, unit: str) -> dict[str, Any]:
     n = min(p.n_test, len(data["test"]["y"]))
     x = as_float(data["test"]["x"][:n]).to(dev, torch.float64)
     y = data["test"]["y"][:n].to(dev)
-    model, acc, secs = train_model(data, p, depth, base.seed,
-                                   Path(p.results_dir) / "ckpt" / dataset / f"L{depth}", dev,
-                                   ctx.precision)
+    ckpt = Path(p.results_dir) / "ckpt" / dataset / f"L{depth}"  # the model and CROWN's rows
+    model, acc, secs = train_model(data, p, depth, base.seed, ckpt, dev, ctx.precision)
     lo = lofast_frame(model.double(), x, y, p.lofast_variant, p.cert_eps)
     certified = {e: torch.tensor(lo[f"certified_{e}"].to_numpy()) for e in p.cert_eps}
     radii = {"lofast": grid_radius(certified)}
     lofast_done = (torch.stack([certified[e] for e in sorted(p.cert_eps)], 1)
                    if p.skip_lofast_certified else None)
     correct = torch.tensor(lo["correct"].to_numpy(), dtype=torch.bool)
-    ckpt = Path(p.results_dir) / "ckpt" / dataset / f"L{depth}"
     crown_rows, t1, t2 = [], [], []
     for method in p.methods:  # each method its own budget; rows journaled as they finish
         journal = Journal(ckpt / f"crown-{method}.jsonl",

@@ -24,6 +24,7 @@ from attncert.bounds import (
 from attncert.bounds.dotproduct import dot_product_attention_lipschitz
 from attncert.bounds.lofast import b_norm
 from attncert.bounds.weights import attention_probs
+from attncert.diagnostics import row_entropy
 from attncert.pipeline import rng
 
 # LoFAST Table 3 (single residual MHA layer of a trained 8-head ViT, bound on ||F(X')-F(X)||_F,
@@ -324,8 +325,7 @@ def attention_sharpening(
         scale = cap * w.d_h ** 0.5 / (radius**2 * base)  # (h,): B_l -> scale_l B_l
         ws = AttentionWeights(w.wq * scale[:, None, None].to(w.wq), w.wk, w.wv, w.wo)
         p = attention_probs(x, ws.like(x))
-        ent = -(p * torch.log(p.clamp_min(1e-30))).sum(-1) / np.log(x.shape[1])
-        entropy.append(float(ent.mean()))
+        entropy.append(float(row_entropy(p).mean()))
         logits = torch.einsum("bnd,hde->bhne", x, ws.wq.to(x)) @ torch.einsum(
             "bnd,hde->bhne", x, ws.wk.to(x)).transpose(-1, -2) / w.d_h ** 0.5
         logit_max.append(float(logits.abs().max()))
