@@ -68,23 +68,38 @@ def bench_models(params) -> dict[str, tuple[nn.Module, Callable[[int], tuple], s
     }
 
 
+#: how a bench step runs: eager, ``torch.compile`` (kernel fusion), compiled with CUDA graphs
+COMPILE_MODES = {"eager": None, "compile": "default", "graphs": "reduce-overhead"}
+
+
 def bench_training(params, batch: int, steps: int = 5, device: str = "auto",
-                   precision: str = "auto") -> list[dict[str, Any]]:
-    """Seconds per training step (median of ``steps`` after one warm-up) per model kind."""
+                   precision: str = "auto", mode: str = "eager",
+                   only: tuple[str, ...] = ()) -> list[dict[str, Any]]:
+    """Seconds per training step (median of ``steps`` after the warm-up: one step eager, three
+    compiled, whose first is reported as ``first_step_s``) per model kind (``only``: these).
+    ``mode``: a key of :data:`COMPILE_MODES` (the forward and backward compiled, AdamW eager)."""
     from attncert.msvp import MSVP
     from attncert.training.precision import autocast, resolve_precision, training_matmuls
     from attncert.training.train import resolve_device
 
+    if mode not in COMPILE_MODES:
+        raise ValueError(f"mode {mode!r}; one of {', '.join(COMPILE_MODES)}")
     dev = resolve_device(device)
     prec = resolve_precision(precision, dev)
+    warm = 1 if mode == "eager" else 3
     rows = []
     for name, (model, make_batch, shape) in bench_models(params).items():
+        if only and name not in only:
+            continue
         model.to(dev).train()
         args = [a.to(dev) for a in make_batch(batch)]
         msvp = (MSVP(model, *params["specformer"].msvp_lambda) if "MSVP" in name else None)
         opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-4)
+        run = model if mode == "eager" else torch.compile(model, mode=COMPILE_MODES[mode])
 
-        def step(model=model, args=args, msvp=msvp, opt=opt):
+        def step(model=run, args=args, msvp=msvp, opt=opt):
+            if dev.type == "cuda" and mode == "graphs":
+                torch.compiler.cudagraph_mark_step_begin()
             with autocast(prec, dev):
                 loss = nn.functional.cross_entropy(model(*args[:-1]), args[-1])
                 if msvp is not None:
@@ -94,19 +109,62 @@ def bench_training(params, batch: int, steps: int = 5, device: str = "auto",
             opt.step()
 
         times = []
-        with training_matmuls(prec, dev):
-            for i in range(steps + 1):
-                _sync(dev)
-                t0 = time.perf_counter()
-                step()
-                _sync(dev)
-                if i:
+        try:
+            with training_matmuls(prec, dev):
+                for _ in range(steps + warm):
+                    _sync(dev)
+                    t0 = time.perf_counter()
+                    step()
+                    _sync(dev)
                     times.append(time.perf_counter() - t0)
-        times.sort()
+            status = "ok"
+        except Exception as exc:  # noqa: BLE001 (a kind that does not compile is a result)
+            status = f"{type(exc).__name__}: {(str(exc).strip().splitlines() or [''])[0]}"[:200]
+        timed = sorted(times[warm:])
         rows.append({"model": name, "shape": shape, "batch": batch, "device": str(dev),
-                     "precision": prec, "ms_per_step": 1e3 * times[len(times) // 2],
+                     "precision": prec, "mode": mode, "status": status,
+                     "ms_per_step": 1e3 * timed[len(timed) // 2] if timed else float("nan"),
+                     "first_step_s": times[0] if times else float("nan"),
                      "parameters": sum(p.numel() for p in model.parameters())})
+        opt.zero_grad(set_to_none=True)  # CUDA graphs own the gradients' memory
         model.cpu()
+        torch._dynamo.reset()
+    return rows
+
+
+def _concurrent_child(params, batch, steps, device, mode, barrier, queue) -> None:
+    """One of K processes: wait for the others, then warm up and time ``steps`` steps."""
+    torch.manual_seed(0)
+    barrier.wait()
+    t0 = time.perf_counter()
+    row = bench_training(params, batch, steps, device, mode=mode,
+                         only=("lipschitz ViT (train_vit)",))[0]
+    queue.put((time.perf_counter() - t0, row["ms_per_step"]))
+
+
+def bench_concurrency(params, batch: int, ks: tuple[int, ...] = (1, 2, 4), steps: int = 20,
+                      device: str = "auto", mode: str = "eager") -> list[dict[str, Any]]:
+    """K independent processes each training the grid's Lipschitz ViT on one device at once:
+    per K, the median step time in a process and the throughput (steps per second of all K
+    together) over K = 1's: what running K units per GPU gains."""
+    import multiprocessing as mp
+
+    ctx, rows = mp.get_context("spawn"), []
+    for k in ks:
+        barrier, queue = ctx.Barrier(k), ctx.Queue()
+        procs = [ctx.Process(target=_concurrent_child,
+                             args=(params, batch, steps, device, mode, barrier, queue))
+                 for _ in range(k)]
+        for p in procs:
+            p.start()
+        got = [queue.get(timeout=900) for _ in procs]
+        for p in procs:
+            p.join()
+        step_ms = sorted(ms for _, ms in got)[k // 2]
+        rows.append({"k": k, "mode": mode, "batch": batch, "ms_per_step": step_ms,
+                     "steps_per_s": 1e3 * k / step_ms})
+    for r in rows:
+        r["speedup"] = r["steps_per_s"] / rows[0]["steps_per_s"]
     return rows
 
 

@@ -12,7 +12,13 @@ from pathlib import Path
 
 import torch
 
-from attncert.cost.bench import bench_crown, bench_margins, bench_training
+from attncert.cost.bench import (
+    COMPILE_MODES,
+    bench_concurrency,
+    bench_crown,
+    bench_margins,
+    bench_training,
+)
 from attncert.cost.calibrate import CALIBRATION_FILE, COMMITTED_CALIBRATION, calibrated
 from attncert.cost.counting import (
     GPUS,
@@ -63,6 +69,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--batch", type=int, default=32, help="bench: batch size")
     ap.add_argument("--steps", type=int, default=5, help="bench: timed steps per model")
     ap.add_argument("--device", default="auto", help="bench, crown: auto | cpu | cuda ...")
+    ap.add_argument("--modes", nargs="+", default=["eager"], choices=list(COMPILE_MODES),
+                    help="bench: eager, compile (torch.compile), graphs (and CUDA graphs)")
+    ap.add_argument("--concurrent", type=int, nargs="+", default=None, metavar="K",
+                    help="bench: also K processes training the grid's ViT on the device at once")
     ap.add_argument("--points", type=int, default=2, help="crown: points bounded per method")
     ap.add_argument("--methods", nargs="+", default=None,
                     help="crown: these of crown.methods (default: all)")
@@ -83,13 +93,23 @@ def main(argv: list[str] | None = None) -> int:
     params = load_params(args.params)
     gpu = calibrated(GPUS[args.gpu], args.calibration)
     if args.command == "bench":
-        rows = bench_training(params, args.batch, args.steps, args.device)
-        print(f"training step (forward, backward, AdamW), batch {args.batch}, "
-              f"device {rows[0]['device']}, precision {rows[0]['precision']}, "
-              f"threads {torch.get_num_threads()}")
-        print(f"{'model':>34} {'ms/step':>9} {'params':>11}  shape")
-        for r in rows:
-            print(f"{r['model']:>34} {r['ms_per_step']:9.1f} {r['parameters']:11,}  {r['shape']}")
+        for mode in args.modes:
+            rows = bench_training(params, args.batch, args.steps, args.device, mode=mode)
+            print(f"training step (forward, backward, AdamW), batch {args.batch}, "
+                  f"device {rows[0]['device']}, precision {rows[0]['precision']}, "
+                  f"threads {torch.get_num_threads()}, {mode}")
+            print(f"{'model':>34} {'ms/step':>9} {'first s':>8} {'params':>11}  shape")
+            for r in rows:
+                print(f"{r['model']:>34} {r['ms_per_step']:9.1f} {r['first_step_s']:8.1f} "
+                      f"{r['parameters']:11,}  {r['shape']}"
+                      + (f"  {r['status']}" if r["status"] != "ok" else ""), flush=True)
+        for mode in args.modes if args.concurrent else ():
+            print(f"\nK processes training the grid's Lipschitz ViT at once, {mode}")
+            print(f"{'K':>3} {'ms/step':>9} {'steps/s':>8} {'x K=1':>6}")
+            for r in bench_concurrency(params, args.batch, tuple(args.concurrent), args.steps,
+                                       args.device, mode):
+                print(f"{r['k']:>3} {r['ms_per_step']:9.1f} {r['steps_per_s']:8.1f} "
+                      f"{r['speedup']:6.2f}", flush=True)
         print(f"\nthe grid's Lipschitz ViT by training margin (train_vit), batch {args.batch}")
         print(f"{'margin':>10} {'ms/step':>9} {'x LMT':>7}")
         for r in bench_margins(params, args.batch, args.steps, args.device):

@@ -1,22 +1,21 @@
 """A true-size rehearsal: each paper-scale model, built at random, for a few steps on this host.
 
     python -m attncert.pipeline.rehearse --out reports/rehearsal.json      # make rehearse
-    python -m attncert.pipeline.rehearse --kinds crown_L3,crown_L4 --max-gb 16
 
 Every kind (:data:`KINDS`) builds a big model at params.yaml's paper shapes (random weights)
 with the stages' own builders, configs and losses, and runs its pass (a training step, a CROWN
 bound) ``--steps`` times at the paper batch, alone in a spawned process whose resident memory
 a watchdog samples (``RLIMIT_AS`` would count address space PyTorch reserves, never touches).
 Past ``--max-gb`` a try is killed and the batch halved; a kind that fits at no batch is "does
-not fit N GB", one that raises "error: ...", and the run goes on.
-"""
+not fit N GB", one that raises "error: ...", and the run goes on. On CUDA the record also holds
+each kind's GPU peak allocation."""
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
 import datetime
-import functools
+import functools as ft
 import multiprocessing as mp
 import os
 import statistics
@@ -45,7 +44,7 @@ LATE_STEP = 10**9
 GB = 2**30
 #: a kind's record, in the order of the table
 COLUMNS = ("kind", "parameters", "input_shape", "batch_requested", "batch_used", "steps",
-           "seconds_per_step", "host_peak_gb", "status", "note")
+           "seconds_per_step", "gpu_peak_gb", "host_peak_gb", "status", "note")
 
 
 @dataclass(frozen=True)
@@ -196,8 +195,7 @@ def grid_vit(s: Setup) -> Prepared:
     ``train_vit.train``'s margin; once: the float64 lofast_M certificate of four points."""
     from attncert.stages.train_vit import model_config
     g, tv, cv = s.params["vit_grid"], s.params["train_vit"], s.params["certify_vit"]
-    ds = next((d for d in g.dataset if DATASETS[d][:2] == (3, 32)), "cifar10")
-    data = stand_in(ds)
+    data = stand_in(ds := next((d for d in g.dataset if DATASETS[d][:2] == (3, 32)), "cifar10"))
     point = GridPoint(g.results_dir, ds, max(g.depth), max(g.heads), g.gamma_vo[0])
     torch.manual_seed(s.seed)
     model = build_vit(model_config(tv, point, data))
@@ -243,11 +241,11 @@ def crown_kind(depth: int, s: Setup) -> Prepared:
 #: every kind of the rehearsal, in run order
 KINDS: dict[str, Builder] = {
     "certvit_vit_b16": certvit_vit_b16,
-    "specformer_vit_s16": functools.partial(specformer_kind, "WinKawaks/vit-small-patch16-224"),
-    "specformer_deit_ti": functools.partial(specformer_kind, "facebook/deit-tiny-patch16-224"),
+    "specformer_vit_s16": ft.partial(specformer_kind, "WinKawaks/vit-small-patch16-224"),
+    "specformer_deit_ti": ft.partial(specformer_kind, "facebook/deit-tiny-patch16-224"),
     "text_bert_base": text_bert_base,
     "grid_vit": grid_vit,
-    **{f"crown_L{d}": functools.partial(crown_kind, d) for d in (3, 4, 5)},
+    **{f"crown_L{d}": ft.partial(crown_kind, d) for d in (3, 4, 5)},
 }
 
 
@@ -276,6 +274,8 @@ def _child(conn, builder: Builder, setup: Setup, batch: int | None, steps: int) 
             times.append(time.perf_counter() - t0)
         out.update(status="ok", seconds_per_step=round(statistics.median(times), 3),
                    note=prep.once(b) if prep.once else "")
+        if setup.dev.type == "cuda":  # the steps' and the once-pass's peak allocation
+            out["gpu_peak_gb"] = round(torch.cuda.max_memory_allocated(setup.dev) / GB, 2)
     except BaseException as exc:  # noqa: BLE001 (every failure is the kind's result)
         first = (str(exc).strip().splitlines() or [""])[0]
         oom = isinstance(exc, MemoryError) or type(exc).__name__ == "OutOfMemoryError" or (
