@@ -107,6 +107,17 @@ for name in res.runs:
     show(figs.plot_l2_curves(res.robustness, name))
 
 # %% [markdown]
+# ## Does each model's attention do anything
+# Every trained model on the images it was attacked on: clean accuracy with its own attention
+# weights, with every attention matrix replaced by uniform weights (mean pooling) and by the
+# identity (no token mixing), the points lost each way, and the rows' mean entropy over log n
+# (1: uniform). A gap near 0 with entropy near 1 is a model whose attention pattern does
+# nothing (docs/attention.md).
+
+# %%
+res.attention.set_index(["dataset", "training", "method"]).round(4)
+
+# %% [markdown]
 # ## Largest singular value per layer (SpecFormer Figure 2a)
 # max over heads of sigma_max of each head's W^Q, W^K, W^V block (exact, float64), for every
 # standard-trained method; the figure shows vanilla vs SpecFormer as in the paper. L2Former's

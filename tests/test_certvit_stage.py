@@ -434,6 +434,15 @@ def test_the_imagenet_route_certifies_a_tiny_hf_vit_in_every_mode(tmp_path):
         assert out[m]["broken"] == 0 and set(out[m]["certified_acc"]) == {"0.1"}
         assert out[m]["lipschitz_constrained"] > 0
         assert 0 <= out[m]["pretrained_clean_acc"] <= 1
+        for key in ("pretrained_attention", "attention"):  # diagnosed on the certified images
+            a = out[m][key]
+            assert 0 < a["entropy_mean"] <= 1 + 1e-9 and abs(a["uniform_gap"]) <= 100
+    from attncert.certvit.tables import imagenet_frame, imagenet_rows
+
+    net = {"images": "sample", "models": {imagenet.TINY: {"paper_model": None, "modes": out}}}
+    assert imagenet_frame(net)["constrained uniform gap"].notna().all()
+    gaps = [r for r in imagenet_rows(net) if r["key"].endswith("attention/uniform_gap")]
+    assert len(gaps) == 2 * len(stage.MODES)
     again, _ = imagenet.table3(sample, str(tmp_path / "hf"), tmp_path / "unused", *args, 1,
                                [0.1], 2, 1, 8, 0, "cpu")
     assert again["paper"]["images"] == 3 and again["paper"]["calibration_images"] == 1

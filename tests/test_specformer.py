@@ -463,6 +463,14 @@ def test_units_then_gather(mirror, tmp_path):
     res = stage.run(p, make_context(base, device=False))
     assert len(res.trained) == 4 and res.runs == ["cifar10"]
     assert set(res.ratios.index) == {"vanilla", "specformer"} and "LayerNorm" in res.refusal
+    # every attacked model's attention diagnosed on its attacked images
+    runs = {tuple(r[k] for k in ("dataset", "training", "method")) for r in
+            records["cifar10"]["robustness"]}
+    att = res.attention.set_index(["dataset", "training", "method"])
+    assert set(att.index) == runs and (att["n"] == p.n_test).all()
+    assert ((att["entropy_mean"] > 0) & (att["entropy_mean"] <= 1 + 1e-9)).all()
+    assert (att["uniform_gap"] - 100 * (att["acc"] - att["acc_uniform"])).abs().max() < 1e-9
+    assert set(res.metrics["attention"]) == {"/".join(r) for r in runs}
     table5 = {k.split("/")[0] for k in res.metrics["msvp_ablation"]}
     assert table5 == {"0.001,0,0", "5e-05,3e-05,3e-05"}
     main = {k: v for k, v in res.metrics["robustness"].items() if "/specformer/" in k}

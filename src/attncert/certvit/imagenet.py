@@ -20,7 +20,7 @@ from typing import Any
 
 import torch
 
-from attncert import soundness
+from attncert import diagnostics, soundness
 from attncert.certvit import methods as cv
 from attncert.certvit.adapt import adapt, calibrate_radii
 from attncert.certvit.certificate import certify, global_bound
@@ -59,6 +59,15 @@ def _accuracy(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, batch_si
     return right / max(len(y), 1)
 
 
+def _attention(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, batch_size: int
+               ) -> dict[str, float]:
+    """Does the model's attention do anything on the certified images: the points of clean
+    accuracy lost with uniform and with identity attention, the rows' entropy / log n."""
+    with torch.no_grad():
+        a = diagnostics.attention_diagnostics(model, x, y, batch_size)
+    return {k: a[k] for k in ("uniform_gap", "identity_gap", "entropy_mean")}
+
+
 def table3(data: Mapping[str, Any], source: str, folder: str | Path, modes: Sequence[str],
            norm: str, radius_quantile: float, dr: DRConfig, budgets: Budgets,
            calibration: int, cert_eps: Sequence[float], attack_steps: int,
@@ -67,8 +76,10 @@ def table3(data: Mapping[str, Any], source: str, folder: str | Path, modes: Sequ
            ) -> tuple[dict[str, dict[str, Any]], str]:
     """Per mode: the images certified and used for calibration, the loaded model's clean
     accuracy, the adapted and final ones, the pairwise bound adapted and constrained,
-    certified and PGD accuracy by eps (str keys; PGD on the first ``n_attack``) and broken
-    certificates; and a line naming the loaded model. ``data``: a processed image set (its
+    certified and PGD accuracy by eps (str keys; PGD on the first ``n_attack``), broken
+    certificates, the loaded and the constrained model's attention diagnostics
+    (``pretrained_attention``, ``attention``: :func:`_attention`); and a line naming the
+    loaded model. ``data``: a processed image set (its
     test split); its first ``calibration`` images (at most half) set the norm radii and
     Douglas-Rachford's recorded pairs; one image per class of the rest (:func:`one_per_class`)
     is certified. With ``source`` :data:`TINY` Douglas-Rachford runs one iteration."""
@@ -85,6 +96,7 @@ def table3(data: Mapping[str, Any], source: str, folder: str | Path, modes: Sequ
     chosen = one_per_class(labels, k, seed)
     x, y = as_float(images[chosen]).to(device), labels[chosen].to(device)
     pretrained_acc = _accuracy(hf, x, y, batch_size)
+    loaded_attention = _attention(hf, x, y, batch_size)
     out = {}
     for m in modes:
         model = adapt(hf, cv.adaptation(m, norm))
@@ -106,7 +118,8 @@ def table3(data: Mapping[str, Any], source: str, folder: str | Path, modes: Sequ
                   "certified_acc": {str(e): a for e, a in rep["certified_acc"].items()},
                   "n_attacked": rep["n_attacked"],
                   "pgd_acc": {str(e): a for e, a in rep["pgd_acc"].items()},
-                  "broken": rep["broken"]}
+                  "broken": rep["broken"], "pretrained_attention": loaded_attention,
+                  "attention": _attention(model, x, y, batch_size)}
     revision = hub_revision(hf)
     return out, f"`{source}`" + (f" (hub revision {revision})" if revision else "") + \
         f" -> `{hf.config}`"

@@ -73,7 +73,8 @@ def at_paper_eps(dataset: str | None, eps: str) -> bool:
 
 def imagenet_frame(net: Mapping) -> pd.DataFrame:
     """CertViT Table 3's route as a table: one row per model and mode (accuracies, bound,
-    certified accuracy per eps, images and classes), CertViT's row beside in the paper mode."""
+    certified accuracy per eps, images and classes, the points lost with uniform attention by
+    the loaded and the constrained model), CertViT's row beside in the paper mode."""
     rows = []
     for source, entry in net["models"].items():
         ref = CERTVIT_TABLE3.get(entry.get("paper_model") or "", {})
@@ -81,6 +82,8 @@ def imagenet_frame(net: Mapping) -> pd.DataFrame:
             rows.append({"model": source, "mode": mode,
                          **{k: v for k, v in mm.items() if not isinstance(v, dict)},
                          **{f"certified {e}": a for e, a in mm["certified_acc"].items()},
+                         **{f"{which} uniform gap": mm[key]["uniform_gap"] for key, which in
+                            (("pretrained_attention", "loaded"), ("attention", "constrained"))},
                          "paper clean (%)": ref.get("clean") if mode == "paper" else None,
                          "paper bound": ref.get("lipschitz") if mode == "paper" else None})
     return pd.DataFrame(rows)
@@ -115,6 +118,10 @@ def imagenet_rows(net: Mapping) -> list[dict]:
             for eps, acc in mm["certified_acc"].items():
                 rows.append(row(f"{base}/certified_acc/{eps}",
                                 f"{where}: certified accuracy at eps {eps}", acc, "fraction"))
+            for key, which in (("pretrained_attention", "loaded"), ("attention", "constrained")):
+                rows.append(row(f"{base}/{key}/uniform_gap", f"{where}: {which} model, "
+                                "points lost with uniform attention", mm[key]["uniform_gap"],
+                                "value", brief=False))
     return rows
 
 

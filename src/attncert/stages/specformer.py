@@ -138,6 +138,7 @@ class Result:
     robustness: pd.DataFrame  # robust_accuracy rows with dataset, training, method
     comparison: pd.DataFrame  # SpecFormer's Table 1/2 layout, its numbers beside ours
     runs: list[str]          # run labels (dataset or dataset@model)
+    attention: pd.DataFrame  # per run: accuracy with uniform / identity attention, entropy
     sigma: pd.DataFrame      # largest singular value per layer, map, method and run
     ratios: pd.DataFrame     # step time per method and its ratio to vanilla
     msvp_ratio: float | None
@@ -212,7 +213,7 @@ def _run_unit(p: Params, ctx: Context, unit: str) -> dict[str, Any]:
         "unit": unit, "key": unit_key("specformer", p, base), "device": str(device),
         "data": f"{dataset}: {len(data['train']['y'])} training / {len(data['test']['y'])} "
                 f"test images ({data['source']})",
-        "notes": {}, "trained": [], "robustness": [], "sigma": [], "times": [],
+        "notes": {}, "trained": [], "robustness": [], "attention": [], "sigma": [], "times": [],
         "refusal": None, "ablation": None, "certified": [], "cert_sigma": [],
         "audit": {}}
     specs = sf.attack_specs(p.std_eps_255, p.adv_eval_eps_255, p.attack_steps, p.attack_eps)
@@ -262,6 +263,8 @@ def _gather(p: Params, ctx: Context) -> Result:
     _write_csv(robustness, out / "robustness.csv")
     sigma = pd.DataFrame([r for rec in main for r in rec["sigma"]])
     _write_csv(sigma, out / "sigma.csv")
+    attention = pd.DataFrame([r for rec in main for r in rec["attention"]])
+    _write_csv(attention, out / "attention.csv")
 
     ablation = table5_rows(p, records, rows)  # SpecFormer Table 5
     _write_csv(pd.DataFrame(ablation), out / "msvp_ablation.csv")
@@ -294,6 +297,9 @@ def _gather(p: Params, ctx: Context) -> Result:
         "msvp_step_ratio": msvp_ratio,
         "msvp_step_ratio_within_paper": None if msvp_ratio is None
         else msvp_ratio <= paper.SPECFORMER_STEP_RATIO,
+        "attention": {f"{r['dataset']}/{r['training']}/{r['method']}":
+                      {k: r[k] for k in ("uniform_gap", "identity_gap", "entropy_mean")}
+                      for r in attention.to_dict("records")},
         "max_sigma": {f"{r['dataset']}/{r['method']}/L{r['depth']}/{r['map']}": r["sigma"]
                       for r in sigma.to_dict("records")},
         "layernorm_certificate": refusal,
@@ -303,9 +309,9 @@ def _gather(p: Params, ctx: Context) -> Result:
     write_json(p.metrics, metrics)
     return Result(overview=summary, trained=pd.DataFrame(train_rows), robustness=robustness,
                   comparison=sf.comparison_table(rows, paper.specformer_rows(labels)),
-                  runs=labels, sigma=sigma, ratios=ratios, msvp_ratio=msvp_ratio,
-                  refusal=refusal, cert_sigma=pd.DataFrame(records[CERTIFIED]["cert_sigma"]),
-                  certified=certified, metrics=metrics)
+                  runs=labels, attention=attention, sigma=sigma, ratios=ratios,
+                  msvp_ratio=msvp_ratio, refusal=refusal, certified=certified,
+                  cert_sigma=pd.DataFrame(records[CERTIFIED]["cert_sigma"]), metrics=metrics)
 
 
 #: the run SpecFormer's Table 5 CIFAR-10 numbers are of: its ViT-S fine-tuned on CIFAR-10

@@ -139,12 +139,18 @@ def _train(p: Params, src: str, method: str, train_cfg: TrainConfig, data: Mappi
                            precision)
 
 
+#: what a main run's attention record keeps of :func:`attncert.diagnostics.attention_diagnostics`
+ATTENTION_KEYS = ("acc", "acc_uniform", "acc_identity", "uniform_gap", "identity_gap",
+                  "entropy_mean", "n")
+
+
 def main_runs(p: Params, data: Mapping[str, Any], dataset: str, specs: Sequence,
               ckpt: Path, device: torch.device, precision: str, seed: int,
               record: dict[str, Any]) -> None:
     """Every (source, training, method) on ``dataset``: trained, attacked (SpecFormer Tables
-    1-2), the singular values of the standard-trained models (Figure 2a); on the first dataset
-    also the step times (Table 3) and the certifier's answer for a LayerNorm model."""
+    1-2), its attention diagnosed on the attacked images (:data:`ATTENTION_KEYS`), the
+    singular values of the standard-trained models (Figure 2a); on the first dataset also the
+    step times (Table 3) and the certifier's answer for a LayerNorm model."""
     # every pre-trained source is loaded and fitted once before any training (a clear error first)
     for src in p.sources:
         if src != sf.SCRATCH:
@@ -172,6 +178,11 @@ def main_runs(p: Params, data: Mapping[str, Any], dataset: str, specs: Sequence,
             {"dataset": label, "training": training, "method": method, **r}
             for r in sf.robust_accuracy(model, x.to(device), y.to(device), specs,
                                         p.attack_batch_size, seed)]
+    for (label, training, method), model in models.items():  # does its attention do anything
+        a = diagnostics.attention_diagnostics(model, x.to(device), y.to(device),
+                                              p.attack_batch_size)
+        record["attention"].append({"dataset": label, "training": training, "method": method,
+                                    **{k: a[k] for k in ATTENTION_KEYS}})
     for src in p.sources:
         label = sf.run_label(dataset, src)
         record["sigma"] += sf.max_sigma_frame(
