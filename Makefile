@@ -66,7 +66,8 @@ rehearse: env
 gpu-check: env
 	$(PY) -m attncert.pipeline.doctor --device cuda --calibrate reports/gpu_check.json
 	$(PY) -m pytest -q tests/test_device.py tests/test_doctor.py tests/test_precision.py \
-	  tests/test_batching.py tests/test_checkpoint_rng.py tests/test_certify_clock.py
+	  tests/test_batching.py tests/test_checkpoint_rng.py tests/test_certify_clock.py \
+	  tests/test_compiled.py
 	ATTNCERT_DRYRUN_DEVICE=cuda $(PY) -m pytest -q tests/test_paper_dryrun.py
 
 clean-env:

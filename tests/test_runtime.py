@@ -8,7 +8,7 @@ from attncert.pipeline.runtime import configure
 
 def _base(**kw):
     return BaseParams(**({"scale": "smoke", "seed": 0, "device": "cpu", "precision": "fp32",
-                          "threads": 0, "deterministic": False} | kw))
+                          "threads": 0, "deterministic": False, "compile": "off"} | kw))
 
 
 def test_threads_and_deterministic_algorithms(monkeypatch):

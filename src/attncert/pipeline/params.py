@@ -135,11 +135,15 @@ class BaseParams:
                                      "PyTorch's default: one per physical core)")
     deterministic: bool = param(doc="torch.use_deterministic_algorithms (warn only) and no "
                                     "cuDNN autotuning: a run repeats on one machine")
+    compile: str = param(one_of("off", "compile", "graphs", "auto"),
+                         doc="training forward passes: off (eager, the reference) | compile "
+                             "(torch.compile) | graphs (and CUDA graphs on CUDA) | auto (graphs "
+                             "on CUDA, off elsewhere); certificates and attacks run eager")
 
 
 #: ``base`` keys that set how a stage runs, not what it computes: no stage's DVC param
 #: (dvc.yaml lists the other ``base`` keys), so changing them reruns nothing
-BASE_RUNTIME = ("threads",)
+BASE_RUNTIME = ("threads", "compile")
 
 
 #: ViT settings shared by several sections (names of ``attncert.models``).

@@ -23,8 +23,12 @@ CUBLAS_WORKSPACE = ":4096:8"
 
 
 def configure(base) -> None:
-    """Apply ``base.threads`` and ``base.deterministic`` (a
-    :class:`attncert.pipeline.params.BaseParams`) to this process."""
+    """Apply ``base.threads``, ``base.deterministic`` and ``base.compile`` (a
+    :class:`attncert.pipeline.params.BaseParams`; :mod:`attncert.training.compiled`) to this
+    process."""
+    from attncert.training import compiled
+
+    compiled.set_mode(base.compile)
     if base.threads:
         torch.set_num_threads(base.threads)
     if base.deterministic:

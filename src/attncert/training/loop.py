@@ -23,6 +23,7 @@ import torch
 from torch import Tensor, nn
 
 from attncert.pipeline.io import write_json
+from attncert.training import compiled
 from attncert.training.checkpoint import load_checkpoint, save_checkpoint
 from attncert.training.precision import autocast, training_matmuls
 
@@ -154,16 +155,33 @@ def run_epochs(model: nn.Module, steps: Steps, eval_data: Any, config: Any, ckpt
     ``ckpt_path``; ``config``: a dataclass with epochs, batch_size, lr, weight_decay,
     warmup_steps and grad_clip (and optionally optimizer and momentum, :func:`optimizer`).
     ``eval_name``: what the epoch line calls ``eval_data`` (its rows keep the ``test_`` keys).
+    The forward passes run compiled in the process's ``base.compile`` mode
+    (:mod:`attncert.training.compiled`); the model is eager again on return.
     Returns the per-epoch metrics rows."""
-    from attncert.pipeline import progress as console
-
     steps_per_epoch = math.ceil(steps.n / config.batch_size)
     opt = optimizer(steps.params, config)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lr_schedule(config, steps_per_epoch))
     cfg_dict = dataclasses.asdict(config)
     states = {"model": model, "optimizer": opt, "scheduler": sched, **steps.states}
     metrics, start, _ = load_checkpoint(ckpt_path, cfg_dict, states)
+    mode = compiled.resolve(dev)
+    with compiled.compiled_forward(model, mode):
+        _epochs(model, steps, eval_data, config, ckpt_path, metrics_path, dev, precision,
+                progress, callback, eval_name, (opt, sched, states, metrics, start, mode))
+    if metrics:  # a run stopped between the checkpoint and the metrics file resumes to both
+        write_json(metrics_path, metrics)
+    return metrics
 
+
+def _epochs(model, steps, eval_data, config, ckpt_path, metrics_path, dev, precision, progress,
+            callback, eval_name, run) -> None:
+    """:func:`run_epochs`' epochs from the one after ``start`` (``run``: its optimiser,
+    scheduler, checkpointed states, metrics rows, last finished epoch and compile mode)."""
+    from attncert.pipeline import progress as console
+
+    opt, sched, states, metrics, start, mode = run
+    steps_per_epoch = math.ceil(steps.n / config.batch_size)
+    cfg_dict = dataclasses.asdict(config)
     for epoch in range(start + 1, config.epochs + 1):
         t0 = time.perf_counter()
         model.train()
@@ -175,6 +193,7 @@ def run_epochs(model: nn.Module, steps: Steps, eval_data: Any, config: Any, ckpt
         with training_matmuls(precision, dev):
             for i, key in enumerate(bar):
                 inputs, yb = steps.batch(key)
+                compiled.step_begin(mode, dev)
                 try:
                     with autocast(precision, dev):
                         logits, loss = steps.loss(inputs, yb, (epoch - 1) * steps_per_epoch + i)
@@ -211,6 +230,3 @@ def run_epochs(model: nn.Module, steps: Steps, eval_data: Any, config: Any, ckpt
                           f"({train_seconds:.1f} s)")
         if callback is not None:
             callback(epoch, row)
-    if metrics:  # a run stopped between the checkpoint and the metrics file resumes to both
-        write_json(metrics_path, metrics)
-    return metrics

@@ -1,0 +1,81 @@
+"""Compiled training forward passes (``base.compile``): kernel fusion by ``torch.compile`` and,
+on CUDA, CUDA graphs that replay a step's kernels without paying a launch for each.
+
+The models of this study are small (a few hundred dimensions, a few to a few hundred tokens),
+so an eager training step is thousands of short kernels and the GPU waits on their launches.
+Measured on one H200 (docs/gpus.md, 2026-11-28, batch 128, bf16): the grid's Lipschitz ViT
+45-53 ms a step eager, 19 ms compiled, 4 ms compiled with CUDA graphs.
+
+:func:`compiled_forward` compiles ``model.forward`` for the duration of a training run only
+(the training loop, :func:`attncert.training.loop.run_epochs`, enters it): the module, its
+parameters and its state dict are untouched, so checkpoints are the same as eager ones, and
+after the run the model is eager again: certificates, PGD audits and the attention
+diagnostics always run the eager model (float64 certificates are never compiled). The loss
+terms computed outside ``forward`` (the certified-training margins, MSVP) stay eager.
+
+Modes (:data:`MODES`): ``off`` (eager: the reference), ``compile`` (``torch.compile``'s default
+mode), ``graphs`` (mode ``reduce-overhead``: CUDA graphs on CUDA; on a CPU the same as
+``compile``), ``auto`` (``graphs`` on CUDA, ``off`` elsewhere: on a 2-core CPU the compile time
+of each of the study's many small models outweighs what it saves). The stage runner applies
+``base.compile`` with :func:`set_mode` (:func:`attncert.pipeline.runtime.configure`); it is a
+runtime key (``BASE_RUNTIME``): changing it reruns nothing.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+
+import torch
+from torch import nn
+
+__all__ = ["MODES", "compiled_forward", "resolve", "set_mode", "step_begin"]
+
+#: ``base.compile`` values -> ``torch.compile``'s mode (None: eager)
+MODES = {"off": None, "compile": "default", "graphs": "reduce-overhead", "auto": None}
+
+_mode = "off"
+
+
+def set_mode(mode: str) -> None:
+    """The process's compile mode (``base.compile``), used by every later training run."""
+    global _mode
+    if mode not in MODES:
+        raise ValueError(f"base.compile: {mode!r}; one of {', '.join(MODES)}")
+    _mode = mode
+
+
+def resolve(dev: torch.device, mode: str | None = None) -> str:
+    """``mode`` (default: the process's) for a run on ``dev``: ``auto`` becomes ``graphs`` on
+    CUDA and ``off`` elsewhere; ``graphs`` on a device without CUDA graphs is ``compile``."""
+    mode = _mode if mode is None else mode
+    if mode not in MODES:
+        raise ValueError(f"compile mode {mode!r}; one of {', '.join(MODES)}")
+    if mode == "auto":
+        return "graphs" if dev.type == "cuda" else "off"
+    if mode == "graphs" and dev.type != "cuda":
+        return "compile"
+    return mode
+
+
+@contextlib.contextmanager
+def compiled_forward(model: nn.Module, mode: str) -> Iterator[None]:
+    """Within the block ``model(...)`` runs ``model.forward`` compiled in ``mode`` (a resolved
+    mode, :func:`resolve`); afterwards the model is eager again. ``off``: nothing changes."""
+    if mode == "off":
+        yield
+        return
+    if "forward" in vars(model):
+        raise ValueError(f"{type(model).__name__}.forward is already replaced on the instance")
+    model.forward = torch.compile(model.forward, mode=MODES[mode])
+    try:
+        yield
+    finally:
+        del model.forward
+
+
+def step_begin(mode: str, dev: torch.device) -> None:
+    """Before a training step's forward pass under CUDA graphs: the outputs of the previous
+    step's replay may be overwritten from here on (each step reads its own outputs only)."""
+    if mode == "graphs" and dev.type == "cuda":
+        torch.compiler.cudagraph_mark_step_begin()
