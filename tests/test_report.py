@@ -702,6 +702,10 @@ def test_fmt_shows_a_failed_value_as_a_dash():
 
     assert fmt(float("nan"), "percent") == fmt(None, "fraction") == "–"
     assert fmt(80.0, "percent") == "80.0%"
+    # numbers at a precision that shows them: a ratio just above 1, long times, flags
+    assert fmt(1.00015, "ratio") == "1.00015" and fmt(1.00015, "value") == "1.00015"
+    assert fmt(1104.6, "seconds") == "1,105 s" and fmt(3.14159, "seconds") == "3.14 s"
+    assert (fmt(1, "flag"), fmt(False, "flag")) == ("yes", "no")
 
 
 def test_certvit_rows_headline_pairwise_bound_and_the_paper_mode_beside():

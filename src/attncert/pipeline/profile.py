@@ -192,6 +192,7 @@ def main(argv: list[str] | None = None) -> int:
                                  description=__doc__.split("\n")[0])
     ap.add_argument("action", choices=["apply", "show"])
     ap.add_argument("name")
+    ap.add_argument("--verbose", action="store_true", help="apply: list every changed value")
     ap.add_argument("--keep-edits", action="store_true",
                     help="carry edits of keys that the old or the new profile sets")
     args = ap.parse_args(argv)
@@ -205,9 +206,10 @@ def main(argv: list[str] | None = None) -> int:
     except ParamsError as exc:
         print(f"profile: error: {exc}", file=sys.stderr)
         return 2
-    print(f"params.yaml: {args.name} scale ({len(changes)} values differ from the committed file"
-          f"; {len(edited)} edit(s) kept{': ' if edited else ''}{', '.join(edited)})")
-    for key, (old, new) in changes.items():
+    print(f"params.yaml: {args.name} scale ({len(changes)} values differ from the committed file,"
+          f" listed by `dvc params diff` or --verbose; {len(edited)} edit(s) kept"
+          f"{': ' if edited else ''}{', '.join(edited)})")
+    for key, (old, new) in changes.items() if args.verbose else ():
         print(f"  {key}: {old} -> {new}")
     return 0
 

@@ -15,7 +15,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-UNITS = ("fraction", "percent", "ratio", "seconds", "count", "value")
+UNITS = ("fraction", "percent", "ratio", "seconds", "count", "value", "flag")
 
 
 def scale_caveat(m: Mapping[str, Any]) -> str:

@@ -31,10 +31,12 @@ def fmt(value: Any, unit: str) -> str:
     if unit == "percent":
         return f"{value:.1f}%"
     if unit == "seconds":
-        return f"{value:.3g} s"
+        return f"{value:,.0f} s" if abs(value) >= 100 else f"{value:.3g} s"
     if unit == "count":
         return f"{value:,}" if isinstance(value, int) else f"{value:g}"
-    return f"{value:.4g}"
+    if unit == "flag":
+        return "yes" if value else "no"
+    return f"{value:.6g}"  # a ratio of 1.00015 shows as such, not as 1
 
 
 def cell(row: Mapping) -> str:

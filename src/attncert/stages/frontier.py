@@ -348,8 +348,8 @@ def headline_rows(m: Mapping, item: Mapping) -> list[dict]:
                "(validation)", m.get("scores", {}).get(sel), "percent", brief=True),
            row("selected_any", f"selected setting {sel_any} (attention not counted): its "
                "score", m.get("scores", {}).get(sel_any), "percent", brief=True),
-           row("grid_is_selected", f"the grid trains with {sel} (1) or with "
-               f"{m.get('grid_setting')} (0)", int(bool(m.get("grid_is_selected"))), "count",
+           row("grid_is_selected", f"the grid trains the selected {sel} (no: it trains "
+               f"{m.get('grid_setting')})", int(bool(m.get("grid_is_selected"))), "flag",
                brief=True)]
     shown = [sel, sel_any] + [s for s in m.get("settings", [])
                               if s.startswith(("linear-", "standard"))]
