@@ -42,7 +42,7 @@ display(Markdown(f"**Unit** `{unit}` ({b.scale} scale, device {rec['device']}, "
 
 # %% [markdown]
 # ## The unit's models
-# Accuracy on the reported split, the average certified radius (OLSA's rule, best variant)
+# Accuracy on the reported split, the average certified radius (0 where wrong, best variant)
 # and the broken certificates of the PGD audit.
 
 # %%

@@ -5,10 +5,10 @@ afterwards, and the modes resolved per device. The CUDA-graph case runs on a GPU
 
 import pytest
 import torch
+from test_train import fresh_model, toy_data
 
 from attncert.training import compiled
 from attncert.training.train import TrainConfig, train
-from test_train import fresh_model, toy_data
 
 CFG = TrainConfig(epochs=2, batch_size=16, lr=3e-3, warmup_steps=2, seed=1, margin="lmt",
                   lmt_offset=0.05)

@@ -661,8 +661,13 @@ def test_train_resume_gamma_and_audit(tmp_path):
     ev = evaluate_text(model, test)
     rows = certify_rows(model, test, batch_size=20)
     assert len(rows) == 48 and rows.radius.mean() == pytest.approx(ev["avg_radius"])
+    # the prediction's radius: the label's where right, still a radius where wrong
+    right = rows.correct.to_numpy()
+    assert (rows.radius_predicted[right] == rows.radius[right]).all()
+    assert (rows.radius[~right] == 0).all() and (rows.radius_predicted >= 0).all()
     radius = torch.tensor(rows.radius.to_numpy())
     audit = audit_embeddings(model, test["ids"], test["mask"], test["y"], radius,
                              [0.0, float(radius.median())], steps=20, restarts=1)
     assert [row["broken"] for row in audit] == [0, 0]
     assert audit[0]["robust_acc"] == pytest.approx(ev["acc"])
+

@@ -146,7 +146,8 @@ def test_depth0_uniform_attention_and_gate_read_outs():
 def test_average_radius_rules():
     r = torch.tensor([1.0, 2.0, 0.0, 4.0], dtype=torch.float64)
     ok = torch.tensor([True, True, False, False])
-    assert average_radius(r, ok) == {"all": pytest.approx(0.75), "correct": pytest.approx(1.5)}
+    assert average_radius(r, ok) == {"all": pytest.approx(0.75), "correct": pytest.approx(1.5),
+                                     "invariant": pytest.approx(1.75)}
 
 
 def test_sst2_without_a_labelled_test_split_reports_on_dev(tmp_path):
@@ -485,11 +486,13 @@ def test_a_paper_number_beside_a_smaller_scale_says_it_is_not_like_for_like():
     from attncert.stages import text as stage
 
     m = {"models": {"olsa-L3-g2": {"family": "olsa", "test_acc": 0.8,
-                                   "avg_radius": {"global": 1.1}}}}
+                                   "avg_radius": {"global": 1.1},
+                                   "avg_radius_invariant": {"global": 1.2}}}}
     for scale, unlike in (("paper", False), ("cpu", True)):
         rows = {r["key"]: r for r in stage.headline_rows(m | {"scale": scale}, {})}
-        r = rows["models/olsa-L3-g2/avg_radius/global"]
+        r = rows["models/olsa-L3-g2/avg_radius_invariant/global"]  # OLSA's averaging rule
         assert r["paper"] == 0.979 and ("not like for like" in r["source"]) == unlike
+        assert rows["models/olsa-L3-g2/avg_radius/global"]["paper"] is None  # 0 where wrong
 
 
 @pytest.mark.parametrize("attention", ["olsa", "l2"])

@@ -46,6 +46,12 @@ class NotebookError(ValueError):
     """The notebook does not match its stage (parameters cell, format)."""
 
 
+#: the kernel's libraries draw no progress bars into a report (the hub's downloads and
+#: "Loading weights", datasets' maps): a bar's stderr block, and tqdm.auto's "IProgress not
+#: found" warning for a widget bar, would land in the executed notebook
+QUIET_LIBRARIES = {"HF_HUB_DISABLE_PROGRESS_BARS": "1", "HF_DATASETS_DISABLE_PROGRESS_BARS": "1"}
+
+
 def read_notebook(path: str | Path):
     """A jupytext percent ``.py`` notebook (or an ``.ipynb``) as a NotebookNode."""
     import jupytext
@@ -135,7 +141,7 @@ def run(notebook: str, output: str, sections: list[str], params_file: str = PARA
     fd, console = tempfile.mkstemp(suffix=".log", prefix="attncert-console-")
     os.close(fd)
     tty = sys.stderr.isatty()
-    env = {CONSOLE_ENV: console, TTY_ENV: "1" if tty else "0"}
+    env = {CONSOLE_ENV: console, TTY_ENV: "1" if tty else "0", **QUIET_LIBRARIES}
     saved = {k: os.environ.get(k) for k in env}
     os.environ.update(env)
     t0 = time.monotonic()

@@ -242,8 +242,9 @@ def _gather(p: Params, ctx: Context) -> Result:
 
 def headline_rows(m: Mapping, item: Mapping) -> list[dict]:
     """Per SST-2 model: accuracy on the reported split, average certified radius per bound
-    variant with both rules (0 for misclassified sentences, OLSA's; correctly classified
-    only), OLSA's SST radius (its unsound softmax constant 1/4) beside every 3-layer OLSA,
+    variant with three rules (0 for misclassified sentences, ours; correctly classified only;
+    every sentence's prediction radius, OLSA sec. 5.1's rule, beside which stands OLSA's SST
+    radius, its unsound softmax constant 1/4, for every 3-layer OLSA),
     the differences to the depth-0 baseline, the residual gates, alpha1, the attention's max
     probability against 1/n, certified accuracy per eps, certification cost."""
     ref, shi = paper.OLSA_AVG_RADIUS["sst"], paper.OLSA_SHI_AVG_RADIUS["sst"]
@@ -266,6 +267,11 @@ def headline_rows(m: Mapping, item: Mapping) -> list[dict]:
         for variant, radius in radii.items():
             rows.append(row(f"{base}/avg_radius/{variant}",
                              f"{name} average certified radius ({variant}; 0 if wrong)",
+                             radius, "value", brief=variant == best))
+        for variant, radius in r.get("avg_radius_invariant", {}).items():  # OLSA's rule
+            rows.append(row(f"{base}/avg_radius_invariant/{variant}",
+                             f"{name} average radius of the prediction ({variant}; every "
+                             "sentence, right or wrong: OLSA sec. 5.1's rule)",
                              radius, "value", olsa_ref, src, brief=variant == best))
         for variant, radius in correct.items():
             rows.append(row(f"{base}/avg_radius_correct/{variant}",

@@ -55,21 +55,21 @@ def _lofast_table(model: nn.Module, data: Mapping[str, Tensor], device, batch_si
 
 def _radii(model: nn.Module, family: str, data: Mapping[str, Tensor], device, batch_size: int,
            variants: Sequence[str]) -> tuple[dict[str, Tensor], Tensor, float, Any]:
-    """({variant: (N,) radius, 0 where misclassified}, (N,) bool correct, certification
-    seconds per batch, the per-sample frame)."""
+    """({variant: (N,) radius of the prediction, whatever the label}, (N,) bool correct,
+    certification seconds per batch, the per-sample frame)."""
     import pandas as pd
 
     n = len(data["y"])
     if family == "olsa":
         rows = certify_rows(model, data, device, batch_size)
-        return ({"global": torch.tensor(rows["radius"].to_numpy())},
+        return ({"global": torch.tensor(rows["radius_predicted"].to_numpy()).double()},
                 torch.tensor(rows["correct"].to_numpy()),
                 float(rows["seconds"].mean()) * min(batch_size, n), rows)
-    if family == "lofast":
+    if family == "lofast":  # certify_table's radii are the prediction's
         table = _lofast_table(model, data, device, batch_size, variants)
         correct = torch.tensor(table["correct"].to_numpy())
         radii = {v: torch.tensor(table[f"radius_{v}_pairwise"].to_numpy()).double()
-                 * correct for v in variants}  # 0 on misclassified points, as OLSA's
+                 for v in variants}
         seconds = {v: float(table[f"seconds_{v}_pairwise"].mean()) * min(batch_size, n)
                    for v in variants}
         return radii, correct, seconds[variants[0]], table
@@ -84,12 +84,16 @@ def _radii(model: nn.Module, family: str, data: Mapping[str, Tensor], device, ba
 
 
 def average_radius(radius: Tensor, correct: Tensor) -> dict[str, float]:
-    """Both averaging rules: ``all`` (OLSA's: the mean over every sentence, 0 where
-    misclassified) and ``correct`` (the mean over the correctly classified sentences)."""
+    """Three averaging rules of the prediction's radius ``radius``: ``all`` (ours: the mean
+    over every sentence, 0 where misclassified: a certificate of the right answer),
+    ``correct`` (the mean over the correctly classified sentences) and ``invariant`` (OLSA
+    sec. 5.1's: Rad(T, X) is the largest r that keeps the prediction T(X), whatever the label,
+    so every sentence counts with its radius)."""
     r = torch.where(correct, radius.double(), torch.zeros_like(radius, dtype=torch.float64))
     n_ok = int(correct.sum())
     return {"all": float(r.mean()) if len(r) else math.nan,
-            "correct": float(r[correct].mean()) if n_ok else math.nan}
+            "correct": float(r[correct].mean()) if n_ok else math.nan,
+            "invariant": float(radius.double().mean()) if len(r) else math.nan}
 
 
 def evaluate_model(name: str, model: nn.Module, family: str, dev: Mapping[str, Tensor],
@@ -102,7 +106,7 @@ def evaluate_model(name: str, model: nn.Module, family: str, dev: Mapping[str, T
     audit rows of :func:`attncert.text.attacks.audit_embeddings`, one per eps).
 
     Clean accuracy on all of dev (model selection) and test (the report); certified radii on
-    the first ``n_test`` test sentences (0 = all), averaged with both rules
+    the first ``n_test`` test sentences (0 = all), averaged with the three rules
     (:func:`average_radius`); PGD and the audit on the first ``n_attack`` of them (None = all
     certified); the residual gates, alpha1 and the attention's mean max probability on the
     certified sentences. A PGD success on a certified point is counted in ``broken`` (the
@@ -115,7 +119,9 @@ def evaluate_model(name: str, model: nn.Module, family: str, dev: Mapping[str, T
             for split, data in (("dev", dev), ("test", test))}
     n_cert = len(test["y"]) if n_test == 0 else min(n_test, len(test["y"]))
     sub = {k: v[:n_cert] for k, v in test.items()}
-    radii, correct, seconds, _ = _radii(model, family, sub, device, batch_size, variants)
+    predicted, correct, seconds, _ = _radii(model, family, sub, device, batch_size, variants)
+    averages = {v: average_radius(r, correct) for v, r in predicted.items()}
+    radii = {v: r * correct for v, r in predicted.items()}  # certificates of the right answer
     best = torch.stack(list(radii.values())).max(0).values
     n_att = n_cert if n_attack is None else min(n_attack, n_cert)
     att = {k: v[:n_att] for k, v in sub.items()}
@@ -126,12 +132,12 @@ def evaluate_model(name: str, model: nn.Module, family: str, dev: Mapping[str, T
     curves = [{"model": name, "variant": v, "eps": float(e),
                "certified_acc": float(((r >= e) & (r > 0)).double().mean())}
               for v, r in radii.items() for e in cert_eps]
-    averages = {v: average_radius(r, correct) for v, r in radii.items()}
     metrics = {
         "family": family, "dev_acc": accs["dev"], "test_acc": accs["test"],
         "n_certified": n_cert, "n_attacked": n_att,
         "avg_radius": {v: a["all"] for v, a in averages.items()},
         "avg_radius_correct": {v: a["correct"] for v, a in averages.items()},
+        "avg_radius_invariant": {v: a["invariant"] for v, a in averages.items()},
         "certified_acc": {f"{e:g}": float(((best >= e) & (best > 0)).double().mean())
                           for e in cert_eps},
         "attacked_certified_acc": {f"{r['eps']:g}": r["certified_acc"] for r in audit},
@@ -283,11 +289,12 @@ def frozen_states(model: nn.Module, data: Mapping[str, Tensor], device,
 
 
 def attention_table(results: Mapping[str, Mapping[str, Any]]):
-    """One row per model from :func:`evaluate_model` metrics: accuracy, average radius (both
-    rules; for LoFAST the best variant), certified and PGD accuracy at every eps, cost, the
-    mean residual gates and alpha1 over layers, the attention's mean max probability, its
-    uniform value 1/n and their ratio, the points of accuracy lost with uniform and identity
-    attention (:func:`attention_ablation`), broken certificates. A pandas DataFrame."""
+    """One row per model from :func:`evaluate_model` metrics: accuracy, average radius (the
+    three rules of :func:`average_radius`; for LoFAST the best variant), certified and PGD
+    accuracy at every eps, cost, the mean residual gates and alpha1 over layers, the attention's
+    mean max probability, its uniform value 1/n and their ratio, the points of accuracy lost
+    with uniform and identity attention (:func:`attention_ablation`), broken certificates. A
+    pandas DataFrame."""
     import pandas as pd
 
     def mean(v):
@@ -300,7 +307,8 @@ def attention_table(results: Mapping[str, Mapping[str, Any]]):
         rows.append({
             "model": name, "family": r["family"], "dev_acc": r["dev_acc"],
             "test_acc": r["test_acc"], "avg_radius": r["avg_radius"][best],
-            "avg_radius_correct": r["avg_radius_correct"][best], "variant": best,
+            "avg_radius_correct": r["avg_radius_correct"][best],
+            "avg_radius_invariant": r["avg_radius_invariant"][best], "variant": best,
             "n_certified": r["n_certified"],
             **{f"cert@{e}": v for e, v in r["certified_acc"].items()},
             **{f"pgd@{e}": v for e, v in r["pgd_acc"].items()},

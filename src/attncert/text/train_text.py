@@ -238,8 +238,10 @@ def evaluate_text(model: nn.Module, data: Mapping[str, Tensor], device: torch.de
 @torch.no_grad()
 def certify_rows(model: nn.Module, data: Mapping[str, Tensor], device: torch.device | str = "cpu",
                  batch_size: int = 256):
-    """One row per example (index, label, prediction, correct, margin, radius, seconds per
-    sample) from ``model.certified_radius``; a pandas DataFrame."""
+    """One row per example (index, label, prediction, correct, margin, radius (0 where
+    misclassified), radius_predicted (the prediction's, whatever the label: OLSA sec. 5.1's
+    prediction invariance), seconds per sample) from ``model.certified_radius``; a pandas
+    DataFrame."""
     import pandas as pd
 
     require_full_precision("a certificate (attncert.text)")
@@ -252,12 +254,14 @@ def certify_rows(model: nn.Module, data: Mapping[str, Tensor], device: torch.dev
         radius = model.certified_radius(ids, mask, y)
         seconds = (time.perf_counter() - t0) / len(y)
         pred = logits.argmax(1)
+        invariant = model.certified_radius(ids, mask, pred)  # of the prediction, any label
         top2 = logits.topk(2, dim=1).values
         frames.append(pd.DataFrame({
             "index": range(i, i + len(y)), "label": y.cpu().numpy(),
             "prediction": pred.cpu().numpy(), "correct": (pred == y).cpu().numpy(),
             "margin": (top2[:, 0] - top2[:, 1]).cpu().numpy(),
-            "radius": radius.cpu().numpy(), "seconds": seconds}))
+            "radius": radius.cpu().numpy(), "radius_predicted": invariant.cpu().numpy(),
+            "seconds": seconds}))
     return pd.concat(frames, ignore_index=True)
 
 
