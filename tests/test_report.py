@@ -72,6 +72,7 @@ def _text_model(family: str, test_acc: float, radii: dict, layers: int = 0) -> d
     return {"family": family, "dev_acc": test_acc + 0.01, "test_acc": test_acc,
             "n_certified": 20, "n_attacked": 10, "avg_radius": radii,
             "avg_radius_correct": {k: v / test_acc for k, v in radii.items()},
+            "avg_radius_invariant": {k: 1.5 * v for k, v in radii.items()},
             "gates": [[0.1, 0.2]] * layers if family == "olsa" else [],
             "alpha1": [4.0] * layers if family == "olsa" else [], "attention": attention,
             "b_att_mean": 0.1 if family == "olsa" and layers else None,
@@ -292,14 +293,15 @@ def test_figures_run_writes_the_summary_the_certified_table_and_the_index(metric
 def test_text_rows_put_olsas_sst_radius_beside_every_3_layer_olsa():
     m = _text_metrics()
     rows = {r["key"]: r for r in report.headline_rows("text", m)}
-    olsa3 = rows["models/olsa-L3-g2/avg_radius/global"]
-    assert olsa3["ours"] == 0.42 and olsa3["paper"] == paper.OLSA_AVG_RADIUS["sst"]
+    olsa3 = rows["models/olsa-L3-g2/avg_radius_invariant/global"]  # OLSA's averaging rule
+    assert olsa3["ours"] == pytest.approx(0.63) and olsa3["paper"] == paper.OLSA_AVG_RADIUS["sst"]
+    assert rows["models/olsa-L3-g2/avg_radius/global"]["paper"] is None  # ours: 0 where wrong
     assert olsa3["brief"] and olsa3["source"].startswith("OLSA section 5")
     assert f"{paper.OLSA_SHI_AVG_RADIUS['sst']:g}" in olsa3["source"]
     assert "1/4" not in olsa3["source"] and "0.25: unsound" in olsa3["source"]  # labelled
     correct = rows["models/olsa-L3-g2/avg_radius_correct/global"]
     assert correct["ours"] == pytest.approx(0.42 / 0.64) and correct["brief"]
-    assert correct["paper"] is None   # OLSA's rule counts 0 for misclassified sentences
+    assert correct["paper"] is None   # OLSA's rule counts every sentence's prediction
     assert rows["attention_vs_depth0/olsa-L3-g2/d_test_acc"]["ours"] == pytest.approx(0.01)
     assert rows["attention_vs_depth0/olsa-L3-g2/d_avg_radius"]["ours"] == pytest.approx(-0.08)
     assert rows["models/olsa-L3-g2/attention/ratio"]["ours"] == 2.0
@@ -307,7 +309,7 @@ def test_text_rows_put_olsas_sst_radius_beside_every_3_layer_olsa():
     assert rows["models/olsa-L3-g2/alpha1_mean"]["ours"] == 4.0
     assert "models/olsa-L0-g2/attention/ratio" not in rows   # depth 0: no attention
     for other in ("olsa-L0-g2", "olsa-L1-g2", "kim-l2-L3-g2", "frozen-olsa"):   # not the paper's
-        assert rows[f"models/{other}/avg_radius/global"]["paper"] is None
+        assert rows[f"models/{other}/avg_radius_invariant/global"]["paper"] is None
     # the standard transformer has no certificate; the paper's numbers are never "ours"
     assert not [k for k in rows if k.startswith(("models/vanilla-L3/avg", "paper"))]
     assert rows["models/vanilla-L3/test_acc"]["brief"]
@@ -315,13 +317,16 @@ def test_text_rows_put_olsas_sst_radius_beside_every_3_layer_olsa():
     assert lofast == {"models/lofast-L1-H2-vo0.5/avg_radius/lofast_M": True,   # the largest
                       "models/lofast-L1-H2-vo0.5/avg_radius/global": False,
                       "models/lofast-L1-H2-vo0.5/avg_radius_correct/lofast_M": True,
-                      "models/lofast-L1-H2-vo0.5/avg_radius_correct/global": False}
+                      "models/lofast-L1-H2-vo0.5/avg_radius_correct/global": False,
+                      "models/lofast-L1-H2-vo0.5/avg_radius_invariant/lofast_M": True,
+                      "models/lofast-L1-H2-vo0.5/avg_radius_invariant/global": False}
     assert rows["models/olsa-L1-g2/certified_acc/0.5"]["unit"] == "fraction"
     assert rows["models/olsa-L1-g2/cert_seconds_per_batch"]["unit"] == "seconds"
     brief = [r for r in rows.values() if r["brief"]]
-    # accuracy per model; two radii per certified model; two differences to depth 0 and the
-    # attention ratio per OLSA-family model with attention; three counts
-    assert len(brief) == len(m["models"]) + 2 * 6 + 2 * 3 + 4 + 3
+    # accuracy per model; three radii per certified model (0 where wrong, correct only,
+    # OLSA's rule); two differences to depth 0 and the attention ratio per OLSA-family model
+    # with attention; three counts
+    assert len(brief) == len(m["models"]) + 3 * 6 + 2 * 3 + 4 + 3
     assert rows["n_attacked"]["ours"] == 10 and rows["broken"]["brief"]
     dev = report.headline_rows("text", m | {"reported_split": "dev"})
     assert next(r for r in dev if r["key"] == "models/olsa-L3-g2/test_acc")["label"] \
@@ -476,7 +481,10 @@ def test_readme_numbers_are_the_metrics_files_numbers(metrics_tree):
     assert crown["cifar10 L3 LoFAST certified at eps 0.02"]["paper"] == "29.1%"   # LoFAST Table 1
     assert crown["svhn L3 LoFAST certified at eps 0.02"]["paper"] == "–"   # CIFAR-10 only
     text = {t["quantity"]: t for t in tables["text"]}
-    assert text["olsa-L3-g2 average certified radius (global; 0 if wrong)"]["paper"] == "0.979"
+    assert text["olsa-L3-g2 average certified radius (global; 0 if wrong)"]["paper"] == "–"
+    olsas_rule = ("olsa-L3-g2 average radius of the prediction (global; every sentence, right or "
+                  "wrong: OLSA sec. 5.1's rule)")
+    assert text[olsas_rule]["paper"] == "0.979"
 
 
 def test_notebook_tables_are_the_metrics_files_numbers(metrics_tree):

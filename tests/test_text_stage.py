@@ -418,9 +418,11 @@ def test_the_stage_trains_yelp_and_qqp_and_reports_a_skipped_dataset(tmp_path, m
         assert q["pairs"] and q["reported_split"] == "dev" and not q["dev_held_out"]
         assert set(q["models"]) == {"frozen-olsa"}  # QQP: the frozen head only (OLSA 5.1)
         assert q["frozen_train_sentences"] == 40 and q["n_attacked"] == 3
-        frozen = rows["datasets/qqp/models/frozen-olsa/avg_radius/global"]
-        assert frozen["paper"] == paper.OLSA_FROZEN_BERT_QQP["olsa"]
-        assert rows["datasets/yelp_polarity/models/olsa-L1-g2/avg_radius/global"]["paper"] is None
+        frozen = rows["datasets/qqp/models/frozen-olsa/avg_radius_invariant/global"]
+        assert frozen["paper"] == paper.OLSA_FROZEN_BERT_QQP["olsa"]  # beside OLSA's rule
+        assert rows["datasets/qqp/models/frozen-olsa/avg_radius/global"]["paper"] is None
+        assert rows["datasets/yelp_polarity/models/olsa-L1-g2/avg_radius_invariant/global"][
+            "paper"] is None
         table = r.datasets_table.set_index(["dataset", "model"])
         assert table.loc[("qqp", "frozen-olsa"), "paper_avg_radius"] == frozen["paper"]
         assert (tmp_path / "results" / "datasets.csv").is_file()

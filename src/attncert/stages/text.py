@@ -316,11 +316,15 @@ def headline_rows(m: Mapping, item: Mapping) -> list[dict]:
             match = OLSA_NAME.match(name)
             ref = paper_reference(dataset, name, int(match.group(1)) if match else None)
             ref = (ref[0], ref[1] + unlike) if ref else None
-            radii = r.get("avg_radius", {})
-            for variant, radius in radii.items():
+            for variant, radius in r.get("avg_radius", {}).items():
                 rows.append(row(f"{base}/avg_radius/{variant}",
                                  f"{where} average certified radius ({variant}; 0 if wrong)",
-                                 radius, "value", *(ref or (None, None)), brief=True))
+                                 radius, "value", brief=True))
+            for variant, radius in r.get("avg_radius_invariant", {}).items():  # OLSA's rule
+                rows.append(row(f"{base}/avg_radius_invariant/{variant}",
+                                 f"{where} average radius of the prediction ({variant}; every "
+                                 "sentence: OLSA sec. 5.1's rule)", radius, "value",
+                                 *(ref or (None, None)), brief=True))
     for key, label in (("n_certified", f"certified {split} sentences"),
                        ("n_attacked", "attacked sentences (PGD audit)"),
                        ("broken", "broken certificates")):
