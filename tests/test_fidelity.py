@@ -105,3 +105,48 @@ def test_docs_are_generated_from_the_record(record, params):
 def test_no_row_cites_a_summary(record):
     for text in [i.where for i in record.items] + [s.where for s in record.settings]:
         assert "summary" not in text.lower(), text
+
+
+def _comment_chains(text: str) -> dict[str, str]:
+    """params.yaml key (dotted, nested keys too) -> its own comment (continuation lines
+    included) and every ancestor's; a key of a flow mapping gets its line's comment."""
+    own, stack, last = {}, [], None
+    for line in text.splitlines():
+        if not line.strip():
+            continue
+        if line.lstrip().startswith("#"):
+            if last is not None and line.startswith(" "):
+                own[last] += " " + line.strip()
+            continue
+        m = re.match(r"^(\s*)([A-Za-z_0-9]+):(.*)$", line)
+        if not m:
+            continue
+        while stack and stack[-1][0] >= len(m.group(1)):
+            stack.pop()
+        stack.append((len(m.group(1)), m.group(2)))
+        last = ".".join(k for _, k in stack)
+        own[last] = m.group(3).split("#", 1)[1] if "#" in m.group(3) else ""
+    return {k: " ".join(own.get(".".join(k.split(".")[:i]), "")
+                        for i in range(1, k.count(".") + 2)) for k in own}
+
+
+def _chain(chains: dict[str, str], key: str) -> str:
+    while key not in chains and "." in key:  # a flow mapping's entry: its line's comment
+        key = key.rsplit(".", 1)[0]
+    return chains.get(key, "")
+
+
+def test_every_key_no_paper_states_says_ours(record):
+    """The header's promise: "ours" marks every value no paper states, on the key's comment
+    or an enclosing key's."""
+    chains = _comment_chains((ROOT / "params.yaml").read_text())
+    missing = sorted({s.key for s in record.settings if s.status == "not_stated"
+                      and "ours" not in _chain(chains, s.key)})
+    assert not missing, f"params.yaml: not_stated keys without 'ours' in their comment: {missing}"
+
+
+def test_a_not_stated_key_without_ours_is_caught(record):
+    row = next(s for s in record.settings if s.status == "not_stated")
+    text = (ROOT / "params.yaml").read_text()
+    chains = _comment_chains(text.replace("ours", "o-u-r-s"))
+    assert "ours" not in _chain(chains, row.key)
