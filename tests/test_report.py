@@ -227,14 +227,17 @@ def test_summary_numbers_are_the_metrics_files_numbers(metrics_tree):
     assert checked > 100
     rows = {r["key"]: r for r in data["stages"]["tightness"]["rows"]}
     i = PAPER_TABLE3["eps"].index(0.05)
-    assert rows["table3_lofast_M_over_pgd/0.05"]["paper"] == pytest.approx(
-        PAPER_TABLE3["LoFAST(M)"][i] / PAPER_TABLE3["PGD"][i])
-    assert rows["table3_lofast_M_over_pgd/0.2"]["paper"] is None   # not an eps of Table 3
+    # Table 3's LoFAST row is sec. 5.1's bound, the xi form: beside our LoFAST(xi), not (M)
+    assert rows["table3_lofast_xi_over_pgd/0.05"]["paper"] == pytest.approx(
+        PAPER_TABLE3["LoFAST"][i] / PAPER_TABLE3["PGD"][i])
+    assert rows["table3_lofast_M_over_pgd/0.05"]["paper"] is None
+    assert rows["table3_lofast_xi_over_pgd/0.2"]["paper"] is None   # not an eps of Table 3
+    assert rows["table3_specformer_over_pgd/0.05"]["paper"] == pytest.approx(90.600 / 0.1427)
     from attncert.stages import tightness as tightness_stage
 
     cpu = {r["key"]: r for r in tightness_stage.headline_rows(
-        {"scale": "cpu", "table3_lofast_M_over_pgd": {"0.05": 2.0}}, {})}
-    assert "not like for like" in cpu["table3_lofast_M_over_pgd/0.05"]["source"]
+        {"scale": "cpu", "table3_lofast_xi_over_pgd": {"0.05": 2.0}}, {})}
+    assert "not like for like" in cpu["table3_lofast_xi_over_pgd/0.05"]["source"]
     spec = {r["key"]: r for r in data["stages"]["specformer"]["rows"]}
     # SpecFormer's Table 1 is of its ViT-S fine-tuned on CIFAR-10, not a ViT trained from scratch
     assert spec["robustness/cifar10/standard/vanilla/FGSM 2/255"]["paper"] is None
