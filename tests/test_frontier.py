@@ -41,7 +41,7 @@ def test_settings_parse_and_bad_ones_are_refused():
                        ("lofast-0.5-1", "<kind>-<value>"), ("standard-1", "<kind>-<value>"),
                        ("lofast-0.5_z3", "unknown axis"), ("lofast-0.5_p7.5", "not a int"),
                        ("lofast-0.5_qk0", "once"), ("lofast-0.5_p7_p4", "once"),
-                       ("linear-0.5_p7", "no axes"), ("standard_qk1", "patch axis only"),
+                       ("linear-0.5_p7", "no axes"), ("standard_qk1", "patch and route axes only"),
                        ("lofast-0.5_tie2", "not a 1 \\(on\\)")):
         with pytest.raises(ValueError, match=match):
             stage.parse_setting(bad)
@@ -72,9 +72,12 @@ def test_selection_reads_clean_and_certified_at_the_selection_eps_averaged_over_
     rows = [("a", "lmt-0.2", "lmt", 98, 10, 0.0), ("a", "lofast-0.5", "lofast", 95, 80, 3.0),
             ("a", "linear-0.5", "linear", 85, 99, None),  # the baselines are never selected
             ("a", "standard", "standard", 99, None, 20.0),
-            ("b", "lmt-0.2", "lmt", 90, 60, 2.0), ("b", "lofast-0.5", "lofast", 60, 10, 1.5)]
+            ("b", "lmt-0.2", "lmt", 90, 60, 2.0), ("b", "lofast-0.5", "lofast", 60, 10, 1.5),
+            ("a", "lmt-0.2_route1", "lmt", 99, 99, 50.0)]  # another task: never a candidate
     table = pd.DataFrame([{"dataset": d, "setting": s, "kind": k, "clean": c,
-                           "certified@0.5": r, "uniform_gap": g} for d, s, k, c, r, g in rows])
+                           "certified@0.5": r, "uniform_gap": g,
+                           "task": "routed" if "route" in s else "plain"}
+                          for d, s, k, c, r, g in rows])
     selected, scores = stage.select(table, 0.5)
     # lmt: (54 + 75) / 2 = 64.5; lofast: (87.5 + 35) / 2 = 61.25
     assert selected == "lmt-0.2" and scores.to_dict() == {"lmt-0.2": 64.5, "lofast-0.5": 61.25}
@@ -91,12 +94,16 @@ def test_the_target_reads_the_standard_vit_of_the_same_patch_and_dataset():
             ("a", "lofast-0.5_p7", "lofast", 7, 6.0, 2.0, 0),    # 6 < 30: not met
             ("a", "lmt-0.5", "lmt", 14, 6.0, 1.2, 0),            # radius ratio too small
             ("a", "lofast-1", "lofast", 14, 8.0, 2.0, 1),        # a broken certificate
-            ("b", "lofast-0.5", "lofast", 14, 9.0, 2.0, 0)]      # no standard ViT on b
+            ("b", "lofast-0.5", "lofast", 14, 9.0, 2.0, 0),      # no standard ViT on b
+            ("a", "standard_route1", "standard", 14, 58.0, None, 0),
+            ("a", "lmt-0.5_route1", "lmt", 14, 20.0, 2.0, 0)]  # 20 < 29: the routed standard's
     table = pd.DataFrame([{"dataset": d, "setting": s, "kind": k, "patch": p,
-                           "uniform_gap": g, "local_global": r, "broken": b}
+                           "uniform_gap": g, "local_global": r, "broken": b,
+                           "task": "routed" if "route" in s else "plain"}
                           for d, s, k, p, g, r, b in rows])
     t = stage.attention_targets(table)
-    assert t["target_met"].tolist() == [True, False, False, False, False]
+    assert t["target_met"].tolist() == [True, False, False, False, False, False]
+    assert t["standard_gap"].tolist()[-1] == 58.0
     assert t["standard_gap"].tolist()[:2] == [10.0, 60.0]
     assert t["share_of_standard"].tolist()[0] == pytest.approx(0.6)
 
@@ -211,3 +218,38 @@ def test_the_cost_model_counts_every_vit_unit():
     lofast = sum(w.flops for w in items if "lofast" in w.unit)
     lmt = sum(w.flops for w in items if "lmt" in w.unit)
     assert lofast > lmt > 0  # the bound in every training step costs more than an offset
+
+
+def test_the_routing_task_needs_token_mixing_and_keeps_its_splits_apart():
+    """Composed images: the marker points to the quadrant whose digit is the label; every
+    quadrant image comes from its own part (no validation image in a training composite); a
+    routed setting changes the task, not the model."""
+    from attncert.data import routing
+    from attncert.studies.frontier import task_parts
+
+    n = 64
+    # each image is one flat value that encodes its index: its label is the index mod 10
+    vals = torch.arange(n) + 10
+    part = {"x": vals.to(torch.uint8).view(n, 1, 1, 1).expand(n, 1, 28, 28).clone(),
+            "y": torch.arange(n) % 10}
+    out = routing.compose(part, seed=3)
+    assert out["x"].shape == (n, 1, 28, 28) and out["x"].dtype == torch.uint8
+    k = routing.marker_of(out["x"])
+    quads = [out["x"][:, 0, 0, 20], out["x"][:, 0, 20, 0], out["x"][:, 0, 20, 20]]
+    chosen = torch.stack(quads, 1)[torch.arange(n), k].long() - 10
+    assert torch.equal(out["y"], chosen % 10) and len(set(k.tolist())) == 3
+    assert torch.equal(routing.compose(part, seed=3)["x"], out["x"])  # seeded
+    with pytest.raises(ValueError, match="square uint8"):
+        routing.compose({"x": part["x"].float(), "y": part["y"]}, 0)
+    val = {"x": torch.full((8, 1, 28, 28), 200, dtype=torch.uint8),
+           "y": torch.zeros(8, dtype=torch.long)}
+    data = {"mean": [0.5], "std": [0.5], "classes": list(range(10))}
+    setting = stage.parse_setting("lmt-0.5_qk1_route1")
+    assert setting.routed and setting.model_axes() == {"gamma_qk": 1.0}
+    assert stage.parse_setting("standard_route1").routed
+    d2, tr, va = task_parts(data, part, val, setting, seed=0)
+    assert set(va["x"][:, :, 14:, :].unique().tolist()) <= {200}  # validation images only
+    assert 200 not in set(tr["x"].unique().tolist())
+    assert d2["mean"] != [0.5] and data["mean"] == [0.5]  # the composed normalisation
+    plain = stage.parse_setting("lmt-0.5")
+    assert task_parts(data, part, val, plain, seed=0)[1]["x"] is part["x"]

@@ -43,15 +43,7 @@ from attncert.models import build_vit
 from attncert.pipeline import runs
 from attncert.pipeline.context import Context
 from attncert.pipeline.io import atomic_path, write_json
-from attncert.pipeline.params import (
-    fail,
-    image_datasets,
-    nonempty,
-    nonneg,
-    param,
-    positive,
-    unique,
-)
+from attncert.pipeline.params import fail, image_datasets, nonempty, nonneg, param, positive, unique
 from attncert.pipeline.records import read_record, unit_key
 from attncert.report.headline import numbers, row
 from attncert.report.paper import MNIST_EPS, mnist_anchor
@@ -74,6 +66,7 @@ from attncert.studies.frontier import (  # noqa: F401 (the stage's names)
     sharpening_metrics,
     sharpening_table,
     split,
+    task_parts,
     train_config,
     unit_attention,
     unit_table,
@@ -173,7 +166,7 @@ def _run_unit(p: Params, ctx: Context, unit: str) -> dict[str, Any]:
     setting = parse_setting(name)
     t0 = time.perf_counter()
     data = load_processed(dataset, ctx.processed_dir)
-    train, val = split(data, p.holdout, p.max_train)
+    data, train, val = task_parts(data, *split(data, p.holdout, p.max_train), setting, base.seed)
     cfg = train_config(p, tv, setting, base.seed)
     torch.manual_seed(base.seed)
     if setting.kind == "linear":

@@ -52,9 +52,13 @@ AXES = {"p": ("patch", int, "patch size (more tokens: a smaller patch)"),
         "r": ("radius_attn", float, "LayerProject radius of the attention inputs"),
         "vo": ("gamma_vo", float, "spectral norm of W^V, W^O"),
         "mix": ("lofast_mix", float, "weight of the lofast margin's CE"),
-        "ent": ("attn_entropy", float, "weight of the attention-entropy penalty")}
-#: axes that change the training recipe (the others change the model)
+        "ent": ("attn_entropy", float, "weight of the attention-entropy penalty"),
+        "route": ("route", flag, "the routing task composed from the dataset "
+                                 "(attncert.data.routing; route1)")}
+#: axes that change the training recipe
 TRAIN_AXES = ("lofast_mix", "attn_entropy")
+#: axes that change the task (the others change the model)
+DATA_AXES = ("route",)
 
 
 @dataclass(frozen=True)
@@ -71,8 +75,13 @@ class Setting:
         """A ViT that is certified (not the linear baseline, not the standard ViT)."""
         return self.kind in ("lmt", "lofast")
 
+    @property
+    def routed(self) -> bool:
+        """Trained and evaluated on the routing task (:mod:`attncert.data.routing`)."""
+        return bool(self.axes.get("route"))
+
     def model_axes(self) -> dict[str, Any]:
-        return {k: v for k, v in self.axes.items() if k not in TRAIN_AXES}
+        return {k: v for k, v in self.axes.items() if k not in TRAIN_AXES + DATA_AXES}
 
     def train_axes(self) -> dict[str, Any]:
         return {k: v for k, v in self.axes.items() if k in TRAIN_AXES}
@@ -115,8 +124,8 @@ def parse_setting(setting: str) -> Setting:
         axes[field_] = val
     if kind == "linear" and axes:
         raise _setting_error(setting, "the linear baseline takes no axes")
-    if kind == "standard" and set(axes) - {"patch"}:
-        raise _setting_error(setting, "the standard ViT takes the patch axis only")
+    if kind == "standard" and set(axes) - {"patch", "route"}:
+        raise _setting_error(setting, "the standard ViT takes the patch and route axes only")
     return Setting(kind, v, axes)
 
 
@@ -167,6 +176,7 @@ def frame(records: Sequence[Mapping[str, Any]], eps: Sequence[float]) -> pd.Data
     rows = []
     for r in records:
         out = {"dataset": r["dataset"], "setting": r["setting"], "kind": r["kind"],
+               "task": "routed" if (r.get("axes") or {}).get("route") else "plain",
                "patch": r.get("patch"), "clean": 100 * r["clean_acc"]}
         for e in eps:
             out[f"certified@{e:g}"] = 100 * r.get("certified_acc", {}).get(str(float(e)), nan)
@@ -190,7 +200,7 @@ def frame(records: Sequence[Mapping[str, Any]], eps: Sequence[float]) -> pd.Data
 def attending(table: pd.DataFrame, min_gap: float) -> pd.Series:
     """Per certified ViT setting: True when it loses at least ``min_gap`` points of clean
     accuracy with uniform attention on every dataset (its attention changes predictions)."""
-    vit = table[table["kind"].isin(["lmt", "lofast"])]
+    vit = table[table["kind"].isin(["lmt", "lofast"]) & (table["task"] == "plain")]
     return (vit["uniform_gap"] >= min_gap).groupby(vit["setting"], sort=False).all()
 
 
@@ -199,32 +209,33 @@ def select(table: pd.DataFrame, select_eps: float, min_gap: float | None = None
     """The certified ViT setting with the highest mean over datasets of (clean + certified at
     ``select_eps``) / 2, and every certified ViT setting's score (ties: the first in
     ``settings``). With ``min_gap``, only the settings that attend (:func:`attending`) can be
-    selected; None when none does."""
-    vit = table[table["kind"].isin(["lmt", "lofast"])]
+    selected; None when none does. Settings on the routing task are not candidates (another
+    task than the grid's): None when every setting routes."""
+    vit = table[table["kind"].isin(["lmt", "lofast"]) & (table["task"] == "plain")]
     score = ((vit["clean"] + vit[f"certified@{select_eps:g}"]) / 2).groupby(
         vit["setting"], sort=False).mean()
     if min_gap is not None:
         ok = attending(table, min_gap)
         eligible = score[ok.reindex(score.index, fill_value=False)]
         return (str(eligible.idxmax()) if len(eligible) else None), score
-    return str(score.idxmax()), score
+    return (str(score.idxmax()) if len(score) else None), score
 
 
 def attention_targets(table: pd.DataFrame, share: float = 0.5, min_gap: float = 1.0,
                       ratio: float = 1.3) -> pd.DataFrame:
-    """Per certified ViT row: the standard ViT's uniform-attention gap on the same dataset and
-    patch (NaN when the frontier trains none), the row's share of it, and whether the row meets
-    the study's target: a gap of at least ``share`` of the standard ViT's and ``min_gap``
+    """Per certified ViT row: the standard ViT's uniform-attention gap on the same dataset,
+    task and patch (NaN when the frontier trains none), the row's share of it, and whether the
+    row meets the study's target: a gap of at least ``share`` of the standard ViT's and ``min_gap``
     points, LoFAST(M)'s median radius at least ``ratio`` x the global bound's, 0 broken."""
     std = table[table["kind"] == "standard"]
-    ref = {(r["dataset"], r["patch"]): r["uniform_gap"] for _, r in std.iterrows()}
+    ref = {(r["dataset"], r["patch"], r["task"]): r["uniform_gap"] for _, r in std.iterrows()}
     rows = []
     for _, r in table[table["kind"].isin(["lmt", "lofast"])].iterrows():
-        g = ref.get((r["dataset"], r["patch"]), float("nan"))
+        g = ref.get((r["dataset"], r["patch"], r["task"]), float("nan"))
         met = bool(pd.notna(g) and r["uniform_gap"] >= max(min_gap, share * g)
                    and r["local_global"] >= ratio and r["broken"] == 0)
-        rows.append({"dataset": r["dataset"], "setting": r["setting"], "patch": r["patch"],
-                     "uniform_gap": r["uniform_gap"], "standard_gap": g,
+        rows.append({"dataset": r["dataset"], "setting": r["setting"], "task": r["task"],
+                     "patch": r["patch"], "uniform_gap": r["uniform_gap"], "standard_gap": g,
                      "share_of_standard": r["uniform_gap"] / g if pd.notna(g) and g > 0
                      else float("nan"),
                      "local_global": r["local_global"], "broken": r["broken"],
@@ -248,6 +259,19 @@ def split(data: Mapping[str, Any], holdout: int, max_train: int = 0) -> tuple[di
     end = cut if max_train == 0 else min(cut, max_train)
     return ({k: data["train"][k][:end] for k in ("x", "y")},
             {k: data["train"][k][cut:] for k in ("x", "y")})
+
+
+def task_parts(data: Mapping[str, Any], train: Mapping[str, Any], val: Mapping[str, Any],
+               setting: Setting, seed: int) -> tuple[dict, dict, dict]:
+    """(data, training part, validation part) of the setting's task: as they are, or on the
+    routing task, each part composed from its own images (no image of the validation part
+    in a training composite) and ``data``'s normalisation that of the composed training part."""
+    if not setting.routed:
+        return dict(data), dict(train), dict(val)
+    from attncert.data import routing
+
+    train, val = routing.compose(train, seed), routing.compose(val, seed + 1)
+    return dict(data) | routing.routed_stats(train), train, val
 
 
 def grid_setting(tv: train_vit.Params) -> str | None:
