@@ -68,8 +68,9 @@ def bench_models(params) -> dict[str, tuple[nn.Module, Callable[[int], tuple], s
     }
 
 
-#: how a bench step runs: eager, ``torch.compile`` (kernel fusion), compiled with CUDA graphs
-COMPILE_MODES = {"eager": None, "compile": "default", "graphs": "reduce-overhead"}
+#: how a bench step runs: eager, or compiled as training runs it in ``base.compile``'s modes
+#: (:mod:`attncert.training.compiled`: ``compile``, ``graphs`` with CUDA graphs on CUDA)
+COMPILE_MODES = ("eager", "compile", "graphs")
 
 
 def bench_training(params, batch: int, steps: int = 5, device: str = "auto",
@@ -77,8 +78,10 @@ def bench_training(params, batch: int, steps: int = 5, device: str = "auto",
                    only: tuple[str, ...] = ()) -> list[dict[str, Any]]:
     """Seconds per training step (median of ``steps`` after the warm-up: one step eager, three
     compiled, whose first is reported as ``first_step_s``) per model kind (``only``: these).
-    ``mode``: a key of :data:`COMPILE_MODES` (the forward and backward compiled, AdamW eager)."""
+    ``mode``: one of :data:`COMPILE_MODES` (the forward and backward compiled as in training,
+    AdamW eager)."""
     from attncert.msvp import MSVP
+    from attncert.training import compiled
     from attncert.training.precision import autocast, resolve_precision, training_matmuls
     from attncert.training.train import resolve_device
 
@@ -86,6 +89,7 @@ def bench_training(params, batch: int, steps: int = 5, device: str = "auto",
         raise ValueError(f"mode {mode!r}; one of {', '.join(COMPILE_MODES)}")
     dev = resolve_device(device)
     prec = resolve_precision(precision, dev)
+    how = compiled.resolve(dev, "off" if mode == "eager" else mode)
     warm = 1 if mode == "eager" else 3
     rows = []
     for name, (model, make_batch, shape) in bench_models(params).items():
@@ -95,11 +99,9 @@ def bench_training(params, batch: int, steps: int = 5, device: str = "auto",
         args = [a.to(dev) for a in make_batch(batch)]
         msvp = (MSVP(model, *params["specformer"].msvp_lambda) if "MSVP" in name else None)
         opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-4)
-        run = model if mode == "eager" else torch.compile(model, mode=COMPILE_MODES[mode])
 
-        def step(model=run, args=args, msvp=msvp, opt=opt):
-            if dev.type == "cuda" and mode == "graphs":
-                torch.compiler.cudagraph_mark_step_begin()
+        def step(model=model, args=args, msvp=msvp, opt=opt):
+            compiled.step_begin(how, dev)
             with autocast(prec, dev):
                 loss = nn.functional.cross_entropy(model(*args[:-1]), args[-1])
                 if msvp is not None:
@@ -110,7 +112,7 @@ def bench_training(params, batch: int, steps: int = 5, device: str = "auto",
 
         times = []
         try:
-            with training_matmuls(prec, dev):
+            with training_matmuls(prec, dev), compiled.compiled_forward(model, how):
                 for _ in range(steps + warm):
                     _sync(dev)
                     t0 = time.perf_counter()
@@ -136,10 +138,8 @@ def _concurrent_child(params, batch, steps, device, mode, barrier, queue) -> Non
     """One of K processes: wait for the others, then warm up and time ``steps`` steps."""
     torch.manual_seed(0)
     barrier.wait()
-    t0 = time.perf_counter()
-    row = bench_training(params, batch, steps, device, mode=mode,
-                         only=("lipschitz ViT (train_vit)",))[0]
-    queue.put((time.perf_counter() - t0, row["ms_per_step"]))
+    queue.put(bench_training(params, batch, steps, device, mode=mode,
+                             only=("lipschitz ViT (train_vit)",))[0]["ms_per_step"])
 
 
 def bench_concurrency(params, batch: int, ks: tuple[int, ...] = (1, 2, 4), steps: int = 20,
@@ -160,7 +160,7 @@ def bench_concurrency(params, batch: int, ks: tuple[int, ...] = (1, 2, 4), steps
         got = [queue.get(timeout=900) for _ in procs]
         for p in procs:
             p.join()
-        step_ms = sorted(ms for _, ms in got)[k // 2]
+        step_ms = sorted(got)[k // 2]
         rows.append({"k": k, "mode": mode, "batch": batch, "ms_per_step": step_ms,
                      "steps_per_s": 1e3 * k / step_ms})
     for r in rows:

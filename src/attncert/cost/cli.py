@@ -69,7 +69,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--batch", type=int, default=32, help="bench: batch size")
     ap.add_argument("--steps", type=int, default=5, help="bench: timed steps per model")
     ap.add_argument("--device", default="auto", help="bench, crown: auto | cpu | cuda ...")
-    ap.add_argument("--modes", nargs="+", default=["eager"], choices=list(COMPILE_MODES),
+    ap.add_argument("--modes", nargs="+", default=["eager"], choices=COMPILE_MODES,
                     help="bench: eager, compile (torch.compile), graphs (and CUDA graphs)")
     ap.add_argument("--concurrent", type=int, nargs="+", default=None, metavar="K",
                     help="bench: also K processes training the grid's ViT on the device at once")

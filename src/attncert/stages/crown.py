@@ -292,7 +292,8 @@ def dataset_rows(dataset: str, m: Mapping) -> list[dict]:
                             lofast_src if lofast else crown_src, brief=True))
         secs = t1["lofast_seconds" if lofast else "crown_seconds"].get(d) if cifar else None
         rows.append(row(f"{key}table1/L{d}/{method}/seconds_per_sample",
-                        f"{lab}L{d} {method} seconds per sample", rec["seconds_per_sample"],
+                        f"{lab}L{d} {method} seconds per "
+                        f"{'sample' if lofast else 'point it bounded'}", rec["seconds_per_sample"],
                         "seconds", secs, lofast_src if lofast else crown_src, brief=True))
     for rec in m.get("table2", []):
         d, eps = rec["depth"], f"{rec['eps']:g}"

@@ -158,6 +158,8 @@ def run_epochs(model: nn.Module, steps: Steps, eval_data: Any, config: Any, ckpt
     The forward passes run compiled in the process's ``base.compile`` mode
     (:mod:`attncert.training.compiled`); the model is eager again on return.
     Returns the per-epoch metrics rows."""
+    from attncert.pipeline import progress as console
+
     steps_per_epoch = math.ceil(steps.n / config.batch_size)
     opt = optimizer(steps.params, config)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lr_schedule(config, steps_per_epoch))
@@ -166,67 +168,54 @@ def run_epochs(model: nn.Module, steps: Steps, eval_data: Any, config: Any, ckpt
     metrics, start, _ = load_checkpoint(ckpt_path, cfg_dict, states)
     mode = compiled.resolve(dev)
     with compiled.compiled_forward(model, mode):
-        _epochs(model, steps, eval_data, config, ckpt_path, metrics_path, dev, precision,
-                progress, callback, eval_name, (opt, sched, states, metrics, start, mode))
+        for epoch in range(start + 1, config.epochs + 1):
+            t0 = time.perf_counter()
+            model.train()
+            batches = steps.plan(epoch)
+            loss_sum = torch.zeros((), dtype=sum_dtype(dev), device=dev)
+            correct = torch.zeros((), dtype=torch.long, device=dev)
+            bar = console.bar(batches, desc=f"epoch {epoch}/{config.epochs}", enabled=progress,
+                              leave=False)
+            with training_matmuls(precision, dev):
+                for i, key in enumerate(bar):
+                    inputs, yb = steps.batch(key)
+                    compiled.step_begin(mode, dev)
+                    try:
+                        with autocast(precision, dev):
+                            logits, loss = steps.loss(inputs, yb, (epoch - 1) * steps_per_epoch + i)
+                    except torch.linalg.LinAlgError as exc:  # an exact norm of the weights failed
+                        raise _diverged(epoch, i, str(exc)) from exc
+                    opt.zero_grad(set_to_none=True)
+                    loss.backward()
+                    if config.grad_clip > 0:
+                        nn.utils.clip_grad_norm_(steps.params, config.grad_clip)
+                    opt.step()
+                    sched.step()
+                    steps.after_step()
+                    loss_sum += loss.detach().to(loss_sum.dtype) * len(yb)
+                    correct += (logits.detach().argmax(1) == yb).sum()
+                    if progress and i % LOG_EVERY == 0:  # the only host sync of a step
+                        value = loss.item()
+                        if not math.isfinite(value):
+                            raise _diverged(epoch, i, f"the loss is {value}")
+                        bar.set_postfix(loss=f"{value:.4f}", refresh=False)
+            loss_sum, correct = float(loss_sum), int(correct)
+            if not math.isfinite(loss_sum):
+                raise _diverged(epoch, steps_per_epoch, f"the epoch's summed loss is {loss_sum}")
+            train_seconds = time.perf_counter() - t0
+            ev = steps.evaluate(eval_data)
+            row = {"epoch": epoch, "train_loss": loss_sum / steps.n, "train_acc": correct / steps.n,
+                   **{f"test_{k}": v for k, v in ev.items()}, "lr": sched.get_last_lr()[0],
+                   **steps.row(), "seconds": train_seconds, **lipschitz_diagnostics(model)}
+            metrics.append(row)
+            save_checkpoint(ckpt_path, cfg_dict, states, epoch, metrics)
+            write_json(metrics_path, metrics)
+            if progress:
+                console.write(f"epoch {epoch}/{config.epochs}: loss {row['train_loss']:.4f} train "
+                              f"acc {row['train_acc']:.4f} {eval_name} acc {row['test_acc']:.4f} "
+                              f"({train_seconds:.1f} s)")
+            if callback is not None:
+                callback(epoch, row)
     if metrics:  # a run stopped between the checkpoint and the metrics file resumes to both
         write_json(metrics_path, metrics)
     return metrics
-
-
-def _epochs(model, steps, eval_data, config, ckpt_path, metrics_path, dev, precision, progress,
-            callback, eval_name, run) -> None:
-    """:func:`run_epochs`' epochs from the one after ``start`` (``run``: its optimiser,
-    scheduler, checkpointed states, metrics rows, last finished epoch and compile mode)."""
-    from attncert.pipeline import progress as console
-
-    opt, sched, states, metrics, start, mode = run
-    steps_per_epoch = math.ceil(steps.n / config.batch_size)
-    cfg_dict = dataclasses.asdict(config)
-    for epoch in range(start + 1, config.epochs + 1):
-        t0 = time.perf_counter()
-        model.train()
-        batches = steps.plan(epoch)
-        loss_sum = torch.zeros((), dtype=sum_dtype(dev), device=dev)
-        correct = torch.zeros((), dtype=torch.long, device=dev)
-        bar = console.bar(batches, desc=f"epoch {epoch}/{config.epochs}", enabled=progress,
-                          leave=False)
-        with training_matmuls(precision, dev):
-            for i, key in enumerate(bar):
-                inputs, yb = steps.batch(key)
-                compiled.step_begin(mode, dev)
-                try:
-                    with autocast(precision, dev):
-                        logits, loss = steps.loss(inputs, yb, (epoch - 1) * steps_per_epoch + i)
-                except torch.linalg.LinAlgError as exc:  # an exact norm of the weights failed
-                    raise _diverged(epoch, i, str(exc)) from exc
-                opt.zero_grad(set_to_none=True)
-                loss.backward()
-                if config.grad_clip > 0:
-                    nn.utils.clip_grad_norm_(steps.params, config.grad_clip)
-                opt.step()
-                sched.step()
-                steps.after_step()
-                loss_sum += loss.detach().to(loss_sum.dtype) * len(yb)
-                correct += (logits.detach().argmax(1) == yb).sum()
-                if progress and i % LOG_EVERY == 0:  # the only host sync of a step
-                    value = loss.item()
-                    if not math.isfinite(value):
-                        raise _diverged(epoch, i, f"the loss is {value}")
-                    bar.set_postfix(loss=f"{value:.4f}", refresh=False)
-        loss_sum, correct = float(loss_sum), int(correct)
-        if not math.isfinite(loss_sum):
-            raise _diverged(epoch, steps_per_epoch, f"the epoch's summed loss is {loss_sum}")
-        train_seconds = time.perf_counter() - t0
-        ev = steps.evaluate(eval_data)
-        row = {"epoch": epoch, "train_loss": loss_sum / steps.n, "train_acc": correct / steps.n,
-               **{f"test_{k}": v for k, v in ev.items()}, "lr": sched.get_last_lr()[0],
-               **steps.row(), "seconds": train_seconds, **lipschitz_diagnostics(model)}
-        metrics.append(row)
-        save_checkpoint(ckpt_path, cfg_dict, states, epoch, metrics)
-        write_json(metrics_path, metrics)
-        if progress:
-            console.write(f"epoch {epoch}/{config.epochs}: loss {row['train_loss']:.4f} train "
-                          f"acc {row['train_acc']:.4f} {eval_name} acc {row['test_acc']:.4f} "
-                          f"({train_seconds:.1f} s)")
-        if callback is not None:
-            callback(epoch, row)
