@@ -161,6 +161,12 @@ def test_the_radius_ramp_and_the_config_checks():
     assert ct.margin_eps(0.5, 0.5, 0, 100) == pytest.approx(0.01)
     assert ct.margin_eps(0.5, 0.5, 49, 100) == pytest.approx(0.5)
     assert ct.margin_eps(0.5, 0.5, 99, 100) == 0.5
+    # the margin after a start: plain CE (radius 0) first, then the ramp from there
+    assert [ct.margin_eps(0.5, 0.0, s, 100, start=0.75) for s in (0, 74, 75, 99)] == [
+        0.0, 0.0, 0.5, 0.5]
+    assert ct.margin_eps(0.5, 0.5, 75, 100, start=0.5) == pytest.approx(0.26)
+    with pytest.raises(ValueError, match="lofast_start"):
+        TrainConfig(margin="lofast", lofast_eps=0.1, lofast_start=1.0)
     with pytest.raises(ValueError, match="lofast_eps > 0"):
         TrainConfig(margin="lofast")
     with pytest.raises(ValueError, match="lofast_mix"):

@@ -33,6 +33,11 @@ def test_settings_parse_and_bad_ones_are_refused():
     assert (s.kind, s.value, s.is_vit) == ("lofast", 0.5, True)
     assert s.model_axes() == {"patch": 7, "gamma_qk": 1.5, "radius_attn": 4.0, "gamma_vo": 0.25}
     assert s.train_axes() == {"lofast_mix": 0.3}
+    s = stage.parse_setting("lofast-0.02_qk4_d2_ep24_warm0.75_route1")
+    assert s.model_axes() == {"gamma_qk": 4.0, "depth": 2}
+    assert s.train_axes() == {"epochs": 24, "lofast_start": 0.75}
+    assert (s.routed, stage.parse_setting("standard_d2_ep24_route1").axes) == (
+        True, {"depth": 2, "epochs": 24, "route": True})
     std = stage.parse_setting("standard_p7")
     assert (std.kind, std.value, std.is_vit, std.axes) == ("standard", None, False,
                                                            {"patch": 7})
@@ -41,7 +46,9 @@ def test_settings_parse_and_bad_ones_are_refused():
                        ("lofast-0.5-1", "<kind>-<value>"), ("standard-1", "<kind>-<value>"),
                        ("lofast-0.5_z3", "unknown axis"), ("lofast-0.5_p7.5", "not a int"),
                        ("lofast-0.5_qk0", "once"), ("lofast-0.5_p7_p4", "once"),
-                       ("linear-0.5_p7", "no axes"), ("standard_qk1", "patch and route axes only"),
+                       ("linear-0.5_p7", "no axes"), ("standard_qk1", "p, route, d and ep axes"),
+                       ("lmt-0.5_warm0.5", "lofast-\\* only"), ("lofast-0.5_warm1", "below 1"),
+                       ("lofast-0.5_ep2.5", "not a int"),
                        ("lofast-0.5_tie2", "not a 1 \\(on\\)")):
         with pytest.raises(ValueError, match=match):
             stage.parse_setting(bad)
@@ -87,7 +94,7 @@ def test_selection_reads_clean_and_certified_at_the_selection_eps_averaged_over_
     assert stage.select(table, 0.5, 5.0)[0] is None  # none attends
 
 
-def test_the_target_reads_the_standard_vit_of_the_same_patch_and_dataset():
+def test_the_target_reads_the_standard_vit_of_the_same_patch_depth_and_dataset():
     rows = [("a", "standard", "standard", 14, 10.0, None, 0),
             ("a", "standard_p7", "standard", 7, 60.0, None, 0),
             ("a", "lofast-0.5", "lofast", 14, 6.0, 1.4, 0),      # 6 >= 5, 1.4 >= 1.3: met
@@ -96,12 +103,18 @@ def test_the_target_reads_the_standard_vit_of_the_same_patch_and_dataset():
             ("a", "lofast-1", "lofast", 14, 8.0, 2.0, 1),        # a broken certificate
             ("b", "lofast-0.5", "lofast", 14, 9.0, 2.0, 0),      # no standard ViT on b
             ("a", "standard_route1", "standard", 14, 58.0, None, 0),
-            ("a", "lmt-0.5_route1", "lmt", 14, 20.0, 2.0, 0)]  # 20 < 29: the routed standard's
+            ("a", "lmt-0.5_route1", "lmt", 14, 20.0, 2.0, 0),  # 20 < 29: the routed standard's
+            ("a", "standard_d2_route1", "standard", 14, 30.0, None, 0),
+            ("a", "lofast-0.1_d2_route1", "lofast", 14, 20.0, 2.0, 0)]  # 20 >= 15 at depth 2
     table = pd.DataFrame([{"dataset": d, "setting": s, "kind": k, "patch": p,
+                           "depth": 2 if "_d2" in s else 3,
                            "uniform_gap": g, "local_global": r, "broken": b,
                            "task": "routed" if "route" in s else "plain"}
                           for d, s, k, p, g, r, b in rows])
     t = stage.attention_targets(table)
+    assert t["target_met"].tolist() == [True, False, False, False, False, False, True]
+    assert t["standard_gap"].tolist()[-1] == 30.0
+    t = stage.attention_targets(table.drop(columns="depth").iloc[:-2])  # records without depth
     assert t["target_met"].tolist() == [True, False, False, False, False, False]
     assert t["standard_gap"].tolist()[-1] == 58.0
     assert t["standard_gap"].tolist()[:2] == [10.0, 60.0]

@@ -1,4 +1,4 @@
-"""A routing task that a mean over tokens cannot solve, composed from an image dataset.
+"""A routing task that a token-wise model cannot solve, composed from an image dataset.
 
 Each composed image has the source's size and four quadrants: the top-left one holds a marker
 (a bright bar at one of three heights), the other three hold three images of the source
@@ -7,11 +7,15 @@ marker points to (1: top right, 2: bottom left, 3: bottom right). At a patch of 
 image, each quadrant is one token.
 
 Why attention must matter: a model whose logits are a sum over tokens of a function of each
-token and its position (mean pooling, or any model whose attention is uniform or the
-identity, over a token-wise network) cannot route: the marker's term cannot change which
-digit's term counts. Guessing among the three digits present is the best such a model can do
-(about 40% on MNIST with ten classes, more with repeated classes), while a model that attends
-from the marker to the marked quadrant can reach the source task's accuracy.
+token and its position (identity attention over a token-wise network) cannot route: the
+marker's term cannot change which digit's term counts. Guessing among the three digits
+present is the best such a model can do (about 40% on MNIST with ten classes, more with
+repeated classes), while a model that attends from the marker to the marked quadrant can
+reach the source task's accuracy. Uniform attention is not token-wise: every token receives
+the mean of all of them, marker included, so the blocks after it can gate a digit's term by
+the marker, and a model can partly route with a mean alone (the frontier study measures how
+far: docs/attention.md). The uniform-attention gap measures whether the trained pattern
+matters; the identity gap, whether any mixing does.
 """
 
 from __future__ import annotations

@@ -54,7 +54,7 @@ def plot_attention(table: pd.DataFrame, select_eps: float, min_gap: float) -> Fi
     """One panel per dataset: certified accuracy at ``select_eps`` (LoFAST(M), filled; the
     global bound on the same model, hollow) against the points of clean accuracy lost when
     every attention matrix is made uniform. Settings below ``min_gap`` (dead attention: the
-    model is a token-wise MLP) in grey; the standard ViT of each patch size as a dotted
+    model is a token-wise MLP) in grey; the standard ViT of each task shape as a dotted
     vertical line at its gap (how much attention can matter on the task); the linear baseline
     as a horizontal line."""
     sns.set_theme(style="whitegrid", context="paper")
@@ -69,7 +69,7 @@ def plot_attention(table: pd.DataFrame, select_eps: float, min_gap: float) -> Fi
                 ax.axhline(r[col], color="black", lw=1, label=f"{r['setting']} (linear)")
             elif r["kind"] == "standard":
                 ax.axvline(r["uniform_gap"], color="tab:purple", ls=":", lw=1.2,
-                           label=f"{r['setting']} (patch {r['patch']:g}): its gap")
+                           label=f"{r['setting']}: its gap")
             else:
                 alive = r["uniform_gap"] >= min_gap
                 c = "tab:blue" if alive else "grey"

@@ -210,7 +210,8 @@ def _run_unit(p: Params, ctx: Context, unit: str) -> dict[str, Any]:
     record = {
         "unit": unit, "key": _key(p, ctx), "device": str(dev), "dataset": dataset,
         "setting": name, "kind": setting.kind, "value": setting.value, "axes": setting.axes,
-        "patch": getattr(model.config, "patch", None), "n_train": len(train["y"]), "n_val": n,
+        "patch": getattr(model.config, "patch", None),
+        "depth": getattr(model.config, "depth", None), "n_train": len(train["y"]), "n_val": n,
         "n_attacked": m, "checkpoint": status, "epochs": len(curves),
         "train_seconds": sum(r["seconds"] for r in curves),
         "clean_acc": float(correct.double().mean()),

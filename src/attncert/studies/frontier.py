@@ -54,9 +54,15 @@ AXES = {"p": ("patch", int, "patch size (more tokens: a smaller patch)"),
         "mix": ("lofast_mix", float, "weight of the lofast margin's CE"),
         "ent": ("attn_entropy", float, "weight of the attention-entropy penalty"),
         "route": ("route", flag, "the routing task composed from the dataset "
-                                 "(attncert.data.routing; route1)")}
+                                 "(attncert.data.routing; route1)"),
+        "d": ("depth", int, "number of blocks"),
+        "ep": ("epochs", int, "training epochs"),
+        "warm": ("lofast_start", float, "share of all steps trained with the plain CE before "
+                                        "the lofast margin starts (the pattern learned first)")}
 #: axes that change the training recipe
-TRAIN_AXES = ("lofast_mix", "attn_entropy")
+TRAIN_AXES = ("lofast_mix", "attn_entropy", "epochs", "lofast_start")
+#: the axes the standard ViT takes (the task's shape and the budget)
+STANDARD_AXES = ("patch", "route", "depth", "epochs")
 #: axes that change the task (the others change the model)
 DATA_AXES = ("route",)
 
@@ -124,8 +130,12 @@ def parse_setting(setting: str) -> Setting:
         axes[field_] = val
     if kind == "linear" and axes:
         raise _setting_error(setting, "the linear baseline takes no axes")
-    if kind == "standard" and set(axes) - {"patch", "route"}:
-        raise _setting_error(setting, "the standard ViT takes the patch and route axes only")
+    if kind == "standard" and set(axes) - set(STANDARD_AXES):
+        raise _setting_error(setting, "the standard ViT takes the p, route, d and ep axes only")
+    if kind != "lofast" and "lofast_start" in axes:
+        raise _setting_error(setting, "the warm axis delays the lofast margin: lofast-* only")
+    if axes.get("lofast_start", 0) >= 1:
+        raise _setting_error(setting, "the warm axis is a share of the steps, below 1")
     return Setting(kind, v, axes)
 
 
@@ -177,7 +187,7 @@ def frame(records: Sequence[Mapping[str, Any]], eps: Sequence[float]) -> pd.Data
     for r in records:
         out = {"dataset": r["dataset"], "setting": r["setting"], "kind": r["kind"],
                "task": "routed" if (r.get("axes") or {}).get("route") else "plain",
-               "patch": r.get("patch"), "clean": 100 * r["clean_acc"]}
+               "patch": r.get("patch"), "depth": r.get("depth"), "clean": 100 * r["clean_acc"]}
         for e in eps:
             out[f"certified@{e:g}"] = 100 * r.get("certified_acc", {}).get(str(float(e)), nan)
         for e in eps:
@@ -224,18 +234,24 @@ def select(table: pd.DataFrame, select_eps: float, min_gap: float | None = None
 def attention_targets(table: pd.DataFrame, share: float = 0.5, min_gap: float = 1.0,
                       ratio: float = 1.3) -> pd.DataFrame:
     """Per certified ViT row: the standard ViT's uniform-attention gap on the same dataset,
-    task and patch (NaN when the frontier trains none), the row's share of it, and whether the
-    row meets the study's target: a gap of at least ``share`` of the standard ViT's and ``min_gap``
-    points, LoFAST(M)'s median radius at least ``ratio`` x the global bound's, 0 broken."""
+    task, patch and depth (NaN when the frontier trains none), the row's share of it, and
+    whether the row meets the study's target: a gap of at least ``share`` of the standard
+    ViT's and ``min_gap`` points, LoFAST(M)'s median radius at least ``ratio`` x the global
+    bound's, 0 broken. A table without a depth column (records before it) matches on the rest."""
+    def shape(r: pd.Series) -> tuple:
+        depth = r.get("depth")
+        return r["dataset"], r["patch"], None if pd.isna(depth) else int(depth), r["task"]
+
     std = table[table["kind"] == "standard"]
-    ref = {(r["dataset"], r["patch"], r["task"]): r["uniform_gap"] for _, r in std.iterrows()}
+    ref = {shape(r): r["uniform_gap"] for _, r in std.iterrows()}
     rows = []
     for _, r in table[table["kind"].isin(["lmt", "lofast"])].iterrows():
-        g = ref.get((r["dataset"], r["patch"], r["task"]), float("nan"))
+        g = ref.get(shape(r), float("nan"))
         met = bool(pd.notna(g) and r["uniform_gap"] >= max(min_gap, share * g)
                    and r["local_global"] >= ratio and r["broken"] == 0)
         rows.append({"dataset": r["dataset"], "setting": r["setting"], "task": r["task"],
-                     "patch": r["patch"], "uniform_gap": r["uniform_gap"], "standard_gap": g,
+                     "patch": r["patch"], "depth": r.get("depth"),
+                     "uniform_gap": r["uniform_gap"], "standard_gap": g,
                      "share_of_standard": r["uniform_gap"] / g if pd.notna(g) and g > 0
                      else float("nan"),
                      "local_global": r["local_global"], "broken": r["broken"],
@@ -296,7 +312,7 @@ def train_config(p: FrontierParams, tv: train_vit.Params, setting: Setting,
                            eval_batch_size=t.eval_batch_size, seed=seed)
     cfg = tv.train.config(seed)
     if setting.kind == "standard":
-        return dataclasses.replace(cfg, margin="none", lr=p.standard_lr)
+        return dataclasses.replace(cfg, margin="none", lr=p.standard_lr, **setting.train_axes())
     cfg = dataclasses.replace(cfg, **setting.train_axes())
     if setting.kind == "lmt":
         return dataclasses.replace(cfg, margin="lmt", lmt_offset=setting.value)

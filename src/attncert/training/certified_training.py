@@ -60,12 +60,17 @@ def feature_delta(components: list[Component], inputs: Mapping[str, Tensor],
     return propagate(components, inputs, eps, attention_delta)
 
 
-def margin_eps(eps: float, ramp: float, step: int, total_steps: int) -> float:
-    """The training radius at ``step``: ``eps`` after a linear ramp from 0 over a ``ramp``
-    share of all ``total_steps`` (0: eps from the first step)."""
+def margin_eps(eps: float, ramp: float, step: int, total_steps: int, start: float = 0.0
+               ) -> float:
+    """The training radius at ``step``: 0 for the first ``start`` share of all ``total_steps``
+    (plain cross-entropy: the attention can learn a pattern before the bound prices it), then
+    ``eps`` after a linear ramp from 0 over a ``ramp`` share of all steps (0: eps at once)."""
+    first = start * total_steps
+    if step < first:
+        return 0.0
     if ramp <= 0 or total_steps <= 0:
         return eps
-    return eps * min(1.0, (step + 1) / (ramp * total_steps))
+    return eps * min(1.0, (step - first + 1) / (ramp * total_steps))
 
 
 def attention_entropy(model, inputs: Mapping[str, Tensor]) -> Tensor:

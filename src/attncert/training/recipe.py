@@ -39,6 +39,8 @@ class Training:
     lofast_eps: float = param(nonneg, doc="margin lofast: the training radius (pixel l2)")
     lofast_ramp: float = param(probability, doc="margin lofast: share of all steps over "
                                                   "which the radius grows from 0")
+    lofast_start: float = param(probability, doc="margin lofast: share of all steps trained "
+                                                   "with the plain CE before it starts")
     lofast_mix: float = param(probability, doc="margin lofast: weight of its CE against "
                                                  "the plain CE")
     attn_entropy: float = param(nonneg, doc="+ this x the attention rows' mean entropy / "

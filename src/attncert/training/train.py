@@ -81,12 +81,13 @@ class TrainConfig:
     mix_switch_prob: float = 0.5
     lofast_eps: float = 0.0  # margin "lofast": the training radius (pixel l2)
     lofast_ramp: float = 0.0  # share of all steps over which it grows from 0
+    lofast_start: float = 0.0  # share of all steps trained with the plain CE before it starts
     lofast_mix: float = 1.0  # weight of the margin's CE against the plain CE
     attn_entropy: float = 0.0  # + this x the attention rows' mean entropy / log n; 0 = off
     seed: int = 0
 
     def __post_init__(self) -> None:
-        for name in ("epochs", "batch_size", "eval_batch_size"):
+        for name in ("epochs", "batch_size", "eval_batch_size", "adv_steps"):
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, int) or v <= 0:
                 raise ValueError(f"TrainConfig.{name} must be a positive int, got {v!r}")
@@ -110,17 +111,13 @@ class TrainConfig:
             raise ValueError("TrainConfig.msvp_lambda must be one number or three (lam_q, "
                              f"lam_k, lam_v), each >= 0, got {self.msvp_lambda!r}")
         object.__setattr__(self, "msvp_lambda", tuple(float(v) for v in lam))
-        if isinstance(self.adv_steps, bool) or not isinstance(self.adv_steps, int) or (
-                self.adv_steps <= 0):
-            raise ValueError(f"TrainConfig.adv_steps must be a positive int, got "
-                             f"{self.adv_steps!r}")
         if isinstance(self.adv_eps, bool) or not isinstance(self.adv_eps, int | float) or not (
                 self.adv_eps > 0):
             raise ValueError(f"TrainConfig.adv_eps must be a number > 0, got {self.adv_eps!r}")
-        if isinstance(self.momentum, bool) or not isinstance(self.momentum, int | float) or (
-                not 0 <= self.momentum < 1):
-            raise ValueError(f"TrainConfig.momentum must be a number in [0, 1), got "
-                             f"{self.momentum!r}")
+        for name in ("momentum", "lofast_start"):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, int | float) or not 0 <= v < 1:
+                raise ValueError(f"TrainConfig.{name} must be a number in [0, 1), got {v!r}")
         if isinstance(self.lofast_mix, bool) or not isinstance(self.lofast_mix, int | float) or (
                 not 0 <= self.lofast_mix <= 1) or self.lofast_ramp > 1:
             raise ValueError(f"TrainConfig.lofast_mix and lofast_ramp must be in [0, 1], got "
@@ -239,7 +236,8 @@ def step_loss(model: nn.Module, xb: Tensor, yb: Tensor, cfg: TrainConfig,
     if cfg.adversarial == "pgd_linf":
         xb, _ = pgd_linf(model, xb, yb, cfg.adv_eps, cfg.adv_steps, generator=generator)
     if cfg.margin == "lofast":
-        eps = certified_training.margin_eps(cfg.lofast_eps, cfg.lofast_ramp, *progress)
+        eps = certified_training.margin_eps(cfg.lofast_eps, cfg.lofast_ramp, *progress,
+                                            start=cfg.lofast_start)
         logits, loss = certified_training.lofast_loss(model, xb, yb, eps, cfg.logit_scale,
                                                       cfg.lofast_mix, entropy=cfg.attn_entropy)
         if msvp is not None:
