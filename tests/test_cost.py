@@ -92,6 +92,25 @@ def test_unknown_pretrained_source_is_a_clear_error(smoke, tmp_path):
         cost.stage_work(p)
 
 
+def test_the_cli_names_a_missing_file_or_key_without_a_traceback(smoke, tmp_path, capsys):
+    from ruamel.yaml import YAML
+
+    from attncert.cost.cli import main
+
+    yaml = YAML()
+    data = yaml.load(smoke.read_text())
+    del data["train_vit"]["train"]["lofast_start"]
+    bad = tmp_path / "missing.yaml"
+    with bad.open("w") as f:
+        yaml.dump(data, f)
+    for path, match in ((bad, "train_vit.train.lofast_start: missing"),
+                        (tmp_path / "absent.yaml", "no such file")):
+        with pytest.raises(SystemExit) as exc:
+            main(["table", "--params", str(path)])
+        assert exc.value.code == 2
+        assert match in capsys.readouterr().err
+
+
 def test_paper_params_name_a_known_certvit_source():
     source = read_yaml(ROOT / "params.yaml")["certvit"]["source"]
     assert source == "pipeline" or source in cost.HF_VITS

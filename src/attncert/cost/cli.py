@@ -50,6 +50,7 @@ def write_block(table: str, doc: str | Path = COST_DOC,
 
 
 def main(argv: list[str] | None = None) -> int:
+    from attncert.pipeline.params import ParamsError
     from attncert.stages.registry import load_params
 
     ap = argparse.ArgumentParser(prog="python -m attncert.cost",
@@ -90,7 +91,12 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     if not 0 < args.utilisation <= 1:
         ap.error("--utilisation must be in (0, 1]")
-    params = load_params(args.params)
+    if not Path(args.params).is_file():
+        ap.error(f"--params {args.params}: no such file")
+    try:
+        params = load_params(args.params)
+    except ParamsError as exc:  # a missing or bad key: named, not a traceback
+        ap.error(f"--params {args.params}: {exc}")
     gpu = calibrated(GPUS[args.gpu], args.calibration)
     if args.command == "bench":
         for mode in args.modes:
