@@ -96,7 +96,8 @@ def frontier(res: Result) -> list[Part]:
          res.key_figure(4, "frontier_per_training_setting"))]
     if "uniform_gap" in table:
         parts.append((frontier_figs.plot_attention(table, front["select_eps"],
-                                                   front["min_attention_gap"]),
+                                                   front["min_attention_gap"],
+                                                   min(front["eps"])),
                       res.key_figure(5, "certified_accuracy_vs_attention_gap")))
     sel = front["selected"]
     parts.append(f"Selected on validation, attention counted (a setting must lose at least "

@@ -301,7 +301,8 @@ def _gather(p: Params, ctx: Context) -> Result:
     selected_any, _ = select(table, p.select_eps)
     targets = attention_targets(table, min_gap=max(1.0, p.min_attention_gap))
     figures = {"frontier.png": figs.plot_frontier(table, p.cert_eps, p.select_eps),
-               "attention.png": figs.plot_attention(table, p.select_eps, p.min_attention_gap)}
+               "attention.png": figs.plot_attention(table, p.select_eps, p.min_attention_gap,
+                                                    min(p.cert_eps))}
     for fname, fig in figures.items():
         with atomic_path(out / fname) as tmp:
             fig.savefig(tmp, format="png", dpi=120, bbox_inches="tight")
