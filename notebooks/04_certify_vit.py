@@ -13,7 +13,7 @@
 #
 # For each test point: one forward pass with hooks collects every attention layer's clean
 # input; the eps-independent terms of each variant are computed once; the certified radius
-# (l2, pixel space) is found by bisection over the scalar recurrence of MATH.md section 6.
+# (l2, pixel space) is found by bisection over the scalar recurrence of docs/math.md section 6.
 # Variants: LoFAST(M) (eq. 27), LoFAST(xi) (eq. 28), naive (eq. 12), SpecFormer's local bound
 # and the global Lipschitz product. Tests: the pairwise last-layer test and the sqrt(2) logit
 # test (Proposition 1). Then L2 PGD at every eps on every correct point: the empirical robust

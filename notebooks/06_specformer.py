@@ -11,7 +11,7 @@
 # %% [markdown]
 # # 06 · SpecFormer (MSVP) and the Lipschitz-attention baselines, attacked and compared
 #
-# Five methods on one ViT skeleton (MATH.md sections 1, 3, 7, 8): **vanilla** (dot-product
+# Five methods on one ViT skeleton (docs/math.md sections 1, 3, 7, 8): **vanilla** (dot-product
 # attention, LayerNorm), **specformer** (vanilla + the maximum singular value penalty on every
 # head's W^Q, W^K, W^V, one power-iteration step per training step), **l2former** (L2
 # attention, W^K = W^Q), **lnformer** (LipschitzNorm attention) and **lipsformer** (CenterNorm,
@@ -152,7 +152,7 @@ res.ratios.round(4)
 # shown. The penalty's certified value is therefore measured on the Lipschitz ViT of LoFAST
 # section 5.2 (LayerProject, constrained dot-product attention, SLL MLPs; the normalisation
 # x - mean only): one trained without and one with MSVP (`certified.msvp_lambda`), on the
-# first dataset, certified with LoFAST(M) and SpecFormer's own local bound (MATH.md section 3),
+# first dataset, certified with LoFAST(M) and SpecFormer's own local bound (docs/math.md section 3),
 # pairwise test, l2 radii in pixel space. Every certified image is also attacked with L2 PGD at
 # each radius (`pgd@eps`): a certificate the attack breaks (`broken`) fails the stage. On the
 # same images, each model's attention: the points of clean accuracy lost when every attention

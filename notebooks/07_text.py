@@ -13,7 +13,7 @@
 #
 # Every model reads WordPiece ids and is certified in **one embedding space**: word
 # embeddings of norm 2 (OLSA's), and eps is the l2 (Frobenius) radius of a perturbation of the
-# whole sentence's word embeddings (MATH.md sections 2, 4, 7), so radii compare across models.
+# whole sentence's word embeddings (docs/math.md sections 2, 4, 7), so radii compare across models.
 # OLSA models (OLSA section 5; 1-Lipschitz layers, certificate regulariser gamma ramped up),
 # their depth-0 baseline (normalised embeddings, pooling, head: a bag of words) and Kim et
 # al.'s L2 attention carry a global bound per sentence length (softmax constant 1/2, the sound
@@ -105,7 +105,7 @@ display(Markdown(f"**Soundness audit** (checked by the stage): {int(r.audit['bro
 # the differences in test accuracy and average radius. OLSA reports an average
 # certified radius of 0.979 on SST for its 3-layer model (by its rule: the
 # `avg_radius_invariant` column stands beside it), computed with the softmax constant
-# 1/4 of its Theorem 4.1, which is unsound (MATH.md section 4: the constant is 1/2; every
+# 1/4 of its Theorem 4.1, which is unsound (docs/math.md section 4: the constant is 1/2; every
 # radius here uses 1/2), in its own embedding space and training budget.
 
 # %%

@@ -18,7 +18,7 @@
 # their records (nothing is recomputed): the `main` unit's headline, CertViT's Table 1 beside
 # the Table 1 runs (at the pixel-space radius CertViT's eps covers on each dataset: 1.58 x
 # 0.3081 on MNIST, 0.141 x min std on CIFAR; its constant leaves out components ours counts,
-# MATH.md sections 4-5), and Table 3's route. A broken certificate in any record fails it.
+# docs/math.md sections 4-5), and Table 3's route. A broken certificate in any record fails it.
 
 # %% tags=["parameters"]
 params_file = "params.yaml"  # the study's params, passed by attncert.pipeline.nbrun

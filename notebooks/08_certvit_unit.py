@@ -32,7 +32,7 @@
 # Beside them, the trivial baseline: a linear classifier on pixels (unit rows), trained with
 # the same loss and schedule, whose pairwise radius is exact.
 #
-# The certificate is the global Lipschitz bound with every component counted (MATH.md
+# The certificate is the global Lipschitz bound with every component counted (docs/math.md
 # sections 4-5): pixel-space l2 radius per test point by the pairwise margin test, audited by
 # L2 PGD (a broken certificate fails the stage).
 
@@ -192,7 +192,7 @@ res.attention_table()
 # code normalises before the model; the paper states no normalisation): a ball of radius eps
 # there covers the pixel-space ball of radius eps x min(std). Our eps is pixel-space l2 with
 # the normalisation inside the model, so its claims are compared at the converted radius, and
-# its constant leaves out LayerNorm, the patch embedding and the normalisation (MATH.md
+# its constant leaves out LayerNorm, the patch embedding and the normalisation (docs/math.md
 # sections 4-5) where ours counts every component.
 
 # %%

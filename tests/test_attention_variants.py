@@ -128,7 +128,7 @@ def test_l2_lipschitz_bound_holds(q_scale):
 
 def test_l2_lipschitz_bound_corrects_degree_in_wq():
     """Identical tokens (dP = 0): the Jacobian is ||A W^V W^O|| = c^2 / sqrt(d_h) for
-    W^Q = c I, W^V = W^O = I. MATH.md's form, of degree 1 in ||W^Q||, falls below it for
+    W^Q = c I, W^V = W^O = I. docs/math.md's form, of degree 1 in ||W^Q||, falls below it for
     c = 5; the layer's bound (degree 2 above ||W^Q|| = 1) does not."""
     n, d, c = 2, 3, 5.0
     att = L2MultiHeadAttention(d, 1).double()

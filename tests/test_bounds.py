@@ -45,7 +45,7 @@ def _zero_biases(module):
 
 
 def _reference_forward(x, wq, wk, wv, wo):
-    """Dense multi-head attention straight from the per-head matrices (MATH.md section 1)."""
+    """Dense multi-head attention straight from the per-head matrices (docs/math.md section 1)."""
     d_h = wq.shape[-1]
     out = 0
     for l in range(wq.shape[0]):

@@ -1,4 +1,4 @@
-"""Global Lipschitz bounds (MATH.md section 4) against empirical ratios and Jacobian ascent."""
+"""Global Lipschitz bounds (docs/math.md section 4) against empirical ratios and Jacobian ascent."""
 
 import math
 
@@ -133,7 +133,7 @@ def _jacobian_norm(f, x):
 
 
 def test_kim_formula_limits():
-    """Where MATH.md's form of Theorem 3.2 is NOT a bound (findings, kept as regressions):
+    """Where docs/math.md's form of Theorem 3.2 is NOT a bound (findings, kept as regressions):
     (a) ||W^Q|| >> 1: with identical tokens dP = 0 and the Jacobian is P (x) (A W^V W^O)^T,
     of norm ~||W^Q||^2, while the formula grows like ||W^Q||; (b) plain values P X W^V (no
     A_h) with d_h < d: tokens far apart along null(W^Q) keep the same attention scores, and
@@ -181,7 +181,7 @@ def _groupsort(z):
 
 
 def olsa_attention(x, wq, wk, wv, ws, alpha1, alpha2, h):
-    """OLSA additive attention (MATH.md section 7): s_ij = W^S_h sigma((W^Q x_i + W^K x_j)/2)
+    """OLSA additive attention (docs/math.md section 7): s_ij = W^S_h sigma((W^Q x_i + W^K x_j)/2)
     / alpha1, y_i = (1/alpha2) sum_j p_ij W^V x_j; W^Q, W^K, W^V orthogonal (heads are row
     blocks), ||W^S_h|| = 1, sigma = GroupSort (1-Lipschitz, sigma(0) = 0)."""
     b, n, d = x.shape

@@ -211,7 +211,7 @@ def test_attention_weights_match_bounds_library(lipschitz):
     assert isinstance(w, bounds.AttentionWeights)
     assert tuple(w.wq.shape) == (4, 8, 2) and tuple(w.wo.shape) == (4, 2, 8)
     wq = att.q.weight_effective() if lipschitz else att.q.weight
-    torch.testing.assert_close(w.wq[1], wq[2:4, :].T.detach())  # the MATH.md convention
+    torch.testing.assert_close(w.wq[1], wq[2:4, :].T.detach())  # the docs/math.md convention
     x = torch.randn(3, 6, 8, dtype=torch.float64)
     with torch.no_grad():
         torch.testing.assert_close(att(x), bounds.attention_forward(x, w, residual=False))

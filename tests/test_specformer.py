@@ -325,7 +325,7 @@ def test_paper_scale_pretrained_code_path(dataset, num_classes, mirror, tmp_path
 
 def test_msvp_sees_the_pretrained_heads(tiny_pretrained):
     """MSVP on a loaded checkpoint penalises the checkpoint's own per-head W^Q, W^K, W^V:
-    the head blocks are the rows of the HF projections (MATH.md section 1), and the head-h
+    the head blocks are the rows of the HF projections (docs/math.md section 1), and the head-h
     attention they give is HF's own head-h attention probabilities."""
     from transformers import ViTForImageClassification
 

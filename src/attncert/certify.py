@@ -1,4 +1,4 @@
-"""Certification engine: certified radii for every bound variant (MATH.md section 6).
+"""Certification engine: certified radii for every bound variant (docs/math.md section 6).
 
 One forward pass with hooks collects each attention layer's clean input X_k; everything that
 does not depend on eps (zeta, ||M_l||, xi_l, ||X A_l||, ||A_l||, ||B_l|| at every layer) is
@@ -7,7 +7,7 @@ recurrence (eq. 9): eps_0 = eps in pixel space, a component with Lipschitz const
 eps_k -> L eps_k, an attention layer maps it through its local bound delta(X_k, eps_k).
 
 Variants: ``lofast_M`` (Theorem 1 with ||M_l||, eq. 27), ``lofast_xi`` (eq. 28), ``naive``
-(eq. 12 + delta2 with xi), ``specformer`` (SpecFormer's local bound, MATH.md section 3) and
+(eq. 12 + delta2 with xi), ``specformer`` (SpecFormer's local bound, docs/math.md section 3) and
 ``global`` (a global Lipschitz constant of dot-product attention on the projected domain,
 :func:`attncert.bounds.dot_product_attention_lipschitz`, times the other components).
 

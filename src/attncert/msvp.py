@@ -1,4 +1,4 @@
-"""SpecFormer's Maximum Singular Value Penalty (MSVP; SpecFormer eq. 12-14, MATH.md section 7).
+"""SpecFormer's Maximum Singular Value Penalty (MSVP; SpecFormer eq. 12-14, docs/math.md section 7).
 
     penalty = sum_layers sum_heads lam_q s(W^{Q,h})^2 + lam_k s(W^{K,h})^2 + lam_v s(W^{V,h})^2
 
@@ -8,7 +8,7 @@ vectors u (d_h), v (d) held fixed, v <- normalise(W_h^T u), u <- normalise(W_h v
 s = u^T W_h v, whose gradient is u v^T. The vectors are buffers (saved in ``state_dict``).
 
 Head blocks: a projection is an ``nn.Linear(d, d)`` with weight (out, in); head h of W^Q in
-the x W convention is ``weight[h*d_h:(h+1)*d_h, :].T`` (MATH.md section 1), so MSVP uses the
+the x W convention is ``weight[h*d_h:(h+1)*d_h, :].T`` (docs/math.md section 1), so MSVP uses the
 ROW block ``weight[h*d_h:(h+1)*d_h, :]`` (d_h x d, the same singular values). SpecFormer's
 public code slices columns, which penalises blocks that are not heads.
 

@@ -3,7 +3,7 @@
 Methods (standard ViTs that differ only where named; :mod:`attncert.models.vit`):
 
   vanilla     dot-product attention, LayerNorm, plain residuals
-  specformer  vanilla + SpecFormer's MSVP (eq. 12-14, MATH.md section 7)
+  specformer  vanilla + SpecFormer's MSVP (eq. 12-14, docs/math.md section 7)
   l2former    L2 attention with W^K = W^Q (Kim et al. 2021)
   lnformer    dot-product attention with LipschitzNorm (Dasoulas et al. 2021)
   lipsformer  CenterNorm + scaled cosine attention + x + alpha f(x) + spectral init (Qi et al. 2023)

@@ -1,4 +1,4 @@
-"""Local and global sensitivity bounds for attention layers (MATH.md sections 1-4).
+"""Local and global sensitivity bounds for attention layers (docs/math.md sections 1-4).
 
 Pure functions of tensors, batched over samples (x: (B, n, d), eps: float or (B,)), on the
 inputs' device and dtype. Certificate-grade spectral norms (mode="upper") are the default.

@@ -1,4 +1,4 @@
-"""Global Lipschitz bounds and composition rules (MATH.md section 4)."""
+"""Global Lipschitz bounds and composition rules (docs/math.md section 4)."""
 
 from __future__ import annotations
 
@@ -36,7 +36,7 @@ GELU_LIPSCHITZ = gelu_lipschitz()  # ~1.1289, not CertViT's 1.12
 
 
 def kim_l2_attention_lipschitz(wq: Tensor, wv: Tensor, wo: Tensor, n: int) -> float:
-    """Kim et al. (2021) Theorem 3.2 as written in MATH.md section 4 (queries tied to keys):
+    """Kim et al. (2021) Theorem 3.2 as written in docs/math.md section 4 (queries tied to keys):
 
     Lip_2(F) <= sqrt(N / d_h) (4 W0((N-1)/e) + 1) sqrt(sum_h ||W^{Q,h}||^2 ||W^{V,h}||^2) ||W^O||.
 

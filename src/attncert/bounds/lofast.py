@@ -1,4 +1,4 @@
-"""LoFAST local sensitivity bounds (Theorem 1) and the naive comparison (eq. 12), MATH.md section 2.
+"""LoFAST local sensitivity bounds (Theorem 1), the naive comparison (eq. 12); docs/math.md sec. 2.
 
 delta(X, eps) = zeta(X) eps + delta2^(k)(X, eps),
 delta2^(k) = c sum_l (eps / sqrt(d_h)) (m_l + eps ||B_l||) (||X A_l|| + eps ||A_l||),

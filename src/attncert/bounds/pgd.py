@@ -1,4 +1,4 @@
-"""PGD lower bounds on the local sensitivity and on LoFAST's pieces (MATH.md section 2).
+"""PGD lower bounds on the local sensitivity and on LoFAST's pieces (docs/math.md section 2).
 
 Projected gradient ASCENT over the Frobenius ball ||G||_F <= eps (per sample), normalised
 gradient steps, several restarts; the best value seen over all steps and restarts is

@@ -1,4 +1,4 @@
-"""SpecFormer's local Lipschitz bound (SpecFormer Thm 4.3; LoFAST app. A; MATH.md sec. 3)."""
+"""SpecFormer's local Lipschitz bound (SpecFormer Thm 4.3; LoFAST app. A; docs/math.md sec. 3)."""
 
 from __future__ import annotations
 

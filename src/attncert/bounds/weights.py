@@ -1,4 +1,4 @@
-"""Per-head attention weights (x W convention) and the attention map (MATH.md section 1).
+"""Per-head attention weights (x W convention) and the attention map (docs/math.md section 1).
 
 P_l(X) = softmax_rows(X W_l^Q (X W_l^K)^T / sqrt(d_h)),  F(X) = H X + sum_l P_l(X) X A_l,
 A_l = W_l^V W_l^O,  B_l = W_l^Q (W_l^K)^T,  H = I (residual) or 0.
@@ -36,7 +36,7 @@ class AttentionWeights:
     """Per-head matrices of a multi-head attention layer, x W convention.
 
     wq, wk, wv: (h, d, d_h); wo: (h, d_h, d). Biases are not represented: the bounds of
-    MATH.md are for bias-free projections (a key/query bias changes P, a value/output bias
+    docs/math.md are for bias-free projections (a key/query bias changes P, a value/output bias
     is a constant shift that cancels in F(X') - F(X) only for the value/output part).
     """
 

@@ -1,7 +1,7 @@
 """CertViT (Gupta et al. 2023, "CertViT: Certified Robustness of Pre-Trained Vision
 Transformers"), soundly: load a pre-trained ViT, adapt it (L2 attention, Lipschitz norms),
 constrain its linear layers by Douglas-Rachford splitting, fine-tune, certify with a global
-Lipschitz bound that counts every component (MATH.md sections 4, 5, 7).
+Lipschitz bound that counts every component (docs/math.md sections 4, 5, 7).
 
     model = load_model("google/vit-base-patch16-224")       # or an HF folder / save_vit file
     adapted = adapt(model, Adaptation(norm="project"))

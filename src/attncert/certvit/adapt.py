@@ -1,7 +1,7 @@
 """CertViT's adaptation of a pre-trained ViT into a globally Lipschitz one (module surgery).
 
 Gupta et al. (2023), "CertViT: Certified Robustness of Pre-Trained Vision Transformers":
-a pre-trained ViT has no global Lipschitz constant, for two reasons (MATH.md section 4):
+a pre-trained ViT has no global Lipschitz constant, for two reasons (docs/math.md section 4):
 
 * dot-product attention is not globally Lipschitz (Kim et al. 2021, "The Lipschitz constant
   of self-attention", Theorem 3.1). Each one is replaced by Kim's L2 attention with tied

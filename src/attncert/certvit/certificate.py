@@ -1,4 +1,4 @@
-"""A sound global l2 Lipschitz certificate of a CertViT-adapted ViT (MATH.md sections 4-6).
+"""A sound global l2 Lipschitz certificate of a CertViT-adapted ViT (docs/math.md sections 4-6).
 
 Every component of the network is counted, pixels in [0, 1] to the head's input:
 
@@ -24,9 +24,9 @@ L(norm_attn) (1 + L(attn)) instead. Biases and added constants do not change the
 CertViT (Gupta et al. 2023) multiplies the attention and linear constants only, leaving out
 LayerNorm (which has no Lipschitz constant), the patch embedding and the input normalisation,
 and measures a pixel-space eps on a normalised model: its certificates are unsound
-(MATH.md section 5). Here eps is in pixel space and every factor above is in the product.
+(docs/math.md section 5). Here eps is in pixel space and every factor above is in the product.
 
-Certificate (the pairwise last-layer test, MATH.md section 6): with logits f = W h + b and
+Certificate (the pairwise last-layer test, docs/math.md section 6): with logits f = W h + b and
 ||h(x') - h(x)|| <= L_feat ||x' - x||, the prediction y is certified at every eps below
 
     r(x) = min_{j != y} (f_y - f_j) / (||w_y - w_j|| L_feat).

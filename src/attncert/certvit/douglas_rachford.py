@@ -1,4 +1,4 @@
-"""CertViT's layer-wise constraining by Douglas-Rachford splitting (MATH.md section 7).
+"""CertViT's layer-wise constraining by Douglas-Rachford splitting (docs/math.md section 7).
 
 Gupta et al. (2023), "CertViT: Certified Robustness of Pre-Trained Vision Transformers",
 lower the Lipschitz constant of each linear layer of a pre-trained network while keeping the
@@ -12,7 +12,7 @@ i.e. on every mini-batch of recorded pairs the root-mean-square deviation of the
 stays within eta. W0 is in C, so C is never empty. The l1 norm promotes sparse, smaller
 weights, which in practice lowers ||W|| (not guaranteed: the diagnostics measure it), and
 gives the sparsity mask kept during fine-tuning. The algorithm numbers follow CertViT's
-Algorithms 1-3 as summarised in MATH.md section 7.
+Algorithms 1-3 as summarised in docs/math.md section 7.
 
 * Algorithm 1 (:func:`douglas_rachford`): with tau the threshold and lambda in (0, 2),
       P_n = prox_{tau ||.||_1}(Z_n)             (soft-thresholding: sign(z) max(|z| - tau, 0))

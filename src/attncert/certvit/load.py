@@ -22,7 +22,7 @@ The weights map one to one (transformers 5.x module names; older checkpoints wit
 HF ViTs take pixels rescaled to [0, 1] and normalised by the image processor's mean/std
 (``preprocessor_config.json``; 0.5 / 0.5 when absent, the ViT processor's default). Here that
 normalisation goes INSIDE the model (:class:`attncert.layers.Normalize`), so the model eats
-pixels in [0, 1] and eps stays in pixel space (MATH.md section 5). The LayerNorm eps of the
+pixels in [0, 1] and eps stays in pixel space (docs/math.md section 5). The LayerNorm eps of the
 checkpoint (HF ViT: 1e-12; ``nn.LayerNorm``'s default: 1e-5) is set on every LayerNorm.
 """
 

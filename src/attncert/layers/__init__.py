@@ -1,4 +1,4 @@
-"""Layers of the Lipschitz and standard ViTs (LoFAST section 5.2, MATH.md sections 1 and 5)."""
+"""Layers of the Lipschitz and standard ViTs (LoFAST section 5.2, docs/math.md sections 1 and 5)."""
 
 from .attention import MultiHeadAttention, linear_weight
 from .attention_variants import (

@@ -1,4 +1,4 @@
-"""Standard dot-product multi-head self-attention (LoFAST section 3, MATH.md section 1).
+"""Standard dot-product multi-head self-attention (LoFAST section 3, docs/math.md section 1).
 
 P_l(X) = softmax_rows(X W_l^Q (X W_l^K)^T / sqrt(d_h)),  Att(X) = sum_l P_l(X) X W_l^V W_l^O.
 The residual (H = I) is added by the block, not here.

@@ -2,11 +2,11 @@
 
 Every attention module here maps (B, n, dim) -> (B, n, dim), is built as ``Cls(dim, heads,
 ...)``, exposes its projections as ``q``, ``k``, ``v``, ``o`` (``nn.Linear(dim, dim)``,
-head l = output features l*d_h:(l+1)*d_h, MATH.md section 1) and its per-head attention
+head l = output features l*d_h:(l+1)*d_h, docs/math.md section 1) and its per-head attention
 matrix as ``compute_probs(x) -> (B, h, n, n)``; the transformer block adds the residual.
 
 * :class:`L2MultiHeadAttention`: Kim et al. (2021), "The Lipschitz constant of
-  self-attention", L2-MHA with W^K = W^Q (MATH.md section 4); also the attention CertViT
+  self-attention", L2-MHA with W^K = W^Q (docs/math.md section 4); also the attention CertViT
   puts into pre-trained ViTs (:meth:`L2MultiHeadAttention.from_dot_product`).
 * :class:`LNFormerAttention`: dot-product attention with the LipschitzNorm of Dasoulas,
   Scaman & Virmaux (ICML 2021), ported from graph attention to token attention.
@@ -146,7 +146,7 @@ class L2MultiHeadAttention(_HeadedAttention):
         Proof. Let h(Y) = P(Y) Y / sqrt(d_h) on n tokens Y (n x d_h), P(Y)_ij =
         softmax_j(-||y_i - y_j||^2 / sqrt(d_h)): Kim et al.'s single-head L2 attention on
         d_h-dimensional tokens with W^Q = W^V = I (and W^O = I), whose constant their Theorem
-        3.2 bounds by K_n (MATH.md section 4; at ||W^Q|| = 1 the printed form is the theorem,
+        3.2 bounds by K_n (docs/math.md section 4; at ||W^Q|| = 1 the printed form is the theorem,
         tests/test_global_bounds.py). Head l of this layer is
             P^l X A_l W^{V,l} = P(X W^{Q,l}) (X W^{Q,l}) (W^{Q,l})^T W^{V,l} / sqrt(d_h)
                               = h(X W^{Q,l}) M_l,   M_l = (W^{Q,l})^T W^{V,l}  (d_h x d_h),

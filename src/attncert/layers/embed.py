@@ -1,4 +1,4 @@
-"""Patch embedding: one linear map per disjoint patch (MATH.md section 5)."""
+"""Patch embedding: one linear map per disjoint patch (docs/math.md section 5)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Linear maps with spectral norm <= gamma: AOL/SDP rescaling (MATH.md section 5), and the
+"""Linear maps with spectral norm <= gamma: AOL/SDP rescaling (docs/math.md section 5), and the
 orthogonal map scaled by gamma (every singular value exactly gamma)."""
 
 from __future__ import annotations

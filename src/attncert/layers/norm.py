@@ -1,4 +1,4 @@
-"""Input normalisation inside the model, so eps stays in pixel space (MATH.md section 5)."""
+"""Input normalisation inside the model, so eps stays in pixel space (docs/math.md section 5)."""
 
 from __future__ import annotations
 

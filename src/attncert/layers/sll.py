@@ -13,7 +13,7 @@ class SLLResidual(nn.Module):
     """z = x - 2 W^T diag(t) relu(W x + b), t_i = 1 / sum_j |exp(-q_i) (W W^T)_ij exp(q_j)|.
 
     W: (hidden, dim), b, q: (hidden,), all trainable. 1-Lipschitz for every W, b, q
-    (MATH.md section 5). Acts on the last dimension, so token-wise on (B, n, dim).
+    (docs/math.md section 5). Acts on the last dimension, so token-wise on (B, n, dim).
     """
 
     lipschitz = 1.0

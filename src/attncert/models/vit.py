@@ -5,7 +5,7 @@ final norm -> pool -> linear head. The Lipschitz model replaces LayerNorm by Lay
 (eq. 29), the GELU MLP by an SLL residual layer, constrains the attention projections
 (||W^Q||, ||W^K|| <= gamma_qk, ||W^V||, ||W^O|| <= gamma_vo) and the patch matrix (<= 1).
 
-Block forms (MATH.md section 6):
+Block forms (docs/math.md section 6):
   stream:  x <- Norm_R(x); x <- x + Att(x); MLP part     (H = I exactly on the attention input)
   prenorm: x <- x + Att(Norm_R(x));          MLP part     (eps + delta_{H=0})
 MLP part: Lipschitz x <- SLL(Project(x)); standard x <- x + MLP(LayerNorm(x)).
@@ -20,7 +20,7 @@ residual_scale + spectral_init (:mod:`attncert.layers.attention_variants`).
 
 For certification, :meth:`ViT.components` lists the network as ordered pieces with their
 constants and :meth:`ViT.attention_inputs` returns each attention layer's clean input X_k
-from one forward pass; :func:`propagate` chains them (MATH.md section 6, eq. 9).
+from one forward pass; :func:`propagate` chains them (docs/math.md section 6, eq. 9).
 
 The configuration lives in :mod:`attncert.models.config`, the blocks and components in
 :mod:`attncert.models.blocks`; this module holds the model, the propagation of a perturbation
@@ -147,7 +147,7 @@ class ViT(nn.Module):
         return self.normalize.compute_lipschitz()
 
     def global_lipschitz_upper(self, include_head: bool = True) -> float:
-        """Product of global constants over all components (MATH.md section 4).
+        """Product of global constants over all components (docs/math.md section 4).
 
         Dot-product attention has no global Lipschitz constant, so this is math.inf whenever
         the model has attention layers; :func:`lipschitz_product` on a slice of

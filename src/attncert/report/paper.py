@@ -250,7 +250,7 @@ LOFAST_TABLE_EPS = (0.02, 0.05, 0.1)
 OLSA_AVG_RADIUS = {"sst": 0.979, "yelp": 1.733}
 OLSA_SHI_AVG_RADIUS = {"sst": 0.110, "yelp": 0.061}
 #: The softmax Lipschitz constant behind OLSA's radii (its Theorem 4.1, appendix A step 3):
-#: 1/4, unsound (the constant is 1/2, MATH.md section 4); our radii use 1/2.
+#: 1/4, unsound (the constant is 1/2, docs/math.md section 4); our radii use 1/2.
 OLSA_SOFTMAX_LIPSCHITZ = 0.25
 #: OLSA's abstract and Table 3: the 1-layer OLSA head over a frozen pre-trained 12-layer BERT
 #: on QQP (GLUE's 40,430 dev pairs), radius in BERT's normalised output space, vs Shi et al.

@@ -1,5 +1,5 @@
 """The specformer stage: SpecFormer (MSVP) and the Lipschitz-attention baselines, trained,
-attacked, timed and compared (MATH.md sections 1, 3, 7, 8).
+attacked, timed and compared (docs/math.md sections 1, 3, 7, 8).
 
 The plan: every method of :mod:`attncert.specformer` on every dataset and source, standard and
 (for ``adv_methods``) PGD adversarial training, each model attacked with the same attacks on

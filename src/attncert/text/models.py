@@ -122,7 +122,7 @@ class _OLSAStack(nn.Module):
 
 
 class OLSAClassifier(_OLSAStack):
-    """OLSA text classifier (OLSA section 5; MATH.md section 7): see the module docstring.
+    """OLSA text classifier (OLSA section 5; docs/math.md section 7): see the module docstring.
 
     ``attention="l2"`` swaps in Kim et al.'s L2 attention (scaled to be 1-Lipschitz) for
     comparison. ``alpha1`` is the initial alpha1 of every OLSA attention; ``residual`` and

@@ -1,9 +1,9 @@
-"""OLSA: 1-Lipschitz self-attention for text (OLSA paper, MATH.md sections 4 and 7).
+"""OLSA: 1-Lipschitz self-attention for text (OLSA paper, docs/math.md sections 4 and 7).
 
 Building blocks, each 1-Lipschitz in ||.||_F of the token matrix (or with a stated bound):
 
 * :func:`newton_orthogonalize` / :class:`OrthogonalLinear`: W = (V V^T)^{-1/2} V by
-  Newton-Schulz iteration (MATH.md section 7).
+  Newton-Schulz iteration (docs/math.md section 7).
 * :class:`GroupSort`: sorts each group of ``group_size`` features (1-Lipschitz, a
   permutation of its input within every group; group size 2 is MaxMin).
 * :class:`OLSAAttention`: additive attention s_ij = W^S_h sigma((W^Q x_i + W^K x_j)/2) / alpha1,
@@ -103,7 +103,7 @@ def _masked_softmax(scores: Tensor, mask: Tensor) -> Tensor:
 
 
 class OLSAAttention(nn.Module):
-    """OLSA additive multi-head attention (MATH.md section 7) on (B, n, dim) with a mask.
+    """OLSA additive multi-head attention (docs/math.md section 7) on (B, n, dim) with a mask.
 
     sigma is MaxMin (GroupSort with groups of 2). alpha1 = exp(log_alpha1) is trainable;
     alpha2 = :func:`olsa_alpha2` per sample (its n is the number of real tokens), so the map is
@@ -227,7 +227,7 @@ class L2Attention(nn.Module):
 # ---------------------------------------------------------------------------- layer, pooling
 def mixed_residual_lipschitz(keep: float, mix: float, lip: Tensor | float) -> Tensor:
     """float64 bound |keep| + |mix| Lip(f) on the Lipschitz constant of x -> keep x + mix f(x)
-    (triangle inequality); OLSA's averaged residual is keep = mix = 0.5 (MATH.md section 4)."""
+    (triangle inequality); OLSA's averaged residual is keep = mix = 0.5 (docs/math.md section 4)."""
     return abs(keep) + abs(mix) * torch.as_tensor(lip, dtype=torch.float64)
 
 

@@ -43,7 +43,7 @@ def olsa_attention_lipschitz(alpha1: Tensor | float, alpha2: Tensor | float, rad
 
 
 def certified_radius(logits: Tensor, y: Tensor, lipschitz: Tensor | float) -> Tensor:
-    """(B,): r = relu(M) / (sqrt(2) Lip), M = f_y - max_{j != y} f_j (MATH.md section 6).
+    """(B,): r = relu(M) / (sqrt(2) Lip), M = f_y - max_{j != y} f_j (docs/math.md section 6).
 
     0 for a misclassified point, so the mean is OLSA's average certified radius.
     """
@@ -53,7 +53,7 @@ def certified_radius(logits: Tensor, y: Tensor, lipschitz: Tensor | float) -> Te
 
 def certificate_regulariser(logits: Tensor, y: Tensor, lipschitz: Tensor | float,
                             gamma: float) -> Tensor:
-    """-gamma mean(relu(M / (sqrt(2) Lip))): OLSA's -gamma relu(M / sqrt 2) (MATH.md section 7)
+    """-gamma mean(relu(M / (sqrt(2) Lip))): OLSA's -gamma relu(M / sqrt 2) (docs/math.md section 7)
     for a network with Lipschitz constant Lip (differentiable in Lip), i.e. the certified radius."""
     margin = logit_margin(logits, y)
     return -gamma * (F.relu(margin) / (math.sqrt(2.0) * lipschitz)).mean()

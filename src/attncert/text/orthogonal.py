@@ -1,6 +1,6 @@
 """OLSA's 1-Lipschitz linear maps and activation: Newton-Schulz orthogonalisation
 (:class:`OrthogonalLinear`, re-projected after each step), the spectrally normalised head
-(:class:`SpectralNormLinear`) and :class:`GroupSort` (MATH.md section 7)."""
+(:class:`SpectralNormLinear`) and :class:`GroupSort` (docs/math.md section 7)."""
 
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ def newton_orthogonalize(v: Tensor, iters: int) -> Tensor:
     singular value of X_0 is in (0, 1]; X_{k+1} = X_k (3I - X_k^T X_k) / 2 maps each singular
     value by f(x) = (3x - x^3) / 2, which keeps (0, 1] inside (0, 1] and converges to 1
     (quadratically near 1) with unchanged singular vectors: the polar factor that the coupled
-    iteration of MATH.md section 7 (Y_0 = V V^T, Z_0 = I) reaches as Z -> (V V^T)^{-1/2}.
+    iteration of docs/math.md section 7 (Y_0 = V V^T, Z_0 = I) reaches as Z -> (V V^T)^{-1/2}.
     This uncoupled form corrects its own rounding (the coupled one stalls near 4e-4 in
     float32 on an ill-conditioned V), and an unconverged result still has ||W||_2 <= 1 (up to
     rounding). Differentiable. Certificates use the exact spectral norm of the result.

@@ -13,7 +13,7 @@ tokenised data {"ids", "mask", "y"}:
   shuffled), since the OLSA models drop the columns past the longest sentence of a batch and
   attention costs n^2;
 * loss = CE(s f, y) - gamma_t mean(relu(M / (sqrt(2) ||W_head||))): OLSA's certificate
-  regulariser (MATH.md section 7) on the certified radius of a model whose layers are
+  regulariser (docs/math.md section 7) on the certified radius of a model whose layers are
   1-Lipschitz, gamma_t ramped linearly from 0 to ``gamma`` (:func:`.olsa.gamma_ramp`);
 * after every step the orthogonal maps are re-projected (:func:`reproject_orthogonal_`), so
   the few Newton-Schulz steps of the forward pass stay converged;

@@ -5,7 +5,7 @@ Margin terms (``margin``; on logits f, true class y, s = ``logit_scale``):
   "lmt":  CE(s (f + lmt_offset (1 - onehot(y))), y)  (LMT, Tsuzuku et al. 2018: the offset stands
           for sqrt(2) c L, a fixed value here since dot-product attention has no global L);
   "olsa": CE(s f, y) - olsa_gamma * mean(relu(M / sqrt(2))), M = f_y - max_{j != y} f_j
-          (OLSA's certificate regulariser, MATH.md section 7);
+          (OLSA's certificate regulariser, docs/math.md section 7);
   "radius": log(1 + sum_{j != y} exp(s (lmt_offset - (f_y - f_j) / ||w_y - w_j||))), w the
           rows of ``model.head_weight()``: the pairwise certificate's own margin (each rival's
           gap per unit of its head-row distance), so with features L-Lipschitz and

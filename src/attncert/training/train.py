@@ -3,7 +3,7 @@ schedule, seeded data order, an atomic checkpoint every epoch and resume from it
 
 The loss: :func:`attncert.training.losses.training_loss` (CE at ``logit_scale`` plus the ``margin``
 term). Optional terms, off by default:
-  msvp_lambda = (lam_q, lam_k, lam_v), any > 0: + SpecFormer's MSVP (eq. 12-14, MATH.md sec. 7;
+  msvp_lambda = (lam_q, lam_k, lam_v), any > 0: + SpecFormer's MSVP (eq. 12-14, docs/math.md sec. 7;
           :class:`attncert.msvp.MSVP`, its power-iteration vectors checkpointed: exact resume);
   adversarial = "pgd_linf": PGD adversarial training (Madry et al. 2018, SpecFormer's
           Table 2): every batch is replaced by CE-PGD examples, ||x' - x||_inf <= adv_eps,
