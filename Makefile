@@ -45,9 +45,10 @@ pipeline: env
 	$(if $(SCALE),$(PY) -m attncert.pipeline.profile apply $(SCALE) $(if $(KEEP_EDITS),--keep-edits))
 	$(if $(GPUS),scripts/repro-gpus $(GPUS),$(DVC) repro)
 
-# two workers; a test file stays on one worker (the dvc tests share their smoke checkout)
+# two workers; a test file stays on one worker (the dvc tests share their smoke checkout); files
+# in collection order, the longest first (tests/conftest.py), not xdist's order by test count
 test: env
-	$(PY) -m pytest -n 2 --dist loadfile
+	$(PY) -m pytest -n 2 --dist loadfile --no-loadscope-reorder
 
 lint: env
 	$(PY) -m ruff check src tests notebooks

@@ -20,6 +20,18 @@ def pytest_configure(config):
     torch.set_num_threads(1)
 
 
+#: the files that take longest (the pipeline through dvc, the paper-shaped dry run), first:
+#: `make test` hands whole files to two workers in collection order (xdist's loadfile without
+#: its reordering by test count, which would start them last and leave one worker idle)
+LONGEST_FIRST = ("test_dvc_pipeline.py", "test_paper_dryrun.py")
+
+
+def pytest_collection_modifyitems(session, config, items):
+    """The longest files first; the order within a file is kept (a stable sort)."""
+    rank = {name: i for i, name in enumerate(LONGEST_FIRST)}
+    items.sort(key=lambda item: rank.get(item.path.name, len(rank)))
+
+
 @pytest.fixture(scope="session")
 def mirror() -> Path:
     if not (MIRROR / "MNIST" / "raw").is_dir():

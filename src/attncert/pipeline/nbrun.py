@@ -37,6 +37,7 @@ from pathlib import Path
 from attncert.pipeline.doctor import DeviceError, require_device
 from attncert.pipeline.params import PARAMS_FILE, ParamsError
 from attncert.pipeline.progress import CONSOLE_ENV, TTY_ENV, Relay, elapsed
+from attncert.pipeline.runtime import GPU_PEAK_ENV
 from attncert.stages.registry import load_params
 
 KERNEL = "python3"
@@ -140,8 +141,10 @@ def run(notebook: str, output: str, sections: list[str], params_file: str = PARA
     # into the report; the kernel's own output stays in the notebook
     fd, console = tempfile.mkstemp(suffix=".log", prefix="attncert-console-")
     os.close(fd)
+    gpu_peak = Path(tempfile.gettempdir()) / f"attncert-gpu-peak-{os.getpid()}-{Path(tmp).stem}"
     tty = sys.stderr.isatty()
-    env = {CONSOLE_ENV: console, TTY_ENV: "1" if tty else "0", **QUIET_LIBRARIES}
+    env = {CONSOLE_ENV: console, TTY_ENV: "1" if tty else "0", GPU_PEAK_ENV: str(gpu_peak),
+           **QUIET_LIBRARIES}
     saved = {k: os.environ.get(k) for k in env}
     os.environ.update(env)
     t0 = time.monotonic()
@@ -157,7 +160,8 @@ def run(notebook: str, output: str, sections: list[str], params_file: str = PARA
         os.replace(tmp, out)
         out.with_name(out.stem + ".failed.ipynb").unlink(missing_ok=True)
         seconds = time.monotonic() - t0
-        write_headline(params, output, seconds, peak_memory_gb(), cwd)
+        write_headline(params, output, seconds, peak_memory_gb(), cwd,
+                       gpu_peak_gb=read_gpu_peak(gpu_peak))
         print(f"{label}: done in {elapsed(seconds)}", file=sys.stderr, flush=True)
     except BaseException:
         # keep the failed notebook next to the output for debugging
@@ -174,6 +178,7 @@ def run(notebook: str, output: str, sections: list[str], params_file: str = PARA
             else:
                 os.environ[k] = v
         Path(console).unlink(missing_ok=True)
+        gpu_peak.unlink(missing_ok=True)
 
 
 def peak_memory_gb() -> float:
@@ -187,12 +192,22 @@ def peak_memory_gb() -> float:
     return round(peak * scale / 1e9, 3)
 
 
+def read_gpu_peak(path: Path) -> float | None:
+    """The kernel's peak GPU memory in GB (:func:`attncert.pipeline.runtime.record_gpu_peak`);
+    None when it wrote none (a CPU run)."""
+    try:
+        return float(path.read_text())
+    except (FileNotFoundError, ValueError):
+        return None
+
+
 def write_headline(params, output: str, seconds: float, peak_gb: float,
-                   cwd: str | None = None) -> list[str]:
+                   cwd: str | None = None, gpu_peak_gb: float | None = None) -> list[str]:
     """Write the DVC metrics (the headline) of the dvc.yaml stage whose report is ``output``:
     the stage's few numbers (:func:`attncert.report.rows.headline_numbers`, from its metrics file)
-    and the run's seconds and peak memory. Returns the files written (none when no stage of
-    dvc.yaml writes ``output``: nbrun run by hand)."""
+    and the run's seconds, peak host memory and, on a GPU, peak GPU memory (``gpu_peak_gb``).
+    Returns the files written (none when no stage of dvc.yaml writes ``output``: nbrun run by
+    hand)."""
     from attncert.pipeline.dvcfile import DVC_FILE, read_stages, stage_runs
     from attncert.pipeline.io import write_json
     from attncert.report.rows import headline_numbers
@@ -211,8 +226,9 @@ def write_headline(params, output: str, seconds: float, peak_gb: float,
             if f.is_file():
                 values = headline_numbers(r.stage, json.loads(f.read_text()), r.item)
         for path in r.headline:
+            gpu = {} if gpu_peak_gb is None else {"gpu_peak_gb": gpu_peak_gb}
             write_json(root / path, {**values, "seconds": round(seconds, 1),
-                                     "peak_gb": peak_gb})
+                                     "peak_gb": peak_gb, **gpu})
             written.append(path)
     return written
 

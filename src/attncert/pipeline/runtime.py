@@ -10,6 +10,11 @@ off cuDNN's benchmark autotuning and sets the cuBLAS workspace that deterministi
 (read when the first cuBLAS handle is made, so this runs before any CUDA work). On a GPU
 this makes a run repeat on the same machine and software; across machines and library
 versions numbers still agree only statistically.
+
+:func:`configure` also has a notebook's kernel report its GPU memory: after every cell it
+writes the process's peak CUDA allocation to the file ``nbrun`` names in
+``$ATTNCERT_GPU_PEAK_FILE`` (:func:`record_gpu_peak`), which becomes the stage headline's
+``gpu_peak_gb``. Nothing is written on a CPU run.
 """
 
 from __future__ import annotations
@@ -20,6 +25,9 @@ import torch
 
 #: the cuBLAS workspace setting deterministic GEMMs need (CUDA's documentation)
 CUBLAS_WORKSPACE = ":4096:8"
+#: the file a notebook's kernel writes its peak GPU memory to (set by attncert.pipeline.nbrun)
+GPU_PEAK_ENV = "ATTNCERT_GPU_PEAK_FILE"
+_HOOKED: set[int] = set()
 
 
 def configure(base) -> None:
@@ -29,6 +37,7 @@ def configure(base) -> None:
     from attncert.training import compiled
 
     compiled.set_mode(base.compile)
+    record_gpu_peak()
     if base.threads:
         torch.set_num_threads(base.threads)
     if base.deterministic:
@@ -37,3 +46,39 @@ def configure(base) -> None:
         torch.use_deterministic_algorithms(True, warn_only=True)
     else:
         torch.use_deterministic_algorithms(False)
+
+
+def gpu_peak_gb() -> float | None:
+    """The peak CUDA memory allocated by this process, summed over its devices, in GB (10^9
+    bytes); None when CUDA was never initialised here (a CPU run: no context is created)."""
+    if not torch.cuda.is_available() or not torch.cuda.is_initialized():
+        return None
+    total = sum(torch.cuda.max_memory_allocated(i) for i in range(torch.cuda.device_count()))
+    return round(total / 1e9, 3)
+
+
+def write_gpu_peak(path: str | os.PathLike) -> None:
+    """Write :func:`gpu_peak_gb` to ``path`` (nothing on a CPU run); atomic (a rename)."""
+    peak = gpu_peak_gb()
+    if peak is None:
+        return
+    tmp = f"{path}.tmp"
+    with open(tmp, "w") as f:
+        f.write(f"{peak}\n")
+    os.replace(tmp, path)
+
+
+def record_gpu_peak() -> None:
+    """In a notebook's kernel (IPython) whose runner named a file in ``$ATTNCERT_GPU_PEAK_FILE``:
+    after every cell, write the peak GPU memory there (IPython's ``post_run_cell`` event; once
+    per kernel). Elsewhere nothing."""
+    path = os.environ.get(GPU_PEAK_ENV)
+    try:
+        from IPython import get_ipython
+    except ImportError:
+        return
+    shell = get_ipython()
+    if not path or shell is None or id(shell) in _HOOKED:
+        return
+    shell.events.register("post_run_cell", lambda *_: write_gpu_peak(path))
+    _HOOKED.add(id(shell))

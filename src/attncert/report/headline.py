@@ -49,10 +49,10 @@ def eps_match(eps: str | float, grid: Sequence[float]) -> int | None:
 #: largest bound / PGD ratio (tightness); an average certified radius (text); the points of
 #: clean accuracy lost when every attention matrix is replaced by uniform weights
 #: (``attn_uniform_gap``, :mod:`attncert.diagnostics`) and LoFAST(M)'s median certified radius
-#: over the global bound's (``local_global_radius``); and, added by nbrun, the stage's seconds
-#: and peak resident memory (GB)
+#: over the global bound's (``local_global_radius``); and, added by nbrun, the stage's seconds,
+#: peak resident memory (GB) and, on a GPU, peak GPU memory allocated (GB)
 NUMBERS = ("clean", "cert", "pgd", "eps", "broken", "ratio", "radius", "attn_uniform_gap",
-           "local_global_radius", "seconds", "peak_gb")
+           "local_global_radius", "seconds", "peak_gb", "gpu_peak_gb")
 
 
 def middle_eps(by_eps: Mapping[str, Any]) -> str | None:
