@@ -253,6 +253,38 @@ def test_points_lofast_certified_and_a_spent_budget_skip_crown():
         study.crown_frame(model, x, y, eps, "crown", 0.0, 5, lofast=done[:, :1])
 
 
+def test_crown_alone_is_measured_on_its_own_sample_when_lofast_goes_first():
+    """LoFAST first with ``alone`` points: CROWN runs on the first points whatever LoFAST
+    certified (as the stage sets it up), and its accuracy and seconds alone are those of that
+    sample, equal to a run of CROWN alone on it; with no sample they are not measured."""
+    model = tiny_vit()
+    g = torch.Generator().manual_seed(3)
+    x = torch.rand(5, 1, 8, 8, generator=g, dtype=torch.float64)
+    y = model(x).argmax(1)
+    eps = [0.02, 0.1]
+    lofast = study.lofast_frame(model, x, y, "lofast_M", eps)
+    done = torch.tensor(lofast[["certified_0.02", "certified_0.1"]].to_numpy())
+    done[:] = True  # as if LoFAST certified every point: CROWN would run nowhere
+    done[:2] = False  # the stage's sample of 2: CROWN runs there
+    rows, _ = study.crown_frame(model, x, y, eps, "crown", 0.0, 5, lofast=done)
+    assert set(rows[rows["index"] >= 2]["status"]) == {"lofast"}
+    assert "lofast" not in set(rows[rows["index"] < 2]["status"])
+    full, _ = study.crown_frame(model, x[:2], y[:2], eps, "crown", 0.0, 5)
+    lo = lofast.assign(**{"certified_0.02": True, "certified_0.1": True})
+    t1, t2 = tables(lo, rows, eps, 1, "CROWN", alone=2)
+    for j, e in enumerate(eps):
+        expect = 100 * float(study.crown_certified(full, 2, e).double().mean())
+        assert t2[j]["crown_acc"] == pytest.approx(expect) and t2[j]["crown_n"] == 2
+        assert t1[1][f"acc_{e}"] in (None, pytest.approx(expect))  # None: no bound succeeded
+        ran = rows[(rows["index"] < 2) & (rows["eps"] == e) & ~rows["status"].isin(study.NOT_RUN)]
+        if len(ran):
+            assert t2[j]["crown_seconds"] == pytest.approx(ran["seconds"].mean())
+        assert t2[j]["combined_acc"] == 100.0  # LoFAST certified everything
+    assert t1[1]["n"] == 2 and t1[0]["n"] == 5
+    t1, t2 = tables(lo, rows, eps, 1, "CROWN", alone=0)
+    assert t2[0]["crown_acc"] is None and t1[1]["acc_0.02"] is None and t2[0]["crown_n"] == 0
+
+
 def test_misclassified_points_are_not_bounded_and_rows_survive_a_crash(tmp_path, monkeypatch):
     """A point the model misclassifies runs no bound ("misclassified", 0 s); each point's rows
     are journaled as it finishes: a crash mid-unit keeps the finished points, the rerun bounds

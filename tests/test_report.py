@@ -366,12 +366,18 @@ def test_crown_rows_follow_lofast_tables_1_and_2():
     # another dataset: the paper's accuracies and seconds are not the same quantity
     other = report.headline_rows("crown", _crown_metrics("mnist"))
     assert {r["key"] for r in other if r["paper"] is not None} == set()  # nor the speed ratio
-    # CROWN alone with points left to LoFAST (crown_acc None) is not Table 2's CROWN row
+    # CROWN alone not measured (no sample of its own, crown_acc None): not Table 2's CROWN row
     part = _crown_part()
     part["table2"][0]["crown_acc"] = None
     skipped = {r["key"]: r for r in report.headline_rows("crown", {"datasets": {"cifar10": part}})}
     secs = skipped[f"{c}table2/L3/CROWN/0.02/crown_seconds"]
-    assert secs["paper"] is None and "LoFAST certified the rest" in secs["label"]
+    assert secs["paper"] is None and "where LoFAST did not certify" in secs["label"]
+    # measured on its own sample (the first 2 of 3 points): beside the paper, the sample named
+    part = _crown_part()
+    part["table2"][0]["crown_n"] = 2
+    sample = {r["key"]: r for r in report.headline_rows("crown", {"datasets": {"cifar10": part}})}
+    acc = sample[f"{c}table2/L3/CROWN/0.02/crown_acc"]
+    assert acc["paper"] is not None and "(its first 2 points)" in acc["label"]
 
 
 def test_summary_paths_come_from_params_and_run_name():

@@ -99,39 +99,53 @@ def attention_table(parts: Mapping[str, DatasetResult]) -> pd.DataFrame:
 
 # ------------------------------------------------------------------ Tables 1-2
 def tables(lofast: pd.DataFrame, crown: pd.DataFrame, eps_grid: Sequence[float],
-           depth: int, method: str) -> tuple[list[dict], list[dict]]:
+           depth: int, method: str, alone: int | None = None) -> tuple[list[dict], list[dict]]:
     """Rows of Table 1 (LoFAST vs CROWN) and Table 2 (CROWN alone vs LoFAST + CROWN) for one
     model. Accuracies in %; a CROWN entry whose pairs all failed is None (the paper's "-").
-    CROWN's seconds are per point a bound ran on (points left to LoFAST, misclassified or past
-    the budget cost nothing and are not counted); the combined seconds are per test point."""
+
+    CROWN alone (its accuracy and seconds per bound) is measured on its own sample, the first
+    ``alone`` points (all of them by default), where it ran whatever LoFAST certified; each row
+    says how many (``crown_n``). Its accuracy is None when some of those points were left to
+    LoFAST or to the budget (then not measured). CROWN's seconds are per (point, eps) bound that
+    ran on that sample (misclassified points and the larger eps of a point not certified cost
+    nothing and are not counted; with an empty sample, over the bounds that ran where LoFAST did
+    not certify); the combined seconds are per test point: LoFAST everywhere, CROWN where
+    LoFAST did not certify."""
     n = len(lofast)
+    k = n if alone is None else min(alone, n)
     lo_s = float(lofast["seconds"].mean())
     ran = crown[~crown["status"].isin(NOT_RUN)]
+    own, own_ran = crown[crown["index"] < k], ran[ran["index"] < k]
 
-    def alone(e: float, failed: bool = False) -> float | None:
-        """CROWN's own certified accuracy at e: None when some points were left to LoFAST or
-        to the budget (not measured on every point), and with ``failed`` when no bound at e
-        succeeded (the paper's "-")."""
-        at = crown[crown["eps"] == e]
-        if at["status"].isin(("lofast", "budget")).any() or (
-                failed and not (ran[ran["eps"] == e]["status"] == "ok").any()):
+    def alone_acc(e: float, failed: bool = False) -> float | None:
+        """CROWN's own certified accuracy at e on its sample: None when not measured there,
+        and with ``failed`` when no bound at e succeeded (the paper's "-")."""
+        at = own[own["eps"] == e]
+        if k == 0 or at["status"].isin(("lofast", "budget")).any() or (
+                failed and not (own_ran[own_ran["eps"] == e]["status"] == "ok").any()):
             return None
-        return 100 * float(crown_certified(crown, n, e).double().mean())
+        return 100 * float(crown_certified(own, k, e).double().mean())
 
-    t1 = [{"depth": depth, "method": "LoFAST", "seconds_per_sample": lo_s,
+    def own_seconds(e: float | None = None) -> float:
+        """Mean seconds per bound on CROWN's own sample (at e, or over every eps); without
+        one (``alone`` 0), over the points it bounded where LoFAST did not certify."""
+        rows = own_ran if k else ran
+        rows = rows if e is None else rows[rows["eps"] == e]
+        return float(rows["seconds"].mean()) if len(rows) else float("nan")
+
+    t1 = [{"depth": depth, "method": "LoFAST", "seconds_per_sample": lo_s, "n": n,
            **{f"acc_{e}": 100 * float(lofast[f"certified_{e}"].mean()) for e in eps_grid}},
-          {"depth": depth, "method": method, "seconds_per_sample": float(ran["seconds"].mean())
-           if len(ran) else float("nan"), **{f"acc_{e}": alone(e, True) for e in eps_grid}}]
+          {"depth": depth, "method": method, "seconds_per_sample": own_seconds(), "n": k,
+           **{f"acc_{e}": alone_acc(e, True) for e in eps_grid}}]
     t2 = []
     for e in eps_grid:
         lo = torch.tensor(lofast[f"certified_{e}"].to_numpy())
         cr = crown_certified(crown, n, e)
         at = crown[crown["eps"] == e].sort_values("index")
         sec = torch.tensor(at["seconds"].to_numpy(), dtype=torch.float64)
-        bounded = ran[ran["eps"] == e]["seconds"]  # points a bound ran on (skips cost 0 s)
         t2.append({"depth": depth, "eps": e, "method": method,
-                   "crown_acc": alone(e),
-                   "crown_seconds": float(bounded.mean()) if len(bounded) else float("nan"),
+                   "crown_acc": alone_acc(e), "crown_n": k,
+                   "crown_seconds": own_seconds(e),
                    "combined_acc": 100 * float((lo | cr).double().mean()),
                    "combined_seconds": lo_s + float(sec[~lo].sum()) / n,
                    "lofast_acc": 100 * float(lo.double().mean())})

@@ -7,7 +7,8 @@ every dataset). Both methods certify the TRUE label (a misclassified point is ne
 CROWN (:mod:`attncert.crown`) runs once per (point, eps), smallest eps first; a point it does
 not certify at an eps is not run at the larger ones (recorded "skipped", 0 s: it cannot be
 counted as certified there). With ``skip_lofast_certified`` CROWN does not run where LoFAST
-certified ("lofast"); a point the model misclassifies is not bounded ("misclassified"); past
+certified ("lofast"), except on the first ``alone_points`` test points, its own sample, where
+CROWN alone is measured (:func:`attncert.crown.tables.tables`); a point the model misclassifies is not bounded ("misclassified"); past
 ``time_budget`` CROWN seconds of one method in a unit, that method runs no more bounds
 ("budget"; each method has its own); each point's rows are appended to
 ``results_dir/ckpt/<dataset>/L<depth>/crown-<method>.jsonl`` as it finishes, and a rerun with the
@@ -108,7 +109,11 @@ class Params:
     time_limit: float = param(nonneg, doc="seconds per (point, eps) bound; 0 = none")
     skip_lofast_certified: bool = param(
         doc="CROWN runs only where LoFAST did not certify (all LoFAST Table 2's combination "
-            "needs); Table 1's CROWN-alone accuracy is then not measured")
+            "needs), except on the first alone_points test points")
+    alone_points: int = param(nonneg, doc="with skip_lofast_certified: CROWN also runs where "
+                                          "LoFAST certified on the first n test points, so its "
+                                          "accuracy and seconds alone (Tables 1-2's CROWN rows) "
+                                          "are measured on that sample (0: not measured)")
     time_budget: float = param(nonneg, doc="seconds of CROWN bounds per method and unit "
                                            "(dataset x depth; 0 = none); past it that method's "
                                            "remaining bounds are not run ('budget')")
@@ -179,6 +184,9 @@ def _run_unit(p: Params, ctx: Context, unit: str) -> dict[str, Any]:
     radii = {"lofast": grid_radius(certified)}
     lofast_done = (torch.stack([certified[e] for e in sorted(p.cert_eps)], 1)
                    if p.skip_lofast_certified else None)
+    alone = n if lofast_done is None else min(p.alone_points, n)  # CROWN's own sample
+    if lofast_done is not None:
+        lofast_done[:alone] = False
     correct = torch.tensor(lo["correct"].to_numpy(), dtype=torch.bool)
     crown_rows, t1, t2 = [], [], []
     for method in p.methods:  # each method its own budget; rows journaled as they finish
@@ -189,7 +197,7 @@ def _run_unit(p: Params, ctx: Context, unit: str) -> dict[str, Any]:
                               progress=True, lofast=lofast_done, budget=Budget(p.time_budget),
                               correct=correct, journal=journal)
         crown_rows.append(rows)
-        a, b = tables(lo, rows, p.cert_eps, depth, METHODS[method])
+        a, b = tables(lo, rows, p.cert_eps, depth, METHODS[method], alone)
         t1 += a if method == p.methods[0] else a[1:]
         t2 += b
         cr = {e: crown_certified(rows, n, e) for e in p.cert_eps}
@@ -280,29 +288,38 @@ def dataset_rows(dataset: str, m: Mapping) -> list[dict]:
     key, lab = f"datasets/{dataset}/", f"{dataset} "
     rows = [row(f"{key}trained/L{t['depth']}/test_acc", f"{lab}L{t['depth']} clean accuracy",
                 t["test_acc"], "percent") for t in m.get("trained", [])]
+    n_all = m.get("n")
+
+    def own(k: int | None) -> str:
+        """CROWN's own sample, named when it is not every certified point."""
+        return "" if k is None or n_all is None or k >= n_all else f" (its first {k} points)"
+
     for rec in m.get("table1", []):
         d, method = rec["depth"], rec["method"]
         lofast = method == "LoFAST"
+        sample = "" if lofast else own(rec.get("n"))
         for k in (k for k in rec if k.startswith("acc_")):
             i = eps_match(k[4:], t1["eps"])
             per_depth = t1["lofast" if lofast else "crown"].get(d) if cifar else None
             ref = per_depth[i] if per_depth and i is not None else None
             rows.append(row(f"{key}table1/L{d}/{method}/{k}", f"{lab}L{d} {method} certified "
-                            f"at eps {k[4:]}", rec[k], "percent", ref,
+                            f"at eps {k[4:]}{sample}", rec[k], "percent", ref,
                             lofast_src if lofast else crown_src, brief=True))
         secs = t1["lofast_seconds" if lofast else "crown_seconds"].get(d) if cifar else None
+        per = ("sample" if lofast else f"bound{sample}" if rec.get("n") else
+               "bound where LoFAST did not certify")
         rows.append(row(f"{key}table1/L{d}/{method}/seconds_per_sample",
-                        f"{lab}L{d} {method} seconds per "
-                        f"{'sample' if lofast else 'point it bounded'}", rec["seconds_per_sample"],
+                        f"{lab}L{d} {method} seconds per {per}", rec["seconds_per_sample"],
                         "seconds", secs, lofast_src if lofast else crown_src, brief=True))
     for rec in m.get("table2", []):
         d, eps = rec["depth"], f"{rec['eps']:g}"
         i = eps_match(eps, paper.LOFAST_TABLE_EPS[:2]) if d == 3 else None
-        whole = rec["crown_acc"] is not None  # CROWN bounded every point: Table 2's row
+        whole = rec["crown_acc"] is not None  # CROWN alone measured (on its own sample)
+        sample = own(rec.get("crown_n"))
         for k, label, ref_key, unit, j in (
-                ("crown_acc", f"{rec['method']} alone", "CROWN", "percent", 0),
-                ("crown_seconds", f"{rec['method']} alone seconds per point "
-                 f"{'bounded' if whole else 'it bounded (LoFAST certified the rest)'}",
+                ("crown_acc", f"{rec['method']} alone{sample}", "CROWN", "percent", 0),
+                ("crown_seconds", f"{rec['method']} alone seconds per "
+                 f"{f'bound{sample}' if whole else 'bound where LoFAST did not certify'}",
                  "CROWN", "seconds", 1),
                 ("combined_acc", f"LoFAST + {rec['method']}", "CROWN+LoFAST", "percent", 0),
                 ("combined_seconds", f"LoFAST + {rec['method']} seconds", "CROWN+LoFAST",
@@ -315,7 +332,7 @@ def dataset_rows(dataset: str, m: Mapping) -> list[dict]:
     for d, ratio in m.get("crown_over_lofast_seconds", {}).items():
         lo, cr = t1["lofast_seconds"].get(int(d)), t1["crown_seconds"].get(int(d))
         rows.append(row(f"{key}crown_over_lofast_seconds/{d}",
-                        f"{lab}L{d} CROWN seconds per point it bounded / LoFAST seconds per "
+                        f"{lab}L{d} CROWN seconds per bound{own(m.get('n'))} / LoFAST seconds per "
                         "point", ratio, "ratio", cr / lo if lo and cr and cifar else None,
                         "LoFAST Table 1 (alpha,beta-CROWN / LoFAST seconds per sample, "
                         "CIFAR-10, every point)", brief=True))
