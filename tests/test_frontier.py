@@ -266,3 +266,17 @@ def test_the_routing_task_needs_token_mixing_and_keeps_its_splits_apart():
     assert d2["mean"] != [0.5] and data["mean"] == [0.5]  # the composed normalisation
     plain = stage.parse_setting("lmt-0.5")
     assert task_parts(data, part, val, plain, seed=0)[1]["x"] is part["x"]
+
+
+def test_the_selection_rows_say_when_no_certified_setting_attends():
+    m = {"select_eps": 0.5, "selected": None, "selected_any": "lofast-0.5",
+         "scores": {"lofast-0.5": 80.0}, "grid_setting": "lofast-0.5",
+         "grid_is_selected": False, "settings": [], "datasets": []}
+    rows = {r["key"]: r for r in stage.headline_rows(m, {})}
+    assert "None" not in rows["selected"]["label"] and "none:" in rows["selected"]["label"]
+    assert rows["selected"]["ours"] is None and rows["grid_is_selected"]["ours"] == 0
+    assert "it trains lofast-0.5" in rows["grid_is_selected"]["label"]
+    m.update(selected="lofast-0.5", grid_is_selected=True)
+    rows = {r["key"]: r for r in stage.headline_rows(m, {})}
+    assert "lofast-0.5; its score" in rows["selected"]["label"]
+    assert rows["grid_is_selected"]["ours"] == 1

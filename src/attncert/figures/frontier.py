@@ -89,6 +89,10 @@ def _attention_panel(ax, part: pd.DataFrame, ds: str, eps: float, min_gap: float
                         xytext=(4, 3 + 9 * (i % 3)), fontsize=7)  # staggered: near points
     ax.axvspan(-100, min_gap, color="grey", alpha=0.12, lw=0,
                label=f"dead attention (gap < {min_gap:g} points)")
+    if (~part["kind"].isin(["linear", "standard"])).any():  # the two markers of a certified model
+        ax.scatter([], [], color="dimgrey", s=40, label="LoFAST(M) certified")
+        ax.scatter([], [], facecolors="none", edgecolors="dimgrey", s=40,
+                   label="global bound certified (same model)")
     gaps = part["uniform_gap"].dropna()
     ax.set(xlim=(min(-1.0, gaps.min() - 1) if len(gaps) else -1,
                  max(5.0, gaps.max() * 1.1 + 1) if len(gaps) else 5),

@@ -339,12 +339,16 @@ def headline_rows(m: Mapping, item: Mapping) -> list[dict]:
     the study's target per certified setting, broken certificates."""
     eps = m.get("select_eps")
     sel, sel_any = m.get("selected"), m.get("selected_any", m.get("selected"))
-    out = [row("selected", f"selected setting {sel} (attention counted): its score "
+    none = ("none: no certified setting's attention matters on the grid's task (uniform-"
+            "attention gap below the threshold)")
+    grid = m.get("grid_setting")
+    out = [row("selected", f"selected setting with attention counted: {sel or none}; its score "
                "(validation)", m.get("scores", {}).get(sel), "percent", brief=True),
            row("selected_any", f"selected setting {sel_any} (attention not counted): its "
                "score", m.get("scores", {}).get(sel_any), "percent", brief=True),
-           row("grid_is_selected", f"the grid trains the selected {sel} (no: it trains "
-               f"{m.get('grid_setting')})", int(bool(m.get("grid_is_selected"))), "flag",
+           row("grid_is_selected", f"the grid trains the selected setting ({grid})"
+               if sel else f"the grid trains a selected setting (it trains {grid}, whose "
+               "attention does not matter)", int(bool(m.get("grid_is_selected"))), "flag",
                brief=True)]
     shown = [sel, sel_any] + [s for s in m.get("settings", [])
                               if s.startswith(("linear-", "standard"))]
