@@ -8,7 +8,8 @@ CROWN (:mod:`attncert.crown`) runs once per (point, eps), smallest eps first; a 
 not certify at an eps is not run at the larger ones (recorded "skipped", 0 s: it cannot be
 counted as certified there). With ``skip_lofast_certified`` CROWN does not run where LoFAST
 certified ("lofast"), except on the first ``alone_points`` test points, its own sample, where
-CROWN alone is measured (:func:`attncert.crown.tables.tables`); a point the model misclassifies is not bounded ("misclassified"); past
+CROWN alone is measured (:func:`attncert.crown.tables.tables`); a point the model
+misclassifies is not bounded ("misclassified"); past
 ``time_budget`` CROWN seconds of one method in a unit, that method runs no more bounds
 ("budget"; each method has its own); each point's rows are appended to
 ``results_dir/ckpt/<dataset>/L<depth>/crown-<method>.jsonl`` as it finishes, and a rerun with the
