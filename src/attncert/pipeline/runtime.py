@@ -59,13 +59,13 @@ def gpu_peak_gb() -> float | None:
 
 def write_gpu_peak(path: str | os.PathLike) -> None:
     """Write :func:`gpu_peak_gb` to ``path`` (nothing on a CPU run); atomic (a rename)."""
+    from attncert.pipeline.io import atomic_path
+
     peak = gpu_peak_gb()
     if peak is None:
         return
-    tmp = f"{path}.tmp"
-    with open(tmp, "w") as f:
-        f.write(f"{peak}\n")
-    os.replace(tmp, path)
+    with atomic_path(path) as tmp:
+        tmp.write_text(f"{peak}\n")
 
 
 def record_gpu_peak() -> None:
