@@ -12,6 +12,8 @@
 # naming the keys, when an edited key is one that the old or the new profile sets;
 # KEEP_EDITS=1 carries such edits over as they are.
 #   make pipeline GPUS="0 1"   spread the independent stages over these GPUs (scripts/repro-gpus)
+#   make pipeline WORKERS=2    ... over 2 workers sharing the CPU (scripts/repro-gpus --cpu 2;
+#                              the cpu scale's command: docs/scales.md)
 
 PYTHON ?= $(shell command -v python3.11 || command -v python3)
 VENV ?= .venv
@@ -21,6 +23,7 @@ SCALE ?=
 KEEP_EDITS ?=
 DVC ?= dvc
 GPUS ?=
+WORKERS ?=
 export PATH := $(abspath $(VENV))/bin:$(PATH)
 
 .PHONY: env pipeline test lint bench rehearse gpu-check clean-env
@@ -43,7 +46,7 @@ $(VENV)/.installed: requirements.txt requirements-nodeps.txt pyproject.toml
 
 pipeline: env
 	$(if $(SCALE),$(PY) -m attncert.pipeline.profile apply $(SCALE) $(if $(KEEP_EDITS),--keep-edits))
-	$(if $(GPUS),scripts/repro-gpus $(GPUS),$(DVC) repro)
+	$(if $(GPUS),scripts/repro-gpus $(GPUS),$(if $(WORKERS),scripts/repro-gpus --cpu $(WORKERS),$(DVC) repro))
 
 # two workers; a test file stays on one worker (the dvc tests share their smoke checkout); files
 # in collection order, the longest first (tests/conftest.py), not xdist's order by test count

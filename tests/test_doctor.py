@@ -1,5 +1,6 @@
 """The paper scale never lands on the CPU silently; GPU ids are checked; the doctor report."""
 
+import os
 import subprocess
 import sys
 
@@ -7,7 +8,14 @@ import pytest
 import torch
 
 from attncert.pipeline import doctor
-from attncert.pipeline.doctor import ALLOW_CPU_ENV, DeviceError, check_gpu_ids, require_device
+from attncert.pipeline.doctor import (
+    ALLOW_CPU_ENV,
+    CPU_WORKERS_NOTE,
+    DeviceError,
+    check_cpu_workers,
+    check_gpu_ids,
+    require_device,
+)
 
 NO_GPU = not torch.cuda.is_available()
 
@@ -57,6 +65,26 @@ def test_gpu_ids_are_checked():
     with pytest.raises(DeviceError, match="repeat"):
         check_gpu_ids(["0", "0"])
     assert doctor.main(["--gpus", str(visible + 3)]) == 2  # the committed (paper) params
+
+
+def test_cpu_workers_are_checked():
+    """--cpu N: at least one worker, below the paper scale, base.device cpu or auto; a note
+    when the workers ask for more threads than there are CPUs."""
+    cores = len(os.sched_getaffinity(0))
+    note = check_cpu_workers(2, "cpu", "auto", env={})
+    assert CPU_WORKERS_NOTE in note and f"on {cores} CPU(s)" in note
+    assert "more workers" in check_cpu_workers(cores + 1, "smoke", "cpu", env={})
+    if cores >= 2:
+        assert "base.threads 0 gives" in check_cpu_workers(2, "cpu", "cpu", threads=cores,
+                                                           env={})
+    with pytest.raises(DeviceError, match="at least 1"):
+        check_cpu_workers(0, "cpu", "auto", env={})
+    with pytest.raises(DeviceError, match="see no GPU"):
+        check_cpu_workers(2, "cpu", "cuda", env={})
+    with pytest.raises(DeviceError, match="paper scale would run on the CPU"):
+        check_cpu_workers(2, "paper", "auto", env={})
+    assert CPU_WORKERS_NOTE in check_cpu_workers(2, "paper", "auto", env={ALLOW_CPU_ENV: "1"})
+    assert doctor.main(["--cpu-workers", "2"]) == 2  # the committed (paper) params
 
 
 def test_doctor_reports_and_steps_every_model_kind():

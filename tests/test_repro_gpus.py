@@ -13,6 +13,7 @@ from attncert.pipeline import profile
 
 FAKE_DVC = """#!/usr/bin/env bash
 echo "CUDA_VISIBLE_DEVICES=$CUDA_VISIBLE_DEVICES $*" >>"$DVC_LOG"
+echo "${OMP_NUM_THREADS:-} ${MKL_NUM_THREADS:-} $*" >>"$DVC_LOG.threads"
 case "$*" in
   "stage list --name-only")
     printf 'data\\ntrain_vit@mnist-1-2-0.5\\ncertify_vit@mnist-1-2-0.5\\nspecformer_runs@mnist\\n'
@@ -55,8 +56,10 @@ def _run_with_fake_dvc(tmp_path, venv_env, *args, fail_order=False, **env_extra)
         env_extra["REAL_PYTHON"] = real
     env = {**venv_env, "PATH": f"{bin_dir}{os.pathsep}{venv_env['PATH']}", "DVC_LOG": str(log),
            **env_extra}
-    env.pop("CUDA_VISIBLE_DEVICES", None)
-    env.update({k: v for k, v in env_extra.items() if k == "CUDA_VISIBLE_DEVICES"})
+    for key in ("CUDA_VISIBLE_DEVICES", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
+        env.pop(key, None)
+        if key in env_extra:
+            env[key] = env_extra[key]
     proc = subprocess.run(["bash", "scripts/repro-gpus", *args], cwd=repo, env=env,
                           capture_output=True, text=True, timeout=900)
     return repo, log, proc
@@ -137,3 +140,39 @@ def test_stale_units_rerun_through_the_pool(tmp_path, venv_env):
                                       DVC_STATUS=str(status))
     assert proc.returncode == 1 and "still stale after a second pass" in proc.stderr
     assert not any(c.endswith(" repro") for c in log.read_text().splitlines())
+
+
+def _threads(log) -> dict[str, str]:
+    """unit (or the first word of another dvc call) -> "OMP MKL" threads it ran with."""
+    out = {}
+    for line in Path(f"{log}.threads").read_text().splitlines():
+        omp, mkl, call = line.split(" ", 2)
+        out[call.split(" --single-item ", 1)[-1]] = f"{omp} {mkl}".strip()
+    return out
+
+
+def test_cpu_workers_share_the_cores(tmp_path, venv_env):
+    """--cpu N: N workers that see no GPU (the data stage and the final repro neither), each
+    with its share of the CPUs as OMP/MKL threads; a set OMP_NUM_THREADS is kept."""
+    _, log, proc = _run_with_fake_dvc(tmp_path / "share", venv_env, "--cpu", "2",
+                                      CUDA_VISIBLE_DEVICES="0")
+    assert proc.returncode == 0, proc.stderr
+    assert sorted(_ran(log)) == sorted(UNITS)
+    assert {c.split()[0] for c in log.read_text().splitlines() if " repro" in c} == {
+        "CUDA_VISIBLE_DEVICES="}
+    share = str(max(1, len(os.sched_getaffinity(0)) // 2))
+    threads = _threads(log)
+    assert {threads[u] for u in UNITS} == {f"{share} {share}"}, threads
+    assert f"2 workers on the CPU, OMP_NUM_THREADS={share} each" in proc.stderr
+    _, log, proc = _run_with_fake_dvc(tmp_path / "set", venv_env, "--cpu", "2",
+                                      OMP_NUM_THREADS="3")
+    assert proc.returncode == 0, proc.stderr
+    assert {_threads(log)[u] for u in UNITS} == {"3 3"}
+
+
+def test_cpu_workers_refuse_bad_counts_before_any_work(tmp_path, venv_env):
+    for i, args in enumerate((["--cpu", "0"], ["--cpu", "two"], ["--cpu"])):
+        _, log, proc = _run_with_fake_dvc(tmp_path / str(i), venv_env, *args)
+        assert proc.returncode == 2, proc.stderr
+        assert ("at least 1" in proc.stderr) if args[1:] == ["0"] else ("usage" in proc.stderr)
+        assert "repro" not in log.read_text()

@@ -3,6 +3,7 @@
     python -m attncert.pipeline.doctor               # torch, CUDA, driver, GPUs, free memory,
                                                      # bf16, one training step of each model
     python -m attncert.pipeline.doctor --gpus 0 1 2  # exit 2 unless every id is a visible GPU
+    python -m attncert.pipeline.doctor --cpu-workers 2   # exit 2 unless this scale may run so
     python -m attncert.pipeline.doctor --no-steps    # the report without the model steps
 
 The report also gives the free disk where the pipeline writes (against what the paper scale
@@ -91,12 +92,41 @@ def check_gpu_ids(ids: Sequence[str], scale: str = "paper",
         raise DeviceError(f"GPU ids repeat: {list(ids)}")
     count = torch.cuda.device_count() if torch.cuda.is_available() else 0
     if not count and (scale != "paper" or env.get(ALLOW_CPU_ENV) == "1"):
-        return f"no GPU visible ({_cuda_summary()}): every worker runs on the CPU"
+        return f"no GPU visible ({_cuda_summary()}): {CPU_WORKERS_NOTE}"
     missing = [i for i in ids if int(i) >= count]
     if missing:
         raise DeviceError(f"GPU id(s) {missing} not visible: {count} CUDA device(s) found "
                           f"({_cuda_summary() if not count else 'ids 0..' + str(count - 1)})")
     return f"GPUs {' '.join(ids)} visible"
+
+
+#: what :func:`check_gpu_ids` and :func:`check_cpu_workers` say when the workers use the CPU
+#: (``scripts/repro-gpus`` reads it to split the cores among them)
+CPU_WORKERS_NOTE = "every worker runs on the CPU"
+
+
+def check_cpu_workers(workers: int, scale: str, device: str, threads: int = 0,
+                      env: dict[str, str] | None = None) -> str:
+    """Raise :class:`DeviceError` unless ``workers`` concurrent units may share this machine's
+    CPU: at least one, below the paper scale (or ``ATTNCERT_ALLOW_CPU_PAPER=1``), and
+    ``base.device`` cpu or auto (the workers see no GPU). Returns the split of the cores
+    (``base.threads`` 0 lets the script give each worker its share; a set value is each
+    worker's, and a note says when the workers then ask for more threads than there are CPUs)."""
+    if workers < 1:
+        raise DeviceError(f"--cpu takes a number of workers of at least 1, got {workers}")
+    if device not in ("auto", "cpu"):
+        raise DeviceError(f"base.device is {device}, but the CPU workers see no GPU: set "
+                          "base.device to cpu or auto, or give GPU ids instead of --cpu")
+    require_device(scale, "cpu", env=env)
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    cores = cores or 1
+    note = f"{workers} worker(s) on {cores} CPU(s): {CPU_WORKERS_NOTE}"
+    if workers > cores:
+        note += " (more workers than CPUs: each unit runs slower than alone)"
+    elif threads and threads * workers > cores:
+        note += (f" (base.threads {threads} in each: {threads * workers} threads on {cores} "
+                 "CPUs; base.threads 0 gives each worker its share)")
+    return note
 
 
 def _driver() -> str:
@@ -221,6 +251,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--device", default=None, help="default: base.device of the params file")
     ap.add_argument("--gpus", nargs="*", default=None,
                     help="only check that these CUDA device indices are visible")
+    ap.add_argument("--cpu-workers", type=int, default=None, metavar="N",
+                    help="only check that N workers may share the CPU at this scale")
     ap.add_argument("--no-steps", action="store_true", help="skip the model steps")
     ap.add_argument("--calibrate", metavar="PATH", nargs="?", const=CALIBRATION,
                     help="time each model kind's step on the GPU and write the cost model's "
@@ -234,6 +266,11 @@ def main(argv: list[str] | None = None) -> int:
         scale = params["base"].scale
         if args.gpus is not None:
             print(f"doctor: {check_gpu_ids(args.gpus, scale)}")
+            print(f"doctor: disk: {check_disk(scale)}")
+            return 0
+        if args.cpu_workers is not None:
+            b = params["base"]
+            print(f"doctor: {check_cpu_workers(args.cpu_workers, scale, b.device, b.threads)}")
             print(f"doctor: disk: {check_disk(scale)}")
             return 0
         for what, value in report():

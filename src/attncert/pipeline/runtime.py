@@ -1,7 +1,8 @@
 """What a stage sets before any work: math-library threads and deterministic algorithms.
 
 Every notebook calls :func:`configure` right after parsing ``base``. ``base.threads`` fixes
-the CPU threads of PyTorch's math libraries (0 keeps PyTorch's default, one per physical
+the CPU threads of PyTorch's math libraries (0 keeps PyTorch's default: OMP_NUM_THREADS when
+set, as ``scripts/repro-gpus --cpu N`` sets it for each worker, else one per physical
 core): the thread count changes the order of float reductions, so two runs with different
 counts differ in their last digits and, through training, in their trained models.
 ``base.deterministic`` turns on :func:`torch.use_deterministic_algorithms` (``warn_only``:
