@@ -57,8 +57,11 @@ def test_smoke_pipeline_runs_offline_and_is_incremental(smoke_repo, env):
     assert not [ln for ln in lines if ln.startswith("WARNING") and any(p in ln for p in progress)]
     assert not [ln for ln in lines if "Alternative text" in ln]  # a known notice, silenced
     assert "encryption" not in out and "IProgress" not in out and "\r" not in out
-    # the reports read cleanly: no stderr block (a library's bar or warning) in any of them
-    for nb in sorted((smoke_repo / "reports/notebooks").glob("*.ipynb")):
+    # the reports read cleanly: no stderr block (a library's bar or warning) in any of them,
+    # the units' reports (reports/notebooks/<stage>/) included
+    reports = sorted((smoke_repo / "reports/notebooks").rglob("*.ipynb"))
+    assert any(nb.parent.name != "notebooks" for nb in reports)
+    for nb in reports:
         errs = [o.get("text", "") for c in nbformat.read(nb, 4).cells
                 for o in c.get("outputs", []) if o.get("name") == "stderr"]
         assert not errs, f"{nb.name}: {errs[0][:300]}"

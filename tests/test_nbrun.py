@@ -153,6 +153,7 @@ params_file = ""
 
 # %%
 import warnings
+import tqdm.auto  # transformers and datasets import it: "IProgress not found" without ipywidgets
 from attncert.pipeline import progress
 progress.LINE_SECONDS = 0.2   # a plain line every 0.2 s: this loop lasts about a second
 print("the report's own output")

@@ -7,7 +7,7 @@ DataFrame, every ``plot_*`` function draws one. Where a paper gives the number, 
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 
 import matplotlib.pyplot as plt
 import pandas as pd
@@ -15,6 +15,7 @@ import seaborn as sns
 import torch
 from matplotlib.figure import Figure
 
+from attncert.figures.headline import OURS, headline_frame, plot_headline
 from attncert.report import paper
 
 __all__ = ["tightness_frame", "plot_tightness", "ablation_frames", "plot_ablations",
@@ -23,7 +24,6 @@ __all__ = ["tightness_frame", "plot_tightness", "ablation_frames", "plot_ablatio
            "specformer_frame", "plot_specformer", "text_certified_frame",
            "plot_text_certified", "crown_frame", "plot_crown", "headline_frame", "plot_headline"]
 
-OURS = "ours"
 #: the pairwise test is the paper's (LoFAST eq. 27/28 at the last layer)
 PAPER_VARIANT = "lofast_M"
 
@@ -367,33 +367,3 @@ def plot_crown(df: pd.DataFrame) -> Figure:
 
 
 # -- any stage's headline rows (CertViT, OLSA, CROWN) ------------------------------------------
-def headline_frame(rows: Sequence[Mapping], brief_only: bool = False) -> pd.DataFrame:
-    """summary.json rows as a table: quantity, ours, paper (accuracies in %), paper source."""
-    keep = [r for r in rows if r["brief"] or not brief_only]
-
-    def scaled(r, v):
-        return None if v is None else (100 * v if r["unit"] == "fraction" else v)
-
-    return pd.DataFrame({
-        "run": [r.get("run") or "" for r in keep],
-        "quantity": [r["label"] + (" (%)" if r["unit"] in ("fraction", "percent") else "")
-                     for r in keep],
-        "ours": [scaled(r, r["ours"]) for r in keep],
-        "paper": [scaled(r, r["paper"]) for r in keep],
-        "paper source": [r["source"] or "" for r in keep]})
-
-
-def plot_headline(rows: Sequence[Mapping], title: str) -> Figure | None:
-    """Ours beside the paper for every row where the paper gives a number (None if none)."""
-    table = headline_frame([r for r in rows if r["paper"] is not None and r["ours"] is not None])
-    if table.empty:
-        return None
-    _style()
-    label = (table["run"] + " " + table["quantity"]).str.strip()
-    long = pd.concat([pd.DataFrame({"quantity": label, "value": table["ours"], "source": OURS}),
-                      pd.DataFrame({"quantity": label, "value": table["paper"],
-                                    "source": "paper: " + table["paper source"]})])
-    fig, ax = plt.subplots(figsize=(8, max(2.5, 0.35 * len(long))), constrained_layout=True)
-    sns.barplot(long, y="quantity", x="value", hue="source", ax=ax)
-    ax.set(xlabel="", ylabel="", title=title)
-    return fig

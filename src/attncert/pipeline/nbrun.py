@@ -48,9 +48,12 @@ class NotebookError(ValueError):
 
 
 #: the kernel's libraries draw no progress bars into a report (the hub's downloads and
-#: "Loading weights", datasets' maps): a bar's stderr block, and tqdm.auto's "IProgress not
-#: found" warning for a widget bar, would land in the executed notebook
+#: "Loading weights", datasets' maps): a bar's stderr block would land in the executed notebook
 QUIET_LIBRARIES = {"HF_HUB_DISABLE_PROGRESS_BARS": "1", "HF_DATASETS_DISABLE_PROGRESS_BARS": "1"}
+#: warnings filtered in the kernel (added to PYTHONWARNINGS): tqdm.auto's "IProgress not found",
+#: raised when ``transformers`` or ``datasets`` import it in a kernel without ipywidgets (their
+#: bars are off above, so the widget it asks for would never be drawn)
+QUIET_WARNINGS = ("ignore:IProgress not found",)
 
 
 def read_notebook(path: str | Path):
@@ -143,8 +146,9 @@ def run(notebook: str, output: str, sections: list[str], params_file: str = PARA
     os.close(fd)
     gpu_peak = Path(tempfile.gettempdir()) / f"attncert-gpu-peak-{os.getpid()}-{Path(tmp).stem}"
     tty = sys.stderr.isatty()
+    warn = ",".join(w for w in (os.environ.get("PYTHONWARNINGS"), *QUIET_WARNINGS) if w)
     env = {CONSOLE_ENV: console, TTY_ENV: "1" if tty else "0", GPU_PEAK_ENV: str(gpu_peak),
-           **QUIET_LIBRARIES}
+           "PYTHONWARNINGS": warn, **QUIET_LIBRARIES}
     saved = {k: os.environ.get(k) for k in env}
     os.environ.update(env)
     t0 = time.monotonic()
