@@ -40,7 +40,12 @@ def smoke_repo(tmp_path_factory, mirror):
 
 @pytest.fixture
 def env(venv_env, mirror):
+    """The mirror, and one math-library thread per stage in every run of this file: the
+    sequential run and the two-worker run (each worker keeps an OMP_NUM_THREADS already set)
+    then sum floats in the same order on any machine, and a stage never oversubscribes the
+    cores it shares with the other test worker."""
     venv_env["ATTNCERT_DATA_MIRROR"] = str(mirror)
+    venv_env.update(OMP_NUM_THREADS="1", MKL_NUM_THREADS="1")
     return venv_env
 
 
@@ -367,7 +372,7 @@ def test_metrics_comparison_tells_noise_from_breakage():
 
 
 def test_two_workers_match_a_sequential_run(smoke_repo, env, tmp_path):
-    """scripts/repro-gpus with 2 workers (on CPU here) in a fresh clone: dvc.lock is complete
+    """scripts/repro-gpus --cpu 2 (the cpu scale's command) in a fresh clone: dvc.lock is complete
     and consistent (nothing left to run, every stage recorded) and every metric equals the
     sequential run's (measured seconds excepted; floats to a relative 1e-4: LoFAST(xi)'s
     tightness ratios differ by about 1e-5 between any two runs)."""
@@ -375,7 +380,8 @@ def test_two_workers_match_a_sequential_run(smoke_repo, env, tmp_path):
     par = tmp_path / "par"
     subprocess.run(["git", "clone", "-q", str(smoke_repo), str(par)], check=True)
     shutil.copy2(smoke_repo / "params.yaml", par / "params.yaml")
-    out = _sh(["bash", "scripts/repro-gpus", "0", "1"], par, env)
+    out = _sh(["bash", "scripts/repro-gpus", "--cpu", "2"], par, env)
+    assert "2 workers on the CPU" in out
     assert all(f"Running stage '{s}'" in out for s in ("specformer", "crown", "figures"))
     assert "up to date" in _sh(["dvc", "status"], par, env)
     assert "Running stage" not in _sh(["dvc", "repro"], par, env)
