@@ -53,6 +53,25 @@ def test_a_departure_from_a_same_row_is_caught(record, params):
                for p in fidelity.check_params(record, bad))
 
 
+def test_a_deviates_row_whose_departure_is_gone_is_caught(record, params):
+    """A row marked deviates whose params value became the paper's must become same (unless
+    the number means something else here: meaning_differs)."""
+    import copy
+
+    row = next(s for s in record.settings if s.status == "deviates" and not s.meaning_differs
+               and isinstance(s.expected, (int, float, str)) and not isinstance(s.expected, bool))
+    bad = copy.deepcopy(params)
+    node = bad
+    *parents, leaf = row.key.split(".")
+    for part in parents:
+        node = node[part]
+    node[leaf] = row.expected
+    assert fidelity.check_params(record, params) == []
+    problems = fidelity.check_params(record, bad)
+    assert len(problems) == 1 and problems[0].startswith(row.key) and "mark it same" in problems[0]
+    assert any(s.meaning_differs for s in record.settings)  # those pass with the paper's number
+
+
 @pytest.mark.parametrize("row, match", [
     ({"key": "x.y", "item": "lofast/table1", "paper": 1, "where": "Sec. 1", "status": "ok"},
      "status 'ok'"),
@@ -64,6 +83,8 @@ def test_a_departure_from_a_same_row_is_caught(record, params):
       "status": "same"}, "unknown items"),
     ({"key": "x.y", "item": "lofast/table1", "where": "Sec. 1", "status": "same"},
      "'paper' is missing"),
+    ({"key": "x.y", "item": "lofast/table1", "paper": 1, "where": "Sec. 1", "status": "same",
+      "meaning_differs": True}, "only on a 'deviates' row"),
 ])
 def test_malformed_rows_are_refused(row, match):
     item = {"id": "lofast/table1", "paper": "lofast", "what": "T1", "where": "Table 1",

@@ -61,6 +61,8 @@ class Setting:
     status: str
     why: str
     params_value: Any = _UNSET
+    #: a "deviates" row whose value is the paper's number with another meaning (a unit)
+    meaning_differs: bool = False
 
     @property
     def expected(self) -> Any:
@@ -115,10 +117,14 @@ def parse(raw: Any, source: str = FIDELITY_FILE) -> Record:
                 raise FidelityError(f"{where}: 'paper' is missing (null when not stated)")
             if status == "same" and row["paper"] is None:
                 raise FidelityError(f"{where}: a 'same' row needs the paper's value")
+            meaning = row.get("meaning_differs", False)
+            if not isinstance(meaning, bool) or (meaning and status != "deviates"):
+                raise FidelityError(f"{where}: 'meaning_differs' is true or false, and true "
+                                    "only on a 'deviates' row")
             settings.append(Setting(_text(row, "key", where), _text(row, "item", where),
                                     row["paper"], _text(row, "where", where), status,
                                     _text(row, "why", where, required=status != "same"),
-                                    row.get("params_value", _UNSET)))
+                                    row.get("params_value", _UNSET), meaning))
     ids = Counter(i.id for i in items)
     twice = [i for i, n in ids.items() if n > 1]
     if twice:
@@ -161,8 +167,10 @@ def _same(a: Any, b: Any) -> bool:
 
 
 def check_params(record: Record, params: Mapping) -> list[str]:
-    """Every departure of ``params`` (a params.yaml tree) from the record: a key it lacks, and
-    a value that differs from a row marked "same"."""
+    """Every departure of ``params`` (a params.yaml tree) from the record: a key it lacks, a
+    value that differs from a row marked "same", and a value equal to the paper's on a row
+    marked "deviates" (the departure it records is gone: the row becomes "same"), unless the
+    row says the number means something else here (``meaning_differs``)."""
     problems = []
     for s in record.settings:
         try:
@@ -173,6 +181,10 @@ def check_params(record: Record, params: Mapping) -> list[str]:
         if s.status == "same" and not _same(ours, s.expected):
             problems.append(f"{s.key}: params.yaml has {ours!r}, the paper ({s.where}) "
                             f"{s.expected!r}; the row is marked same")
+        elif (s.status == "deviates" and not s.meaning_differs and s.expected is not None
+              and _same(ours, s.expected)):
+            problems.append(f"{s.key}: params.yaml has the paper's {ours!r} ({s.where}); "
+                            "the row is marked deviates: mark it same")
     return problems
 
 
