@@ -93,18 +93,13 @@ def test_malformed_rows_are_refused(row, match):
         fidelity.parse({"lofast": {"items": [item], "settings": [row]}})
 
 
+PAPER_NAMES = re.compile(r"LoFAST|OLSA|SpecFormer|CertViT")
+
+
 def _claiming_keys(text: str) -> set[str]:
-    """params.yaml keys whose own comment names a paper (a section header's comment excepted)."""
-    keys, section = set(), None
-    for line in text.splitlines():
-        m = re.match(r"^([a-z_]+):", line)
-        if m:
-            section = m.group(1)
-            continue
-        m = re.match(r"^  ([a-z_0-9]+):[^#]*#(.*)$", line)
-        if m and section and re.search(r"LoFAST|OLSA|SpecFormer|CertViT", m.group(2)):
-            keys.add(f"{section}.{m.group(1)}")
-    return keys
+    """params.yaml keys, nested ones too, whose own comment names a paper (a section's own
+    comment excepted: it introduces its keys)."""
+    return {k for k, c in _own_comments(text).items() if "." in k and PAPER_NAMES.search(c)}
 
 
 def test_every_key_whose_comment_names_a_paper_has_a_row(record):
@@ -128,16 +123,20 @@ def test_no_row_cites_a_summary(record):
         assert "summary" not in text.lower(), text
 
 
-def _comment_chains(text: str) -> dict[str, str]:
-    """params.yaml key (dotted, nested keys too) -> its own comment (continuation lines
-    included) and every ancestor's; a key of a flow mapping gets its line's comment."""
-    own, stack, last = {}, [], None
+def _own_comments(text: str) -> dict[str, str]:
+    """params.yaml key (dotted, nested keys too) -> its own comment, with the comment lines
+    below it indented deeper than the key (a comment line at the key's own indentation opens
+    the next key's block and belongs to no key)."""
+    own, stack, last, depth = {}, [], None, 0
     for line in text.splitlines():
         if not line.strip():
             continue
+        indent = len(line) - len(line.lstrip())
         if line.lstrip().startswith("#"):
-            if last is not None and line.startswith(" "):
+            if last is not None and indent > depth:
                 own[last] += " " + line.strip()
+            else:
+                last = None
             continue
         m = re.match(r"^(\s*)([A-Za-z_0-9]+):(.*)$", line)
         if not m:
@@ -145,8 +144,15 @@ def _comment_chains(text: str) -> dict[str, str]:
         while stack and stack[-1][0] >= len(m.group(1)):
             stack.pop()
         stack.append((len(m.group(1)), m.group(2)))
-        last = ".".join(k for _, k in stack)
+        last, depth = ".".join(k for _, k in stack), len(m.group(1))
         own[last] = m.group(3).split("#", 1)[1] if "#" in m.group(3) else ""
+    return own
+
+
+def _comment_chains(text: str) -> dict[str, str]:
+    """params.yaml key -> its own comment (:func:`_own_comments`) and every ancestor's; a key
+    of a flow mapping gets its line's comment."""
+    own = _own_comments(text)
     return {k: " ".join(own.get(".".join(k.split(".")[:i]), "")
                         for i in range(1, k.count(".") + 2)) for k in own}
 
@@ -171,3 +177,39 @@ def test_a_not_stated_key_without_ours_is_caught(record):
     text = (ROOT / "params.yaml").read_text()
     chains = _comment_chains(text.replace("ours", "o-u-r-s"))
     assert "ours" not in _chain(chains, row.key)
+
+
+def _same_called_ours(record, text: str) -> list[str]:
+    """Keys whose row reproduces the paper's value while their own comment calls the value
+    ours, unless another paper's row of the key states nothing (text.max_len: LoFAST's 32,
+    none in OLSA)."""
+    own = _own_comments(text)
+    ours_too = {s.key for s in record.settings if s.status != "same"}
+    return sorted(s.key for s in record.settings if s.status == "same"
+                  and s.key not in ours_too and re.search(r"\bours\b", own.get(s.key, "")))
+
+
+def test_a_same_row_is_not_called_ours(record):
+    """The comment and the record must not contradict each other; a planted one is caught."""
+    text = (ROOT / "params.yaml").read_text()
+    assert _same_called_ours(record, text) == []
+    row = next(s for s in record.settings if s.status == "same" and s.key.count(".") == 1
+               and not any(o.key == s.key and o.status != "same" for o in record.settings))
+    key = row.key.split(".")[1]  # every section's `key:` line now says ours, this one's too
+    planted = re.sub(rf"(?m)^(  {key}:[^#\n]*)(#.*)?$", r"\1# ours", text)
+    assert row.key in _same_called_ours(record, planted)
+
+
+def test_comment_scans_catch_planted_contradictions():
+    """The scans above read nested keys and continuation lines, and nothing else."""
+    text = ("a:                 # section comment naming LoFAST\n"
+            "  b: 1             # LoFAST Table 1\n"
+            "  c:\n"
+            "    d: 2           # plain,\n"
+            "                   # then OLSA sec. 5 (continued)\n"
+            "  # a block comment naming CertViT belongs to no key\n"
+            "  e: 3\n")
+    assert _claiming_keys(text) == {"a.b", "a.c.d"}
+    own = _own_comments(text)
+    assert "CertViT" not in own["a.c.d"] and "OLSA" in own["a.c.d"] and own["a.e"] == ""
+    assert "section comment" in _comment_chains(text)["a.c.d"]
