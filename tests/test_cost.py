@@ -216,6 +216,38 @@ def test_the_multi_gpu_plan_schedules_units_longest_first(smoke):
     assert "| 1 |" in table and "1.00x" in table and "longest unit" in table
 
 
+def test_units_sharing_a_gpu():
+    """K units per GPU: a kernel-bound unit's time grows by the measured slowdown, a FLOP-bound
+    one's by K (it gets 1 / K of the GPU); K beyond the measured ones is refused."""
+    from attncert.cost import plan
+    from attncert.cost.counting import GPUS
+    from attncert.cost.work import Work
+
+    gpu = GPUS["h100"]
+    kernels = Work("train_vit", "tiny", "bf16", flops=1e6, kernels=1e6)
+    flops = Work("specformer", "big", "bf16", flops=1e18, kernels=10)
+    slow = plan.slowdown(4)
+    assert plan.slowdown(1) == 1.0 and 1.0 < slow < 1.2 and plan.slowdown(3) == slow
+    assert kernels.seconds(gpu, 0.3, 4, slow) == pytest.approx(slow * kernels.seconds(gpu, 0.3))
+    assert flops.seconds(gpu, 0.3, 4, slow) == pytest.approx(4 * flops.seconds(gpu, 0.3))
+    for k in (0, max(plan.CONCURRENCY) + 1):
+        with pytest.raises(ValueError, match="units per GPU"):
+            plan.slowdown(k)
+
+
+def test_the_plan_with_units_sharing_each_gpu(smoke):
+    from attncert.cost import plan
+    from attncert.cost.counting import GPUS
+
+    p = load_params(smoke)
+    alone = plan.unit_hours(p, GPUS["h100"])
+    shared = plan.unit_hours(p, GPUS["h100"], per_gpu=4)
+    assert set(shared) == set(alone)
+    assert all(alone[u] <= shared[u] <= 4 * alone[u] + 1e-12 for u in alone)
+    table = plan.plan_table(p, GPUS["h100"], [1], per_gpu=4)
+    assert "| 1 | 4 |" in table and "4 units per GPU" in table
+
+
 def test_eight_gpus_share_the_paper_scale_near_linearly():
     """At the committed paper params the units spread over 8 GPUs at least 6x faster than on
     one, and no unit is longer than the 8-GPU makespan (the split stages' units are small)."""

@@ -176,3 +176,19 @@ def test_cpu_workers_refuse_bad_counts_before_any_work(tmp_path, venv_env):
         assert proc.returncode == 2, proc.stderr
         assert ("at least 1" in proc.stderr) if args[1:] == ["0"] else ("usage" in proc.stderr)
         assert "repro" not in log.read_text()
+
+
+def test_several_workers_per_gpu(tmp_path, venv_env):
+    """--per-gpu K: K workers on each GPU id (GPUs in turn: the first units on different GPUs);
+    a bad K or --per-gpu with --cpu is refused before any work."""
+    _, log, proc = _run_with_fake_dvc(tmp_path / "two", venv_env, "--per-gpu", "2", "0", "1")
+    assert proc.returncode == 0, proc.stderr
+    assert sorted(_ran(log)) == sorted(UNITS)
+    assert "workers on CUDA_VISIBLE_DEVICES 0 1 0 1" in proc.stderr
+    assert {c.split()[0] for c in log.read_text().splitlines() if "--single-item" in c} <= {
+        "CUDA_VISIBLE_DEVICES=0", "CUDA_VISIBLE_DEVICES=1"}
+    for i, args in enumerate((["--per-gpu", "0", "0"], ["--per-gpu", "2"],
+                              ["--per-gpu", "2", "--cpu", "2"])):
+        _, log, proc = _run_with_fake_dvc(tmp_path / str(i), venv_env, *args)
+        assert proc.returncode == 2 and "usage" in proc.stderr, proc.stderr
+        assert "repro" not in log.read_text()

@@ -85,12 +85,21 @@ def main(argv: list[str] | None = None) -> int:
                          "and method")
     ap.add_argument("--gpus", type=int, nargs="+", default=[1, 2, 4, 8],
                     help="plan: GPU counts to schedule the units on")
+    ap.add_argument("--per-gpu", type=int, default=1, metavar="K",
+                    help="plan, readme: K units sharing each GPU (scripts/repro-gpus --per-gpu K)")
     ap.add_argument("--calibration", default=None,
                     help=f"the per-kernel constant's measurement (default: {CALIBRATION_FILE} "
                          f"of make gpu-check, else the committed {COMMITTED_CALIBRATION})")
     args = ap.parse_args(argv)
     if not 0 < args.utilisation <= 1:
         ap.error("--utilisation must be in (0, 1]")
+    if args.per_gpu != 1 and args.command in ("plan", "readme"):
+        from attncert.cost.plan import slowdown
+
+        try:
+            slowdown(args.per_gpu)
+        except ValueError as exc:
+            ap.error(f"--per-gpu: {exc}")
     if not Path(args.params).is_file():
         ap.error(f"--params {args.params}: no such file")
     try:
@@ -138,7 +147,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "plan":
         from attncert.cost.plan import plan_table
 
-        print(plan_table(params, gpu, args.gpus, args.utilisation))
+        print(plan_table(params, gpu, args.gpus, args.utilisation, args.per_gpu))
         return 0
     if args.command == "order":  # scripts/repro-gpus: its units (stdin) longest first
         import sys
@@ -153,7 +162,7 @@ def main(argv: list[str] | None = None) -> int:
         from attncert.cost.plan import plan_table
 
         write_block(table, args.doc)
-        write_block(plan_table(params, gpu, args.gpus, args.utilisation), args.doc,
+        write_block(plan_table(params, gpu, args.gpus, args.utilisation, args.per_gpu), args.doc,
                     markers=PLAN_MARKERS)
     print(table)
     return 0

@@ -27,9 +27,16 @@ class Work:
     unit: str = ""  # the DVC stage it runs in, when the stage is split into units
     fixed_seconds: float = 0.0  # time not from counts (CROWN's bounds: their time budget)
 
-    def seconds(self, gpu: GPU, utilisation: float) -> float:
-        return max(self.flops / (getattr(gpu, self.kind) * utilisation),
-                   self.kernels * gpu.kernel_seconds_for(self.stage)) + self.fixed_seconds
+    def seconds(self, gpu: GPU, utilisation: float, per_gpu: int = 1,
+                slowdown: float = 1.0) -> float:
+        """Seconds on ``gpu``: its FLOPs at ``utilisation`` of the precision's peak or its
+        kernels at the per-kernel latency, whichever is longer. With ``per_gpu`` units sharing
+        the GPU, the FLOPs get 1 / ``per_gpu`` of it (at worst, every unit computing at once)
+        and each kernel takes ``slowdown`` times as long (the launch latencies of concurrent
+        processes overlap: :data:`attncert.cost.plan.CONCURRENCY`)."""
+        return max(per_gpu * self.flops / (getattr(gpu, self.kind) * utilisation),
+                   slowdown * self.kernels * gpu.kernel_seconds_for(self.stage)
+                   ) + self.fixed_seconds
 
 
 def in_unit(items: list[Work], unit: str) -> list[Work]:
