@@ -230,3 +230,33 @@ def test_the_attention_entropy_term_is_the_diagnostics_entropy_and_trains_it_dow
         assert trained_entropy(2.0, margin) < 0.1 < 0.5 < trained_entropy(0.0, margin)
     with pytest.raises(ValueError, match="attn_entropy"):
         TrainConfig(attn_entropy=-1.0)
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+def test_the_norm_of_two_tall_factors_is_an_r_by_r_upper_bound(dtype):
+    """Weights' norms ||W^V W^O||, ||W^Q W^K^T|| (d rows, r = d_h columns each) are taken on
+    an r x r matrix in training: never below the dense norm, within rounding of it, with the
+    dense derivative at full rank and a finite one when a factor loses rank."""
+    from attncert.bounds.spectral import norm_of_product
+
+    g = torch.Generator().manual_seed(3)
+    u = torch.randn(2, 24, 6, generator=g, dtype=dtype)
+    v = torch.randn(2, 20, 6, generator=g, dtype=dtype)
+    for rank_deficient in (False, True):
+        if rank_deficient:
+            u = u.clone()
+            u[..., 3:] = u[..., :3]  # rank 3 of 6 columns
+        dense = torch.linalg.svdvals((u @ v.transpose(-1, -2)).double())[..., 0]
+        uu, vv = u.clone().requires_grad_(True), v.clone().requires_grad_(True)
+        value = norm_of_product(uu, vv, mode="exact")
+        tol = 1e-5 if dtype == torch.float32 else 1e-10
+        assert (value.double() >= dense * (1 - tol)).all()
+        torch.testing.assert_close(value.double(), dense, rtol=tol, atol=tol)
+        grads = torch.autograd.grad(value.sum(), (uu, vv))
+        assert all(torch.isfinite(t).all() for t in grads)
+        if not rank_deficient and dtype == torch.float64:
+            ud, vd = u.clone().requires_grad_(True), v.clone().requires_grad_(True)
+            ref = torch.autograd.grad(torch.linalg.svdvals(ud @ vd.transpose(-1, -2))[..., 0]
+                                      .sum(), (ud, vd))
+            for o, d in zip(grads, ref, strict=True):
+                torch.testing.assert_close(o, d)

@@ -341,3 +341,21 @@ def test_the_lofast_margin_is_counted_in_the_grid_s_training_step():
     lmt, lofast = vit_counts(cfg, None, "lmt")["train"], vit_counts(cfg, None, "lofast")["train"]
     assert vit_counts(cfg, None, "none")["train"] == lmt  # a logit offset adds nothing
     assert lofast.kernels > lmt.kernels and lofast.flops(64) > lmt.flops(64)
+
+
+def test_bench_margins_time_every_margin_and_name_a_failure(smoke, monkeypatch):
+    from attncert.cost import bench
+
+    rows = bench.bench_margins(load_params(smoke), batch=2, steps=1, device="cpu")
+    assert [r["margin"] for r in rows] == list(bench.BENCH_MARGINS)
+    assert all(r["status"] == "ok" and r["ms_per_step"] > 0 for r in rows)
+    assert next(r["vs_lmt"] for r in rows if r["margin"] == "lmt") == 1.0
+
+    def broken(*_a, **_k):
+        raise RuntimeError("cannot capture\nmore")
+
+    monkeypatch.setattr("attncert.training.train.step_loss", broken)
+    rows = bench.bench_margins(load_params(smoke), batch=2, steps=1, device="cpu")
+    assert {r["status"] for r in rows} == {"RuntimeError: cannot capture"}
+    with pytest.raises(ValueError, match="mode"):
+        bench.bench_margins(load_params(smoke), batch=2, device="cpu", mode="fast")

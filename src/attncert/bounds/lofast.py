@@ -18,7 +18,14 @@ from typing import NamedTuple
 import torch
 from torch import Tensor
 
-from .spectral import LinearOperator, SpectralNorm, fp_pad, norm_of_product, spectral_norm
+from .spectral import (
+    LinearOperator,
+    SpectralNorm,
+    fp_pad,
+    norm_of_product,
+    spectral_norm,
+    top_eigenvalue,
+)
 from .weights import AttentionWeights, attention_probs
 
 __all__ = [
@@ -103,11 +110,11 @@ def zeta_cheap_upper(p: Tensor, w: AttentionWeights, residual: bool) -> Tensor:
     tri = h0 + (p_norm * a).sum(-1)
     eye_n = torch.eye(p.shape[-1], dtype=p.dtype, device=p.device)
     ppt = (p @ p.transpose(-1, -2)).sum(1) + h0 * eye_n
-    big_p = fp_pad(torch.linalg.eigvalsh(ppt)[..., -1].clamp_min(0), 4 * p.shape[-1]).sqrt()
+    big_p = fp_pad(top_eigenvalue(ppt).clamp_min(0), 4 * p.shape[-1]).sqrt()
     s1 = big_p * (h0 + (a**2).sum()).sqrt()
     ata = w.A.transpose(-1, -2) @ w.A
     ata = ata.sum(0) + h0 * torch.eye(w.d, dtype=p.dtype, device=p.device)
-    big_a = fp_pad(torch.linalg.eigvalsh(ata)[-1].clamp_min(0), 4 * w.d).sqrt()
+    big_a = fp_pad(top_eigenvalue(ata).clamp_min(0), 4 * w.d).sqrt()
     s2 = (h0 + (p_norm**2).sum(-1)).sqrt() * big_a
     return torch.minimum(tri, torch.minimum(s1, s2))
 

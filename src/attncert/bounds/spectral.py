@@ -103,6 +103,42 @@ def kw_failure_prob(theta: Tensor, upper_sq: Tensor, k: int, dim: int) -> Tensor
     return p.clamp(max=1.0)
 
 
+#: symmetric matrices up to this size go to the host's LAPACK in :func:`top_eigenvalue` when
+#: they live on CUDA and come in a batch: CUDA's eigensolver takes them one at a time, a few
+#: kernels each (a ``lofast`` training margin step of the grid's ViT at batch 128 spent 90% of
+#: 1.66 s in it on an H200); 0 keeps every matrix on its device
+HOST_EIGH_MAX = 64
+#: the device types whose small batched eigenproblems go to the host
+HOST_EIGH_DEVICES = ("cuda",)
+
+
+def top_eigenvalue(sym: Tensor) -> Tensor:
+    """(...,): the largest eigenvalue of symmetric (..., k, k), differentiable (eigvalsh). A
+    batch of small matrices on CUDA (k <= :data:`HOST_EIGH_MAX`) is solved on the host and the
+    result moved back (the same LAPACK-grade eigenvalues; a host sync, never inside a
+    captured graph: the training margins and certificates that call it run eager)."""
+    if (sym.device.type in HOST_EIGH_DEVICES and sym.shape[-1] <= HOST_EIGH_MAX
+            and sym[..., 0, 0].numel() > 1):
+        return torch.linalg.eigvalsh(sym.cpu())[..., -1].to(sym.device)
+    return torch.linalg.eigvalsh(sym)[..., -1]
+
+
+def _rank_r_gram(u: Tensor, v: Tensor) -> Tensor:
+    """(..., r, r) symmetric, largest eigenvalue >= ||u v^T||^2 (u, v with r columns and more
+    rows): L^T (v^T v) L with L L^T = u^T u + delta I (Cholesky). Its eigenvalues are those of
+    (v^T v)^{1/2} (u^T u + delta I) (v^T v)^{1/2}, so the jitter delta (a few rounding units of
+    u^T u's largest diagonal entry, which keeps the factorisation defined for a rank-deficient
+    u) can only raise the result: an upper bound, at r x r instead of rows x rows."""
+    gu = u.transpose(-1, -2) @ u
+    gv = v.transpose(-1, -2) @ v
+    r = gu.shape[-1]
+    delta = 8 * r * torch.finfo(gu.dtype).eps * gu.diagonal(dim1=-2, dim2=-1).amax(-1)
+    eye = torch.eye(r, dtype=gu.dtype, device=gu.device)
+    chol = torch.linalg.cholesky(gu + (delta.clamp_min(torch.finfo(gu.dtype).tiny)[..., None, None]
+                                       * eye))
+    return chol.transpose(-1, -2) @ gv @ chol
+
+
 def norm_of_product(u: Tensor, v: Tensor, mode: str = "upper") -> Tensor:
     """Exact ||u v^T|| for u (..., n, r), v (..., m, r) with small r, via R_u R_v^T (r x r).
 
@@ -116,10 +152,14 @@ def norm_of_product(u: Tensor, v: Tensor, mode: str = "upper") -> Tensor:
     a^T u v^T b, has the same derivative but measured slower here.)
     """
     if torch.is_grad_enabled() and (u.requires_grad or v.requires_grad):
-        a, b = (v, u) if v.shape[-2] <= u.shape[-2] else (u, v)
-        gram = a @ (b.transpose(-1, -2) @ b) @ a.transpose(-1, -2)
+        r = u.shape[-1]
+        if min(u.shape[-2], v.shape[-2]) > r:  # both tall: an r x r form
+            gram = _rank_r_gram(u, v)
+        else:
+            a, b = (v, u) if v.shape[-2] <= u.shape[-2] else (u, v)
+            gram = a @ (b.transpose(-1, -2) @ b) @ a.transpose(-1, -2)
         gram = (gram + gram.transpose(-1, -2)) / 2
-        top = torch.linalg.eigvalsh(gram)[..., -1]
+        top = top_eigenvalue(gram)
         s = top.clamp_min(torch.finfo(top.dtype).tiny).sqrt()
         return fp_pad(s, u.shape[-2] + v.shape[-2] + u.shape[-1]) if mode == "upper" else s
     r_u = torch.linalg.qr(u, mode="r").R

@@ -178,15 +178,20 @@ BENCH_MARGINS = ("none", "lmt", "olsa", "lofast")
 
 
 def bench_margins(params, batch: int, steps: int = 5, device: str = "auto",
-                  precision: str = "auto") -> list[dict[str, Any]]:
+                  precision: str = "auto", mode: str = "eager",
+                  margins: tuple[str, ...] = BENCH_MARGINS) -> list[dict[str, Any]]:
     """Seconds per training step of the grid's Lipschitz ViT with each training margin
     (:func:`attncert.training.train.step_loss`, the grid's own settings; ``lofast`` at its
-    radius or, when the grid's is 0, at 0.1), and each one's ratio to LMT's."""
+    radius or, when the grid's is 0, at 0.1), and each one's ratio to LMT's; ``mode`` as in
+    :func:`bench_training` (the forward compiled, the margin's bound terms eager as in
+    training; ``margins``: these, LMT always among them). A margin that fails compiled is a row
+    with its error in ``status``."""
     import dataclasses
 
     from attncert.models import build_vit
     from attncert.pipeline.runs import GridPoint
     from attncert.stages import train_vit
+    from attncert.training import compiled
     from attncert.training.precision import autocast, resolve_precision, training_matmuls
     from attncert.training.train import resolve_device, step_loss
 
@@ -194,31 +199,42 @@ def bench_margins(params, batch: int, steps: int = 5, device: str = "auto",
     ds = g.dataset[0]
     cfg = train_vit.model_config(s, GridPoint(g.results_dir, ds, max(g.depth), max(g.heads),
                                               g.gamma_vo[0]), stand_in(ds))
+    if mode not in COMPILE_MODES:
+        raise ValueError(f"mode {mode!r}; one of {', '.join(COMPILE_MODES)}")
     dev = resolve_device(device)
     prec = resolve_precision(precision, dev)
+    how = compiled.resolve(dev, "off" if mode == "eager" else mode)
+    warm = 1 if mode == "eager" else 3
     x, y = (a.to(dev) for a in random_images(cfg, batch))
     rows = []
-    for margin in BENCH_MARGINS:
+    for margin in margins if "lmt" in margins else ("lmt", *margins):
         train_cfg = dataclasses.replace(s.train.config(0), margin=margin,
                                         lofast_eps=s.train.lofast_eps or 0.1)
         torch.manual_seed(0)
         model = build_vit(cfg).to(dev).train()
         opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
-        times = []
-        with training_matmuls(prec, dev):
-            for i in range(steps + 1):
-                _sync(dev)
-                t0 = time.perf_counter()
-                with autocast(prec, dev):
-                    _, loss = step_loss(model, x, y, train_cfg, progress=(10**6, 10**6))
-                opt.zero_grad(set_to_none=True)
-                loss.backward()
-                opt.step()
-                _sync(dev)
-                if i:
+        times, status = [], "ok"
+        try:
+            with training_matmuls(prec, dev), compiled.compiled_forward(model, how):
+                for _ in range(steps + warm):
+                    _sync(dev)
+                    t0 = time.perf_counter()
+                    compiled.step_begin(how, dev)
+                    with autocast(prec, dev):
+                        _, loss = step_loss(model, x, y, train_cfg, progress=(10**6, 10**6))
+                    opt.zero_grad(set_to_none=True)
+                    loss.backward()
+                    opt.step()
+                    _sync(dev)
                     times.append(time.perf_counter() - t0)
-        times.sort()
-        rows.append({"margin": margin, "ms_per_step": 1e3 * times[len(times) // 2]})
+        except Exception as exc:  # noqa: BLE001 (a margin that does not compile is a result)
+            status = f"{type(exc).__name__}: {(str(exc).strip().splitlines() or [''])[0]}"[:200]
+        timed = sorted(times[warm:])
+        rows.append({"margin": margin, "mode": mode, "status": status,
+                     "ms_per_step": 1e3 * timed[len(timed) // 2] if timed else float("nan"),
+                     "first_step_s": times[0] if times else float("nan")})
+        opt.zero_grad(set_to_none=True)
+        torch._dynamo.reset()
     lmt = next(r["ms_per_step"] for r in rows if r["margin"] == "lmt")
     for r in rows:
         r["vs_lmt"] = r["ms_per_step"] / lmt

@@ -125,10 +125,13 @@ def main(argv: list[str] | None = None) -> int:
                                        args.device, mode):
                 print(f"{r['k']:>3} {r['ms_per_step']:9.1f} {r['steps_per_s']:8.1f} "
                       f"{r['speedup']:6.2f}", flush=True)
-        print(f"\nthe grid's Lipschitz ViT by training margin (train_vit), batch {args.batch}")
-        print(f"{'margin':>10} {'ms/step':>9} {'x LMT':>7}")
-        for r in bench_margins(params, args.batch, args.steps, args.device):
-            print(f"{r['margin']:>10} {r['ms_per_step']:9.1f} {r['vs_lmt']:7.2f}")
+        for mode in args.modes:
+            print(f"\nthe grid's Lipschitz ViT by training margin (train_vit), batch "
+                  f"{args.batch}, {mode}")
+            print(f"{'margin':>10} {'ms/step':>9} {'x LMT':>7}")
+            for r in bench_margins(params, args.batch, args.steps, args.device, mode=mode):
+                print(f"{r['margin']:>10} {r['ms_per_step']:9.1f} {r['vs_lmt']:7.2f}"
+                      + (f"  {r['status']}" if r["status"] != "ok" else ""), flush=True)
         return 0
     if args.command == "crown":
         print(f"one CROWN bound (point x eps) of the crown stage's ViT, {args.points} points")

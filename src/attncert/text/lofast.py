@@ -24,13 +24,23 @@ def full_mask(x: Tensor) -> Tensor:
     return torch.ones(x.shape[:2], dtype=torch.bool, device=x.device)
 
 
+def trim_padding(x: Tensor, mask: Tensor) -> tuple[Tensor, Tensor]:
+    """``x`` (B, L, ...) and ``mask`` (B, L) without the positions past the longest sentence
+    (padding in every row: masked everywhere, so the logits do not change). Eager only: under
+    ``torch.compile`` the padded length is kept, since reading the longest length is a host
+    sync and a data-dependent shape (a graph break, and a new CUDA graph per length)."""
+    if torch.compiler.is_compiling():
+        return x, mask
+    keep = int(mask.sum(1).max())
+    return x[:, :keep], mask[:, :keep]
+
+
 def masked_mean_logits(model: nn.Module, x: Tensor, mask: Tensor | None) -> Tensor:
     """The shared trunk of the block-stack text models: ids (or embeddings) + position
     embeddings -> ``model.blocks`` (padding keys masked) -> ``model.norm`` -> mean over the
     real tokens -> ``model.head``. Positions past the longest sentence are dropped first."""
     if mask is not None:
-        keep = int(mask.sum(1).max())  # positions past the longest sentence are padding
-        x, mask = x[:, :keep], mask[:, :keep]
+        x, mask = trim_padding(x, mask)
     t = (x if x.is_floating_point() else model.embed(x)) + model.pos[:, :x.shape[1]]
     for block in model.blocks:
         t = block(t, mask)

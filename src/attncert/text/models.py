@@ -44,7 +44,7 @@ from torch import Tensor, nn
 
 from attncert.layers import LayerProject, spectral_norm_exact
 
-from .lofast import full_mask
+from .lofast import full_mask, trim_padding
 from .olsa import (
     OLSALayer,
     SpectralNormLinear,
@@ -67,6 +67,10 @@ class _OLSAStack(nn.Module):
     collapsed to exactly that (dev accuracy 0.49-0.51, ||W|| -> 0.01-0.02). Subclasses define
     :meth:`embed` and may add constants to the tokens in :meth:`tokens`.
     """
+
+    #: why the training step is not replayed as CUDA graphs (:mod:`attncert.training.compiled`)
+    cuda_graphs_blocker = ("its CUDA-graph capture fails on a host-to-device copy (H200, "
+                           "2026-11-28; source not found)")
 
     def __init__(self, dim: int, depth: int, heads: int, num_classes: int, radius: float,
                  attention: str, max_len: int, alpha1: float, group_size: int, iters: int,
@@ -93,8 +97,7 @@ class _OLSAStack(nn.Module):
         """
         mask = full_mask(x) if mask is None else mask
         e = x if x.is_floating_point() else self.embed(x, mask)
-        keep = int(mask.sum(1).max())  # positions past the longest sentence are padding
-        e, mask = e[:, :keep], mask[:, :keep]
+        e, mask = trim_padding(e, mask)
         t = self.tokens(e)
         for layer in self.layers:
             t = layer(t, mask)

@@ -34,12 +34,22 @@ def olsa_attention_lipschitz(alpha1: Tensor | float, alpha2: Tensor | float, rad
     s_v bound the spectral norms of W^Q, W^K, W^V (1 when orthogonal). Derivation: module
     docstring. Batched over n (and alpha1, alpha2) by broadcasting.
     """
-    a1 = torch.as_tensor(alpha1, dtype=torch.float64)
-    n = torch.as_tensor(n, dtype=torch.float64)
+    # no constant tensor is made from a Python number where a tensor argument exists: under
+    # torch.compile such a constant is a host tensor copied to the device at every call, which
+    # a CUDA-graph capture of the training step does not allow
+    dev = next((t.device for t in (alpha1, n) if isinstance(t, Tensor)), None)
+    a1 = _float64(alpha1, dev)
+    n = _float64(n, dev)
     kappa = _kappa(n, s_k * radius / a1)
     score = torch.where(n > 1, radius * n.sqrt() * (s_q + s_k) / (2.0 * math.sqrt(2.0) * a1),
                         torch.zeros_like(n))
-    return s_v * (kappa.sqrt() + score) / torch.as_tensor(alpha2, dtype=torch.float64)
+    return s_v * (kappa.sqrt() + score) / (alpha2.double() if isinstance(alpha2, Tensor)
+                                           else float(alpha2))
+
+
+def _float64(v: Tensor | float, device: torch.device | None) -> Tensor:
+    return v.double() if isinstance(v, Tensor) else torch.tensor(float(v), dtype=torch.float64,
+                                                                 device=device)
 
 
 def certified_radius(logits: Tensor, y: Tensor, lipschitz: Tensor | float) -> Tensor:

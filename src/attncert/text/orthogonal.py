@@ -4,11 +4,13 @@
 
 from __future__ import annotations
 
+import contextlib
+
 import torch
 from torch import Tensor, nn
 from torch.nn import functional as F
 
-from attncert.training.precision import full_precision
+from attncert.training.precision import AUTOCAST_DEVICES, full_precision
 
 
 def newton_orthogonalize(v: Tensor, iters: int) -> Tensor:
@@ -35,6 +37,11 @@ def _at_least_float32(t: Tensor) -> Tensor:
     return t.to(torch.promote_types(t.dtype, torch.float32))
 
 
+def _no_autocast(device: torch.device) -> contextlib.AbstractContextManager:
+    return (torch.autocast(device.type, enabled=False) if device.type in AUTOCAST_DEVICES
+            else contextlib.nullcontext())
+
+
 class OrthogonalLinear(nn.Module):
     """y = W x (+ b), W = newton_orthogonalize(V, iters) (dim x dim), V the free parameter.
 
@@ -52,9 +59,15 @@ class OrthogonalLinear(nn.Module):
 
     def weight_effective(self) -> Tensor:
         """(dim, dim): the (nearly) orthogonal matrix applied, computed in float32 outside
-        autocast and TF32 whatever the training precision (:func:`full_precision`)."""
-        with full_precision(self.v.device):
-            return newton_orthogonalize(_at_least_float32(self.v), self.iters)
+        autocast and TF32 whatever the training precision (:func:`full_precision`). Under
+        ``torch.compile`` in float64 instead, autocast off: the float32 matmul precision is a
+        global switch that a compiled graph cannot set, and float64 products never use TF32."""
+        v = _at_least_float32(self.v)
+        if torch.compiler.is_compiling():
+            with _no_autocast(v.device):
+                return newton_orthogonalize(v.double(), self.iters).to(v.dtype)
+        with full_precision(v.device):
+            return newton_orthogonalize(v, self.iters)
 
     def forward(self, x: Tensor) -> Tensor:
         return F.linear(x, self.weight_effective(), self.bias)

@@ -16,7 +16,9 @@ terms computed outside ``forward`` (the certified-training margins, MSVP) stay e
 Modes (:data:`MODES`): ``off`` (eager: the reference), ``compile`` (``torch.compile``'s default
 mode), ``graphs`` (mode ``reduce-overhead``: CUDA graphs on CUDA; on a CPU the same as
 ``compile``), ``auto`` (``graphs`` on CUDA, ``off`` elsewhere: on a 2-core CPU the compile time
-of each of the study's many small models outweighs what it saves). The stage runner applies
+of each of the study's many small models outweighs what it saves). A run that cannot be
+captured (:func:`graphs_blocker`: the OLSA text models, PGD adversarial training) runs eager
+where ``graphs`` was asked for. The stage runner applies
 ``base.compile`` with :func:`set_mode` (:func:`attncert.pipeline.runtime.configure`); it is a
 runtime key (``BASE_RUNTIME``): changing it reruns nothing.
 """
@@ -29,7 +31,7 @@ from collections.abc import Iterator
 import torch
 from torch import nn
 
-__all__ = ["MODES", "compiled_forward", "resolve", "set_mode", "step_begin"]
+__all__ = ["MODES", "compiled_forward", "graphs_blocker", "resolve", "set_mode", "step_begin"]
 
 #: ``base.compile`` values -> ``torch.compile``'s mode (None: eager)
 MODES = {"off": None, "compile": "default", "graphs": "reduce-overhead", "auto": None}
@@ -45,16 +47,37 @@ def set_mode(mode: str) -> None:
     _mode = mode
 
 
-def resolve(dev: torch.device, mode: str | None = None) -> str:
+def graphs_blocker(model: nn.Module | None = None, config: object = None) -> str | None:
+    """Why a training run of ``model`` with ``config`` cannot replay CUDA graphs, or None.
+
+    A model class says so with a ``cuda_graphs_blocker`` attribute (the OLSA text models: a
+    host-to-device copy inside the step, so the capture fails, measured on an H200 on
+    2026-11-28); PGD adversarial training runs the model several times a step, each pass's
+    outputs still needed when the next one replays."""
+    reason = getattr(model, "cuda_graphs_blocker", None)
+    if reason:
+        return f"{type(model).__name__}: {reason}"
+    if getattr(config, "adversarial", "none") != "none":
+        return "PGD adversarial training (several forward passes a step)"
+    return None
+
+
+def resolve(dev: torch.device, mode: str | None = None, model: nn.Module | None = None,
+            config: object = None) -> str:
     """``mode`` (default: the process's) for a run on ``dev``: ``auto`` becomes ``graphs`` on
-    CUDA and ``off`` elsewhere; ``graphs`` on a device without CUDA graphs is ``compile``."""
+    CUDA and ``off`` elsewhere; ``graphs`` on a device without CUDA graphs is ``compile``;
+    ``graphs`` for a run that cannot be captured (:func:`graphs_blocker` of ``model`` and
+    ``config``) is ``off``, eager, named on the console."""
     mode = _mode if mode is None else mode
     if mode not in MODES:
         raise ValueError(f"compile mode {mode!r}; one of {', '.join(MODES)}")
     if mode == "auto":
-        return "graphs" if dev.type == "cuda" else "off"
+        mode = "graphs" if dev.type == "cuda" else "off"
     if mode == "graphs" and dev.type != "cuda":
         return "compile"
+    if mode == "graphs" and (why := graphs_blocker(model, config)):
+        print(f"base.compile: eager, not CUDA graphs, for this run: {why}", flush=True)
+        return "off"
     return mode
 
 
