@@ -24,6 +24,7 @@ from attncert.cost.counting import (
     GPUS,
     UTILISATION,
 )
+from attncert.cost.graphs import with_graphs
 from attncert.cost.table import cost_table
 from attncert.cost.vision_stages import CROWN_BENCH
 
@@ -106,7 +107,7 @@ def main(argv: list[str] | None = None) -> int:
         params = load_params(args.params)
     except ParamsError as exc:  # a missing or bad key: named, not a traceback
         ap.error(f"--params {args.params}: {exc}")
-    gpu = calibrated(GPUS[args.gpu], args.calibration)
+    gpu = with_graphs(calibrated(GPUS[args.gpu], args.calibration), params)
     if args.command == "bench":
         for mode in args.modes:
             rows = bench_training(params, args.batch, args.steps, args.device, mode=mode)

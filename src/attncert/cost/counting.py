@@ -62,11 +62,20 @@ class GPU:
     #: ((stage, seconds per kernel), ...): the constant measured on the model kind a stage
     #: trains (:func:`attncert.cost.calibrate.calibrated`); other stages use kernel_seconds
     kernel_seconds_by_stage: tuple[tuple[str, float], ...] = ()
+    #: ((training step kind, eager / CUDA-graph step time), ...): counted when the params
+    #: train under CUDA graphs (:func:`attncert.cost.graphs.with_graphs`); empty: eager
+    graphs_speedup: tuple[tuple[str, float], ...] = ()
+    graphs_source: str = ""  # where the speed-ups were measured
 
     def kernel_seconds_for(self, stage: str) -> float:
         """Seconds per kernel of ``stage``'s work: its model kind's measured constant, else
         :attr:`kernel_seconds`."""
         return dict(self.kernel_seconds_by_stage).get(stage, self.kernel_seconds)
+
+    def graphs_speedup_for(self, key: str) -> float:
+        """How much faster a training step of kind ``key`` runs replayed as CUDA graphs (1:
+        eager, unmeasured, or no key)."""
+        return dict(self.graphs_speedup).get(key, 1.0) if key else 1.0
 
 
 GPUS = {

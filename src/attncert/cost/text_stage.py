@@ -23,6 +23,11 @@ from attncert.cost.counting import (
 )
 from attncert.cost.work import Work, audit_work, capped, in_unit, n_steps, training_work
 
+#: the text models' step kinds for the CUDA-graph speed-up (attncert.cost.graphs); OLSA's
+#: graphs measured none (it trains eager), so it counts eager as every unlisted model
+TEXT_KINDS = {"OLSAClassifier": "OLSA text", "LipschitzTextTransformer": "LoFAST text",
+              "StandardTextTransformer": "standard text"}
+
 _TEXT_COUNTS: dict[tuple, dict[str, Counts]] = {}
 
 
@@ -86,7 +91,8 @@ def text_work(p) -> list[Work]:
             torch.manual_seed(0)
             c = counts(job.cls(**job.kwargs))
             items = training_work("text", f"{dataset} {name}", c, n["train"], n["eval"],
-                                  job.train["epochs"], t.batch_size, t.cert_batch_size)
+                                  job.train["epochs"], t.batch_size, t.cert_batch_size,
+                                  graphs=TEXT_KINDS.get(job.cls.__name__, ""))
             if job.family == "lofast":
                 cfg = job.kwargs["config"]
                 lc = layer_certificate_counts(t.max_len, cfg.dim, cfg.heads, "lofast_M")

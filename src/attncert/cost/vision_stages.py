@@ -19,6 +19,7 @@ from attncert.cost.counting import (
     vit_counts,
     vit_forward64,
 )
+from attncert.cost.graphs import LIPSCHITZ_VIT, MSVP_VIT, STANDARD_VIT, graphs_key
 from attncert.cost.work import (
     Work,
     audit_work,
@@ -49,7 +50,9 @@ def grid_work(p, n_train_max: int, n_test_max: int) -> list[Work]:
                     c = vit_counts(cfg, tuple(s.train.msvp_lambda), s.train.margin)
                     adv = s.train.adv_steps if s.train.adversarial != "none" else 0
                     out += training_work("train_vit", name, c, n_tr, n_te, s.train.epochs,
-                                         s.train.batch_size, s.train.eval_batch_size, adv)
+                                         s.train.batch_size, s.train.eval_batch_size, adv,
+                                         graphs_key(LIPSCHITZ_VIT, s.train.margin,
+                                                    any(s.train.msvp_lambda)))
                     n_cert = capped(cv.n_test, n_te)
                     out += certify_work("certify_vit", name, cfg, n_cert,
                                          cv.variants, len(cv.tests), cv.cert_batch_size)
@@ -86,8 +89,10 @@ def frontier_work(p, n_train_max: int) -> list[Work]:
             tc = frontier.train_config(f, s, setting, 0)
             c = vit_counts(cfg, tuple(tc.msvp_lambda), tc.margin)
             adv = tc.adv_steps if tc.adversarial != "none" else 0
+            kind = LIPSCHITZ_VIT if setting.kind != "standard" else STANDARD_VIT
             items = training_work("frontier", name, c, n_tr, min(f.holdout, n_tr),
-                                  tc.epochs, tc.batch_size, tc.eval_batch_size, adv)
+                                  tc.epochs, tc.batch_size, tc.eval_batch_size, adv,
+                                  graphs_key(kind, tc.margin, any(tc.msvp_lambda)))
             if setting.is_vit:
                 items += certify_work("frontier", name, cfg, f.n_val, ["lofast_M", "global"],
                                       1, f.cert_batch_size)
@@ -148,8 +153,9 @@ def specformer_work(p, n_train_max: int, n_test_max: int) -> list[Work]:
             cfg = sf.method_model_config(m, base, s.lipsformer_alpha)
             c = vit_counts(cfg, tuple(s.msvp_lambda) if m == "specformer" else None)
             adv = t.adv_steps if t.adversarial != "none" else 0
+            key = {"vanilla": STANDARD_VIT, "specformer": MSVP_VIT}.get(m, f"{STANDARD_VIT}, {m}")
             items = training_work("specformer", f"{run} {training} {m}", c, n_tr, n_te,
-                                  t.epochs, t.batch_size, t.eval_batch_size, adv)
+                                  t.epochs, t.batch_size, t.eval_batch_size, adv, key)
             items.append(audit_work("specformer", f"{run} {training} {m}: attacks",
                                     c["attack"], n_eval, 1, steps, 1, t.eval_batch_size))
             out += in_unit(items, f"specformer_runs@{ds}")
@@ -161,7 +167,7 @@ def specformer_work(p, n_train_max: int, n_test_max: int) -> list[Work]:
                     continue  # the main run's own model
                 what = f"{run} {training} {m} lambda {lam}"
                 items = training_work("specformer", what, c, n_tr, n_te, t.epochs,
-                                      t.batch_size, t.eval_batch_size, adv)
+                                      t.batch_size, t.eval_batch_size, adv, key)
                 items.append(audit_work("specformer", f"{what}: attacks", c["attack"],
                                         n_eval, 1, steps, 1, t.eval_batch_size))
                 out += in_unit(items, f"specformer_table5@lambda{i}")
@@ -175,7 +181,8 @@ def specformer_work(p, n_train_max: int, n_test_max: int) -> list[Work]:
     for label, lam in (("without MSVP", None), ("with MSVP", tuple(cert.msvp_lambda))):
         c = vit_counts(cfg, lam)
         items = training_work("specformer", f"certified pair, {label}", c, n_tr, n_te,
-                              t.epochs, t.batch_size, t.eval_batch_size)
+                              t.epochs, t.batch_size, t.eval_batch_size,
+                              graphs=graphs_key(LIPSCHITZ_VIT, t.margin, lam is not None))
         items += certify_work("specformer", f"certified pair, {label}", cfg, n_cert,
                               list(CERT_VARIANTS), 1, 100)
         items.append(audit_work("specformer", f"certified pair, {label}: PGD audit",
@@ -234,7 +241,8 @@ def crown_work(p, n_train_max: int, n_test_max: int) -> tuple[list[Work], float]
             c = vit_counts(cfg)
             t = c_p.train
             items = training_work("crown", f"{dataset} L{depth}", c, n_tr, n_te, t.epochs,
-                                  t.batch_size, t.eval_batch_size)
+                                  t.batch_size, t.eval_batch_size,
+                                  graphs=graphs_key(LIPSCHITZ_VIT, t.margin))
             items += certify_work("crown", f"{dataset} L{depth} LoFAST", cfg, n,
                                   [c_p.lofast_variant], 1, 100)
             items.append(audit_work("crown", f"{dataset} L{depth}: PGD audit", c["attack"], n,
@@ -321,7 +329,8 @@ def _certvit_run_work(cv, n_train_max: int, n_test_max: int, label: str) -> list
                          "attncert.cost.HF_VITS")
     c = vit_counts(cfg)
     out = training_work("certvit", f"{label}pre-train / fine-tune", c, n_tr, n_te,
-                        cv.pretrain_epochs, cv.batch_size, cv.eval_batch_size)
+                        cv.pretrain_epochs, cv.batch_size, cv.eval_batch_size,
+                        graphs=STANDARD_VIT)
     # Douglas-Rachford (float64): per linear map, at most dr.iterations x dr.projection_steps
     # Haugazeau steps, each one batched pass over all its recorded pairs (the mini-batches are
     # evaluated together: attncert.certvit.splitting.project_outputs)
@@ -336,7 +345,7 @@ def _certvit_run_work(cv, n_train_max: int, n_test_max: int, label: str) -> list
         for phase, epochs in (("adaptation fine-tune", cv.adapt_epochs),
                               ("final fine-tune", final)):
             out += training_work("certvit", f"{label}{mode}: {phase}", c, n_tr, n_te, epochs,
-                                 cv.batch_size, cv.eval_batch_size)
+                                 cv.batch_size, cv.eval_batch_size, graphs=STANDARD_VIT)
         out.append(Work("certvit", f"{label}{mode}: Douglas-Rachford (from its matrix sizes)",
                         "fp64", maps * passes * per_pass, maps * passes * 20))
         out.append(Work("certvit", f"{label}{mode}: global certificate (float64 forwards)",

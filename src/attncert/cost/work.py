@@ -26,6 +26,15 @@ class Work:
     kernels: float
     unit: str = ""  # the DVC stage it runs in, when the stage is split into units
     fixed_seconds: float = 0.0  # time not from counts (CROWN's bounds: their time budget)
+    #: a training run's step kind (:func:`attncert.cost.graphs.graphs_key`): its kernels run
+    #: at the measured CUDA-graph speed-up when the params train under graphs ("": eager)
+    graphs: str = ""
+
+    def kernel_seconds(self, gpu: GPU, slowdown: float = 1.0) -> float:
+        """The kernels' seconds: count x the stage's per-kernel constant x ``slowdown``, over
+        the CUDA-graph speed-up of a training run's step kind where it is counted."""
+        return (slowdown * self.kernels * gpu.kernel_seconds_for(self.stage)
+                / gpu.graphs_speedup_for(self.graphs))
 
     def seconds(self, gpu: GPU, utilisation: float, per_gpu: int = 1,
                 slowdown: float = 1.0) -> float:
@@ -35,8 +44,7 @@ class Work:
         and each kernel takes ``slowdown`` times as long (the launch latencies of concurrent
         processes overlap: :data:`attncert.cost.plan.CONCURRENCY`)."""
         return max(per_gpu * self.flops / (getattr(gpu, self.kind) * utilisation),
-                   slowdown * self.kernels * gpu.kernel_seconds_for(self.stage)
-                   ) + self.fixed_seconds
+                   self.kernel_seconds(gpu, slowdown)) + self.fixed_seconds
 
 
 def in_unit(items: list[Work], unit: str) -> list[Work]:
@@ -52,14 +60,17 @@ def n_steps(n: int, batch: int) -> int:
 
 
 def training_work(stage: str, what: str, c: Mapping[str, Counts], n_train: int, n_eval: int,
-                  epochs: int, batch: int, eval_batch: int, attack_steps: int = 0) -> list[Work]:
+                  epochs: int, batch: int, eval_batch: int, attack_steps: int = 0,
+                  graphs: str = "") -> list[Work]:
     """``epochs`` of training (+ PGD adversarial examples of ``attack_steps`` per step) and a
-    forward pass over ``n_eval`` evaluation images after every epoch."""
+    forward pass over ``n_eval`` evaluation images after every epoch. ``graphs``: the step's
+    kind for the CUDA-graph speed-up (:func:`attncert.cost.graphs.graphs_key`); adversarial
+    training runs eager (:func:`attncert.training.compiled.graphs_blocker`)."""
     steps = epochs * n_steps(n_train, batch)
     flops = steps * (c["train"].flops(batch) + attack_steps * c["attack"].flops(batch))
     kernels = steps * (c["train"].kernels + attack_steps * c["attack"].kernels)
     ev = epochs * n_steps(n_eval, eval_batch)
-    return [Work(stage, what, "bf16", flops, kernels),
+    return [Work(stage, what, "bf16", flops, kernels, graphs="" if attack_steps else graphs),
             Work(stage, f"{what}: evaluation", "fp32",
                  ev * c["forward"].flops(eval_batch), ev * c["forward"].kernels)]
 

@@ -1,0 +1,72 @@
+"""The CUDA-graph speed-up in the cost model (attncert.cost.graphs): counted only when the
+params train under graphs, per measured step kind, on the kernels of training runs only."""
+
+import dataclasses
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+from test_cost import _with
+
+from attncert.cost.counting import GPUS, Counts
+from attncert.cost.graphs import COMPILE_BENCH, graphs_key, with_graphs
+from attncert.cost.work import Work, training_work
+from attncert.pipeline import profile
+from attncert.stages.registry import load_params
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="module")
+def smoke(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("graphs")
+    shutil.copy(ROOT / "params.yaml", tmp / "params.yaml")
+    shutil.copytree(ROOT / "profiles", tmp / "profiles")
+    profile.apply("smoke", tmp)
+    return tmp / "params.yaml"
+
+
+def test_the_committed_record_names_its_measurement():
+    record = json.loads((ROOT / COMPILE_BENCH).read_text())
+    assert record["device"] and record["date"] and record["batch"] > 0
+    keys = {r["key"] for r in record["steps"]}
+    assert graphs_key("lipschitz ViT (train_vit)", "lmt") in keys
+    olsa = next(r for r in record["steps"] if r["key"] == "OLSA text")
+    assert olsa["graphs_ms"] is None  # its capture fails: it trains eager, nothing counted
+
+
+def test_speedups_are_counted_only_when_the_params_train_under_graphs(smoke, tmp_path):
+    h100 = GPUS["h100"]
+    for mode, counted in (("off", False), ("compile", False), ("auto", True),
+                          ("graphs", True)):
+        params = load_params(_with(smoke, tmp_path, "base", "compile", mode))
+        gpu = with_graphs(h100, params, ROOT / COMPILE_BENCH)
+        assert bool(gpu.graphs_speedup) == counted, mode
+    assert dict(gpu.graphs_speedup)["lipschitz ViT (train_vit)"] > 1
+    assert "OLSA text" not in dict(gpu.graphs_speedup)
+    assert gpu.graphs_speedup_for("OLSA text") == gpu.graphs_speedup_for("") == 1.0
+    assert with_graphs(h100, params, tmp_path / "missing.json") is h100
+
+
+def test_only_a_training_runs_kernels_get_faster():
+    gpu = dataclasses.replace(GPUS["h100"], kernel_seconds=1e-5,
+                              graphs_speedup=(("kind", 4.0),))
+    kernel_bound = Work("s", "train", "bf16", flops=1.0, kernels=1e6, graphs="kind")
+    assert kernel_bound.seconds(gpu, 0.3) == pytest.approx(10.0 / 4)
+    assert dataclasses.replace(kernel_bound, graphs="").seconds(gpu, 0.3) == pytest.approx(10.0)
+    flop_bound = Work("s", "train", "bf16", flops=1e18, kernels=1.0, graphs="kind")
+    assert flop_bound.seconds(gpu, 0.3) == pytest.approx(1e18 / (gpu.bf16 * 0.3))
+    c = {k: Counts(per_call=0.0, per_sample=1.0, kernels=10.0)
+         for k in ("train", "forward", "attack")}
+    plain = training_work("s", "w", c, 10, 10, 1, 5, 5, graphs="kind")
+    adversarial = training_work("s", "w", c, 10, 10, 1, 5, 5, attack_steps=3, graphs="kind")
+    assert [w.graphs for w in plain] == ["kind", ""]  # the evaluation runs eager
+    assert [w.graphs for w in adversarial] == ["", ""]  # PGD training runs eager
+
+
+def test_graphs_keys():
+    assert graphs_key("lipschitz ViT (train_vit)") == "lipschitz ViT (train_vit)"
+    assert graphs_key("lipschitz ViT (train_vit)", "lofast", True) == \
+        "lipschitz ViT (train_vit), margin lofast, MSVP"
+    assert graphs_key("SpecFormer (MSVP)", msvp=True) == "SpecFormer (MSVP)"
