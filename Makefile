@@ -27,7 +27,7 @@ GPUS ?=
 WORKERS ?=
 export PATH := $(abspath $(VENV))/bin:$(PATH)
 
-.PHONY: env pipeline test lint bench rehearse gpu-check clean-env
+.PHONY: env pipeline test lint bench rehearse pilot gpu-check clean-env
 
 env: $(VENV)/.installed
 
@@ -65,6 +65,11 @@ bench: env
 # alone: seconds per step, peak host memory, the batch that fits (docs/rehearsal.md)
 rehearse: env
 	$(PY) -m attncert.pipeline.rehearse --out reports/rehearsal.json
+
+# on the GPU box, before the long run: one real unit of each big kind for one epoch in a scratch
+# clone (.pilot/), its time, memory and projected hours (reports/pilot.json; docs/gpus.md)
+pilot: env
+	$(PY) -m attncert.pipeline.pilot
 
 # on a GPU box: the device-relevant tests, the paper-shaped dry run on cuda, and the measured
 # training step of each model kind (reports/gpu_check.json: the cost model's per-kernel constant)

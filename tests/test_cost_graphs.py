@@ -70,3 +70,23 @@ def test_graphs_keys():
     assert graphs_key("lipschitz ViT (train_vit)", "lofast", True) == \
         "lipschitz ViT (train_vit), margin lofast, MSVP"
     assert graphs_key("SpecFormer (MSVP)", msvp=True) == "SpecFormer (MSVP)"
+
+
+def test_the_pilot_calibrates_the_stages_of_each_finished_unit_kind(tmp_path):
+    from attncert.cost.graphs import with_pilot
+
+    h100 = GPUS["h100"]
+    assert with_pilot(h100, tmp_path / "none.json") is h100
+    record = {"date": "2026-12-01", "units": {
+        "grid point": {"status": "ok", "calibration": 2.0},
+        "crown": {"status": "ok", "calibration": 0.5},
+        "text": {"status": "failed in text_unit@yelp_polarity"},
+        "certvit": {"status": "ok", "calibration": float("nan")}}}
+    path = tmp_path / "pilot.json"
+    path.write_text(json.dumps(record))
+    gpu = with_pilot(h100, path)
+    assert dict(gpu.pilot_by_stage) == {"train_vit": 2.0, "certify_vit": 2.0, "crown": 0.5}
+    work = Work("certify_vit", "x", "fp64", flops=0.0, kernels=1e6)
+    assert work.seconds(gpu, 0.3) == pytest.approx(2 * work.seconds(h100, 0.3))
+    assert Work("text", "x", "fp64", 0.0, 1e6).seconds(gpu, 0.3) == \
+        Work("text", "x", "fp64", 0.0, 1e6).seconds(h100, 0.3)

@@ -24,7 +24,7 @@ from attncert.cost.counting import (
     GPUS,
     UTILISATION,
 )
-from attncert.cost.graphs import with_graphs
+from attncert.cost.graphs import PILOT_RECORD, with_graphs, with_pilot
 from attncert.cost.table import cost_table
 from attncert.cost.vision_stages import CROWN_BENCH
 
@@ -91,6 +91,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--calibration", default=None,
                     help=f"the per-kernel constant's measurement (default: {CALIBRATION_FILE} "
                          f"of make gpu-check, else the committed {COMMITTED_CALIBRATION})")
+    ap.add_argument("--pilot", default=PILOT_RECORD,
+                    help=f"the pilot's record, its calibration per unit kind (default "
+                         f"{PILOT_RECORD} when it exists; make pilot)")
     args = ap.parse_args(argv)
     if not 0 < args.utilisation <= 1:
         ap.error("--utilisation must be in (0, 1]")
@@ -107,7 +110,8 @@ def main(argv: list[str] | None = None) -> int:
         params = load_params(args.params)
     except ParamsError as exc:  # a missing or bad key: named, not a traceback
         ap.error(f"--params {args.params}: {exc}")
-    gpu = with_graphs(calibrated(GPUS[args.gpu], args.calibration), params)
+    gpu = with_pilot(with_graphs(calibrated(GPUS[args.gpu], args.calibration), params),
+                     args.pilot)
     if args.command == "bench":
         for mode in args.modes:
             rows = bench_training(params, args.batch, args.steps, args.device, mode=mode)

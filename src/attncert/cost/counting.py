@@ -66,6 +66,10 @@ class GPU:
     #: train under CUDA graphs (:func:`attncert.cost.graphs.with_graphs`); empty: eager
     graphs_speedup: tuple[tuple[str, float], ...] = ()
     graphs_source: str = ""  # where the speed-ups were measured
+    #: ((stage, measured / estimated), ...): the pilot's calibration of each stage's work
+    #: (:func:`attncert.cost.graphs.with_pilot`); a stage without one: 1
+    pilot_by_stage: tuple[tuple[str, float], ...] = ()
+    pilot_source: str = ""
 
     def kernel_seconds_for(self, stage: str) -> float:
         """Seconds per kernel of ``stage``'s work: its model kind's measured constant, else

@@ -1,4 +1,5 @@
-"""The CUDA-graph speed-up of training steps in the cost model (``base.compile``).
+"""The cost model's measured corrections: the CUDA-graph speed-up of training steps
+(``base.compile``) and the pilot's calibration per unit kind.
 
 :data:`COMPILE_BENCH` is the committed measurement: per training step kind, the step time
 eager and replayed as CUDA graphs (``python -m attncert.cost bench --device cuda --modes eager
@@ -49,3 +50,35 @@ def with_graphs(gpu: GPU, params, path: str | Path = COMPILE_BENCH) -> GPU:
     return dataclasses.replace(gpu, graphs_speedup=ratios,
                                graphs_source=f"{record['device']}, {record['date']}, batch "
                                              f"{record['batch']}")
+
+
+#: the pilot's record (:mod:`attncert.pipeline.pilot`, ``make pilot`` on the GPU box)
+PILOT_RECORD = "reports/pilot.json"
+#: the stages whose work each pilot unit kind calibrates
+PILOT_STAGES = {"grid point": ("train_vit", "certify_vit"), "frontier": ("frontier",),
+                "specformer": ("specformer",), "text": ("text",), "crown": ("crown",),
+                "certvit": ("certvit",)}
+
+
+def with_pilot(gpu: GPU, path: str | Path = PILOT_RECORD) -> GPU:
+    """``gpu`` with the pilot's calibration (a unit kind's measured / estimated hours) on the
+    work of the stages it stands for (:data:`PILOT_STAGES`), applied to the counted work
+    (FLOPs or kernels), not to CROWN's bounds, which are their time budget (the crown unit's
+    factor still mixes the two: its pilot runs the bounds at the pilot's budget); unchanged
+    without a record or for a kind the pilot did not finish."""
+    if not Path(path).is_file():
+        return gpu
+    import math
+
+    record = json.loads(Path(path).read_text())
+    per = []
+    for kind, entry in record.get("units", {}).items():
+        factor = entry.get("calibration")
+        if entry.get("status") == "ok" and isinstance(factor, (int, float)) and \
+                math.isfinite(factor) and factor > 0:
+            per += [(stage, float(factor)) for stage in PILOT_STAGES.get(kind, ())]
+    if not per:
+        return gpu
+    return dataclasses.replace(gpu, pilot_by_stage=tuple(per),
+                               pilot_source=f"the pilot of {record.get('date', '?')} "
+                                            f"({path})")

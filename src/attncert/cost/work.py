@@ -43,8 +43,9 @@ class Work:
         the GPU, the FLOPs get 1 / ``per_gpu`` of it (at worst, every unit computing at once)
         and each kernel takes ``slowdown`` times as long (the launch latencies of concurrent
         processes overlap: :data:`attncert.cost.plan.CONCURRENCY`)."""
-        return max(per_gpu * self.flops / (getattr(gpu, self.kind) * utilisation),
-                   self.kernel_seconds(gpu, slowdown)) + self.fixed_seconds
+        scale = dict(gpu.pilot_by_stage).get(self.stage, 1.0)  # the pilot's calibration
+        return scale * max(per_gpu * self.flops / (getattr(gpu, self.kind) * utilisation),
+                           self.kernel_seconds(gpu, slowdown)) + self.fixed_seconds
 
 
 def in_unit(items: list[Work], unit: str) -> list[Work]:
