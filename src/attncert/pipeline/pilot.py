@@ -25,6 +25,7 @@ import argparse
 import copy
 import datetime
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -93,8 +94,16 @@ def pick_units(stages: list[str]) -> list[tuple[str, list[str]]]:
     return out
 
 
-def _sh(args: list[str], cwd: Path, check: bool = True) -> subprocess.CompletedProcess:
-    proc = subprocess.run(args, cwd=cwd, capture_output=True, text=True)
+def _sh(args: list[str], cwd: Path, check: bool = True, code: Path | None = None
+        ) -> subprocess.CompletedProcess:
+    """``args`` in ``cwd``; ``code``: a checkout whose ``src/`` the command imports first (the
+    scratch clone's, not an editable install's workspace)."""
+    env = None
+    if code is not None:
+        env = dict(os.environ)
+        env["PYTHONPATH"] = os.pathsep.join([str(code / "src"),
+                                             *filter(None, [env.get("PYTHONPATH")])])
+    proc = subprocess.run(args, cwd=cwd, capture_output=True, text=True, env=env)
     if check and proc.returncode:
         raise RuntimeError(f"{' '.join(args)} failed ({proc.returncode}):\n"
                            f"{(proc.stdout + proc.stderr)[-TAIL:]}")
@@ -144,7 +153,8 @@ def run_units(scratch: Path, units: list[tuple[str, list[str]]], record: dict[st
         t0 = time.time()
         status, tail = "ok", ""
         for stage in stages:
-            proc = _sh(["dvc", "repro", "--single-item", stage], scratch, check=False)
+            proc = _sh(["dvc", "repro", "--single-item", stage], scratch, check=False,
+                       code=scratch)
             if proc.returncode:
                 status, tail = f"failed in {stage}", (proc.stdout + proc.stderr)[-TAIL:]
                 break
@@ -176,9 +186,14 @@ def project(record: dict[str, Any], pilot_params_path: Path, real_params_path: P
         pilot_h = dvc_unit_hours(unit, estimates["pilot"])
         real_h = dvc_unit_hours(unit, estimates["real"])
         factor = entry["seconds"] / 3600 / pilot_h if pilot_h > 0 else float("nan")
-        entry |= {"estimated_pilot_hours": round(pilot_h, 4), "calibration": round(factor, 3),
-                  "estimated_hours": round(real_h, 3), "projected_hours": round(real_h * factor, 3)}
+        entry |= {"estimated_pilot_hours": _sig(pilot_h), "calibration": _sig(factor),
+                  "estimated_hours": _sig(real_h), "projected_hours": _sig(real_h * factor)}
     record["estimates_for"] = GPUS[gpu].name
+
+
+def _sig(x: float) -> float:
+    """``x`` to four significant figures (a tiny estimate is not rounded to 0)."""
+    return float(f"{x:.4g}")
 
 
 def table(record: dict[str, Any]) -> str:
@@ -224,7 +239,7 @@ def main(argv: list[str] | None = None) -> int:
     prepare(repo, scratch)
     print("pilot: data", flush=True)
     t0 = time.time()
-    _sh(["dvc", "repro", "--single-item", "data"], scratch)
+    _sh(["dvc", "repro", "--single-item", "data"], scratch, code=scratch)
     record["data_seconds"] = round(time.time() - t0, 1)
     run_units(scratch, units, record, out)
     project(record, scratch / PARAMS_FILE, repo / PARAMS_FILE, args.gpu)
