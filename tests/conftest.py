@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import shutil
 import sys
 from pathlib import Path
 
@@ -30,6 +31,18 @@ def pytest_collection_modifyitems(session, config, items):
     """The longest files first; the order within a file is kept (a stable sort)."""
     rank = {name: i for i, name in enumerate(LONGEST_FIRST)}
     items.sort(key=lambda item: rank.get(item.path.name, len(rank)))
+
+
+@pytest.fixture(scope="module")
+def smoke(tmp_path_factory) -> Path:
+    """A params file at the smoke scale (tiny shapes: a cost estimate runs in seconds)."""
+    from attncert.pipeline import profile
+
+    tmp = tmp_path_factory.mktemp("smoke-params")
+    shutil.copy(ROOT / "params.yaml", tmp / "params.yaml")
+    shutil.copytree(ROOT / "profiles", tmp / "profiles")
+    profile.apply("smoke", tmp)
+    return tmp / "params.yaml"
 
 
 @pytest.fixture(scope="session")

@@ -61,3 +61,16 @@ def set_key(tree: dict, section: str, key: str, value) -> None:
     for g in groups:
         where = where[g]
     where[leaf] = value
+
+
+def params_with(path: Path, tmp_path: Path, section: str, key: str, value) -> Path:
+    """A copy of the params file ``path`` in ``tmp_path`` with ``section.key`` = ``value``."""
+    from ruamel.yaml import YAML
+
+    yaml = YAML()
+    data = yaml.load(path.read_text())
+    set_key(data, section, key, value)
+    out = tmp_path / f"{section}-{key}.yaml"
+    with out.open("w") as f:
+        yaml.dump(data, f)
+    return out

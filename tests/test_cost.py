@@ -4,41 +4,17 @@ import dataclasses
 import json
 import math
 import re
-import shutil
 from pathlib import Path
 
 import pytest
 import torch
-from helpers import set_key
+from helpers import params_with
 
 from attncert import cost
-from attncert.pipeline import profile
 from attncert.pipeline.params import read_yaml
 from attncert.stages.registry import load_params
 
 ROOT = Path(__file__).resolve().parents[1]
-
-
-@pytest.fixture(scope="module")
-def smoke(tmp_path_factory):
-    """The smoke-scale params (tiny shapes: the estimate runs in seconds)."""
-    tmp = tmp_path_factory.mktemp("cost")
-    shutil.copy(ROOT / "params.yaml", tmp / "params.yaml")
-    shutil.copytree(ROOT / "profiles", tmp / "profiles")
-    profile.apply("smoke", tmp)
-    return tmp / "params.yaml"
-
-
-def _with(path: Path, tmp_path: Path, section: str, key: str, value) -> Path:
-    from ruamel.yaml import YAML
-
-    yaml = YAML()
-    data = yaml.load(path.read_text())
-    set_key(data, section, key, value)
-    out = tmp_path / f"{section}-{key}.yaml"
-    with out.open("w") as f:
-        yaml.dump(data, f)
-    return out
 
 
 def _hours(table: str) -> dict[str, float]:
@@ -66,8 +42,9 @@ def test_table_has_every_stage_and_follows_the_params(smoke, tmp_path):
         return sum(w.flops for w in cost.stage_work(load_params(path), ["train_vit"])[0])
 
     base = train_vit_flops(smoke)
-    assert train_vit_flops(_with(smoke, tmp_path, "train_vit", "train.epochs", 4)) > 3.9 * base
-    assert train_vit_flops(_with(smoke, tmp_path, "vit", "lofast.patch", 14)) < base
+    longer = params_with(smoke, tmp_path, "train_vit", "train.epochs", 4)
+    assert train_vit_flops(longer) > 3.9 * base
+    assert train_vit_flops(params_with(smoke, tmp_path, "vit", "lofast.patch", 14)) < base
 
 
 def test_crown_work_is_per_dataset(smoke, tmp_path):
@@ -79,7 +56,7 @@ def test_crown_work_is_per_dataset(smoke, tmp_path):
 
     names, flops, seconds = crown(smoke)
     assert names and all(n.startswith("mnist L") for n in names)
-    two_names, two_flops, two_seconds = crown(_with(smoke, tmp_path, "crown", "datasets",
+    two_names, two_flops, two_seconds = crown(params_with(smoke, tmp_path, "crown", "datasets",
                                                     ["mnist", "fashion_mnist"]))
     assert two_names == names | {n.replace("mnist", "fashion_mnist", 1) for n in names}
     assert two_flops == pytest.approx(2 * flops, rel=0.01)
@@ -87,7 +64,7 @@ def test_crown_work_is_per_dataset(smoke, tmp_path):
 
 
 def test_unknown_pretrained_source_is_a_clear_error(smoke, tmp_path):
-    p = load_params(_with(smoke, tmp_path, "certvit", "source", "someone/vit-huge"))
+    p = load_params(params_with(smoke, tmp_path, "certvit", "source", "someone/vit-huge"))
     with pytest.raises(ValueError, match="HF_VITS"):
         cost.stage_work(p)
 

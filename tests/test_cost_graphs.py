@@ -3,28 +3,17 @@ params train under graphs, per measured step kind, on the kernels of training ru
 
 import dataclasses
 import json
-import shutil
 from pathlib import Path
 
 import pytest
-from test_cost import _with
+from helpers import params_with
 
 from attncert.cost.counting import GPUS, Counts
 from attncert.cost.graphs import COMPILE_BENCH, graphs_key, with_graphs
 from attncert.cost.work import Work, training_work
-from attncert.pipeline import profile
 from attncert.stages.registry import load_params
 
 ROOT = Path(__file__).resolve().parents[1]
-
-
-@pytest.fixture(scope="module")
-def smoke(tmp_path_factory):
-    tmp = tmp_path_factory.mktemp("graphs")
-    shutil.copy(ROOT / "params.yaml", tmp / "params.yaml")
-    shutil.copytree(ROOT / "profiles", tmp / "profiles")
-    profile.apply("smoke", tmp)
-    return tmp / "params.yaml"
 
 
 def test_the_committed_record_names_its_measurement():
@@ -40,7 +29,7 @@ def test_speedups_are_counted_only_when_the_params_train_under_graphs(smoke, tmp
     h100 = GPUS["h100"]
     for mode, counted in (("off", False), ("compile", False), ("auto", True),
                           ("graphs", True)):
-        params = load_params(_with(smoke, tmp_path, "base", "compile", mode))
+        params = load_params(params_with(smoke, tmp_path, "base", "compile", mode))
         gpu = with_graphs(h100, params, ROOT / COMPILE_BENCH)
         assert bool(gpu.graphs_speedup) == counted, mode
     assert dict(gpu.graphs_speedup)["lipschitz ViT (train_vit)"] > 1
