@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 from pathlib import Path
 
 from attncert.cost.counting import GPU
@@ -68,8 +69,6 @@ def with_pilot(gpu: GPU, path: str | Path = PILOT_RECORD) -> GPU:
     without a record or for a kind the pilot did not finish."""
     if not Path(path).is_file():
         return gpu
-    import math
-
     record = json.loads(Path(path).read_text())
     per = []
     for kind, entry in record.get("units", {}).items():

@@ -65,7 +65,8 @@ def _kernel_note(gpu: GPU) -> str:
 
 def _graphs_note(gpu: GPU) -> str:
     if not gpu.graphs_speedup:
-        return "training eager (`base.compile` off), no CUDA-graph speed-up counted"
+        return ("no CUDA-graph speed-up counted (`base.compile` neither `auto` nor `graphs`, "
+                "or no measurement)")
     per = ", ".join(f"{k} {v:.2g}x" for k, v in gpu.graphs_speedup)
     return (f"training steps replayed as CUDA graphs (`base.compile`), each kind's kernels at "
             f"its measured speed-up ({per}; measured: {gpu.graphs_source}); the rest eager "

@@ -22,7 +22,7 @@ it holds as done (``--fresh``: none).
 from __future__ import annotations
 
 import argparse
-import copy
+import collections
 import datetime
 import json
 import os
@@ -66,7 +66,7 @@ def pilot_params(params: dict[str, Any]) -> dict[str, Any]:
             return min(node, 1)
         return node
 
-    out = cut(copy.deepcopy(params), None)
+    out = cut(params, None)  # new mappings throughout: the input is not modified
     crown = out.get("crown", {})
     if crown.get("time_budget"):
         crown["time_budget"] = min(float(crown["time_budget"]), CROWN_BUDGET)
@@ -94,20 +94,28 @@ def pick_units(stages: list[str]) -> list[tuple[str, list[str]]]:
     return out
 
 
-def _sh(args: list[str], cwd: Path, check: bool = True, code: Path | None = None
-        ) -> subprocess.CompletedProcess:
-    """``args`` in ``cwd``; ``code``: a checkout whose ``src/`` the command imports first (the
-    scratch clone's, not an editable install's workspace)."""
-    env = None
-    if code is not None:
-        env = dict(os.environ)
-        env["PYTHONPATH"] = os.pathsep.join([str(code / "src"),
-                                             *filter(None, [env.get("PYTHONPATH")])])
-    proc = subprocess.run(args, cwd=cwd, capture_output=True, text=True, env=env)
+def _sh(args: list[str], cwd: Path, check: bool = True) -> subprocess.CompletedProcess:
+    proc = subprocess.run(args, cwd=cwd, capture_output=True, text=True)
     if check and proc.returncode:
         raise RuntimeError(f"{' '.join(args)} failed ({proc.returncode}):\n"
                            f"{(proc.stdout + proc.stderr)[-TAIL:]}")
     return proc
+
+
+def _repro(stage: str, scratch: Path) -> tuple[int, str]:
+    """``dvc repro --single-item stage`` in the scratch clone, importing its own ``src/`` first
+    (not an editable install's workspace), its output shown as it comes (a unit runs for
+    minutes to hours); (exit status, the end of its output)."""
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join([str(scratch / "src"),
+                                         *filter(None, [env.get("PYTHONPATH")])])
+    tail: collections.deque[str] = collections.deque(maxlen=200)
+    with subprocess.Popen(["dvc", "repro", "--single-item", stage], cwd=scratch, env=env,
+                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) as proc:
+        for line in proc.stdout:
+            print(line, end="", flush=True)
+            tail.append(line)
+    return proc.returncode, "".join(tail)[-TAIL:]
 
 
 def prepare(repo: Path, scratch: Path) -> None:
@@ -153,10 +161,9 @@ def run_units(scratch: Path, units: list[tuple[str, list[str]]], record: dict[st
         t0 = time.time()
         status, tail = "ok", ""
         for stage in stages:
-            proc = _sh(["dvc", "repro", "--single-item", stage], scratch, check=False,
-                       code=scratch)
-            if proc.returncode:
-                status, tail = f"failed in {stage}", (proc.stdout + proc.stderr)[-TAIL:]
+            code, output = _repro(stage, scratch)
+            if code:
+                status, tail = f"failed in {stage}", output
                 break
         seconds = time.time() - t0
         done[kind] = {"stages": stages, "seconds": round(seconds, 1), "status": status,
@@ -239,7 +246,10 @@ def main(argv: list[str] | None = None) -> int:
     prepare(repo, scratch)
     print("pilot: data", flush=True)
     t0 = time.time()
-    _sh(["dvc", "repro", "--single-item", "data"], scratch, code=scratch)
+    code, output = _repro("data", scratch)
+    if code:
+        print(f"pilot: the data stage failed; no unit ran:\n{output}", file=sys.stderr)
+        return 1
     record["data_seconds"] = round(time.time() - t0, 1)
     run_units(scratch, units, record, out)
     project(record, scratch / PARAMS_FILE, repo / PARAMS_FILE, args.gpu)
