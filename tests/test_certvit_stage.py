@@ -88,6 +88,12 @@ def test_the_section_takes_the_library_s_choices():
     assert p.table1_run("cifar10", 32).vit.patch == 4 and p.table1_run("mnist", 28).vit.patch == 7
     assert (p.table1_run("cifar100", 32).vit.depth, p.table1_run("cifar10", 32).vit.dim) == (
         12, 192)
+    # Douglas-Rachford's relaxation per dataset (its Table 9: MNIST 1.1, CIFAR 1.2)
+    assert (p.table1_run("mnist", 28).dr.relaxation, p.table1_run("cifar10", 32).dr.relaxation,
+            p.dr.relaxation) == (1.1, 1.2, 1.2)
+    with pytest.raises(params.ParamsError, match="relaxation must map to numbers in"):
+        params.parse_section("certvit", {**raw, "table1": {**raw["table1"], "relaxation": {
+            "mnist": 2.5, "cifar10": 1.2, "cifar100": 1.2}}}, certvit_stage.Params, PRESETS)
     with pytest.raises(params.ParamsError, match="table1.vit: cifar10's 32-pixel images do not "
                                                  "split into patches of 5"):
         dataclasses.replace(p, table1=dataclasses.replace(p.table1, vit={
@@ -341,7 +347,7 @@ def test_the_stage_runs_every_mode_and_writes_its_files(tmp_path):
         n_attack=5, eval_batch_size=64, cert_eps=[0.1, 0.4867], attack_steps=2,
         attack_restarts=1, table1=stage_study.Table1Params(
             datasets=["mnist"], vit={"mnist": VitShape(4, 8, 1, 2, 8)},
-            pretrain_epochs={"mnist": 1},
+            pretrain_epochs={"mnist": 1}, relaxation={"mnist": 1.1},
             batch_size=16, lr=1e-3),
         results_dir=str(tmp_path / "work"), metrics=str(tmp_path / "metrics.json"))
     assert certvit_stage.units(p) == ["main", "table1-mnist", "imagenet"]

@@ -78,6 +78,10 @@ def test_a_deviates_row_whose_departure_is_gone_is_caught(record, params):
     ({"key": "x.y", "item": "lofast/table1", "paper": None, "where": "Sec. 1",
       "status": "same"}, "needs the paper's value"),
     ({"key": "x.y", "item": "lofast/table1", "paper": None, "where": "Sec. 1",
+      "status": "borrowed", "why": "elsewhere"}, "needs the paper's value"),
+    ({"key": "x.y", "item": "lofast/table1", "paper": 1, "where": "Sec. 1",
+      "status": "borrowed"}, "'why' must be"),
+    ({"key": "x.y", "item": "lofast/table1", "paper": None, "where": "Sec. 1",
       "status": "not_stated"}, "'why' must be"),
     ({"key": "x.y", "item": "lofast/table9", "paper": 1, "where": "Sec. 1",
       "status": "same"}, "unknown items"),
@@ -213,3 +217,63 @@ def test_comment_scans_catch_planted_contradictions():
     own = _own_comments(text)
     assert "CertViT" not in own["a.c.d"] and "OLSA" in own["a.c.d"] and own["a.e"] == ""
     assert "section comment" in _comment_chains(text)["a.c.d"]
+
+
+@pytest.fixture(scope="module")
+def dvc_stages():
+    return read_yaml(ROOT / "dvc.yaml")["stages"]
+
+
+def test_every_same_row_is_read_by_its_items_stage(record, dvc_stages):
+    """A row marked same reproduces a setting a stage runs: the stage of its item reads the key
+    (dvc.yaml params or matrix); the paper's value used elsewhere is 'borrowed'."""
+    assert fidelity.check_stages(record, dvc_stages) == []
+    assert any(s.status == "borrowed" for s in record.settings)
+
+
+def _planted(record, **changes):
+    import dataclasses
+
+    return dataclasses.replace(record, **changes)
+
+
+def test_a_same_row_no_stage_runs_is_caught(record, dvc_stages):
+    import dataclasses
+
+    row = next(s for s in record.settings if s.status == "borrowed")
+    same = dataclasses.replace(row, status="same")
+    problems = fidelity.check_stages(_planted(record, settings=[*record.settings, same]),
+                                     dvc_stages)
+    assert len(problems) == 1 and "does not read it" in problems[0]
+    item = record.item(same.item)
+    no_stage = [dataclasses.replace(i, stage=None) if i.id == item.id else i
+                for i in record.items]
+    problems = fidelity.check_stages(_planted(record, items=no_stage), dvc_stages)
+    assert any("which no stage reproduces" in p for p in problems)
+    renamed = [dataclasses.replace(i, stage="no_such_stage") if i.id == item.id else i
+               for i in record.items]
+    problems = fidelity.check_stages(_planted(record, items=renamed), dvc_stages)
+    assert f"{item.id}: stage 'no_such_stage' names no dvc.yaml stage" in problems
+
+
+def test_a_borrowed_row_is_held_like_same(record, params):
+    import copy
+
+    row = next(s for s in record.settings if s.status == "borrowed")
+    bad = copy.deepcopy(params)
+    node = bad
+    *parents, leaf = row.key.split(".")
+    for part in parents:
+        node = node[part]
+    node[leaf] = "something else"
+    problems = fidelity.check_params(record, bad)
+    assert len(problems) == 1 and "marked borrowed" in problems[0]
+
+
+def test_a_key_given_twice_for_one_item_is_refused():
+    item = {"id": "lofast/table1", "paper": "lofast", "what": "T1", "where": "Table 1",
+            "stage": "crown", "status": "reproduced"}
+    row = {"key": "x.y", "item": "lofast/table1", "paper": 1, "where": "Sec. 1",
+           "status": "same"}
+    with pytest.raises(fidelity.FidelityError, match="given twice for one item"):
+        fidelity.parse({"lofast": {"items": [item], "settings": [row, dict(row)]}})

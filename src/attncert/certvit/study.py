@@ -93,11 +93,13 @@ class Table1Params:
     datasets: list[str] = param(one_of(*IMAGE_DATASETS), unique, doc="empty: none")
     vit: dict[str, VitShape] = param(doc="per dataset the name of a shape of the vit section")
     pretrain_epochs: dict[str, int] = param(doc="training from scratch")
+    relaxation: dict[str, float] = param(doc="Douglas-Rachford's relaxation per dataset "
+                                             "(replaces dr.relaxation for its run)")
     batch_size: int = param(positive)
     lr: float = param(positive, doc="training and the adaptation fine-tune")
 
     def __post_init__(self) -> None:
-        for name in ("vit", "pretrain_epochs"):
+        for name in ("vit", "pretrain_epochs", "relaxation"):
             values = getattr(self, name)
             lacking = [d for d in self.datasets if d not in values]
             if lacking:
@@ -106,6 +108,9 @@ class Table1Params:
         if any(isinstance(v, bool) or not isinstance(v, int) or v <= 0
                for v in self.pretrain_epochs.values()):
             raise ValueError(f"pretrain_epochs must map to ints > 0, got {self.pretrain_epochs}")
+        if any(isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 < v < 2
+               for v in self.relaxation.values()):
+            raise ValueError(f"relaxation must map to numbers in (0, 2), got {self.relaxation}")
         for d in self.datasets:
             self.vit[d].require(f"certvit.table1.vit.{d}", "depth", "heads")
 

@@ -7,8 +7,10 @@
   ``why`` unless reproduced;
 - ``settings``: every ``params.yaml`` key that reproduces (or claims) a paper setting: the
   paper's value, where the text states it, and a status: ``same`` (params.yaml runs exactly the
-  paper's value: :func:`check_params` fails otherwise) | ``deviates`` | ``not_stated`` (ours) |
-  ``not_reproduced``, with ``why`` unless same. ``params_value`` gives the params spelling of
+  paper's value: :func:`check_params` fails otherwise, and the item's stage reads the key) |
+  ``borrowed`` (the paper's value, checked as ``same``, in a setting no paper runs: counted
+  apart, never as reproducing the paper) | ``deviates`` | ``not_stated`` (ours) |
+  ``not_reproduced``, with ``why`` unless same. A key has at most one row per item. ``params_value`` gives the params spelling of
   the paper's value where the two differ in form (``null`` for the paper's sqrt(d)).
 
 Our value is never written in the record: it is read from ``params.yaml`` when the record is
@@ -33,7 +35,9 @@ FIDELITY_FILE = "fidelity.yaml"
 DOCS_FILE = "docs/fidelity.md"
 PAPERS = {"lofast": "LoFAST", "olsa": "OLSA", "specformer": "SpecFormer", "certvit": "CertViT"}
 ITEM_STATUS = ("reproduced", "partly", "not_reproduced")
-SETTING_STATUS = ("same", "deviates", "not_stated", "not_reproduced")
+SETTING_STATUS = ("same", "borrowed", "deviates", "not_stated", "not_reproduced")
+#: a row whose value params.yaml must hold
+HOLDS_PAPER_VALUE = ("same", "borrowed")
 _UNSET = object()
 
 
@@ -115,8 +119,8 @@ def parse(raw: Any, source: str = FIDELITY_FILE) -> Record:
                 raise FidelityError(f"{where}: status {status!r} not in {SETTING_STATUS}")
             if "paper" not in row:
                 raise FidelityError(f"{where}: 'paper' is missing (null when not stated)")
-            if status == "same" and row["paper"] is None:
-                raise FidelityError(f"{where}: a 'same' row needs the paper's value")
+            if status in HOLDS_PAPER_VALUE and row["paper"] is None:
+                raise FidelityError(f"{where}: a '{status}' row needs the paper's value")
             meaning = row.get("meaning_differs", False)
             if not isinstance(meaning, bool) or (meaning and status != "deviates"):
                 raise FidelityError(f"{where}: 'meaning_differs' is true or false, and true "
@@ -132,6 +136,10 @@ def parse(raw: Any, source: str = FIDELITY_FILE) -> Record:
     stray = sorted({s.item for s in settings} - set(ids))
     if stray:
         raise FidelityError(f"{source}: settings name unknown items: {stray}")
+    rows = Counter((s.key, s.item) for s in settings)
+    twice = sorted(f"{k} ({i})" for (k, i), n in rows.items() if n > 1)
+    if twice:
+        raise FidelityError(f"{source}: keys given twice for one item: {twice}")
     return Record(items, settings)
 
 
@@ -178,13 +186,59 @@ def check_params(record: Record, params: Mapping) -> list[str]:
         except FidelityError as exc:
             problems.append(str(exc))
             continue
-        if s.status == "same" and not _same(ours, s.expected):
+        if s.status in HOLDS_PAPER_VALUE and not _same(ours, s.expected):
             problems.append(f"{s.key}: params.yaml has {ours!r}, the paper ({s.where}) "
-                            f"{s.expected!r}; the row is marked same")
+                            f"{s.expected!r}; the row is marked {s.status}")
         elif (s.status == "deviates" and not s.meaning_differs and s.expected is not None
               and _same(ours, s.expected)):
             problems.append(f"{s.key}: params.yaml has the paper's {ours!r} ({s.where}); "
                             "the row is marked deviates: mark it same")
+    return problems
+
+
+#: an item's stage that is several dvc.yaml stages (the grid trains, then certifies)
+STAGE_GROUPS = {"vit_grid": ("train_vit", "certify_vit")}
+_REF = re.compile(r"\$\{\s*([A-Za-z_][\w.]*)\s*\}")
+
+
+def stage_reads(dvc_stages: Mapping[str, Any]) -> dict[str, set[str]]:
+    """dvc.yaml stage name -> the params keys it reads: its ``params`` entries and the keys its
+    ``matrix`` or ``foreach`` expands (a grid point's values)."""
+    out: dict[str, set[str]] = {}
+    for name, stage in dvc_stages.items():
+        keys = {p for p in stage.get("params") or [] if isinstance(p, str)}
+        keys |= set(_REF.findall(str(stage.get("matrix", "")) + str(stage.get("foreach", ""))))
+        out[name] = keys
+    return out
+
+
+def item_stages(stage: str, dvc_stages: Mapping[str, Any]) -> list[str]:
+    """The dvc.yaml stages an item's ``stage`` names: itself, its units (``<stage>_*``) or its
+    :data:`STAGE_GROUPS` entry."""
+    names = STAGE_GROUPS.get(stage, (stage,))
+    return [n for n in dvc_stages if any(n == g or n.startswith(f"{g}_") for g in names)]
+
+
+def check_stages(record: Record, dvc_stages: Mapping[str, Any]) -> list[str]:
+    """Every departure of the record from the pipeline (``dvc_stages``: dvc.yaml's
+    ``stages``): an item's stage that names no dvc.yaml stage, and a row marked "same" that no
+    stage of its item reads (no stage, or the key belongs to another stage's setting: such a
+    value is "borrowed", not a reproduction of the paper's setting)."""
+    reads = stage_reads(dvc_stages)
+    items = {i.id: i for i in record.items}
+    problems = [f"{i.id}: stage {i.stage!r} names no dvc.yaml stage" for i in record.items
+                if i.stage and not item_stages(i.stage, dvc_stages)]
+    for s in record.settings:
+        if s.status != "same":
+            continue
+        item = items[s.item]
+        if not item.stage:
+            problems.append(f"{s.key}: marked same for {s.item}, which no stage reproduces")
+            continue
+        names = item_stages(item.stage, dvc_stages)
+        if not any(s.key == k or s.key.startswith(f"{k}.") for n in names for k in reads[n]):
+            problems.append(f"{s.key}: marked same for {s.item}, but its stage ({', '.join(names)}) "
+                            "does not read it: the value is borrowed by another setting")
     return problems
 
 
@@ -209,9 +263,11 @@ INTRO = """\
 `fidelity.yaml` records, for every table and figure of the four papers (LoFAST, ICML 2024;
 OLSA, ICLR 2023 submission; SpecFormer; CertViT) and for every `params.yaml` key that
 reproduces one, the paper's value, where its full text states it (section, table or
-appendix), and a status: *same* (the paper scale runs the paper's value; a test fails when
-`params.yaml` departs from it), *deviates* (and why), *ours* (the paper does not state it) or
-*not reproduced* (and why). Our values are read from `params.yaml` when the record is
+appendix), and a status: *same* (the stage that reproduces the item runs the paper's value; a
+test fails when `params.yaml` departs from it or when no such stage reads the key),
+*borrowed* (the paper's value, held as firmly, in a setting no paper runs: not counted as
+reproducing anything), *deviates* (and why), *ours* (the paper does not state it) or *not
+reproduced* (and why). Our values are read from `params.yaml` when the record is
 rendered, never written in it."""
 
 #: where the papers' numbers stand in the reports (after the summary)
@@ -225,7 +281,8 @@ eps is a radius on the normalised input: eps x min std, 1.58 -> 0.4867 on MNIST,
 OLSA's radii (its unsound softmax constant 1/4; ours 1/2) beside the 3-layer OLSA on SST-2
 and Yelp and the frozen head on QQP."""
 
-STATUS_LABEL = {"same": "same", "deviates": "deviates", "not_stated": "ours (not stated)",
+STATUS_LABEL = {"same": "same", "borrowed": "borrowed (no paper's setting)",
+                "deviates": "deviates", "not_stated": "ours (not stated)",
                 "not_reproduced": "not reproduced", "reproduced": "reproduced",
                 "partly": "partly"}
 
@@ -267,14 +324,14 @@ def render_docs(record: Record, params: Mapping) -> str:
 
 def render_summary(record: Record) -> str:
     """The page's short summary: per paper, counts of items and settings by status."""
-    out = ["| paper | tables and figures: reproduced / partly / not | settings: same / deviates "
-           "/ ours (not stated) / not reproduced |", "|---|---|---|"]
+    out = ["| paper | tables and figures: reproduced / partly / not | settings: same / borrowed "
+           "/ deviates / ours (not stated) / not reproduced |", "|---|---|---|"]
     for paper, title in PAPERS.items():
         ic = Counter(i.status for i in record.items if i.paper == paper)
         ids = {i.id for i in record.items if i.paper == paper}
         sc = Counter(s.status for s in record.settings if s.item in ids)
         out.append(f"| {title} | {ic['reproduced']} / {ic['partly']} / {ic['not_reproduced']} | "
-                   f"{sc['same']} / {sc['deviates']} / {sc['not_stated']} / "
+                   f"{sc['same']} / {sc['borrowed']} / {sc['deviates']} / {sc['not_stated']} / "
                    f"{sc['not_reproduced']} |")
     return "\n".join(out)
 
@@ -287,11 +344,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("command", choices=["check", "docs"])
     ap.add_argument("--record", default=FIDELITY_FILE)
     ap.add_argument("--params", default=PARAMS_FILE)
+    ap.add_argument("--dvc", default="dvc.yaml")
     args = ap.parse_args(argv)
     try:
         record = load(args.record)
         params = read_yaml(args.params)
         problems = check_params(record, params)
+        problems += check_stages(record, read_yaml(args.dvc).get("stages") or {})
         if args.command == "docs":
             Path(DOCS_FILE).parent.mkdir(exist_ok=True)
             Path(DOCS_FILE).write_text(render_docs(record, params))
@@ -301,7 +360,8 @@ def main(argv: list[str] | None = None) -> int:
         if problems:
             return 1
         print(f"fidelity: {len(record.items)} tables and figures, {len(record.settings)} "
-              "settings; params.yaml matches every row marked same")
+              "settings; params.yaml matches every row marked same or borrowed, and a stage "
+              "reads every row marked same")
     except FidelityError as exc:
         print(f"fidelity: error: {exc}", file=sys.stderr)
         return 2

@@ -151,6 +151,7 @@ class Params:
         return dataclasses.replace(
             self, source=cv.PIPELINE, dataset=dataset, vit=vit,
             pretrain_epochs=t.pretrain_epochs[dataset], batch_size=t.batch_size, lr=t.lr,
+            dr=dataclasses.replace(self.dr, relaxation=float(t.relaxation[dataset])),
             table1=dataclasses.replace(t, datasets=[]),
             imagenet=dataclasses.replace(self.imagenet, sources=[]), results_dir=str(work),
             metrics=str(work / "metrics.json"))
