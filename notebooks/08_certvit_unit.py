@@ -45,7 +45,7 @@ import pandas as pd
 from IPython.display import Markdown, display
 
 from attncert.certvit import tables
-from attncert.certvit.steps import mode_steps, paper_row
+from attncert.certvit.steps import mode_steps
 from attncert.figures import certvit as figs
 from attncert.figures import show
 from attncert.pipeline.context import setup
@@ -197,13 +197,8 @@ res.attention_table()
 
 # %%
 if unit == stage.MAIN:
-    reference, label = paper_row(p.dataset)
-    e_px = str(tables.table1_eps(p.dataset))
-    ours = ", ".join(f"{m} {100 * res.reports[m]['certified_acc'].get(e_px, float('nan')):.1f}%"
-                     for m in modes)
-    display(Markdown(f"{label}: {reference['certified']}% certified at its eps "
-                     f"{reference['eps']:g}, the pixel-space radius {e_px} on {p.dataset}. "
-                     f"Ours at that radius: {ours} (another model: not like for like)."))
+    display(Markdown(f"No paper number stands beside this unit: {p.source} on {p.dataset} is "
+                     "no setting of CertViT's tables (docs/fidelity.md, `certvit.dataset`)."))
 else:
     display(tables.table1_frame({p.dataset: record}).round(4))
 

@@ -17,8 +17,8 @@
 # LoFAST (`lofast_variant`, pairwise test, one radius per point) and by CROWN
 # through auto_LiRPA 0.3 (`attncert.crown`: the compatibility patches, a graph equal to the ViT,
 # the pairwise margin specification). A CROWN bound that fails (time limit, memory, overflow,
-# an unsupported operator, a bound outside an operator's domain) is a recorded "-", never a
-# crash. Table 2 is a read-out of the same rows: LoFAST first, CROWN on the points it left.
+# an unsupported operator, a bound outside an operator's domain) is recorded with its status,
+# never a crash. Table 2 is a read-out of the same rows: LoFAST first, CROWN on the points it left.
 # Every certified point is then attacked with L2 PGD: a broken certificate fails the stage.
 # Everything runs on `base.device` (CROWN too: auto_LiRPA bounds on the GPU when there is one);
 # LoFAST and the audit in float64, CROWN in `bound_dtype`.
@@ -91,8 +91,9 @@ display(Markdown(note + " The combination certifies at least what either method 
 
 # %% [markdown]
 # ## LoFAST Table 1: certified accuracy (%) and seconds per sample
-# One figure per dataset; the paper's numbers are CIFAR-10's. "-" (None): every CROWN bound at
-# that eps failed. LoFAST's seconds cover its radius (every eps at once); CROWN's are the mean
+# One figure per dataset; the paper's numbers are CIFAR-10's. A dash (None): every CROWN bound at
+# that eps failed, for any reason (the statuses are counted above); the paper's "-" marks
+# overflow failures only. LoFAST's seconds cover its radius (every eps at once); CROWN's are the mean
 # of one (point, eps) bound.
 
 # %%

@@ -46,10 +46,10 @@ show_parts(sections.tightness(res))
 # %% [markdown]
 # ## Certified accuracy vs eps for every grid point (LoFAST Figure 2 analog)
 # One panel per configuration: every bound variant with the pairwise (solid) and logit
-# (dashed) tests, and L2 PGD accuracy (an upper bound on any certified accuracy). Stars are
-# the papers' numbers for that configuration: LoFAST Table 1 (CIFAR-10, 128-d ViT, depth 3-5)
-# and CertViT's MNIST claim (its eps is not pixel-space). Then certified against clean accuracy
-# across the grid (pairwise test).
+# (dashed) tests, and L2 PGD accuracy (an upper bound on any certified accuracy). No paper
+# number stands beside the grid: LoFAST Figure 2 prints none, and LoFAST Table 1's ViTs (128-d)
+# are the crown stage's, below. Then certified against clean accuracy across the grid
+# (pairwise test).
 
 # %%
 show_parts(sections.certified_grid(res))
@@ -76,7 +76,8 @@ show_parts(sections.frontier(res))
 # ## Certification cost per sample
 # Seconds per sample of the whole certificate (radius by bisection), mean over the grid with
 # its range, and the crown stage's LoFAST and CROWN seconds per dataset and depth; LoFAST
-# Table 1's seconds for LoFAST and alpha,beta-CROWN beside (their GPU).
+# Table 1's seconds for LoFAST and alpha,beta-CROWN beside the crown stage's CIFAR-10 rows only
+# (its 128-d ViTs, measured on "our local machine", which LoFAST does not name).
 
 # %%
 show_parts(sections.cost(res))

@@ -31,7 +31,7 @@ from attncert.models.vit import save_vit
 from attncert.pipeline import params
 from attncert.pipeline.context import make_context
 from attncert.pipeline.shapes import VitShape
-from attncert.report.paper import CERTVIT_CIFAR10, CERTVIT_MNIST
+from attncert.report.paper import CERTVIT_CIFAR10, CERTVIT_MNIST, certvit_table1
 from attncert.stages import certvit as certvit_stage
 from attncert.stages import registry
 from attncert.training.checkpoint import prepare_checkpoint_dir
@@ -238,10 +238,13 @@ def test_step_log_metrics_table1_and_figures():
     with pytest.raises(ValueError, match="no bound"):
         steps.stage_metrics(log, {"constrained": b1}, report)
 
-    row, name = steps.paper_row("mnist")
+    row, name = certvit_table1("mnist")
     assert row is CERTVIT_MNIST and "1.58 normalised = 0.4867 pixel" in name
-    assert steps.paper_row("cifar10")[0] is CERTVIT_CIFAR10
-    assert steps.paper_row("svhn")[0] is CERTVIT_MNIST  # a dataset CertViT does not report
+    assert "L2 attention from scratch" in name and "GELU as 1.12" in name  # what differs
+    assert certvit_table1("cifar10")[0] is CERTVIT_CIFAR10
+    assert certvit_table1("svhn") is None  # a dataset CertViT does not report: no row
+    with pytest.raises(ValueError, match="CertViT Table 1 reports no eps for svhn"):
+        cv_tables.table1_eps("svhn")
 
     table = lipschitz_table(adapt_finetuned=b0, constrained=b1)
     diag = [{"site": "a", "sigma_before": 2.0, "sigma_after": 1.0, "sparsity": 0.5},

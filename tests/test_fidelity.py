@@ -254,6 +254,11 @@ def test_a_same_row_no_stage_runs_is_caught(record, dvc_stages):
                for i in record.items]
     problems = fidelity.check_stages(_planted(record, items=renamed), dvc_stages)
     assert f"{item.id}: stage 'no_such_stage' names no dvc.yaml stage" in problems
+    lost = next(i for i in record.items if i.status == "not_reproduced")
+    staged = [dataclasses.replace(i, stage=item.stage) if i.id == lost.id else i
+              for i in record.items]
+    problems = fidelity.check_stages(_planted(record, items=staged), dvc_stages)
+    assert problems == [f"{lost.id}: not reproduced, yet names stage {item.stage!r}"]
 
 
 def test_a_borrowed_row_is_held_like_same(record, params):

@@ -3,7 +3,6 @@
 * :class:`StepLog`: accuracy, Lipschitz bound and seconds through the steps (pretrained,
   adapted, adapt-finetuned, constrained, finetuned), one log per constraining mode;
   :func:`mode_steps` puts the modes side by side;
-* :func:`paper_row`: CertViT's Table 1 row for a dataset;
 * :func:`stage_metrics`: one mode's part of the stage's metrics file (:func:`baseline_metrics`:
   the linear baseline's); :func:`samples_frame`:
   the certificate of every point;
@@ -21,10 +20,9 @@ import torch
 from torch import nn
 
 from attncert.certvit.certificate import GlobalBound
-from attncert.report import paper
 from attncert.training.train import evaluate
 
-__all__ = ["BASELINE", "Result", "StepLog", "baseline_metrics", "mode_steps", "paper_row",
+__all__ = ["BASELINE", "Result", "StepLog", "baseline_metrics", "mode_steps",
            "samples_frame", "stage_metrics"]
 
 #: the linear baseline's mode name in samples.csv and the reports
@@ -73,12 +71,6 @@ class StepLog:
 
     def column(self, key: str) -> dict[str, Any]:
         return {r["step"]: r[key] for r in self.rows}
-
-
-def paper_row(dataset: str) -> tuple[Mapping[str, float], str]:
-    """CertViT's Table 1 ViT row for ``dataset`` (MNIST's for a dataset it does not report)
-    and its label (:func:`attncert.report.paper.certvit_table1`)."""
-    return paper.certvit_table1(dataset) or paper.certvit_table1("mnist")
 
 
 def stage_metrics(log: StepLog, bounds: Mapping[str, GlobalBound], report: Mapping[str, Any],

@@ -46,11 +46,15 @@ from attncert.pipeline.params import (
     unique,
 )
 from attncert.pipeline.shapes import VitShape
+from attncert.report.paper import certvit_pixel_eps
 from attncert.training.precision import resolve_precision
 from attncert.training.train import TrainConfig, train_resumable
 
 if TYPE_CHECKING:  # the stage's section, for annotations only (no upward import)
     from attncert.stages.certvit import Params
+
+#: the image datasets of CertViT Table 1's ViT rows (TinyImageNet has no route here)
+TABLE1_DATASETS = tuple(d for d in IMAGE_DATASETS if certvit_pixel_eps(d) is not None)
 
 #: ``imagenet.sources`` entry that skips CertViT Table 3's ImageNet route
 NO_IMAGENET = "none"
@@ -90,7 +94,8 @@ class Table1Params:
     section; schedule from its Table 9), then every step of the section; the mappings need an
     entry per dataset."""
 
-    datasets: list[str] = param(one_of(*IMAGE_DATASETS), unique, doc="empty: none")
+    datasets: list[str] = param(one_of(*TABLE1_DATASETS), unique,
+                                doc="the datasets CertViT's Table 1 reports; empty: none")
     vit: dict[str, VitShape] = param(doc="per dataset the name of a shape of the vit section")
     pretrain_epochs: dict[str, int] = param(doc="training from scratch")
     relaxation: dict[str, float] = param(doc="Douglas-Rachford's relaxation per dataset "

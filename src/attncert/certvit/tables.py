@@ -13,7 +13,12 @@ from attncert.certvit.steps import (
     BASELINE,
 )
 from attncert.report.headline import eps_match, row
-from attncert.report.paper import CERTVIT_TABLE3, certvit_pixel_eps, certvit_table1
+from attncert.report.paper import (
+    CERTVIT_TABLE3,
+    CERTVIT_TABLE3_DIFFERS,
+    certvit_pixel_eps,
+    certvit_table1,
+)
 
 #: CertViT's MNIST eps (Table 1: 1.58 on its normalised input) in our pixel space: the report
 #: compares certified accuracy at it.
@@ -23,8 +28,12 @@ PAPER_EPS = certvit_pixel_eps("mnist")
 def table1_eps(dataset: str) -> float:
     """The pixel-space l2 radius CertViT's Table 1 claim covers on ``dataset``: its eps (1.58
     on MNIST, 0.141 on CIFAR) times the smallest std of its input normalisation
-    (:func:`attncert.report.paper.certvit_pixel_eps`); MNIST's for a dataset it does not report."""
-    return certvit_pixel_eps(dataset) or PAPER_EPS
+    (:func:`attncert.report.paper.certvit_pixel_eps`). ValueError for a dataset it does not
+    report."""
+    eps = certvit_pixel_eps(dataset)
+    if eps is None:
+        raise ValueError(f"CertViT Table 1 reports no eps for {dataset}")
+    return eps
 
 
 def table1_entry(m: Mapping[str, Any]) -> dict[str, Any]:
@@ -99,7 +108,8 @@ def imagenet_rows(net: Mapping) -> list[dict]:
     rows = []
     for source, entry in net["models"].items():
         ref = CERTVIT_TABLE3.get(entry.get("paper_model") or "", {})
-        src = f"CertViT Table 3 ({entry['paper_model']})" if ref else None
+        src = (f"CertViT Table 3 ({entry['paper_model']}; {CERTVIT_TABLE3_DIFFERS})"
+               if ref else None)
         for mode, mm in entry["modes"].items():
             ref = ref if mode == "paper" else {}  # CertViT's own constraining only
             src = src if ref else None

@@ -13,7 +13,8 @@ weights, materialised once as plain tensors) with operators auto_LiRPA bounds so
 :func:`certify_points` runs one point at a time (the paper's "per sample" cost) and returns one
 row per point and eps: certified or not, the worst margin lower bound, the seconds, and a status
 that names a failure ("overflow", "domain", "out_of_memory", "unsupported", "time_limit",
-"error": the paper's "-") without stopping the loop.
+"error") without stopping the loop. LoFAST's "-" marks overflow failures only (its sec. 5.2);
+ours are counted by status.
 """
 
 from __future__ import annotations
@@ -335,7 +336,7 @@ def certify_points(cert: CrownCertifier, x: Tensor, y: Tensor, eps_grid: Sequenc
                 row.update(status="overflow")
             else:
                 row.update(status="ok", margin_lower=worst, certified=worst > 0)
-        except Exception as exc:  # noqa: BLE001 (a failed point is a result: the paper's "-")
+        except Exception as exc:  # noqa: BLE001 (a failed point is a result, with its status)
             status = "time_limit" if alarm.fired else failure_status(exc)
             row.update(status=status, error=f"{type(exc).__name__}: {exc}"[:200])
             if status == "out_of_memory" and x.is_cuda:

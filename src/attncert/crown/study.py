@@ -77,7 +77,7 @@ def lofast_frame(model, x: Tensor, y: Tensor, variant: str, eps_grid: Sequence[f
 NOT_RUN = ("skipped", "lofast", "budget", "misclassified")
 
 
-#: statuses of a bound that ran and gave a result (a time limit is the paper's "-", not an error)
+#: statuses of a bound that ran and gave a result (a time limit is a result, not an error)
 RESULTS = ("ok", "time_limit")
 
 

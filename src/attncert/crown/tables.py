@@ -101,7 +101,8 @@ def attention_table(parts: Mapping[str, DatasetResult]) -> pd.DataFrame:
 def tables(lofast: pd.DataFrame, crown: pd.DataFrame, eps_grid: Sequence[float],
            depth: int, method: str, alone: int | None = None) -> tuple[list[dict], list[dict]]:
     """Rows of Table 1 (LoFAST vs CROWN) and Table 2 (CROWN alone vs LoFAST + CROWN) for one
-    model. Accuracies in %; a CROWN entry whose pairs all failed is None (the paper's "-").
+    model. Accuracies in %; a CROWN entry whose pairs all failed is None (for any reason, time
+    limit included, where LoFAST's "-" marks overflow failures only).
 
     CROWN alone (its accuracy and seconds per bound) is measured on its own sample, the first
     ``alone`` points (all of them by default), where it ran whatever LoFAST certified; each row
@@ -119,7 +120,7 @@ def tables(lofast: pd.DataFrame, crown: pd.DataFrame, eps_grid: Sequence[float],
 
     def alone_acc(e: float, failed: bool = False) -> float | None:
         """CROWN's own certified accuracy at e on its sample: None when not measured there,
-        and with ``failed`` when no bound at e succeeded (the paper's "-")."""
+        and with ``failed`` when no bound at e succeeded."""
         at = own[own["eps"] == e]
         if k == 0 or at["status"].isin(("lofast", "budget")).any() or (
                 failed and not (own_ran[own_ran["eps"] == e]["status"] == "ok").any()):

@@ -221,13 +221,17 @@ def item_stages(stage: str, dvc_stages: Mapping[str, Any]) -> list[str]:
 
 def check_stages(record: Record, dvc_stages: Mapping[str, Any]) -> list[str]:
     """Every departure of the record from the pipeline (``dvc_stages``: dvc.yaml's
-    ``stages``): an item's stage that names no dvc.yaml stage, and a row marked "same" that no
+    ``stages``): an item's stage that names no dvc.yaml stage, an item reproduced (in part)
+    without a stage or not reproduced with one, and a row marked "same" that no
     stage of its item reads (no stage, or the key belongs to another stage's setting: such a
     value is "borrowed", not a reproduction of the paper's setting)."""
     reads = stage_reads(dvc_stages)
     items = {i.id: i for i in record.items}
     problems = [f"{i.id}: stage {i.stage!r} names no dvc.yaml stage" for i in record.items
                 if i.stage and not item_stages(i.stage, dvc_stages)]
+    problems += [f"{i.id}: {i.status} with no stage" if not i.stage else
+                 f"{i.id}: not reproduced, yet names stage {i.stage!r}" for i in record.items
+                 if bool(i.stage) == (i.status == "not_reproduced")]
     for s in record.settings:
         if s.status != "same":
             continue
@@ -275,7 +279,7 @@ PAPER_NUMBERS = """\
 Paper numbers stand only beside a model of their own setting (`src/attncert/report/paper.py` states
 table, column, row and setting for each): LoFAST Tables 1-2 beside the crown stage's 128-d
 ViTs, never the 384-d grid (LoFAST Figure 2 prints no numbers); CertViT's Table 1 beside its
-small ViTs trained here (`certvit.table1_*`), at the pixel-space radius its eps covers (its
+small ViTs trained here (`certvit.table1`), at the pixel-space radius its eps covers (its
 eps is a radius on the normalised input: eps x min std, 1.58 -> 0.4867 on MNIST, 0.141 ->
 0.0281 on CIFAR-10 and 0.0361 on CIFAR-100), never beside the section's own ViT-B/16 run;
 OLSA's radii (its unsound softmax constant 1/4; ours 1/2) beside the 3-layer OLSA on SST-2

@@ -80,6 +80,19 @@ def mnist_anchor(dataset: str | None, eps: str | float) -> tuple[float | None, s
     return None, None
 
 
+#: what differs between CertViT Table 1's ViT rows and ours, named in every label that sets
+#: them side by side
+CERTVIT_TABLE1_DIFFERS = (
+    "its ViT trains L2 attention from scratch, ours a dot-product ViT adapted to it; its Lip. "
+    "takes GELU as 1.12 and leaves out the LayerNorms and the patch embedding, ours bounds every "
+    "component")
+#: what differs between CertViT Table 3's rows and ours: its models are adapted to L2 attention
+#: on ImageNet (Table 10: 50-70 epochs) before CertViT and fine-tuned after; ours adapt by
+#: surgery on the calibration images and are not fine-tuned (no ImageNet training images)
+CERTVIT_TABLE3_DIFFERS = (
+    "its models adapted to L2 attention for 50 ImageNet epochs and fine-tuned, ours adapted by "
+    "surgery and not fine-tuned; its eps lost in extraction; ours counts every component")
+
 def certvit_pixel_eps(dataset: str) -> float | None:
     """CertViT Table 1's eps for ``dataset`` converted from its normalised input to our pixel
     space (eps * min std, 4 decimals, rounded down: the radius its claim covers), or None."""
@@ -95,7 +108,8 @@ def certvit_table1(dataset: str | None) -> tuple[dict, str] | None:
     if ref is None:
         return None
     return ref, (f"CertViT Table 1 ({dataset}, its ViT; eps {ref['eps']:g} normalised = "
-                 f"{certvit_pixel_eps(dataset):g} pixel l2)")
+                 f"{certvit_pixel_eps(dataset):g} pixel l2; {CERTVIT_TABLE1_DIFFERS})")
+
 
 
 # -- SpecFormer --------------------------------------------------------------------------------
@@ -225,8 +239,9 @@ SPECFORMER_TABLE5 = {
 
 #: LoFAST Table 1: CIFAR-10, 128-d Lipschitz ViTs of 3-5 layers, 1000 test points; certified
 #: accuracy in % at l2 eps, and seconds per sample, for LoFAST and alpha,beta-CROWN (run
-#: through auto_LiRPA, sec. 5.2; None where the paper prints "-": overflow failures). The
-#: LoFAST variant and the test (Proposition 1's logit test) are as sec. 5.2 states.
+#: through auto_LiRPA, sec. 5.2; None where the paper prints "-": overflow failures). Its
+#: test is Proposition 1's (margin > sqrt(2) delta); which form of Theorem 1 (eq. 27 or 28) it
+#: evaluates is not stated.
 LOFAST_TABLE1 = {
     "eps": (0.02, 0.05, 0.1),
     "lofast": {3: (29.1, 16.0, 3.0), 4: (28.9, 11.9, 0.8), 5: (27.6, 8.3, 0.0)},
@@ -284,7 +299,7 @@ SOURCES = {
     "CERTVIT_TABLE3": Source("CertViT", "Table 3", "CertViT: Clean / PGD / Cert. (%), Lip.",
                              "ViT-T/16, DeiT-T, ViT-B/16",
                              "ImageNet-pretrained, constrained on ImageNet; 1000 validation "
-                             "images, one per class; eps on the normalised input"),
+                             "images, one per class; eps lost in extraction"),
     "SPECFORMER_TABLES": Source("SpecFormer", "Tables 1-2", "CIFAR-10 / CIFAR-100 / Imagenette: "
                                 "Standard / FGSM / PGD-2 (Table 1), Standard / CW-20 / PGD-20 "
                                 "(Table 2)", "ViT-S and DeiT-Ti blocks: ViT, SpecFormer",
@@ -297,7 +312,8 @@ SOURCES = {
                                 "CIFAR-10, model not stated (ViT-S: its (5e-5, 3e-5, 3e-5) row "
                                 "equals Table 1's)"),
     "SPECFORMER_TABLE3": Source("SpecFormer", "Table 3", "relative time of 10 training steps",
-                                "Std. training, Adv. training", "ViT-S, vanilla = 1"),
+                                "Std. training, Adv. training",
+                                "model not stated; vanilla = 1"),
     "LOFAST_TABLE1": Source("LoFAST", "Table 1", "certified accuracy (%) at eps; sec/sample",
                             "ViT 3/4/5-Layer: LoFAST, alpha,beta-CROWN",
                             "128-d Lipschitz ViTs on CIFAR-10, 1000 test points, pixel l2"),

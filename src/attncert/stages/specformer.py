@@ -338,6 +338,9 @@ def headline_rows(m: Mapping, item: Mapping) -> list[dict]:
                         None if ref is None else ref[1],
                         brief=training == "standard" and method in ("vanilla", "specformer")))
     table5 = m.get("table5_run") == TABLE1_RUN
+    stand_in = paper.SPECFORMER_STAND_INS.get(str(m.get("table5_run", "")).partition("@")[2])
+    table5_source = ("SpecFormer Table 5 (CIFAR-10; its model not stated, read as Table 1's "
+                     f"ViT-S{'; ' + stand_in[1] if stand_in else ''}){scale_caveat(m)}")
     for key, acc in m.get("msvp_ablation", {}).items():
         lam, training, attack = key.split("/", 2)
         column = TABLE5_ATTACKS.get(training, {}).get(attack)
@@ -345,7 +348,7 @@ def headline_rows(m: Mapping, item: Mapping) -> list[dict]:
                else None)
         rows.append(row(f"msvp_ablation/{key}", f"MSVP lambda ({lam}), {training}: {attack}",
                         acc, "fraction", None if ref is None else ref / 100,
-                        f"SpecFormer Table 5 (CIFAR-10){scale_caveat(m)}"))
+                        table5_source))
     for training, key, ref in (("standard", "step_time_ratio", paper.SPECFORMER_TABLE3),
                                ("adversarial", "step_time_ratio_adversarial",
                                 paper.SPECFORMER_TABLE3)):
@@ -354,7 +357,8 @@ def headline_rows(m: Mapping, item: Mapping) -> list[dict]:
                 continue
             rows.append(row(f"{key}/{method}", f"{method} step time / vanilla ({training})",
                             ratio, "ratio", ref[training].get(method),
-                            f"SpecFormer Table 3 ({training} training, ViT-S){scale_caveat(m)}",
+                            f"SpecFormer Table 3 ({training} training; its model and "
+                            f"hardware not stated){scale_caveat(m)}",
                             brief=method == "specformer"))
     for r in m.get("certified", []):
         for k, v in r.items():

@@ -55,7 +55,9 @@ def _float64(v: Tensor | float, device: torch.device | None) -> Tensor:
 def certified_radius(logits: Tensor, y: Tensor, lipschitz: Tensor | float) -> Tensor:
     """(B,): r = relu(M) / (sqrt(2) Lip), M = f_y - max_{j != y} f_j (docs/math.md section 6).
 
-    0 for a misclassified point, so the mean is OLSA's average certified radius.
+    0 for a misclassified point: the mean over every point is our average certified radius
+    (OLSA sec. 5.1 averages the radius of the prediction, whatever the label: the text stage
+    reports both).
     """
     return F.relu(logit_margin(logits.double(), y)) / (math.sqrt(2.0) * torch.as_tensor(
         lipschitz, dtype=torch.float64, device=logits.device))
