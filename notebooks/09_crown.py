@@ -93,8 +93,8 @@ display(Markdown(note + " The combination certifies at least what either method 
 # ## LoFAST Table 1: certified accuracy (%) and seconds per sample
 # One figure per dataset; the paper's numbers are CIFAR-10's. A dash (None): every CROWN bound at
 # that eps failed, for any reason (the statuses are counted above); the paper's "-" marks
-# overflow failures only. LoFAST's seconds cover its radius (every eps at once); CROWN's are the mean
-# of one (point, eps) bound.
+# overflow failures only. LoFAST's seconds cover its radius (every eps at once); CROWN's are
+# the mean of one (point, eps) bound.
 
 # %%
 for k, r in parts.items():

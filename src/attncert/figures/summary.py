@@ -15,6 +15,7 @@ import seaborn as sns
 import torch
 from matplotlib.figure import Figure
 
+from attncert.figures.grid import plot_certified_grid, plot_tradeoff, tradeoff_frame
 from attncert.figures.headline import OURS, headline_frame, plot_headline
 from attncert.report import paper
 
@@ -178,64 +179,6 @@ def certified_csv_frame(long: pd.DataFrame) -> pd.DataFrame:
     variant = [("pgd" if t == "attack" else f"{v}_{t}")
                for v, t in zip(long["variant"], long["test"], strict=True)]
     return long.assign(variant=variant)[["run", "variant", "eps", "accuracy"]]
-
-
-def plot_certified_grid(long: pd.DataFrame, papers: pd.DataFrame | None = None,
-                        col_wrap: int = 4) -> Figure:
-    """Certified accuracy vs eps, one facet per grid point: every bound variant (pairwise
-    solid, logit dashed), the PGD accuracy, and ``papers``' (run, eps, accuracy, source)
-    numbers as labelled stars where a paper reports a model of that point's setting (LoFAST
-    Figure 2 prints none: the grid has none by default)."""
-    papers = pd.DataFrame(columns=["run", "eps", "accuracy", "source"]) if papers is None \
-        else papers
-    _style()
-    df = long.assign(accuracy=100 * long["accuracy"])
-    g = sns.relplot(df, x="eps", y="accuracy", hue="variant", style="test", col="run",
-                    col_wrap=min(col_wrap, df["run"].nunique()), kind="line", markers=True,
-                    height=3, aspect=1.2, facet_kws={"sharey": True})
-    for run, ax in g.axes_dict.items():
-        sel = papers[papers["run"] == run]
-        for i, (source, rows) in enumerate(sel.groupby("source", sort=False)):
-            ax.scatter(rows["eps"], 100 * rows["accuracy"], marker="*", s=90,
-                       color=f"C{7 + i}", zorder=5, label=source)
-        if len(sel):
-            ax.legend(loc="upper right", fontsize="x-small")
-    g.set_axis_labels("eps (pixel-space l2)", "accuracy (%)")
-    g.figure.suptitle("Certified accuracy vs eps per configuration (LoFAST Figure 2 analog)",
-                      y=1.02)
-    return g.figure
-
-
-def tradeoff_frame(points: Mapping[str, Mapping], test: str = "pairwise") -> pd.DataFrame:
-    """(run, dataset, variant, eps, clean, certified) for every grid point at every eps."""
-    rows = [{"run": run, "dataset": m.get("dataset"), "variant": key.rsplit("_", 1)[0],
-             "eps": float(e), "clean": m["clean_acc"], "certified": a}
-            for run, m in points.items() for key, accs in m["certified_acc"].items()
-            if key.rsplit("_", 1)[1] == test for e, a in accs.items()]
-    return pd.DataFrame(rows, columns=["run", "dataset", "variant", "eps", "clean", "certified"])
-
-
-def plot_tradeoff(df: pd.DataFrame, papers: pd.DataFrame | None = None) -> Figure:
-    """Certified vs clean accuracy across the grid, one panel per eps (a point is a grid
-    point and a variant; the diagonal is the ceiling: certified <= clean); the papers'
-    (clean, certified) pairs as labelled stars on the panel of their eps."""
-    _style()
-    d = df.assign(clean=100 * df["clean"], certified=100 * df["certified"])
-    g = sns.relplot(d, x="clean", y="certified", hue="variant", style="dataset", col="eps",
-                    col_wrap=min(4, d["eps"].nunique()), height=3, s=50)
-    for eps, ax in g.axes_dict.items():
-        ax.plot([0, 100], [0, 100], color="grey", lw=0.8, ls=":")
-        if papers is None:
-            continue
-        sel = papers[(papers["eps"] - eps).abs() < 1e-9]
-        for i, r in enumerate(sel.itertuples()):
-            ax.scatter([100 * r.clean], [100 * r.certified], marker="*", s=110,
-                       color=f"C{7 + i}", zorder=5, label=r.source)
-        if len(sel):
-            ax.legend(loc="upper left", fontsize="x-small")
-    g.set_axis_labels("clean accuracy (%)", "certified accuracy (%)")
-    g.figure.suptitle("Certified vs clean accuracy across the grid", y=1.02)
-    return g.figure
 
 
 # -- cost --------------------------------------------------------------------------------------

@@ -10,8 +10,9 @@
   paper's value: :func:`check_params` fails otherwise, and the item's stage reads the key) |
   ``borrowed`` (the paper's value, checked as ``same``, in a setting no paper runs: counted
   apart, never as reproducing the paper) | ``deviates`` | ``not_stated`` (ours) |
-  ``not_reproduced``, with ``why`` unless same. A key has at most one row per item. ``params_value`` gives the params spelling of
-  the paper's value where the two differ in form (``null`` for the paper's sqrt(d)).
+  ``not_reproduced``, with ``why`` unless same; a key has at most one row per item.
+  ``params_value`` gives the params spelling of the paper's value where the two differ in form
+  (``null`` for the paper's sqrt(d)).
 
 Our value is never written in the record: it is read from ``params.yaml`` when the record is
 rendered (``docs/fidelity.md``, with its summary) or checked, so the two cannot drift.
@@ -241,8 +242,9 @@ def check_stages(record: Record, dvc_stages: Mapping[str, Any]) -> list[str]:
             continue
         names = item_stages(item.stage, dvc_stages)
         if not any(s.key == k or s.key.startswith(f"{k}.") for n in names for k in reads[n]):
-            problems.append(f"{s.key}: marked same for {s.item}, but its stage ({', '.join(names)}) "
-                            "does not read it: the value is borrowed by another setting")
+            problems.append(f"{s.key}: marked same for {s.item}, but its stage "
+                            f"({', '.join(names)}) does not read it: the value is borrowed by "
+                            "another setting")
     return problems
 
 

@@ -137,8 +137,8 @@ def index_html(entries: Sequence[Mapping[str, Any]], title: str = "attncert repo
         "<style>body{font-family:sans-serif;margin:2em;max-width:75em}"
         "table{border-collapse:collapse;width:100%}td,th{border-bottom:1px solid #ccc;"
         "padding:.4em .6em;text-align:left;vertical-align:top}.num{font-size:.9em}"
-        ".nr{color:#a00;font-size:.85em}figure{display:inline-block;margin:0 1em 1em 0;"
-        "vertical-align:top}figure img{max-width:36em}figcaption{font-size:.9em}</style>",
+        ".nr{color:#a00;font-size:.85em}figure{margin:0 0 1.5em}figure img{max-width:100%}"
+        "figcaption{font-size:.9em}</style>",
         "</head>", "<body>", f"<h1>{esc(title)}</h1>",
         *(["<h2>Key figures</h2>", "<p>From the figures report (the papers' numbers beside "
            "ours only where the setting matches).</p>", *shown] if shown else []),
