@@ -82,3 +82,96 @@ def test_specformer_attacks_back_off(capsys):
     assert [r for r in got if r["kind"] in ("clean", "fgsm")] == [
         r for r in want if r["kind"] in ("clean", "fgsm")]
     assert "out of device memory at batch 7; retrying with 3" in capsys.readouterr().out
+
+
+class _FakeCuda:
+    """CUDA's memory counters for a loop whose batch of k items peaks at k MB above what it
+    started with, on a device of ``total`` MB."""
+
+    MB = 2 ** 20
+
+    def __init__(self, monkeypatch, total: int = 100):
+        self.allocated, self.peak, self.total = 10 * self.MB, 40 * self.MB, total * self.MB
+        cuda = torch.cuda
+        for name, fn in {"is_available": lambda: True, "current_device": lambda: 0,
+                         "memory_allocated": lambda i=0: self.allocated,
+                         "max_memory_allocated": lambda i=0: self.peak,
+                         "reset_peak_memory_stats": self.reset,
+                         "get_device_properties": lambda i=0: type(
+                             "P", (), {"total_memory": self.total})()}.items():
+            monkeypatch.setattr(cuda, name, fn)
+
+    def reset(self, i=0):
+        self.peak = self.allocated
+
+    def run(self, a: int, b: int) -> list[int]:
+        self.peak = max(self.peak, self.allocated + (b - a) * self.MB)
+        return list(range(a, b))
+
+
+def test_batches_grow_to_the_share_of_device_memory(monkeypatch):
+    """On a CUDA device the batch doubles while twice its peak fits in base.batch_memory of
+    the device (here 50 of 100 MB, 10 MB already allocated: 4 -> 8 -> 16 -> 32; 64 would
+    need 74),
+    covering every item once in order; on the CPU, or with a share of 0, it never grows."""
+    from attncert.pipeline import batching
+
+    fake = _FakeCuda(monkeypatch)
+    monkeypatch.setattr(batching, "_share", 0.5)
+    seen = []
+    out = in_batches(100, 4, fake.run, device="cuda", done=seen.append)
+    assert [len(c) for c in out][:5] == [4, 8, 16, 32, 32] and max(seen) == 32
+    assert [i for c in out for i in c] == list(range(100)) and sum(seen) == 100
+    assert batching.device_peak(0) == 42 * fake.MB  # the largest peak across the resets
+    assert {len(c) for c in in_batches(20, 4, fake.run, device="cpu")} == {4}
+    monkeypatch.setattr(batching, "_share", 0.0)
+    assert {len(c) for c in in_batches(20, 4, fake.run, device="cuda")} == {4}
+    with pytest.raises(ValueError, match="base.batch_memory"):
+        batching.set_memory_share(1.0)
+
+
+def test_an_oom_stops_the_growth(monkeypatch, capsys):
+    from attncert.pipeline import batching
+
+    fake = _FakeCuda(monkeypatch)
+    monkeypatch.setattr(batching, "_share", 0.5)
+
+    def run(a: int, b: int):
+        if b - a > 8:
+            raise torch.OutOfMemoryError("simulated: CUDA out of memory")
+        return fake.run(a, b)
+
+    out = in_batches(60, 4, run, device="cuda")
+    assert [len(c) for c in out][:4] == [4, 8, 8, 8] and sum(map(len, out)) == 60
+    assert "retrying with 8" in capsys.readouterr().out
+
+
+def test_certificates_do_not_depend_on_the_grown_batch(monkeypatch):
+    """certify_table's rows with the batch grown from 2 equal those at a fixed batch (within
+    the tolerance of the spectral norms' iterations, whose starts depend on the split)."""
+    from test_certify import _model
+
+    from attncert import certify
+    from attncert.pipeline import batching
+
+    model = _model()
+    x = torch.rand(12, 1, 8, 8, dtype=torch.float64, generator=torch.Generator().manual_seed(2))
+    y = torch.tensor([0, 1, 2] * 4)
+    kw = {"variants": ("global", "lofast_M"), "tests": ("pairwise",), "progress": False}
+    fixed = certify.certify_table(model, x, y, batch_size=2, **kw)
+    _FakeCuda(monkeypatch, total=10 ** 6)
+    monkeypatch.setattr(batching, "_share", 0.5)
+    monkeypatch.setattr(batching, "_cuda_index", lambda device: 0)
+    sizes = []
+
+    def recorded(n, batch_size, run, *args, **kwargs):
+        return in_batches(n, batch_size, lambda a, b: sizes.append(b - a) or run(a, b),
+                          *args, **kwargs)
+
+    monkeypatch.setattr(certify, "in_batches", recorded)
+    grown = certify.certify_table(model, x, y, batch_size=2, **kw)
+    assert sizes == [2, 4, 6]
+    assert grown[["index", "prediction"]].equals(fixed[["index", "prediction"]])
+    for c in (c for c in fixed if c.startswith("radius_")):
+        assert torch.allclose(torch.tensor(grown[c].to_numpy()), torch.tensor(fixed[c].to_numpy()),
+                              rtol=1e-3, atol=1e-9), c

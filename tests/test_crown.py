@@ -369,7 +369,8 @@ def test_units_then_gather(tmp_path):
                             attack_steps=2, attack_restarts=1, results_dir=str(tmp_path / "w"),
                             metrics=str(tmp_path / "crown.json"))
     base = BaseParams(scale="smoke", seed=0, device="cpu", precision="fp32", threads=0,
-                      deterministic=False, compile="off")
+                      deterministic=False, compile="off",
+                      batch_memory=0.0)
     assert stage.units(p) == ["mnist-L1", "mnist-L2"]
     with pytest.raises(ValueError, match="has not run"):
         stage.run(p, make_context(base, device=False))

@@ -177,7 +177,8 @@ def test_units_train_on_the_training_split_minus_the_held_out_images_then_gather
                             select_eps=0.5, attack_steps=3, attack_restarts=1, linear_epochs=1,
                             results_dir=str(tmp_path / "w"), metrics=str(tmp_path / "f.json"))
     base = BaseParams(scale="smoke", seed=0, device="cpu", precision="fp32", threads=0,
-                      deterministic=False, compile="off")
+                      deterministic=False, compile="off",
+                      batch_memory=0.0)
     assert stage.units(p) == ["mnist-lmt-0.2", "mnist-lofast-0.5_qk2", "mnist-standard",
                               "mnist-linear-0.5"]
     train, val = stage.split(data, p.holdout)

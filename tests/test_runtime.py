@@ -8,7 +8,8 @@ from attncert.pipeline.runtime import configure
 
 def _base(**kw):
     return BaseParams(**({"scale": "smoke", "seed": 0, "device": "cpu", "precision": "fp32",
-                          "threads": 0, "deterministic": False, "compile": "off"} | kw))
+                          "threads": 0, "deterministic": False, "compile": "off",
+                          "batch_memory": 0.0} | kw))
 
 
 def test_threads_and_deterministic_algorithms(monkeypatch):

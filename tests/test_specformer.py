@@ -451,7 +451,8 @@ def test_units_then_gather(mirror, tmp_path):
                             results_dir=str(tmp_path / "results"),
                             metrics=str(tmp_path / "specformer.json"))
     base = BaseParams(scale="smoke", seed=0, device="cpu", precision="fp32", threads=0,
-                      deterministic=False, compile="off")
+                      deterministic=False, compile="off",
+                      batch_memory=0.0)
     assert stage.units(p) == ["cifar10", "lambda0", "lambda1", "certified"]
     with pytest.raises(ValueError, match="has not run"):
         stage.run(p, make_context(base, device=False))

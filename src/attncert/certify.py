@@ -229,10 +229,9 @@ def certify_table(model, x: Tensor, y: Tensor, variants: Sequence[str] = VARIANT
     unknown = sorted(set(tests) - set(TESTS))
     if unknown:
         raise ValueError(f"unknown test(s) {unknown}; choose from {TESTS}")
-    rows = []
-    starts = range(0, len(y), batch_size)
-    for start in bar(starts, desc="certify", enabled=progress):
-        xb, yb = x[start:start + batch_size], y[start:start + batch_size]
+
+    def batch(start: int, stop: int) -> pd.DataFrame:
+        xb, yb = x[start:stop], y[start:stop]
         with torch.no_grad():
             t0 = _clock(xb)
             model(xb)
@@ -252,8 +251,12 @@ def certify_table(model, x: Tensor, y: Tensor, variants: Sequence[str] = VARIANT
                 cols[f"radius_{v}_{t}"] = certified_radius(pre, v, t, softmax_lipschitz,
                                                            max_radius).cpu()
                 cols[f"seconds_{v}_{t}"] = (pre.seconds[v] + _clock(xb) - t0) / len(yb)
-        rows.append(pd.DataFrame({k: v.numpy() if isinstance(v, Tensor) else v
-                                  for k, v in cols.items()}))
+        return pd.DataFrame({k: v.numpy() if isinstance(v, Tensor) else v
+                             for k, v in cols.items()})
+
+    with bar(total=len(y), desc="certify", enabled=progress, unit="point") as shown:
+        rows = in_batches(len(y), batch_size, batch, "certify", device=x.device,
+                          done=shown.update)
     return pd.concat(rows, ignore_index=True)
 
 
@@ -281,7 +284,7 @@ def audit(model, x: Tensor, y: Tensor, radii: Mapping[str, Tensor], eps_grid: Se
     with torch.no_grad():
         correct = torch.cat(in_batches(
             len(y), batch_size, lambda a, b: model(x[a:b]).argmax(1) == y[a:b],
-            "audit forward")).cpu()
+            "audit forward", device=x.device)).cpu()
     idx = correct.nonzero().flatten()
     attacker = attack_copy(model)
     rows, broken_all = [], []
@@ -293,7 +296,8 @@ def audit(model, x: Tensor, y: Tensor, radii: Mapping[str, Tensor], eps_grid: Se
             return verified_pgd_l2(model, x[sub.to(x.device)], y[sub.to(y.device)], e, steps,
                                    restarts, generator=g, attack_model=attacker)[1].cpu()
 
-        broken = in_batches(len(idx), batch_size, attack, f"PGD audit at eps {e}")
+        broken = in_batches(len(idx), batch_size, attack, f"PGD audit at eps {e}",
+                            device=x.device)
         if broken:
             success[idx] = torch.cat(broken)
         row = {"eps": float(e), "attacked": int(len(idx)),

@@ -285,7 +285,8 @@ def robust_accuracy(model: nn.Module, x: Tensor, y: Tensor, specs: Sequence[Atta
         def attack(a: int, b: int, spec: AttackSpec = spec, g: torch.Generator = g) -> Tensor:
             return spec.run(model, x[a:b], y[a:b], g).cpu()
 
-        broken = torch.cat(in_batches(len(y), batch_size, attack, f"{spec.label} attack"))
+        broken = torch.cat(in_batches(len(y), batch_size, attack, f"{spec.label} attack",
+                                      device=x.device))
         rows.append({"attack": spec.label, "kind": spec.attack, "eps": spec.eps,
                      "steps": spec.steps, "accuracy": 1.0 - float(broken.double().mean())})
     model.train(was_training)

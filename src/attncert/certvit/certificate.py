@@ -174,7 +174,7 @@ def _logits(model: nn.Module, x: Tensor, batch_size: int) -> Tensor:
     itself is left as it is), batch by batch."""
     model64 = copy.deepcopy(model).double()
     return torch.cat(in_batches(len(x), batch_size, lambda a, b: model64(x[a:b].double()),
-                                "certificate forward"))
+                                "certificate forward", device=x.device))
 
 
 def certify(model: ViT, x: Tensor, y: Tensor, eps_grid: Sequence[float],

@@ -67,6 +67,11 @@ def nonneg(key: str, v: Any) -> None:
         fail(key, f"must be >= 0, got {v!r}")
 
 
+def unit_interval(key: str, v: float) -> None:
+    if not 0 <= v < 1:
+        fail(key, f"must be in [0, 1), got {v!r}")
+
+
 def positive(key: str, v: Any) -> None:
     values = v if isinstance(v, list) else [v]
     if any(x <= 0 for x in values):
@@ -139,11 +144,15 @@ class BaseParams:
                          doc="training forward passes: off (eager, the reference) | compile "
                              "(torch.compile) | graphs (and CUDA graphs on CUDA) | auto (graphs "
                              "on CUDA, off elsewhere); certificates and attacks run eager")
+    batch_memory: float = param(unit_interval,
+                                doc="share of a CUDA device's memory a certificate, audit or "
+                                    "evaluation batch grows to (0: the sections' batch sizes "
+                                    "as they are; never on a CPU)")
 
 
 #: ``base`` keys that set how a stage runs, not what it computes: no stage's DVC param
 #: (dvc.yaml lists the other ``base`` keys), so changing them reruns nothing
-BASE_RUNTIME = ("threads", "compile")
+BASE_RUNTIME = ("threads", "compile", "batch_memory")
 
 
 #: ViT settings shared by several sections (names of ``attncert.models``).
@@ -164,11 +173,6 @@ class VitGridParams:
     depth: list[int] = param(positive, unique)
     heads: list[int] = param(positive, unique)
     gamma_vo: list[float] = param(positive, unique)
-
-
-def unit_interval(key: str, v: float) -> None:
-    if not 0 <= v < 1:
-        fail(key, f"must be in [0, 1), got {v!r}")
 
 
 def probability(key: str, v: float) -> None:

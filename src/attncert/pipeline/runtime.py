@@ -32,12 +32,14 @@ _HOOKED: set[int] = set()
 
 
 def configure(base) -> None:
-    """Apply ``base.threads``, ``base.deterministic`` and ``base.compile`` (a
-    :class:`attncert.pipeline.params.BaseParams`; :mod:`attncert.training.compiled`) to this
-    process."""
+    """Apply ``base.threads``, ``base.deterministic``, ``base.compile`` and
+    ``base.batch_memory`` (a :class:`attncert.pipeline.params.BaseParams`;
+    :mod:`attncert.training.compiled`, :mod:`attncert.pipeline.batching`) to this process."""
+    from attncert.pipeline import batching
     from attncert.training import compiled
 
     compiled.set_mode(base.compile)
+    batching.set_memory_share(base.batch_memory)
     record_gpu_peak()
     if base.threads:
         torch.set_num_threads(base.threads)
@@ -54,7 +56,9 @@ def gpu_peak_gb() -> float | None:
     bytes); None when CUDA was never initialised here (a CPU run: no context is created)."""
     if not torch.cuda.is_available() or not torch.cuda.is_initialized():
         return None
-    total = sum(torch.cuda.max_memory_allocated(i) for i in range(torch.cuda.device_count()))
+    from attncert.pipeline.batching import device_peak
+
+    total = sum(device_peak(i) for i in range(torch.cuda.device_count()))
     return round(total / 1e9, 3)
 
 
