@@ -16,11 +16,11 @@ from attncert.crown.bridge import margin_spec
 from attncert.crown.tables import attention_table, tables
 from attncert.models.vit import ViTConfig, build_vit
 from attncert.pipeline.context import make_context
+from attncert.pipeline.device import resolve_device
 from attncert.pipeline.nbrun import read_notebook
 from attncert.pipeline.shapes import VitShape
 from attncert.stages import crown as stage
 from attncert.stages.registry import load_params
-from attncert.training.train import resolve_device
 
 
 def tiny_vit(seed: int = 0, pool: str = "mean") -> torch.nn.Module:

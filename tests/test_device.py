@@ -22,7 +22,8 @@ from attncert.certvit import DRConfig, adapt, constrain, empirical_lipschitz
 from attncert.certvit.certificate import certify as certify_global
 from attncert.models.vit import ViTConfig, build_vit
 from attncert.msvp import MSVP
-from attncert.training.train import ImageSteps, TrainConfig, resolve_device
+from attncert.pipeline.device import resolve_device
+from attncert.training.train import ImageSteps, TrainConfig
 
 F64 = torch.float64
 

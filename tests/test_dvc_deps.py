@@ -6,6 +6,9 @@ functions included; ``if TYPE_CHECKING:`` blocks excluded); importing ``a.b.c`` 
 packages' ``a/__init__.py`` and ``a/b/__init__.py``; ``from a.b import c`` reaches the submodule
 ``a.b.c`` when there is one. Every reached file must be covered by a dep (the file itself or a
 folder holding it), and every dep under ``src/`` or ``notebooks/`` must cover a reached file.
+Deps follow the package layout: a stage depends on the subpackages it reaches (their folders),
+the root modules it reaches and its own stage modules (``stages/`` is listed by file), so that
+dvc.yaml reads in a few minutes; an edit anywhere in a reached subpackage reruns the stage.
 Data and run paths are other stages' outputs, checked in test_pipeline.py.
 """
 
@@ -142,7 +145,25 @@ def dep_problems(stage: str, spec: dict, item: dict, root: Path = ROOT,
     for d in code:
         if not any(_covers(d, f) for f in rel):
             problems.append(f"{stage}: dep {d} is not imported by the stage (stale dep)")
+    problems += [f"{stage}: {g}" for d in code if (g := _granularity(d))]
     return problems
+
+
+#: the one package whose modules are listed by file: a stage module is one stage's own
+BY_FILE = "stages"
+
+
+def _granularity(dep: str) -> str | None:
+    """Why a code dep is not at the package layout's granularity (a subpackage folder, a
+    module at the package's root, a stage module), or None."""
+    parts = dep.rstrip("/").split("/")
+    if parts[0] != "src":
+        return None
+    if len(parts) <= 2:
+        return f"dep {dep} is the whole package: list its subpackages and root modules"
+    if len(parts) > 3 and parts[2] != BY_FILE:
+        return f"dep {dep} is inside {'/'.join(parts[:3])}: list the subpackage's folder"
+    return None
 
 
 @pytest.mark.parametrize("stage", list(STAGES))
@@ -198,6 +219,12 @@ def test_missing_and_stale_deps_are_named(tmp_path):
     assert dep_problems("x", spec, {}, tmp_path) == [
         "x: src/attncert/sub/b.py (imported by src/attncert/a.py) is not covered by a dep "
         "in dvc.yaml",
-        "x: dep src/attncert/old.py is not imported by the stage (stale dep)"]
-    spec["deps"] = ["notebooks/01_x.py", "src/attncert", "data/x.pt"]
+        "x: dep src/attncert/old.py is not imported by the stage (stale dep)",
+        "x: dep src/attncert/sub/__init__.py is inside src/attncert/sub: list the subpackage's "
+        "folder"]
+    spec["deps"] = ["notebooks/01_x.py", "src/attncert/__init__.py", "src/attncert/a.py",
+                    "src/attncert/sub", "data/x.pt"]
     assert dep_problems("x", spec, {}, tmp_path) == []
+    spec["deps"] = ["notebooks/01_x.py", "src/attncert", "data/x.pt"]
+    assert dep_problems("x", spec, {}, tmp_path) == [
+        "x: dep src/attncert is the whole package: list its subpackages and root modules"]

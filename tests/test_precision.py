@@ -9,11 +9,11 @@ from test_train import toy_data as _toy
 from attncert import certify
 from attncert.attacks import attack_copy, confirm_l2, pgd_l2, verified_pgd_l2
 from attncert.models.vit import ViTConfig, build_vit
+from attncert.pipeline.device import resolve_precision
 from attncert.training.precision import (
     attack_matmuls,
     autocast,
     require_full_precision,
-    resolve_precision,
     training_matmuls,
 )
 from attncert.training.train import TrainConfig, augment_batch, epoch_generator, train

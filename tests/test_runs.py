@@ -13,13 +13,14 @@ from matplotlib.figure import Figure  # noqa: E402
 
 from attncert import certify
 from attncert.figures import vit as figs  # noqa: E402
+from attncert.models.config import dataset_vit_config  # noqa: E402
 from attncert.pipeline import runs  # noqa: E402
 from attncert.pipeline.params import ParamsError, parse_section
 from attncert.pipeline.runs import GridPoint  # noqa: E402
 from attncert.pipeline.shapes import VitShape
 from attncert.stages import train_vit  # noqa: E402
 from attncert.stages.registry import load_params  # noqa: E402
-from attncert.training.checkpoint import prepare_checkpoint_dir  # noqa: E402
+from attncert.training.checkpoint import fingerprint, prepare_checkpoint_dir  # noqa: E402
 
 
 def _data(channels=1, size=28, classes=10):
@@ -93,7 +94,7 @@ _SHAPES = [pytest.param(1, 28, id="mnist"), pytest.param(3, 32, id="cifar10")]
 @pytest.mark.parametrize("normalize", ["mean", "std", "none"])
 def test_dataset_vit_config_sizes_the_vit_by_the_data(channels, size, normalize):
     data = _data(channels, size, classes=7)
-    cfg = runs.dataset_vit_config(data, normalize, patch=4, dim=16, depth=2, heads=2,
+    cfg = dataset_vit_config(data, normalize, patch=4, dim=16, depth=2, heads=2,
                                   mlp_hidden=32, kind="standard", pool="cls")
     assert (cfg.image_size, cfg.channels, cfg.num_classes) == (size, channels, 7)
     assert (cfg.patch, cfg.dim, cfg.depth, cfg.heads, cfg.mlp_hidden) == (4, 16, 2, 2, 32)
@@ -104,13 +105,13 @@ def test_dataset_vit_config_sizes_the_vit_by_the_data(channels, size, normalize)
 
 def test_dataset_vit_config_rejects_an_unknown_normalize():
     with pytest.raises(ValueError, match="normalize must be one of mean, std, none, got 'z'"):
-        runs.dataset_vit_config(_data(), "z", patch=4)
+        dataset_vit_config(_data(), "z", patch=4)
 
 
 @pytest.mark.parametrize(("channels", "size"), _SHAPES)
 def test_every_dataset_builder_gives_the_config_it_built_before(channels, size):
     """The grid, CROWN, SpecFormer and CertViT builders against the ViTConfig each of them
-    wrote out by hand before they shared :func:`runs.dataset_vit_config`."""
+    wrote out by hand before they shared :func:`attncert.models.config.dataset_vit_config`."""
     import dataclasses
 
     from attncert import specformer as sf
@@ -171,13 +172,13 @@ def test_train_config_takes_the_training_group_whole():
 def test_checkpoint_dir_resumes_same_run_and_clears_another(tmp_path):
     s = _settings()
     cfg = train_vit.model_config(s, _point(), _data(3, 32))
-    fp = runs.fingerprint(cfg, s.train.config(0), "mnist", "test")
+    fp = fingerprint(cfg, s.train.config(0), "mnist", "test")
     ckpt = tmp_path / "ckpt"
     assert prepare_checkpoint_dir(ckpt, fp) == "fresh"
     (ckpt / "last.pt").write_text("state")
     assert prepare_checkpoint_dir(ckpt, fp) == "resume"
     assert (ckpt / "last.pt").exists()
-    other = runs.fingerprint(train_vit.model_config(s, _point(gamma_vo=0.25), _data(3, 32)),
+    other = fingerprint(train_vit.model_config(s, _point(gamma_vo=0.25), _data(3, 32)),
                              s.train.config(0), "mnist", "test")
     status = prepare_checkpoint_dir(ckpt, other)
     assert status == "cleared: model changed" and not (ckpt / "last.pt").exists()

@@ -7,14 +7,14 @@ import pytest
 import torch
 
 from attncert.models import ViTConfig, build_vit, load_vit, save_vit
-from attncert.pipeline import runs
+from attncert.pipeline.device import resolve_device
+from attncert.training.checkpoint import fingerprint
 from attncert.training.loop import cosine_schedule, lipschitz_diagnostics
 from attncert.training.losses import logit_margin, training_loss
 from attncert.training.train import (
     TrainConfig,
     augment_batch,
     evaluate,
-    resolve_device,
     step_loss,
     train,
     train_resumable,
@@ -83,7 +83,7 @@ def test_resume_after_interruption_gives_identical_weights(tmp_path):
 
 
 def _fingerprint(cfg, source="toy"):
-    return runs.fingerprint(ViTConfig(**MODEL), cfg, "toy", source, "fp32")
+    return fingerprint(ViTConfig(**MODEL), cfg, "toy", source, "fp32")
 
 
 def test_train_resumable_resumes_to_the_uninterrupted_weights(tmp_path, capsys):

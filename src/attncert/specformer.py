@@ -44,12 +44,14 @@ from attncert.certvit.load import hub_revision, load_model
 from attncert.certvit.methods import fit_to_dataset, phase_fingerprint
 from attncert.data import as_float, subset_indices
 from attncert.models import ViT, ViTConfig, build_vit
+from attncert.models.config import dataset_vit_config
 from attncert.msvp import MSVP, exact_head_sigma, sigma_rows
-from attncert.pipeline import rng, runs
+from attncert.pipeline import rng
 from attncert.pipeline.batching import in_batches
+from attncert.pipeline.device import resolve_device, resolve_precision
+from attncert.training.checkpoint import fingerprint
 from attncert.training.loop import optimizer
-from attncert.training.precision import resolve_precision
-from attncert.training.train import TrainConfig, resolve_device, step_loss, train_resumable
+from attncert.training.train import TrainConfig, step_loss, train_resumable
 
 METHODS = ("vanilla", "specformer", "l2former", "lnformer", "lipsformer")
 #: Methods that keep the standard ViT, so a pre-trained checkpoint's weights fit them.
@@ -62,10 +64,10 @@ _NAMES = {"clean": "clean", "fgsm": "FGSM", "pgd_linf": "PGD", "cw_linf": "CW",
 
 
 def data_config(data: Mapping[str, Any], normalize: str = "std", **kw: Any) -> ViTConfig:
-    """A ViTConfig for a processed dataset (:func:`attncert.pipeline.runs.dataset_vit_config`, its
+    """A ViTConfig for a processed dataset (:func:`attncert.models.config.dataset_vit_config`, its
     ``normalize`` convention): "std" puts (x - mean) / std inside the model, "mean" only
     x - mean (1-Lipschitz, for certified models); ``kw``: the rest."""
-    return runs.dataset_vit_config(data, normalize, **kw)
+    return dataset_vit_config(data, normalize, **kw)
 
 
 def subset_train(data: Mapping[str, Any], max_train: int, seed: int) -> dict[str, Any]:
@@ -88,7 +90,7 @@ def train_run(model_cfg: ViTConfig, train_cfg: TrainConfig, data: Mapping[str, A
     in ``ckpt_dir`` written for the same run resumes; one written for another run is cleared
     (:func:`attncert.training.train.train_resumable`)."""
     precision = resolve_precision(precision, resolve_device(device))
-    fp = runs.fingerprint(model_cfg, train_cfg, dataset, data["source"], precision)
+    fp = fingerprint(model_cfg, train_cfg, dataset, data["source"], precision)
     torch.manual_seed(train_cfg.seed)
     model = build_vit(model_cfg)
     curves, status = train_resumable(model, data["train"], data["test"], train_cfg, ckpt_dir,

@@ -45,8 +45,9 @@ from attncert.certvit.spectral import (
     projected,
 )
 from attncert.layers import CenterNorm, Normalize
+from attncert.models.config import dataset_vit_config
 from attncert.models.vit import ViT, ViTConfig, build_vit
-from attncert.pipeline import runs
+from attncert.training.checkpoint import fingerprint
 from attncert.training.train import TrainConfig
 
 __all__ = [
@@ -111,7 +112,7 @@ def pretrain_config(data: Mapping[str, Any], patch: int, dim: int, depth: int, h
     inside the model (as a Hugging Face ViT and its image processor), so it is adapted
     exactly like a downloaded checkpoint and eps is in pixel space.
     """
-    return runs.dataset_vit_config(data, "std", patch=patch, dim=dim, depth=depth, heads=heads,
+    return dataset_vit_config(data, "std", patch=patch, dim=dim, depth=depth, heads=heads,
                                    mlp_hidden=mlp_hidden, kind="standard", block="prenorm",
                                    pool="cls", attn_bias=True)
 
@@ -183,15 +184,15 @@ def state_sha(model: nn.Module) -> str:
 
 def phase_fingerprint(model: ViT, config: TrainConfig, dataset: str, data_source: str,
                       note: str = "", precision: str | None = None) -> dict[str, Any]:
-    """The fingerprint of one training phase (:func:`attncert.pipeline.runs.fingerprint`), taken
-    before it trains: its checkpoint folder (:func:`attncert.training.train.train_resumable`) is
-    resumed only if it was written for the same model config, training config, dataset, starting
-    weights (their hash, :func:`state_sha`), ``note`` (what else decides the phase, e.g. the
-    fine-tune scope) and resolved training ``precision`` (when given); otherwise the folder is
-    cleared.
+    """The fingerprint of one training phase
+    (:func:`attncert.training.checkpoint.fingerprint`), taken before it trains: its checkpoint
+    folder (:func:`attncert.training.train.train_resumable`) is resumed only if it was written
+    for the same model config, training config, dataset, starting weights (their hash,
+    :func:`state_sha`), ``note`` (what else decides the phase, e.g. the fine-tune scope) and
+    resolved training ``precision`` (when given); otherwise the folder is cleared.
     """
     start = f"{data_source}; initial weights {state_sha(model)}" + (f"; {note}" if note else "")
-    return runs.fingerprint(model.config, config, dataset, start, precision)
+    return fingerprint(model.config, config, dataset, start, precision)
 
 
 def bound_parameters(model: ViT) -> list[str]:

@@ -36,6 +36,7 @@ from attncert.certvit.steps import (
     stage_metrics,
 )
 from attncert.data import as_float, load_processed, sample_skipped
+from attncert.pipeline.device import resolve_precision
 from attncert.pipeline.io import atomic_path
 from attncert.pipeline.params import (
     IMAGE_DATASETS,
@@ -47,7 +48,6 @@ from attncert.pipeline.params import (
 )
 from attncert.pipeline.shapes import VitShape
 from attncert.report.paper import certvit_pixel_eps
-from attncert.training.precision import resolve_precision
 from attncert.training.train import TrainConfig, train_resumable
 
 if TYPE_CHECKING:  # the stage's section, for annotations only (no upward import)

@@ -81,9 +81,9 @@ def bench_training(params, batch: int, steps: int = 5, device: str = "auto",
     ``mode``: one of :data:`COMPILE_MODES` (the forward and backward compiled as in training,
     AdamW eager)."""
     from attncert.msvp import MSVP
+    from attncert.pipeline.device import resolve_device, resolve_precision
     from attncert.training import compiled
-    from attncert.training.precision import autocast, resolve_precision, training_matmuls
-    from attncert.training.train import resolve_device
+    from attncert.training.precision import autocast, training_matmuls
 
     if mode not in COMPILE_MODES:
         raise ValueError(f"mode {mode!r}; one of {', '.join(COMPILE_MODES)}")
@@ -189,11 +189,12 @@ def bench_margins(params, batch: int, steps: int = 5, device: str = "auto",
     import dataclasses
 
     from attncert.models import build_vit
+    from attncert.pipeline.device import resolve_device, resolve_precision
     from attncert.pipeline.runs import GridPoint
     from attncert.stages import train_vit
     from attncert.training import compiled
-    from attncert.training.precision import autocast, resolve_precision, training_matmuls
-    from attncert.training.train import resolve_device, step_loss
+    from attncert.training.precision import autocast, training_matmuls
+    from attncert.training.train import step_loss
 
     g, s = params["vit_grid"], params["train_vit"]
     ds = g.dataset[0]
@@ -257,7 +258,7 @@ def bench_crown(params, device: str = "auto", points: int = 2,
     from attncert.crown.bridge import CrownCertifier, certify_points
     from attncert.crown.study import vit_config
     from attncert.models import build_vit
-    from attncert.training.train import resolve_device
+    from attncert.pipeline.device import resolve_device
 
     c = params["crown"]
     dev = resolve_device(device)

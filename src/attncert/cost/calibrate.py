@@ -63,7 +63,7 @@ def measure(params, device: str = "cuda", batch: int = 8, steps: int = 5,
     import torch
 
     from attncert.cost.bench import bench_training
-    from attncert.training.train import resolve_device
+    from attncert.pipeline.device import resolve_device
 
     dev = resolve_device(device)
     if dev.type != "cuda":

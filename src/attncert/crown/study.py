@@ -19,10 +19,11 @@ from torch import Tensor
 from attncert import certify
 from attncert.crown.bridge import CrownCertifier, certify_points
 from attncert.models import ViTConfig, build_vit
-from attncert.pipeline import runs
+from attncert.models.config import dataset_vit_config
+from attncert.pipeline.device import resolve_device, resolve_precision
 from attncert.pipeline.io import atomic_path
-from attncert.training.precision import resolve_precision
-from attncert.training.train import evaluate, resolve_device, train_resumable
+from attncert.training.checkpoint import fingerprint
+from attncert.training.train import evaluate, train_resumable
 
 if TYPE_CHECKING:
     from attncert.stages.crown import Params
@@ -31,7 +32,7 @@ if TYPE_CHECKING:
 # ------------------------------------------------------------------ models
 def vit_config(data: Mapping[str, Any], p: Params, depth: int) -> ViTConfig:
     """The study's Lipschitz ViT of one depth for a processed dataset (stream blocks)."""
-    return runs.dataset_vit_config(
+    return dataset_vit_config(
         data, p.normalize, **p.vit.arch(depth=depth), kind="lipschitz", block="stream", pool=p.pool,
         radius_attn=p.radius_attn, gamma_qk=p.gamma_qk, gamma_vo=p.gamma_vo)
 
@@ -50,7 +51,7 @@ def train_model(data: Mapping[str, Any], p: Params, depth: int, seed: int,
     tr = {"x": data["train"]["x"][:n], "y": data["train"]["y"][:n]}
     # a checkpoint of another model, config or training subset is cleared, never resumed
     precision = resolve_precision(precision, resolve_device(device))
-    fp = runs.fingerprint(model.config, cfg, data.get("name", ""),
+    fp = fingerprint(model.config, cfg, data.get("name", ""),
                           f"{data.get('source', '')}; first {n} training images", precision)
     curves, _ = train_resumable(model, tr, data["test"], cfg, ckpt_dir, device, fingerprint=fp,
                                 precision=precision)

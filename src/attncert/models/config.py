@@ -9,7 +9,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from attncert.pipeline.params import dataclass_from_mapping
+from attncert.pipeline.params import NORMALIZE, dataclass_from_mapping
 
 KINDS = ("lipschitz", "standard")
 BLOCKS = ("stream", "prenorm")
@@ -143,3 +143,21 @@ class ViTConfig:
         d = dataclasses.asdict(self)
         d["mean"], d["std"] = list(self.mean), list(self.std)
         return d
+
+
+def dataset_vit_config(data: Mapping[str, Any], normalize: str, **fields: Any) -> ViTConfig:
+    """A ViTConfig sized by a processed dataset (``attncert.data.load_processed``): image size
+    and channels from its training images, the number of classes, and its pixel statistics.
+
+    ``normalize`` (one of :data:`attncert.pipeline.params.NORMALIZE`) puts the statistics inside the
+    model: "mean" subtracts the mean only (1-Lipschitz), "std" also divides by the std (the
+    certificate counts 1 / min std), "none" feeds pixels as they are. ``fields``: every other
+    ViTConfig field.
+    """
+    if normalize not in NORMALIZE:
+        raise ValueError(f"normalize must be one of {', '.join(NORMALIZE)}, got {normalize!r}")
+    x = data["train"]["x"]
+    mean = tuple(data["mean"]) if normalize in ("mean", "std") else None
+    std = tuple(data["std"]) if normalize == "std" else None
+    return ViTConfig(image_size=int(x.shape[2]), channels=int(x.shape[1]),
+                     num_classes=len(data["classes"]), mean=mean, std=std, **fields)

@@ -30,6 +30,7 @@ from typing import Any
 
 import torch
 
+from attncert.pipeline.device import resolve_device, resolve_precision
 from attncert.pipeline.dvcfile import DVC_FILE
 from attncert.pipeline.params import (
     PARAMS_FILE,
@@ -43,8 +44,6 @@ from attncert.pipeline.params import (
 from attncert.pipeline.runs import GridPoint
 from attncert.pipeline.runtime import configure
 from attncert.pipeline.shapes import VIT_SECTION, parse_presets, uses_presets
-from attncert.training.precision import resolve_precision
-from attncert.training.train import resolve_device
 
 
 @dataclass(frozen=True)

@@ -65,7 +65,7 @@ def require_device(scale: str, device: str, sections: Iterable[str] = DEVICE_SEC
         return
     if not {s.split(".")[0] for s in sections} & DEVICE_SECTIONS:
         return
-    from attncert.training.train import resolve_device
+    from attncert.pipeline.device import resolve_device
 
     dev = resolve_device(device)  # cuda / mps that are missing raise their own one line
     if dev.type == "cpu":

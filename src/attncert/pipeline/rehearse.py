@@ -32,12 +32,12 @@ from attncert.certify import certify_table
 from attncert.cost.counting import DATASETS, ENCODERS, HF_VITS, VOCAB, random_images, stand_in
 from attncert.models import build_vit
 from attncert.pipeline import rng
+from attncert.pipeline.device import resolve_device, resolve_precision
 from attncert.pipeline.io import write_json
 from attncert.pipeline.params import PARAMS_FILE, ParamsError, StudyParams, read_yaml
 from attncert.pipeline.runs import GridPoint
 from attncert.training.loop import optimizer
-from attncert.training.precision import autocast, resolve_precision, training_matmuls
-from attncert.training.train import resolve_device
+from attncert.training.precision import autocast, training_matmuls
 
 #: a step past every ramp (LoFAST radius, OLSA gamma): the loss at its full strength
 LATE_STEP = 10**9

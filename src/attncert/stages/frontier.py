@@ -40,7 +40,6 @@ from attncert.certvit.certificate import certified_radius
 from attncert.data import as_float, load_processed
 from attncert.figures import frontier as figs
 from attncert.models import build_vit
-from attncert.pipeline import runs
 from attncert.pipeline.context import Context
 from attncert.pipeline.io import atomic_path, write_json
 from attncert.pipeline.params import fail, image_datasets, nonempty, nonneg, param, positive, unique
@@ -72,6 +71,7 @@ from attncert.studies.frontier import (  # noqa: F401 (the stage's names)
     unit_table,
     write_sharpening,
 )
+from attncert.training.checkpoint import fingerprint
 from attncert.training.train import evaluate, train_resumable
 
 #: this module's params.yaml section, and the other sections it reads
@@ -173,7 +173,7 @@ def _run_unit(p: Params, ctx: Context, unit: str) -> dict[str, Any]:
         model = PixelLinear(train["x"][0].numel(), len(data["classes"]), seed=base.seed)
     else:
         model = build_vit(model_config(p, tv, setting, dataset, data))
-    fp = runs.fingerprint(model.config, cfg, dataset,
+    fp = fingerprint(model.config, cfg, dataset,
                           f"{data['source']}; the first {len(train['y'])} of the training split "
                           f"minus its last {p.holdout}", precision)
     curves, status = train_resumable(model, train, val, cfg, Path(p.results_dir) / "ckpt" / unit,

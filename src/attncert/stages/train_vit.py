@@ -4,7 +4,7 @@ The model and training configs are built once from the validated ``train_vit`` s
 grid point (:func:`model_config`; the ``train`` group taken whole, :meth:`Training.config`);
 training resumes from the point's per-epoch checkpoint
 (:func:`attncert.training.train.train_resumable`, keyed by
-:func:`attncert.pipeline.runs.fingerprint`). The point's folder receives ``model.pt``,
+:func:`attncert.training.checkpoint.fingerprint`). The point's folder receives ``model.pt``,
 ``train.json`` (per-epoch rows) and ``metrics.json``.
 """
 
@@ -18,8 +18,7 @@ import torch
 
 from attncert.data import load_processed
 from attncert.models import ViTConfig, build_vit, save_vit
-from attncert.models.config import KINDS
-from attncert.pipeline import runs
+from attncert.models.config import KINDS, dataset_vit_config
 from attncert.pipeline.context import Context
 from attncert.pipeline.io import write_json
 from attncert.pipeline.params import (
@@ -34,6 +33,7 @@ from attncert.pipeline.params import (
 from attncert.pipeline.runs import GridPoint
 from attncert.pipeline.shapes import VitShape
 from attncert.report.headline import numbers, row
+from attncert.training.checkpoint import fingerprint
 from attncert.training.recipe import Training
 from attncert.training.train import TrainConfig, evaluate, train_resumable
 
@@ -64,8 +64,9 @@ class Params:
 
 
 def model_config(p: Params, point: GridPoint, data: Mapping[str, Any]) -> ViTConfig:
-    """The grid point's ViT, sized by its processed dataset (:func:`runs.dataset_vit_config`)."""
-    return runs.dataset_vit_config(
+    """The grid point's ViT, sized by its processed dataset
+    (:func:`attncert.models.config.dataset_vit_config`)."""
+    return dataset_vit_config(
         data, p.normalize, kind=p.kind, **p.vit.arch(depth=point.depth, heads=point.heads),
         block=p.block, pool=p.pool, radius_attn=p.radius_attn, radius_stream=p.radius_stream,
         gamma_qk=p.gamma_qk, head_norm=p.head_norm, gamma_vo=point.gamma_vo)
@@ -97,7 +98,7 @@ def run(p: Params, ctx: Context) -> Trained:
     data = load_processed(point.dataset, ctx.processed_dir)
     model_cfg = model_config(p, point, data)
     train_cfg = p.train.config(ctx.seed)
-    fp = runs.fingerprint(model_cfg, train_cfg, point.dataset, data["source"], precision)
+    fp = fingerprint(model_cfg, train_cfg, point.dataset, data["source"], precision)
     torch.manual_seed(ctx.seed)
     model = build_vit(model_cfg)
     n_params = sum(t.numel() for t in model.parameters())

@@ -39,10 +39,11 @@ from torch import Tensor, nn
 from torch.nn import functional as F
 
 from attncert.pipeline import rng
+from attncert.pipeline.device import resolve_device, resolve_precision
 from attncert.pipeline.params import dataclass_from_mapping
 from attncert.training.loop import Steps
-from attncert.training.precision import require_full_precision, resolve_precision
-from attncert.training.train import epoch_generator, resolve_device, train_resumable
+from attncert.training.precision import require_full_precision
+from attncert.training.train import epoch_generator, train_resumable
 
 from .olsa import certificate_regulariser, certified_radius, gamma_ramp, reproject_orthogonal_
 from .tokenize import encode

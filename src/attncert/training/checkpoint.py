@@ -9,15 +9,20 @@ folder whose fingerprint is the same (the run resumes) and clears one written fo
 
 from __future__ import annotations
 
+import dataclasses
+import hashlib
 import json
 import shutil
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from attncert.pipeline.io import torch_save, write_json
+
+if TYPE_CHECKING:  # annotations only
+    from attncert.models import ViTConfig
 
 CHECKPOINT = "last.pt"
 METRICS = "metrics.json"
@@ -125,3 +130,18 @@ def _set_rng_state(state: Mapping[str, Any]) -> None:
             return
         cuda = cuda[0]
     torch.cuda.set_rng_state(cuda)
+
+
+def fingerprint(model_cfg: ViTConfig, train_cfg: Any, dataset: str,
+                data_source: str, precision: str | None = None) -> dict[str, Any]:
+    """What decides a run's checkpoint: the model's config, every field of the training config
+    ``train_cfg`` (a :class:`attncert.training.train.TrainConfig`), the dataset and the source
+    of its data; ``precision`` (the resolved training precision,
+    :func:`attncert.training.precision.resolve_precision`) is part of it when given."""
+    d = {"dataset": dataset, "data": data_source, "model": model_cfg.to_dict(),
+         "train": {f.name: getattr(train_cfg, f.name) for f in dataclasses.fields(train_cfg)}}
+    if precision is not None:
+        d["precision"] = precision
+    d = json.loads(json.dumps(d))  # as stored: tuples become lists
+    d["sha"] = hashlib.sha256(json.dumps(d, sort_keys=True).encode()).hexdigest()[:16]
+    return d

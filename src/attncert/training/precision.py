@@ -23,19 +23,10 @@ from collections.abc import Iterator
 
 import torch
 
-from attncert.pipeline.params import PRECISIONS
+from attncert.pipeline.device import resolve_precision
 
 #: device types whose autocast state a certificate checks
 AUTOCAST_DEVICES = ("cpu", "cuda")
-
-
-def resolve_precision(precision: str, device: torch.device | str) -> str:
-    """``auto`` -> ``bf16`` on CUDA, ``fp32`` elsewhere; other values are returned as given."""
-    if precision not in PRECISIONS:
-        raise ValueError(f"precision {precision!r}: choose from {', '.join(PRECISIONS)}")
-    if precision == "auto":
-        return "bf16" if torch.device(device).type == "cuda" else "fp32"
-    return precision
 
 
 @contextlib.contextmanager

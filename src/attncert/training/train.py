@@ -41,13 +41,13 @@ from attncert.attacks import pgd_linf
 from attncert.data import as_float
 from attncert.msvp import MSVP
 from attncert.pipeline import rng
+from attncert.pipeline.device import resolve_device, resolve_precision
 from attncert.pipeline.params import dataclass_from_mapping
 from attncert.training import certified_training
 from attncert.training import mix as mixing
 from attncert.training.checkpoint import CHECKPOINT, FINGERPRINT, METRICS, prepare_checkpoint_dir
 from attncert.training.loop import OPTIMIZERS, Steps, run_epochs, sum_dtype
 from attncert.training.losses import MARGINS, training_loss
-from attncert.training.precision import resolve_precision
 
 AUGMENTS = ("none", "crop", "crop_flip")
 ADVERSARIAL = ("none", "pgd_linf")
@@ -154,29 +154,6 @@ class TrainConfig:
     def steps(self, model: nn.Module, train_data: Any, device: torch.device) -> ImageSteps:
         """The batches and loss of a run with this config (:class:`ImageSteps`)."""
         return ImageSteps(model, train_data, self, device)
-
-
-def resolve_device(spec: str | torch.device = "auto") -> torch.device:
-    """``base.device`` as a torch.device: "auto" -> the current CUDA device if there is one,
-    else cpu; "cpu", "cuda", "cuda:N", "mps" as given, with a one-line error when the machine
-    has no such device (rather than a failure deep inside a stage)."""
-    if str(spec) == "auto":
-        if torch.cuda.is_available():
-            return torch.device("cuda", torch.cuda.current_device())
-        return torch.device("cpu")
-    dev = torch.device(spec)
-    if dev.type == "cuda":
-        if not torch.cuda.is_available():
-            raise ValueError(f"device {spec!r}: CUDA is not available on this machine "
-                             "(use auto or cpu)")
-        index = torch.cuda.current_device() if dev.index is None else dev.index
-        if index >= torch.cuda.device_count():
-            raise ValueError(f"device {spec!r}: only {torch.cuda.device_count()} CUDA "
-                             "device(s) visible")
-        return torch.device("cuda", index)
-    if dev.type == "mps" and not torch.backends.mps.is_available():
-        raise ValueError(f"device {spec!r}: MPS is not available on this machine")
-    return dev
 
 
 # -- data ------------------------------------------------------------------------------------
@@ -384,11 +361,12 @@ def train_resumable(model: nn.Module, train_data: Any, test_data: Any, config: A
     """:func:`train` in ``ckpt_dir``, resumed only when the folder was written for the same run.
 
     ``fingerprint``: a JSON-able record of everything that decides the run (e.g.
-    :func:`attncert.pipeline.runs.fingerprint`; it should name the resolved ``precision``), stored
-    as ``ckpt_dir/marker``. A folder with another fingerprint is cleared and the run starts over
-    (printed, and named in the returned status); the same fingerprint resumes from the last
-    finished epoch, and a finished run only reads its rows back. The per-epoch rows go to
-    ``metrics_path`` (default ``ckpt_dir/metrics.json``) after every epoch.
+    :func:`attncert.training.checkpoint.fingerprint`; it should name the resolved
+    ``precision``), stored as ``ckpt_dir/marker``. A folder with another fingerprint is cleared
+    and the run starts over (printed, and named in the returned status); the same fingerprint
+    resumes from the last finished epoch, and a finished run only reads its rows back. The
+    per-epoch rows go to ``metrics_path`` (default ``ckpt_dir/metrics.json``) after every
+    epoch.
     """
     status = prepare_checkpoint_dir(ckpt_dir, fingerprint, marker)
     if status.startswith("cleared"):
