@@ -67,7 +67,7 @@ display(Markdown(res.overview))
 # `tests/test_specformer.py`: `test_paper_scale_cifar_grid_code_path` runs the from-scratch
 # route (this stage's paper-scale parameters with `sources: [scratch]` and every method;
 # only the model size, epochs, batch size, attack steps and number of attacked images shrunk)
-# through the calls of this stage's `run` (`attncert.studies.specformer.recipe`,
+# through the calls of this stage's `run` (`attncert.specformer.study.recipe`,
 # `base_model_config`, `method_model_config`, `run_plan`, `method_train_config`, `train_run`,
 # `attack_specs`, `eval_split`, `robust_accuracy`), and
 # `test_paper_scale_pretrained_code_path` the pre-trained route (`pretrained_model`,

@@ -31,8 +31,8 @@ import pandas as pd
 from IPython.display import Markdown, display
 
 from attncert.pipeline.context import setup
+from attncert.specformer.study import attack_table, step_times
 from attncert.stages import specformer as stage
-from attncert.studies.specformer import attack_table, step_times
 
 p, ctx = setup(stage, params_file, unit=unit)
 b = ctx.base

@@ -63,7 +63,7 @@ def test_specformer_attacks_back_off(capsys):
     """SpecFormer's attacks on a model that runs out of memory above 2 images attack every
     image: the attacks without a random start give the accuracies of a run at batch 2 (a
     retried batch draws new random starts, so the others may differ)."""
-    from attncert import specformer as sf
+    from attncert.specformer import methods as sf
 
     torch.manual_seed(0)
     net = nn.Sequential(nn.Flatten(), nn.Linear(12, 3))

@@ -24,7 +24,7 @@ from attncert.certvit import (
     steps,
 )
 from attncert.certvit import methods as stage
-from attncert.certvit import study as stage_study
+from attncert.certvit import params as cv_params
 from attncert.certvit import tables as cv_tables
 from attncert.figures import certvit as figs
 from attncert.models.vit import save_vit
@@ -348,7 +348,7 @@ def test_the_stage_runs_every_mode_and_writes_its_files(tmp_path):
             iterations=1, projection_steps=2, max_pairs=64, batch_size=32, images=16),
         finetune_epochs=1, spectral_epochs=1, n_test=0,
         n_attack=5, eval_batch_size=64, cert_eps=[0.1, 0.4867], attack_steps=2,
-        attack_restarts=1, table1=stage_study.Table1Params(
+        attack_restarts=1, table1=cv_params.Table1Params(
             datasets=["mnist"], vit={"mnist": VitShape(4, 8, 1, 2, 8)},
             pretrain_epochs={"mnist": 1}, relaxation={"mnist": 1.1},
             batch_size=16, lr=1e-3),

@@ -17,12 +17,12 @@ import torch
 from simdevice import DeviceError, SimTensor, simulated_device
 
 from attncert import certify, tightness
-from attncert import specformer as sf
 from attncert.certvit import DRConfig, adapt, constrain, empirical_lipschitz
 from attncert.certvit.certificate import certify as certify_global
 from attncert.models.vit import ViTConfig, build_vit
 from attncert.msvp import MSVP
 from attncert.pipeline.device import resolve_device
+from attncert.specformer import methods as sf
 from attncert.training.train import ImageSteps, TrainConfig
 
 F64 = torch.float64

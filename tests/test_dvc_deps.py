@@ -48,11 +48,13 @@ def _is_type_checking(test: ast.expr) -> bool:
             or isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING")
 
 
-def _import_nodes(tree: ast.AST):
+def _import_nodes(tree: ast.AST, annotations: bool = False):
+    """Every import statement of ``tree``; those under ``if TYPE_CHECKING:`` only with
+    ``annotations``."""
     stack = [tree]
     while stack:
         node = stack.pop()
-        if isinstance(node, ast.If) and _is_type_checking(node.test):
+        if not annotations and isinstance(node, ast.If) and _is_type_checking(node.test):
             stack.extend(node.orelse)
             continue
         if isinstance(node, (ast.Import, ast.ImportFrom)):
@@ -60,13 +62,15 @@ def _import_nodes(tree: ast.AST):
         stack.extend(ast.iter_child_nodes(node))
 
 
-def imported_modules(path: Path, module: str | None) -> tuple[set[str], set[str]]:
+def imported_modules(path: Path, module: str | None, annotations: bool = False
+                     ) -> tuple[set[str], set[str]]:
     """(modules the file surely imports, names that are modules only if such a file exists)
-    of the ``attncert`` package; ``module`` is the file's dotted name (None: a notebook)."""
+    of the ``attncert`` package; ``module`` is the file's dotted name (None: a notebook);
+    ``annotations``: the imports under ``if TYPE_CHECKING:`` too."""
     tree = ast.parse(path.read_text(), filename=str(path))
     package = module if module and path.name == "__init__.py" else (module or "").rpartition(".")[0]
     sure, maybe = set(), set()
-    for node in _import_nodes(tree):
+    for node in _import_nodes(tree, annotations):
         if isinstance(node, ast.Import):
             sure |= {a.name for a in node.names}
             continue

@@ -239,7 +239,7 @@ def test_the_routing_task_needs_token_mixing_and_keeps_its_splits_apart():
     quadrant image comes from its own part (no validation image in a training composite); a
     routed setting changes the task, not the model."""
     from attncert.data import routing
-    from attncert.studies.frontier import task_parts
+    from attncert.frontier.study import task_parts
 
     n = 64
     # each image is one flat value that encodes its index: its label is the index mod 10

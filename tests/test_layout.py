@@ -1,7 +1,8 @@
 """The package's layout: modules of readable size, no import cycle, nothing imported by name.
 
-Imports are read statically (lazy imports inside functions included, ``if TYPE_CHECKING:``
-blocks excluded), as tests/test_dvc_deps.py follows them.
+Imports are read statically, as tests/test_dvc_deps.py follows them (lazy imports inside
+functions included), and for the cycles ``if TYPE_CHECKING:`` blocks too: an import made for
+an annotation still ties the two modules' layers together.
 """
 
 import ast
@@ -25,11 +26,12 @@ def _modules() -> dict[str, Path]:
 
 
 def _graph() -> dict[str, set[str]]:
-    """module -> the package's modules it imports (each named module's file, not its parents)."""
+    """module -> the package's modules it imports, annotation imports included (each named
+    module's file, not its parents)."""
     mods = _modules()
     graph = {}
     for name, path in mods.items():
-        sure, maybe = imported_modules(path, name)
+        sure, maybe = imported_modules(path, name, annotations=True)
         deps = {m for m in sure if m in mods} | {m for m in maybe if m in mods}
         graph[name] = deps - {name}
     return graph
@@ -60,6 +62,14 @@ def _cycle(graph: dict[str, set[str]]) -> list[str] | None:
 def test_no_import_cycle():
     cycle = _cycle(_graph())
     assert cycle is None, "import cycle: " + " -> ".join(cycle)
+
+
+def test_an_annotation_import_counts_for_the_cycles(tmp_path):
+    path = tmp_path / "a.py"
+    path.write_text("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n"
+                    "    from attncert.b import B\n")
+    assert imported_modules(path, "attncert.a", annotations=True)[0] == {"attncert.b"}
+    assert imported_modules(path, "attncert.a")[0] == set()  # not run: no dvc dep
 
 
 def test_the_cycle_finder_finds_one():

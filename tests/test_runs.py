@@ -114,10 +114,10 @@ def test_every_dataset_builder_gives_the_config_it_built_before(channels, size):
     wrote out by hand before they shared :func:`attncert.models.config.dataset_vit_config`."""
     import dataclasses
 
-    from attncert import specformer as sf
     from attncert.certvit import methods as stage
     from attncert.crown.study import vit_config
     from attncert.models import ViTConfig
+    from attncert.specformer import methods as sf
 
     data = _data(channels, size) | {"mean": [0.1 + c / 10 for c in range(channels)],
                                     "std": [0.3 - c / 50 for c in range(channels)]}

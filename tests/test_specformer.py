@@ -9,7 +9,6 @@ import pytest
 import torch
 from matplotlib.figure import Figure
 
-from attncert import specformer as sf
 from attncert.data import DataUnavailable, load_sample
 from attncert.figures import specformer as figs
 from attncert.models import ViTConfig, build_vit
@@ -18,9 +17,10 @@ from attncert.pipeline.context import make_context
 from attncert.pipeline.shapes import VitShape
 from attncert.report import paper as paper_module
 from attncert.soundness import UnsoundCertificateError
+from attncert.specformer import methods as sf
+from attncert.specformer import study
 from attncert.stages import specformer as stage
 from attncert.stages.registry import load_params
-from attncert.studies import specformer as study
 from attncert.training.train import TrainConfig, evaluate
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -204,7 +204,7 @@ def test_paper_scale_cifar_grid_code_path(dataset, num_classes, mirror, tmp_path
     data = cifar_shaped(dataset, num_classes, mirror, tmp_path, p.max_train)
 
     # the stage's calls, in its order (attncert.stages.specformer.run, through
-    # attncert.studies.specformer)
+    # attncert.specformer.study)
     specs = sf.attack_specs(p.std_eps_255, p.adv_eval_eps_255, p.attack_steps, p.attack_eps)
     plan = sf.run_plan(p.methods, p.adv_methods, *study.recipe(p, 0, sf.SCRATCH))
     base = sf.base_model_config(data, **p.vit.arch(), block=p.block)

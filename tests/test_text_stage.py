@@ -11,6 +11,7 @@ from matplotlib.figure import Figure
 
 from attncert.figures import text as figs
 from attncert.pipeline.context import make_context
+from attncert.pipeline.params import TEXT_DATASETS
 from attncert.report import paper
 from attncert.text import tables as text_tables
 from attncert.text.evaluate import (
@@ -230,7 +231,7 @@ def test_the_stage_plans_every_model_by_the_names_the_report_reads():
         p.epochs["yelp_polarity"]}
     assert set(stage.jobs(p, vocab=30, dataset="qqp")) == {"frozen-olsa"}  # not from scratch
     # the units split every dataset's jobs, each job in exactly one unit
-    for dataset in stage.TEXT_DATASETS:
+    for dataset in TEXT_DATASETS:
         units = [u for u in stage.UNITS if u == dataset or u.startswith(f"{dataset}-")]
         parts = [stage.unit_jobs(p, 30, u) for u in units]
         assert sum(map(len, parts)) == len(stage.jobs(p, 30, dataset))

@@ -4,7 +4,7 @@ The certvit stage (:mod:`attncert.stages.certvit`) runs them per unit: the pre-t
 pipeline-trained) ViT, adapted per mode, constrained (Douglas-Rachford or spectral balls),
 fine-tuned and certified beside the linear baseline, every phase resumable; the methods are
 :mod:`attncert.certvit.methods`, the record of the steps :mod:`attncert.certvit.steps`. ``p``
-is the stage's typed section (:class:`attncert.stages.certvit.Params`).
+is the section's typed params (:class:`attncert.certvit.params.Params`).
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import pandas as pd
 import torch
@@ -27,6 +27,7 @@ from attncert.certvit.adapt import adapt, calibrate_radii
 from attncert.certvit.baseline import PixelLinear, certify_linear
 from attncert.certvit.certificate import certify, global_bound, lipschitz_table
 from attncert.certvit.douglas_rachford import DRConfig
+from attncert.certvit.params import Params
 from attncert.certvit.spectral import Budgets
 from attncert.certvit.steps import (
     Result,
@@ -39,22 +40,9 @@ from attncert.data import as_float, load_processed, sample_skipped
 from attncert.pipeline.device import resolve_precision
 from attncert.pipeline.io import atomic_path
 from attncert.pipeline.params import (
-    IMAGE_DATASETS,
     BaseParams,
-    one_of,
-    param,
-    positive,
-    unique,
 )
-from attncert.pipeline.shapes import VitShape
-from attncert.report.paper import certvit_pixel_eps
 from attncert.training.train import TrainConfig, train_resumable
-
-if TYPE_CHECKING:  # the stage's section, for annotations only (no upward import)
-    from attncert.stages.certvit import Params
-
-#: the image datasets of CertViT Table 1's ViT rows (TinyImageNet has no route here)
-TABLE1_DATASETS = tuple(d for d in IMAGE_DATASETS if certvit_pixel_eps(d) is not None)
 
 #: ``imagenet.sources`` entry that skips CertViT Table 3's ImageNet route
 NO_IMAGENET = "none"
@@ -63,74 +51,6 @@ NO_IMAGENET = "none"
 CERTVIT_TABLE3_SOURCES = {"WinKawaks/vit-tiny-patch16-224": "ViT-T/16",
                           "facebook/deit-tiny-patch16-224": "DeiT-T",
                           "google/vit-base-patch16-224": "ViT-B/16"}
-
-
-@dataclass(frozen=True)
-class DRParams:
-    """params.yaml ``certvit.dr``: Douglas-Rachford's settings (:class:`DRConfig` but its seed,
-    which is ``base.seed``) and the training images whose tokens it records."""
-
-    threshold: float = param(positive, doc="soft threshold / RMS of the layer's weights")
-    eta: float = param(positive, doc="output tolerance / RMS of the layer's outputs")
-    relaxation: float = param(positive)
-    iterations: int = param(positive)
-    projection_steps: int = param(positive)
-    batch_size: int = param(positive, doc="recorded pairs per constraint set")
-    max_pairs: int = param(positive, doc="recorded pairs per layer")
-    tol: float = param(positive, doc="a projection's early stop: relative change below it")
-    images: int = param(positive, doc="training images whose tokens are recorded")
-
-    def config(self, seed: int) -> DRConfig:
-        """The :class:`DRConfig` of these settings: every field of it but the seed, taken
-        from this group (a field it lacks fails here, never a silent default)."""
-        names = [f.name for f in dataclasses.fields(DRConfig) if f.name != "seed"]
-        return DRConfig(**{n: getattr(self, n) for n in names}, seed=seed)
-
-
-@dataclass(frozen=True)
-class Table1Params:
-    """params.yaml ``certvit.table1``: CertViT Table 1's small standard ViTs, one per dataset
-    of ``datasets`` trained here (shape per dataset from its Table 4, a shape of the ``vit``
-    section; schedule from its Table 9), then every step of the section; the mappings need an
-    entry per dataset."""
-
-    datasets: list[str] = param(one_of(*TABLE1_DATASETS), unique,
-                                doc="the datasets CertViT's Table 1 reports; empty: none")
-    vit: dict[str, VitShape] = param(doc="per dataset the name of a shape of the vit section")
-    pretrain_epochs: dict[str, int] = param(doc="training from scratch")
-    relaxation: dict[str, float] = param(doc="Douglas-Rachford's relaxation per dataset "
-                                             "(replaces dr.relaxation for its run)")
-    batch_size: int = param(positive)
-    lr: float = param(positive, doc="training and the adaptation fine-tune")
-
-    def __post_init__(self) -> None:
-        for name in ("vit", "pretrain_epochs", "relaxation"):
-            values = getattr(self, name)
-            lacking = [d for d in self.datasets if d not in values]
-            if lacking:
-                raise ValueError(f"{name} needs an entry for {lacking} (one per dataset of "
-                                 f"datasets), got {sorted(values)}")
-        if any(isinstance(v, bool) or not isinstance(v, int) or v <= 0
-               for v in self.pretrain_epochs.values()):
-            raise ValueError(f"pretrain_epochs must map to ints > 0, got {self.pretrain_epochs}")
-        if any(isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 < v < 2
-               for v in self.relaxation.values()):
-            raise ValueError(f"relaxation must map to numbers in (0, 2), got {self.relaxation}")
-        for d in self.datasets:
-            self.vit[d].require(f"certvit.table1.vit.{d}", "depth", "heads")
-
-
-@dataclass(frozen=True)
-class ImagenetParams:
-    """params.yaml ``certvit.imagenet``: CertViT Table 3's route, ImageNet-pretrained ViTs on
-    the user's ImageNet validation images (the 20-image sample without them)."""
-
-    sources: list[str] = param(unique, doc="hub ids or HF folders; 'tiny': a tiny random HF "
-                                           "ViT (the route, not a result); [none] or []: not "
-                                           "run")
-    calibration: int = param(positive, doc="the first n images set the norm radii and "
-                                           "Douglas-Rachford's pairs (at most half); one image "
-                                           "per class of the rest is certified")
 
 
 @dataclass(frozen=True)

@@ -22,9 +22,9 @@ from attncert.cost.counting import (
 
 def bench_models(params) -> dict[str, tuple[nn.Module, Callable[[int], tuple], str]]:
     """Every trained model kind at its params-file shape: name -> (model, batch(b), shape)."""
-    from attncert import specformer as sf
     from attncert.models import build_vit
     from attncert.pipeline.runs import GridPoint
+    from attncert.specformer import methods as sf
     from attncert.stages import train_vit
     from attncert.text.lofast import LipschitzTextTransformer, TextTransformerConfig
     from attncert.text.models import OLSAClassifier

@@ -123,12 +123,12 @@ def tightness_work(p) -> list[Work]:
 
 
 def specformer_work(p, n_train_max: int, n_test_max: int) -> list[Work]:
-    """The stage's own plan (:func:`attncert.specformer.run_plan` of each source's recipe,
-    :func:`attncert.studies.specformer.recipe`): per run its training and attacks, Table 5's
+    """The stage's own plan (:func:`attncert.specformer.methods.run_plan` of each source's recipe,
+    :func:`attncert.specformer.study.recipe`): per run its training and attacks, Table 5's
     runs (the specformer method of the first source and dataset at every other lambda), then
     the certified pair."""
-    from attncert import specformer as sf
-    from attncert.studies.specformer import CERT_VARIANTS, certified_configs, recipe
+    from attncert.specformer import methods as sf
+    from attncert.specformer.study import CERT_VARIANTS, certified_configs, recipe
 
     s = p["specformer"]
     out = []

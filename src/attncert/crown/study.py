@@ -26,7 +26,7 @@ from attncert.training.checkpoint import fingerprint
 from attncert.training.train import evaluate, train_resumable
 
 if TYPE_CHECKING:
-    from attncert.stages.crown import Params
+    from attncert.crown.params import Params
 
 
 # ------------------------------------------------------------------ models

@@ -21,7 +21,7 @@ from attncert.pipeline.io import atomic_path
 from attncert.report import paper
 
 if TYPE_CHECKING:
-    from attncert.stages.crown import Params
+    from attncert.crown.params import Params
 
 
 @dataclass

@@ -49,7 +49,8 @@ def plot_l2_curves(rows: pd.DataFrame, dataset: str) -> Figure:
 
 def plot_max_sigma(frame: pd.DataFrame, title: str = "") -> Figure:
     """Largest singular value over the heads per layer, for W^Q, W^K, W^V (one panel each),
-    per method (SpecFormer Figure 2a); ``frame``: :func:`attncert.specformer.max_sigma_frame`."""
+    per method (SpecFormer Figure 2a); ``frame``:
+    :func:`attncert.specformer.methods.max_sigma_frame`."""
     _style()
     maps = ("q", "k", "v")
     fig, axes = plt.subplots(1, 3, figsize=(11, 3.2), constrained_layout=True, sharey=True)

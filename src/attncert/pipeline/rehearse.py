@@ -151,8 +151,8 @@ def certvit_vit_b16(s: Setup) -> Prepared:
 def specformer_kind(source: str, s: Setup) -> Prepared:
     """specformer: the pre-trained ``source`` fine-tuned with MSVP (the specformer method at
     ``specformer.finetune``) on the first dataset."""
-    from attncert import specformer as sf
-    from attncert.studies.specformer import recipe
+    from attncert.specformer import methods as sf
+    from attncert.specformer.study import recipe
     p = s.params["specformer"]
     data = stand_in(p.datasets[0])
     cfg = sf.method_train_config("specformer", recipe(p, s.seed, source)[0], p.msvp_lambda)

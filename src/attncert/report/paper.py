@@ -167,8 +167,9 @@ SPECFORMER_IMAGENETTE_CAVEAT = "its Imagenette release had 500 validation images
 def specformer_reference(run_label: str, training: str, method: str, attack: str
                          ) -> tuple[float, str] | None:
     """SpecFormer Table 1 or 2's accuracy (%) for one of our runs (``<dataset>@<checkpoint>``,
-    :func:`attncert.specformer.run_label`) and its label (table, backbone, dataset, caveats);
-    None where the run stands for no printed cell (another checkpoint, method or attack)."""
+    :func:`attncert.specformer.methods.run_label`) and its label (table, backbone, dataset,
+    caveats); None where the run stands for no printed cell (another checkpoint, method or
+    attack)."""
     dataset, _, checkpoint = run_label.partition("@")
     backbone, caveat = SPECFORMER_STAND_INS.get(checkpoint, (None, ""))
     values = SPECFORMER_TABLES.get(training, {}).get(backbone, {}).get(dataset, {}).get(method)

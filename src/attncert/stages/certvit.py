@@ -14,29 +14,18 @@ stage's metrics file.
 
 from __future__ import annotations
 
-import dataclasses
 import time
 from collections.abc import Mapping
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from attncert import soundness
-from attncert.certvit import methods as cv
-from attncert.certvit.adapt import NORMS
-from attncert.certvit.spectral import Budgets
+from attncert.certvit.params import Params
 from attncert.certvit.steps import (
     Result,
 )
-from attncert.certvit.study import (
-    DRParams,
-    ImagenetParams,
-    Table1Params,
-    imagenet_route,
-    run_steps,
-)
+from attncert.certvit.study import imagenet_route, run_steps
 from attncert.certvit.tables import (
-    PAPER_EPS,
     at_paper_eps,
     broken_count,
     imagenet_rows,
@@ -47,114 +36,14 @@ from attncert.data import load_processed
 from attncert.pipeline.context import Context
 from attncert.pipeline.io import write_json
 from attncert.pipeline.params import (
-    IMAGE_DATASETS,
     BaseParams,
-    ParamsError,
-    nonneg,
-    one_of,
-    param,
-    positive,
-    unique,
-    unit_interval,
 )
 from attncert.pipeline.records import read_record, unit_key
-from attncert.pipeline.shapes import VitShape
 from attncert.report.headline import middle_eps, numbers, row
 from attncert.report.paper import certvit_table1
 
-#: The fine-tune losses after constraining (``paper`` mode; ``spectral`` trains with the
-#: certificate's own margin, :mod:`attncert.training.train`'s "radius").
-MARGINS = ("none", "lmt")
-
-
 #: this module's params.yaml section
 SECTION = "certvit"
-
-
-@dataclass(frozen=True)
-class Params:
-    """params.yaml ``certvit``: a pre-trained standard ViT, adapted (L2 attention, Lipschitz
-    norms), constrained by Douglas-Rachford splitting, fine-tuned, certified."""
-
-    source: str = param(doc="'pipeline' (train a standard ViT here), an HF hub id, an HF "
-                            "folder or a save_vit checkpoint file")
-    dataset: str = param(one_of(*IMAGE_DATASETS))
-    vit: VitShape = param(doc="source 'pipeline' only: the name of a shape of the vit "
-                              "section, the standard ViT trained here")
-    pretrain_epochs: int = param(nonneg, doc="pipeline: training from scratch; loaded: "
-                                             "fine-tuning on the dataset (0 = as loaded)")
-    batch_size: int = param(positive)
-    lr: float = param(positive, doc="pre-training and adaptation fine-tune")
-    weight_decay: float = param(nonneg)
-    warmup_steps: int = param(nonneg)
-    norm: str = param(one_of(*NORMS), doc="LayerNorm replacement")
-    radius_quantile: float = param(unit_interval, doc="ProjectNorm radius: this quantile of "
-                                                      "the pre-trained token norms")
-    adapt_epochs: int = param(nonneg)
-    dr: DRParams = param(doc="Douglas-Rachford constraining (paper mode), one config")
-    finetune_epochs: int = param(nonneg, doc="the fine-tune after constraining")
-    finetune_scope: str = param(one_of(*cv.FINETUNE_SCOPES),
-                                doc="masked: every weight, pruned ones kept at zero; "
-                                    "bound_free: only what the bound does not depend on")
-    finetune_lr: float = param(positive)
-    finetune_margin: str = param(one_of(*MARGINS))
-    lmt_offset: float = param(nonneg)
-    constrain: list[str] = param(one_of(*cv.MODES), unique,
-                                 doc="modes run side by side: paper (l1 Douglas-Rachford, "
-                                     "the steps above) | spectral (spectral-norm balls)")
-    budget: Budgets = param(doc="spectral mode: the spectral-norm budget of every map "
-                                "(attncert.certvit.spectral.Budgets)")
-    spectral_epochs: int = param(nonneg, doc="spectral: projected fine-tune after constraining")
-    spectral_lr: float = param(positive)
-    margin_eps: float = param(nonneg, doc="spectral: the radius loss's eps (offset L eps, "
-                                          "L the sets' bound)")
-    logit_scale: float = param(positive, doc="spectral: CE temperature (loss only)")
-    n_test: int = param(nonneg, doc="the first n test images are certified (0 = the whole "
-                                    "split)")
-    n_attack: int = param(positive, doc="the first n certified images are attacked (PGD audit)")
-    eval_batch_size: int = param(positive, doc="images per certificate and accuracy pass")
-    attack_batch_size: int = param(positive, doc="images attacked at once by the PGD audit "
-                                                 "(halved on a CUDA out-of-memory error)")
-    cert_eps: list[float] = param(positive, unique)
-    attack_steps: int = param(positive)
-    attack_restarts: int = param(positive)
-    table1: Table1Params = param(doc="CertViT Table 1: a small standard ViT per dataset, "
-                                     "trained here, then every step above")
-    imagenet: ImagenetParams = param(doc="CertViT Table 3: ImageNet-pretrained ViTs")
-    results_dir: str = param()
-    metrics: str = param()
-
-    def __post_init__(self) -> None:
-        self.vit.require("certvit.vit", "depth", "heads")
-        if not 0 < self.dr.relaxation < 2:
-            raise ParamsError(f"certvit.dr.relaxation: must be in (0, 2), got "
-                              f"{self.dr.relaxation!r}")
-        if not self.constrain:
-            raise ParamsError("certvit.constrain: needs at least one mode (paper, spectral)")
-        if PAPER_EPS not in self.cert_eps:
-            raise ParamsError(f"certvit.cert_eps: must include {PAPER_EPS} (CertViT's MNIST "
-                              "eps, compared in the report)")
-        for d in self.table1.datasets:
-            if table1_eps(d) not in self.cert_eps:
-                raise ParamsError(f"certvit.cert_eps: must include {table1_eps(d)} (CertViT's "
-                                  f"eps for {d}) while table1.datasets lists {d!r}")
-
-    def table1_run(self, dataset: str, image_size: int) -> Params:
-        """The section for the Table 1 run on ``dataset`` (images of ``image_size`` pixels):
-        a small ViT trained here, its own folder and metrics file, no further runs."""
-        t = self.table1
-        vit = t.vit[dataset]
-        if image_size % vit.patch:
-            raise ParamsError(f"certvit.table1.vit: {dataset}'s {image_size}-pixel images do "
-                              f"not split into patches of {vit.patch} pixels")
-        work = Path(self.results_dir) / "table1" / dataset
-        return dataclasses.replace(
-            self, source=cv.PIPELINE, dataset=dataset, vit=vit,
-            pretrain_epochs=t.pretrain_epochs[dataset], batch_size=t.batch_size, lr=t.lr,
-            dr=dataclasses.replace(self.dr, relaxation=float(t.relaxation[dataset])),
-            table1=dataclasses.replace(t, datasets=[]),
-            imagenet=dataclasses.replace(self.imagenet, sources=[]), results_dir=str(work),
-            metrics=str(work / "metrics.json"))
 
 
 # ------------------------------------------------------------------ units and the gather

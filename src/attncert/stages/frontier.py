@@ -39,15 +39,8 @@ from attncert.certvit.baseline import PixelLinear
 from attncert.certvit.certificate import certified_radius
 from attncert.data import as_float, load_processed
 from attncert.figures import frontier as figs
-from attncert.models import build_vit
-from attncert.pipeline.context import Context
-from attncert.pipeline.io import atomic_path, write_json
-from attncert.pipeline.params import fail, image_datasets, nonempty, nonneg, param, positive, unique
-from attncert.pipeline.records import read_record, unit_key
-from attncert.report.headline import numbers, row
-from attncert.report.paper import MNIST_EPS, mnist_anchor
-from attncert.stages import train_vit
-from attncert.studies.frontier import (  # noqa: F401 (the stage's names)
+from attncert.frontier.params import Params
+from attncert.frontier.study import (  # noqa: F401 (the stage's names)
     AXES,
     CERTIFICATE,
     GLOBAL,
@@ -71,64 +64,19 @@ from attncert.studies.frontier import (  # noqa: F401 (the stage's names)
     unit_table,
     write_sharpening,
 )
+from attncert.models import build_vit
+from attncert.pipeline.context import Context
+from attncert.pipeline.io import atomic_path, write_json
+from attncert.pipeline.records import read_record, unit_key
+from attncert.report.headline import numbers, row
+from attncert.report.paper import MNIST_EPS, mnist_anchor
+from attncert.stages import train_vit
 from attncert.training.checkpoint import fingerprint
 from attncert.training.train import evaluate, train_resumable
 
 #: this module's params.yaml section, and the other sections it reads
 SECTION = "frontier"
 SECTIONS = {"train_vit": train_vit.Params}
-
-
-@dataclass(frozen=True)
-class Params:
-    """params.yaml ``frontier``."""
-
-    datasets: list[str] = param(image_datasets, unique, nonempty)
-    settings: list[str] = param(settings_ok, unique, nonempty,
-                                doc="<kind>-<value>: lmt-<offset>, lofast-<radius>, "
-                                    "linear-<offset>")
-    depth: int = param(positive, doc="the grid shape every ViT setting trains")
-    heads: int = param(positive)
-    gamma_vo: float = param(positive)
-    holdout: int = param(positive, doc="the last n training images: the validation split")
-    n_val: int = param(positive, doc="first n validation images certified")
-    n_attack: int = param(positive, doc="first n of them attacked (PGD accuracy, audit)")
-    cert_eps: list[float] = param(positive, unique, nonempty)
-    select_eps: float = param(positive, doc="the eps the selection rule reads (in cert_eps)")
-    attack_steps: int = param(positive)
-    attack_restarts: int = param(positive)
-    cert_batch_size: int = param(positive)
-    max_radius: float = param(positive, doc="the radius bisection's upper end (pixel l2): a "
-                                            "radius is reported as at most this")
-    linear_epochs: int = param(positive)
-    linear_lr: float = param(positive)
-    linear_logit_scale: float = param(positive)
-    standard_lr: float = param(positive, doc="the standard ViT's learning rate (train_vit's "
-                                             "recipe otherwise, margin none)")
-    max_train: int = param(nonneg, doc="first n images of the training part (0 = all of it)")
-    min_attention_gap: float = param(nonneg, doc="points of clean accuracy a setting must "
-                                                 "lose with uniform attention, on every "
-                                                 "dataset, to count as a transformer in the "
-                                                 "selection")
-    # the bound against PGD as attention sharpens (studies.frontier.sharpening_frame)
-    sharpen_tokens: list[int] = param(positive, unique, nonempty)
-    sharpen_caps: list[float] = param(positive, unique, nonempty)
-    sharpen_eps: float = param(positive)
-    sharpen_samples: int = param(positive)
-    results_dir: str = param(doc="units/, ckpt/, frontier.csv, *.png, sharpening.csv")
-    metrics: str = param()
-
-    def __post_init__(self) -> None:
-        if self.select_eps not in self.cert_eps:
-            fail("frontier.select_eps", f"{self.select_eps} is not one of cert_eps "
-                                        f"{self.cert_eps}")
-        if self.n_attack > self.n_val:
-            fail("frontier.n_attack", f"{self.n_attack} > n_val {self.n_val}")
-        if self.max_radius <= max(self.cert_eps):
-            fail("frontier.max_radius", f"{self.max_radius} must exceed the largest cert_eps "
-                                        f"{max(self.cert_eps)}")
-        if self.n_val > self.holdout:
-            fail("frontier.n_val", f"{self.n_val} > holdout {self.holdout}")
 
 
 def units(p: Params) -> list[str]:

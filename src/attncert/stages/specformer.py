@@ -1,15 +1,16 @@
 """The specformer stage: SpecFormer (MSVP) and the Lipschitz-attention baselines, trained,
 attacked, timed and compared (docs/math.md sections 1, 3, 7, 8).
 
-The plan: every method of :mod:`attncert.specformer` on every dataset and source, standard and
-(for ``adv_methods``) PGD adversarial training, each model attacked with the same attacks on
-the first ``n_test`` test images; the largest singular value per layer of the standard-trained
-models (SpecFormer Figure 2a); the cost of a training step relative to vanilla (its Table 3);
-and what the penalty buys in certified terms: LayerNorm models are refused by the certifier,
-so a Lipschitz ViT trained without and with MSVP is certified with LoFAST(M) and SpecFormer's
-bound. Reusable methods (configs, attacks, timing) live in :mod:`attncert.specformer`, the
-study's code (recipes, a unit's runs, Table 5, the certified pair) in
-:mod:`attncert.studies.specformer`.
+The plan: every method of :mod:`attncert.specformer.methods` on every dataset and source,
+standard and (for ``adv_methods``) PGD adversarial training, each model attacked with the same
+attacks on the first ``n_test`` test images; the largest singular value per layer of the
+standard-trained models (SpecFormer Figure 2a); the cost of a training step relative to
+vanilla (its Table 3); and what the penalty buys in certified terms: LayerNorm models are
+refused by the certifier, so a Lipschitz ViT trained without and with MSVP is certified with
+LoFAST(M) and SpecFormer's bound. Reusable methods (configs, attacks, timing) live in
+:mod:`attncert.specformer.methods`, the study's code (recipes, a unit's runs, Table 5, the
+certified pair) in :mod:`attncert.specformer.study`, the section's schema in
+:mod:`attncert.specformer.params`.
 """
 
 from __future__ import annotations
@@ -21,31 +22,18 @@ from typing import Any
 
 import pandas as pd
 
-from attncert import specformer as sf
 from attncert.data import load_processed
 from attncert.pipeline.context import Context
 from attncert.pipeline.io import atomic_path, write_json
 from attncert.pipeline.params import (
-    AUGMENTS,
-    IMAGE_DATASETS,
-    VIT_BLOCKS,
     BaseParams,
-    fail,
-    nonempty,
-    nonneg,
-    one_of,
-    param,
-    positive,
-    unique,
 )
 from attncert.pipeline.records import read_record, unit_key
-from attncert.pipeline.shapes import VitShape
 from attncert.report import paper
 from attncert.report.headline import numbers, row, scale_caveat
-from attncert.studies.specformer import (
-    CERT_VARIANTS,
-    CertifiedParams,
-    FinetuneParams,
+from attncert.specformer import methods as sf
+from attncert.specformer.params import CERT_VARIANTS, Params
+from attncert.specformer.study import (
     certified_pair,
     check_certified,
     lambda_ablation,
@@ -56,77 +44,6 @@ from attncert.studies.specformer import (
 
 #: this module's params.yaml section
 SECTION = "specformer"
-
-
-@dataclass(frozen=True)
-class Params:
-    """params.yaml ``specformer``: SpecFormer and the Lipschitz-attention baselines, attacked
-    and compared. l_inf radii are in units of 1/255 (pixel space), l2 radii in pixels."""
-
-    datasets: list[str] = param(one_of(*IMAGE_DATASETS), unique)
-    sources: list[str] = param(nonempty, unique,
-                               doc="'scratch' (a ViT of the shape vit, trained here) or "
-                                   "a pre-trained ViTForImageClassification: HF hub id or "
-                                   "save_pretrained folder, fine-tuned with the finetune recipe")
-    image_size: int = param(positive, doc="input size of the pre-trained sources; images are "
-                                          "upsampled to it inside the model (integer factor)")
-    methods: list[str] = param(one_of(*sf.METHODS), unique, doc="standard training")
-    adv_methods: list[str] = param(one_of(*sf.METHODS), unique,
-                                   doc="PGD adversarial training ([] = none)")
-    vit: VitShape = param(doc="source scratch: the name of a shape of the vit section")
-    block: str = param(one_of(*VIT_BLOCKS))
-    max_train: int = param(nonneg, doc="seeded subset of every training split (0 = all)")
-    lipsformer_alpha: float = param(positive, doc="LipsFormer's residual scale x + alpha f(x)")
-    msvp_lambda: list[float] = param(nonneg, doc="(lam_q, lam_k, lam_v) of the specformer method")
-    msvp_lambda_ablation: list[list[float]] = param(doc="SpecFormer Table 5: more (lam_q, "
-                                                    "lam_k, lam_v) of the specformer method, "
-                                                    "first dataset and source, both trainings")
-    epochs: int = param(positive)
-    adv_epochs: int = param(positive)
-    batch_size: int = param(positive)
-    lr: float = param(positive)
-    weight_decay: float = param(nonneg)
-    warmup_steps: int = param(nonneg)
-    augment: str = param(one_of(*AUGMENTS))
-    adv_eps_255: float = param(positive, doc="adversarial training radius (l_inf, x 1/255)")
-    adv_steps: int = param(positive)
-    finetune: FinetuneParams = param(doc="the pre-trained sources' fine-tune, one recipe")
-    n_test: int = param(positive, doc="first n test images attacked")
-    eval_batch_size: int = param(positive, doc="the evaluation after every training epoch")
-    attack_batch_size: int = param(positive, doc="images attacked at once (halved on a CUDA "
-                                                 "out-of-memory error)")
-    std_eps_255: float = param(positive, doc="FGSM and PGD-2 radius (l_inf, x 1/255)")
-    adv_eval_eps_255: float = param(positive, doc="CW and PGD radius (l_inf, x 1/255)")
-    attack_steps: int = param(positive, doc="CW-n, PGD-n and L2 PGD steps")
-    attack_eps: list[float] = param(positive, unique, doc="L2 PGD radii (pixels; attacked, "
-                                                           "not certified)")
-    timing_steps: int = param(positive)
-    timing_rounds: int = param(positive)
-    timing_warmup: int = param(nonneg)
-    certified: CertifiedParams = param(doc="the certified pair: a Lipschitz ViT trained without"
-                                                " and with MSVP, certified and attacked")
-    results_dir: str = param()
-    metrics: str = param()
-
-    def __post_init__(self) -> None:
-        if len(self.msvp_lambda) != 3:
-            fail("specformer.msvp_lambda", f"needs 3 values, got {self.msvp_lambda!r}")
-        for lam in self.msvp_lambda_ablation:
-            if len(lam) != 3 or any(v < 0 for v in lam):
-                fail("specformer.msvp_lambda_ablation", f"each entry needs 3 values >= 0, got "
-                                                        f"{lam!r}")
-        self.vit.require("specformer.vit", "depth", "heads")
-        if "vanilla" not in self.methods:
-            fail("specformer.methods", "needs vanilla (the reference of the step-time ratios)")
-        pretrained = [s for s in self.sources if s != sf.SCRATCH]
-        for key in ("methods", "adv_methods"):
-            bad = [m for m in getattr(self, key) if m not in sf.PRETRAINED_METHODS]
-            if pretrained and bad:
-                fail(f"specformer.{key}", f"the pre-trained weights of {pretrained[0]!r} do not "
-                      f"fit {', '.join(bad)} (the baselines change the ViT's attention or "
-                      f"norms); with a pre-trained source use "
-                      f"{', '.join(sf.PRETRAINED_METHODS)}, the baselines with "
-                      f"sources: [{sf.SCRATCH}]")
 
 
 @dataclass

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import time
 from collections.abc import Mapping
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -28,21 +27,14 @@ from attncert import soundness
 from attncert.pipeline.context import Context
 from attncert.pipeline.io import atomic_path, write_json
 from attncert.pipeline.params import (
-    TEXT_DATASETS,
     BaseParams,
-    ParamsError,
-    nonneg,
-    one_of,
-    param,
-    positive,
-    unique,
 )
 from attncert.pipeline.records import read_record, unit_key
 from attncert.report import paper
 from attncert.report.headline import numbers, row, scale_caveat
 from attncert.text.evaluate import attention_table
 from attncert.text.jobs import STUDY, UNITS, jobs, text_datasets, unit_jobs
-from attncert.text.params import FrozenParams, LofastParams, OlsaParams
+from attncert.text.params import Params
 from attncert.text.study import other_dataset, settings, sst2_unit
 from attncert.text.tables import (
     OLSA_NAME,
@@ -57,70 +49,6 @@ from attncert.text.tokenize import load_tokenizer
 
 #: this module's params.yaml section
 SECTION = "text"
-
-
-@dataclass(frozen=True)
-class Params:
-    """params.yaml ``text``: OLSA by depth and gamma, Kim et al.'s L2 attention, a standard
-    transformer of the same size, LoFAST's small-BERT grid and OLSA over a frozen pre-trained
-    encoder; eps is l2 in each model's embedding space."""
-
-    datasets: list[str] = param(one_of(*TEXT_DATASETS), unique,
-                                doc="sst2 (the whole study; required), then every dataset "
-                                    "OLSA also trains on from scratch at each olsa.depths "
-                                    "(one the data stage skipped is reported unavailable)")
-    tokenizer: str = param(doc="'minilm-package' (offline), a hub id or a save_pretrained folder")
-    max_len: int = param(positive)
-    max_train: int = param(nonneg, doc="seeded subset of the training split (0 = all)")
-    max_test: int = param(nonneg, doc="seeded subset of the dev and test splits (0 = all)")
-    olsa: OlsaParams = param(doc="OLSA from scratch: depths, attention, residual")
-    heads: int = param(positive, doc="OLSA, Kim-L2, the standard transformer, the frozen head")
-    dim: int = param(positive, doc="OLSA, Kim-L2 and the standard transformer")
-    gamma: float = param(nonneg, doc="certificate regulariser after its ramp (OLSA: 2.0)")
-    gamma_ramp: float = param(nonneg, doc="fraction of all steps gamma grows over (<= 1)")
-    gamma_ablation: list[float] = param(nonneg, unique,
-                                        doc="gammas of the shallowest OLSA (OLSA Table 2)")
-    epochs: dict[str, int] = param(doc="training epochs per dataset of datasets (Kim-L2 and "
-                                       "the standard transformer: SST-2's)")
-    batch_size: int = param(positive)
-    lr: float = param(positive, doc="OLSA-family models (OLSA, Kim-L2, the frozen head)")
-    vanilla_lr: float = param(positive, doc="the standard transformer")
-    warmup_steps: int = param(nonneg)
-    logit_scale: float = param(positive, doc="CE temperature (loss only; never the certificate)")
-    lofast: LofastParams = param(doc="LoFAST's small-BERT grid (LoFAST appendix D)")
-    frozen: FrozenParams = param(doc="the OLSA head over a frozen pre-trained encoder")
-    attention_alpha1: list[float] = param(positive, unique, doc="the attention sweep: the "
-                                          "deepest OLSA, averaged residual, alpha1 fixed at "
-                                          "each value (empty: no sweep)")
-    n_test: int = param(nonneg, doc="first n test sentences certified (0 = the whole split)")
-    n_attack: int = param(positive, doc="first n certified sentences attacked (PGD audit)")
-    cert_batch_size: int = param(positive)
-    cert_eps: list[float] = param(positive, unique)
-    attack_steps: int = param(positive)
-    attack_restarts: int = param(positive)
-    results_dir: str = param()
-    metrics: str = param()
-
-    def __post_init__(self) -> None:
-        def fail(key: str, msg: str):
-            raise ParamsError(f"text.{key}: {msg}")
-
-        if STUDY not in self.datasets:
-            fail("datasets", f"must include {STUDY!r} (the study every other part of the stage "
-                             f"reports), got {self.datasets}")
-        lacking = [d for d in self.datasets if d not in self.epochs]
-        if lacking:
-            fail("epochs", f"needs an entry for {lacking} (one per dataset of text.datasets "
-                           f"{self.datasets}), got {sorted(self.epochs)}")
-        if any(e <= 0 for e in self.epochs.values()):
-            fail("epochs", f"must be > 0, got {self.epochs}")
-        if self.frozen.dim % self.heads:
-            fail("frozen.dim", f"{self.frozen.dim} is not divisible by text.heads = "
-                               f"{self.heads}")
-        if self.dim % self.heads:
-            fail("heads", f"dim = {self.dim} is not divisible by {self.heads}")
-        if self.gamma_ramp > 1:
-            fail("gamma_ramp", f"must be in [0, 1], got {self.gamma_ramp!r}")
 
 
 # -- the plan --------------------------------------------------------------------------------

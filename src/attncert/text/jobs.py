@@ -1,7 +1,7 @@
 """The text stage's jobs: every model it trains and evaluates (:func:`jobs`), split into the
 independent units (:data:`UNITS`, one DVC stage each) that :func:`unit_jobs` selects. The cost
 estimate (:mod:`attncert.cost`) counts the same list. ``p`` is the stage's typed section
-(:class:`attncert.stages.text.Params`)."""
+(:class:`attncert.text.params.Params`)."""
 
 from __future__ import annotations
 
@@ -12,12 +12,11 @@ from attncert.text.models import (
     FrozenEncoderOLSA,
     OLSAClassifier,
 )
+from attncert.text.params import STUDY
 from attncert.text.standard import StandardTextTransformer
 
-if TYPE_CHECKING:  # the stage's section, for annotations only
-    from attncert.stages.text import Params
-
-STUDY = "sst2"
+if TYPE_CHECKING:  # the section, for annotations only
+    from attncert.text.params import Params
 
 
 

@@ -26,8 +26,8 @@ from attncert.text.train_text import TextTrainConfig, encode_split, select_split
 
 if TYPE_CHECKING:  # the stage's section and jobs, for annotations only
     from attncert.pipeline.context import Context
-    from attncert.stages.text import Params
     from attncert.text.jobs import Job
+    from attncert.text.params import Params
 
 
 class Fitted(NamedTuple):

@@ -14,7 +14,7 @@ from attncert.report import paper
 from attncert.text.jobs import STUDY, UNITS, jobs, text_datasets
 
 if TYPE_CHECKING:  # the stage's section, for annotations only
-    from attncert.stages.text import Params
+    from attncert.text.params import Params
 
 #: model names as :func:`jobs` builds them: "olsa-L<depth>-g<gamma>" is OLSA (with
 #: "-averaged": OLSA's own residual); the attention sweep's "-alpha1-<a>" is not

@@ -1,6 +1,6 @@
 """The specformer stage's study (:mod:`attncert.stages.specformer`): the training recipes, one
 unit's runs (trained, attacked, timed), SpecFormer's Table 5 lambda ablation and the certified
-pair, on the methods of :mod:`attncert.specformer`.
+pair, on the methods of :mod:`attncert.specformer.methods`.
 
 Functions that need the stage's params take its ``Params`` as an argument.
 """
@@ -10,7 +10,6 @@ from __future__ import annotations
 import dataclasses
 import time
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -18,92 +17,21 @@ import pandas as pd
 import torch
 
 from attncert import certify, diagnostics, soundness
-from attncert import specformer as sf
 from attncert.data import as_float
 from attncert.models import ViTConfig
-from attncert.pipeline.params import (
-    nonneg,
-    one_of,
-    param,
-    positive,
-    probability,
-    unique,
-    unit_interval,
-)
-from attncert.pipeline.shapes import VitShape
-from attncert.training.loop import OPTIMIZERS
+from attncert.specformer import methods as sf
+from attncert.specformer.params import CERT_VARIANTS, Params
 from attncert.training.train import TrainConfig
 
 if TYPE_CHECKING:
     from attncert.pipeline.params import BaseParams
-    from attncert.stages.specformer import Params
-
-
-@dataclass(frozen=True)
-class FinetuneParams:
-    """params.yaml ``specformer.finetune``: the recipe of every pre-trained source's runs
-    (:func:`attncert.specformer.train_configs`, taken whole by :meth:`configs`)."""
-
-    epochs: int = param(positive, doc="standard fine-tune")
-    adv_epochs: int = param(positive, doc="PGD fine-tune")
-    batch_size: int = param(positive)
-    lr: float = param(positive)
-    weight_decay: float = param(nonneg)
-    warmup_steps: int = param(nonneg)
-    grad_clip: float = param(nonneg, doc="max global gradient norm (0 = off)")
-    optimizer: str = param(one_of(*OPTIMIZERS), doc="adamw | sgd (heavy-ball)")
-    momentum: float = param(unit_interval, doc="sgd's momentum")
-    mixup_alpha: float = param(nonneg, doc="Mixup's Beta(alpha, alpha) (0 = none)")
-    cutmix_alpha: float = param(nonneg, doc="CutMix's Beta(alpha, alpha) (0 = none)")
-    mix_prob: float = param(probability, doc="share of standard fine-tune batches mixed")
-    mix_switch_prob: float = param(probability, doc="CutMix's share of the mixed batches")
-
-    def configs(self, **common: Any):
-        """(standard, adversarial) configs of :func:`attncert.specformer.train_configs` from
-        every field of the group (the mixing ones as its ``mix``) and ``common``."""
-        fields = dataclasses.asdict(self)
-        mix = {k: fields.pop(k) for k in ("mixup_alpha", "cutmix_alpha", "mix_prob",
-                                          "mix_switch_prob")}
-        return sf.train_configs(**fields, mix=mix, **common)
-
-
-#: the certified pair's certificates (pairwise test)
-CERT_VARIANTS = ("lofast_M", "specformer")
-
-
-@dataclass(frozen=True)
-class CertifiedParams:
-    """params.yaml ``specformer.certified``: the certified pair, LoFAST section 5.2's Lipschitz
-    ViT (LayerProject, constrained attention, SLL MLPs, x - mean inside) trained with the LMT
-    margin without and with MSVP, certified with :data:`CERT_VARIANTS` and attacked (the
-    soundness audit) on the first ``n_test`` test images. Training settings not named here are
-    the from-scratch recipe's."""
-
-    vit: VitShape = param(doc="the name of a shape of the vit section (mlp_hidden: the SLL "
-                              "hidden width)")
-    gamma_qk: float = param(positive, doc="spectral norm of every W^Q_l, W^K_l")
-    gamma_vo: float = param(positive, doc="spectral norm of every W^V_l, W^O_l")
-    radius_attn: float = param(positive, doc="LayerProject radius of every attention input")
-    epochs: int = param(positive)
-    lr: float = param(positive)
-    lmt_offset: float = param(nonneg)
-    logit_scale: float = param(positive, doc="cross-entropy temperature (loss only)")
-    msvp_lambda: list[float] = param(nonneg, doc="(lam_q, lam_k, lam_v) of the MSVP member")
-    n_test: int = param(positive, doc="first n test images certified and attacked")
-    cert_eps: list[float] = param(positive, unique, doc="certified l2 radii (pixel space)")
-    attack_steps: int = param(positive, doc="L2 PGD steps of the soundness audit")
-    attack_restarts: int = param(positive)
-
-    def __post_init__(self) -> None:
-        if len(self.msvp_lambda) != 3:
-            raise ValueError(f"msvp_lambda needs 3 values, got {self.msvp_lambda!r}")
-        self.vit.require("specformer.certified.vit", "depth", "heads")
 
 
 def recipe(p: Params, seed: int, source: str) -> tuple[TrainConfig, TrainConfig]:
     """(standard, adversarial) training configs of ``source``'s runs, before
-    :func:`attncert.specformer.method_train_config`: the from-scratch recipe for
-    :data:`attncert.specformer.SCRATCH`, the ``finetune`` recipe for a pre-trained source."""
+    :func:`attncert.specformer.methods.method_train_config`: the from-scratch recipe for
+    :data:`attncert.specformer.methods.SCRATCH`, the ``finetune`` recipe for a pre-trained
+    source."""
     common = {"augment": p.augment, "eval_batch_size": p.eval_batch_size,
               "adv_eps_255": p.adv_eps_255, "adv_steps": p.adv_steps, "seed": seed}
     if source == sf.SCRATCH:

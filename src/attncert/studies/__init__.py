@@ -1,1 +1,0 @@
-"""Study code of stages whose method module is a single file."""
