@@ -190,3 +190,30 @@ def test_layernorm_model_is_refused():
                     num_classes=3, kind="standard")
     with pytest.raises(ValueError, match="no Lipschitz constant"):
         certify.precompute(build_vit(cfg), torch.rand(2, 1, 8, 8))
+
+
+def test_one_table_of_bound_variants():
+    """Every variant the studies name is an entry of the one table, priced by the cost model
+    one of its ways; an unknown name fails in the certificate and in the cost model alike,
+    before any work (it was once priced silently as the naive bound)."""
+    from attncert.bounds.variants import COSTS, VARIANTS
+    from attncert.cost.counting import layer_certificate_counts
+    from attncert.crown.params import LOFAST_VARIANTS as CROWN_VARIANTS
+    from attncert.specformer.params import CERT_VARIANTS
+    from attncert.text.params import LOFAST_VARIANTS as TEXT_VARIANTS
+
+    assert certify.VARIANTS == tuple(VARIANTS)
+    assert all(v.cost in COSTS and v.name == k for k, v in VARIANTS.items())
+    for subset in (CROWN_VARIANTS, CERT_VARIANTS, TEXT_VARIANTS):
+        assert set(subset) <= set(VARIANTS), subset
+    model = _model()
+    x, y = torch.rand(2, 1, 8, 8, dtype=torch.float64), torch.tensor([0, 1])
+    with pytest.raises(ValueError, match="unknown bound variant 'lofast_Z'"):
+        certify.precompute(model, x, ["lofast_M", "lofast_Z"])
+    with pytest.raises(ValueError, match="unknown bound variant 'lofast_Z'"):
+        layer_certificate_counts(5, 16, 2, "lofast_Z")
+    assert layer_certificate_counts(5, 16, 2, "global").kernels == 0
+    assert layer_certificate_counts(5, 16, 2, "lofast_M").kernels > 0
+    # every variant through the table gives a sound, finite radius on the same batch
+    table = certify.certify_table(model, x, y, tuple(VARIANTS), ["pairwise"], progress=False)
+    assert all((table[f"radius_{v}_pairwise"] >= 0).all() for v in VARIANTS)

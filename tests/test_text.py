@@ -491,7 +491,7 @@ def test_first_projection_is_certified_with_its_local_constant():
     local = certify.certified_radius(pre, "lofast_M")
     glob = certify.certified_radius(certify.Precomputed(
         pre.components, pre.logits, {k: v for k, v in pre.inputs.items() if k.endswith(".attn")},
-        pre.weights, pre.terms, pre.seconds), "lofast_M")
+        pre.weights, pre.terms, pre.seconds, pre.layers), "lofast_M")
     assert (local >= glob).all() and (local > glob * 1.2).any()
     _, ok = pgd_embeddings(view, x, y, local.clamp_min(1e-6) * 0.99, steps=100, restarts=3,
                            generator=_gen(0))

@@ -6,8 +6,9 @@ computed once per sample; a per-sample radius is then found by bisection over a 
 recurrence (eq. 9): eps_0 = eps in pixel space, a component with Lipschitz constant L maps
 eps_k -> L eps_k, an attention layer maps it through its local bound delta(X_k, eps_k).
 
-Variants: ``lofast_M`` (Theorem 1 with ||M_l||, eq. 27), ``lofast_xi`` (eq. 28), ``naive``
-(eq. 12 + delta2 with xi), ``specformer`` (SpecFormer's local bound, docs/math.md section 3) and
+Variants (:data:`attncert.bounds.variants.VARIANTS`, one table read here and by the cost model):
+``lofast_M`` (Theorem 1 with ||M_l||, eq. 27), ``lofast_xi`` (eq. 28), ``naive`` (eq. 12 +
+delta2 with xi), ``specformer`` (SpecFormer's local bound, docs/math.md section 3) and
 ``global`` (a global Lipschitz constant of dot-product attention on the projected domain,
 :func:`attncert.bounds.dot_product_attention_lipschitz`, times the other components).
 
@@ -19,6 +20,7 @@ sqrt(2) ||W_head|| delta_feat ("logit").
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import time
 from collections.abc import Mapping, Sequence
@@ -29,6 +31,8 @@ import torch
 from torch import Tensor
 
 from attncert import bounds
+from attncert.bounds.variants import VARIANTS as BOUND_VARIANTS
+from attncert.bounds.variants import Layer, variant
 from attncert.models.vit import Component, propagate
 from attncert.pipeline import rng
 from attncert.pipeline.batching import in_batches
@@ -46,7 +50,7 @@ def _clock(on: Tensor) -> float:
 if TYPE_CHECKING:
     import pandas as pd
 
-VARIANTS = ("lofast_M", "lofast_xi", "naive", "specformer", "global")
+VARIANTS = tuple(BOUND_VARIANTS)
 TESTS = ("pairwise", "logit")
 
 
@@ -60,6 +64,7 @@ class Precomputed:
     weights: dict[str, bounds.AttentionWeights]
     terms: dict[str, dict[str, object]]  # variant -> attention name -> terms
     seconds: dict[str, float]  # variant -> time spent precomputing (whole batch)
+    layers: dict[str, Layer]  # attention name -> the layer as the variants see it
 
 
 def _attention_components(components: Sequence[Component]) -> list[Component]:
@@ -83,9 +88,8 @@ def precompute(model, x: Tensor, variants: Sequence[str] = VARIANTS,
     The Lanczos start vectors of the operator norms are drawn from a generator seeded with
     ``seed``, so a batch's terms are reproducible (every start gives a sound upper bound).
     """
-    unknown = sorted(set(variants) - set(VARIANTS))
-    if unknown:
-        raise ValueError(f"unknown variant(s) {unknown}; choose from {VARIANTS}")
+    for v in variants:
+        variant(v)  # an unknown name fails here, before any work
     require_full_precision("a certificate (attncert.certify)")
     components = model.components()
     _check_supported(components)
@@ -98,36 +102,24 @@ def precompute(model, x: Tensor, variants: Sequence[str] = VARIANTS,
     weights = {c.name: c.module.attention_weights() for c in attn}
     terms: dict[str, dict[str, object]] = {}
     seconds: dict[str, float] = {}
+    layers = {c.name: Layer(inputs[c.name], weights[c.name], c.residual == "identity",
+                            attention_radius, softmax_lipschitz, seed) for c in attn}
     for v in variants:
         t0 = _clock(x)
-        per_layer = {}
-        for c in attn:
-            xk, w, res = inputs[c.name], weights[c.name], c.residual == "identity"
-            if v in ("lofast_M", "lofast_xi"):
-                g = rng.generator(seed, xk.device)
-                per_layer[c.name] = bounds.lofast_terms(xk, w, res, v.split("_")[1],
-                                                        generator=g)
-            elif v == "naive":
-                per_layer[c.name] = bounds.naive_terms(xk, w, res)
-            elif v == "global":
-                per_layer[c.name] = bounds.dot_product_attention_lipschitz(
-                    w, xk.shape[1], attention_radius, res, softmax_lipschitz)
-        terms[v] = per_layer
+        terms[v] = {name: variant(v).terms(layer) for name, layer in layers.items()}
         seconds[v] = _clock(x) - t0 + forward_s
-    return Precomputed(components, logits, inputs, weights, terms, seconds)
+    return Precomputed(components, logits, inputs, weights, terms, seconds, layers)
 
 
-def feature_delta(pre: Precomputed, variant: str, eps: float | Tensor,
+def feature_delta(pre: Precomputed, name: str, eps: float | Tensor,
                   softmax_lipschitz: float = 1.0) -> Tensor:
     """(B,): bound on ||features(x') - features(x)|| for ||x' - x|| <= eps (pixel space)."""
-    layer_terms = pre.terms[variant]
+    spec, layer_terms = variant(name), pre.terms[name]
 
     def attention_delta(c: Component, xk: Tensor, e: Tensor) -> Tensor:
-        if variant in ("lofast_M", "lofast_xi", "naive"):
-            return bounds.lofast_from_terms(layer_terms[c.name], e, softmax_lipschitz)
-        if variant == "specformer":
-            return bounds.specformer_bound(xk, pre.weights[c.name], e, c.residual == "identity")
-        return layer_terms[c.name] * e  # global constant
+        layer = dataclasses.replace(pre.layers[c.name], x=xk,
+                                    softmax_lipschitz=softmax_lipschitz)
+        return spec.delta(layer_terms[c.name], layer, e)
 
     return propagate(pre.components, pre.inputs, eps, attention_delta)
 

@@ -268,15 +268,21 @@ def _forward64_cached(cfg) -> Counts:
 
 @functools.cache
 def layer_certificate_counts(n: int, d: int, h: int, variant: str) -> Counts:
-    """The eps-independent certificate terms of one residual attention layer (float64)."""
-    from attncert import bounds
+    """The eps-independent certificate terms of one residual attention layer (float64), as
+    the variant's own ``terms`` computes them (:mod:`attncert.bounds.variants`); a variant
+    priced at nothing beyond the forward pass counts zero, an unknown one fails."""
     from attncert.bounds.bench import bench_layer
+    from attncert.bounds.variants import Layer
+    from attncert.bounds.variants import variant as lookup
+
+    spec = lookup(variant)
+    if spec.cost == "none":
+        return Counts(0.0, 0.0, 0)
 
     def make(b):
         w, x = bench_layer(n, d, h, b, torch.float64)
-        if variant in ("lofast_M", "lofast_xi"):
-            return lambda: bounds.lofast_terms(x, w, True, variant.split("_")[1])
-        return lambda: bounds.naive_terms(x, w, True)
+        layer = Layer(x, w, True, 1.0, 1.0)
+        return lambda: spec.terms(layer)
     return fit(make, per_call_cost=False)  # per sample: batched Lanczos runs per sample
 
 
