@@ -59,3 +59,12 @@ def venv_env() -> dict[str, str]:
     env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"
     env["DVC_NO_ANALYTICS"] = "1"
     return env
+
+
+@pytest.fixture(name="metrics_tree")
+def metrics_tree_fixture(tmp_path):
+    """Fake metrics of every stage in the stages' formats (tests/reportdata.py), for the
+    report tests: (params, root)."""
+    from reportdata import metrics_tree
+
+    return metrics_tree(tmp_path)

@@ -74,3 +74,31 @@ def params_with(path: Path, tmp_path: Path, section: str, key: str, value) -> Pa
     with out.open("w") as f:
         yaml.dump(data, f)
     return out
+
+
+def pixels(b, seed=0, shape=(1, 8, 8)):
+    """``b`` seeded uniform images in [0, 1] of ``shape``."""
+    return torch.rand(b, *shape, generator=torch.Generator().manual_seed(seed))
+
+
+def toy_sentences(n, vocab=12, max_len=8, seed=0):
+    """``n`` seeded sentences of random words 3.. between [CLS] = 1 and [SEP] = 2, padded with
+    [PAD] = 0 to ``max_len``; the label: token 3 occurs more often than token 4."""
+    g = torch.Generator().manual_seed(seed)
+    lengths = torch.randint(2, max_len - 1, (n,), generator=g)
+    ids = torch.randint(3, vocab, (n, max_len), generator=g)
+    mask = torch.arange(max_len)[None, :] < (lengths + 2)[:, None]
+    ids[:, 0] = 1
+    ids[torch.arange(n), lengths + 1] = 2
+    ids[~mask] = 0
+    return {"ids": ids, "mask": mask, "y": ((ids == 3).sum(1) > (ids == 4).sum(1)).long()}
+
+
+def processed_images(n=32, size=8, classes=4, channels=1, seed=0):
+    """A processed image dataset (the data stage's format) of ``n`` seeded uint8 images, the
+    same split for training and test, labels cycling through ``classes``."""
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randint(0, 256, (n, channels, size, size), generator=g, dtype=torch.uint8)
+    split = {"x": x, "y": torch.arange(n) % classes}
+    return {"train": split, "test": split, "classes": [str(c) for c in range(classes)],
+            "mean": [0.5] * channels, "std": [0.25] * channels, "source": "synthetic"}
