@@ -1,6 +1,6 @@
 """The text stage's jobs trained and evaluated (:func:`fit`), and a dataset besides SST-2
 (:func:`other_dataset`): the study code the stage (:mod:`attncert.stages.text`) runs per unit.
-``p`` is the stage's typed section (:class:`attncert.stages.text.Params`)."""
+``p`` is the section's typed params (:class:`attncert.text.params.Params`)."""
 
 from __future__ import annotations
 
