@@ -23,7 +23,7 @@ from attncert.bounds.dotproduct import dot_product_attention_lipschitz
 from attncert.bounds.lofast import lofast_from_terms, lofast_terms, naive_terms
 from attncert.bounds.specformer import specformer_bound
 
-__all__ = ["Layer", "Variant", "VARIANTS", "variant"]
+__all__ = ["COSTS", "Layer", "Variant", "VARIANTS", "variant"]
 
 
 @dataclass(frozen=True)
