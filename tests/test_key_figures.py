@@ -3,7 +3,6 @@ same share one labelled mark, a figure is no wider than the index's column, and 
 it at its own size (rendered in headless Chromium, not only found on the page)."""
 
 import re
-import shutil
 import struct
 import subprocess
 from pathlib import Path
@@ -11,6 +10,7 @@ from pathlib import Path
 import matplotlib
 import pandas as pd
 import pytest
+from test_htmlexport import CHROMIUM, FLAGS
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
@@ -78,9 +78,6 @@ def test_key_figures_fit_the_index_column(points, tmp_path):
         assert 400 < width <= limit and height > 200, (name, width, height)
 
 
-CHROMIUM = shutil.which("chromium")
-FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-         "--disable-background-networking", "--disable-component-update", "--disable-sync"]
 #: after the load event, the body records the smallest shown / natural width of its images
 _SCALE = ('<script>addEventListener("load", () => {const s = [...document.images].map('
           'x => x.clientWidth / x.naturalWidth); document.body.dataset.scale = '

@@ -18,17 +18,8 @@ from typing import Any
 import pandas as pd
 
 from attncert.frontier.params import Params as FrontierParams
-from attncert.frontier.settings import (  # noqa: F401 (the study's names)
-    AXES,
-    CERTIFICATE,
-    DATA_AXES,
-    GLOBAL,
-    KINDS,
-    STANDARD_AXES,
-    TRAIN_AXES,
+from attncert.frontier.settings import (
     Setting,
-    parse_setting,
-    settings_ok,
 )
 from attncert.models import ViTConfig
 from attncert.pipeline.runs import GridPoint

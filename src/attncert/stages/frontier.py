@@ -40,21 +40,23 @@ from attncert.certvit.certificate import certified_radius
 from attncert.data import as_float, load_processed
 from attncert.figures import frontier as figs
 from attncert.frontier.params import Params
-from attncert.frontier.study import (  # noqa: F401 (the stage's names)
+from attncert.frontier.settings import (  # noqa: F401 (the stage's names)
     AXES,
     CERTIFICATE,
     GLOBAL,
     KINDS,
     Setting,
+    parse_setting,
+    settings_ok,
+)
+from attncert.frontier.study import (  # noqa: F401 (the stage's names)
     _records,
     attending,
     attention_targets,
     frame,
     grid_setting,
     model_config,
-    parse_setting,
     select,
-    settings_ok,
     sharpening_metrics,
     sharpening_table,
     split,
