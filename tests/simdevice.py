@@ -22,8 +22,10 @@ CPU test and raises only on the GPU. This module gives the tests a second device
       reshaped from one, and then copied to the device (a host draw and a transfer where a
       draw on the device costs neither).
   It also counts host synchronisations (``.item()``, ``float()``, ``bool()``, copies to the
-  host, boolean-mask indexing and other operators whose output size depends on values) so a
-  test can bound them.
+  host, boolean-mask indexing and other operators whose output size depends on values),
+  copies from the host to the device, and the linear-algebra solvers whose CUDA kernels read
+  their status on the host (:data:`HOST_STATUS_SOLVERS`), so a test can bound them: none of
+  the three can be captured in a CUDA graph.
 
 Usage::
 
@@ -78,6 +80,12 @@ _CPU = torch.device("cpu")
 # CUDA kernels that accept host tensors next to device tensors
 _MIXED_OK = {"aten::index", "aten::index_put", "aten::index_put_", "aten::_index_put_impl_",
              "aten::copy_", "aten::_to_copy", "aten::lift_fresh", "aten::set_"}
+
+
+#: solvers whose CUDA kernels (cuSOLVER, MAGMA) copy their convergence or error status to the
+#: host: a CUDA-graph capture stops there ("Cannot copy between CPU and CUDA tensors during
+#: CUDA graph capture"; an OLSA text model's spectrally normalised head, H200, 2026-11-28)
+HOST_STATUS_SOLVERS = frozenset({"aten::_linalg_svd", "aten::_linalg_eigh", "aten::linalg_eig"})
 
 
 class DeviceError(RuntimeError):
@@ -146,6 +154,8 @@ def _gen_device(g) -> torch.device:
 class SimRecord:
     device: torch.device = DEVICE
     host_syncs: int = 0
+    host_to_device: int = 0
+    solvers: list[str] = field(default_factory=list)
     draws_on_device: int = 0
     errors: list[str] = field(default_factory=list)
 
@@ -258,6 +268,10 @@ class _Mode(TorchDispatchMode):
                    and kwargs["device"].type == "cpu")
         if scalar or to_host or (on_sim and _data_dependent_shape(name, args)):
             self.record.host_syncs += 1
+        if _from_host(name, args, tensors, to_sim):
+            self.record.host_to_device += 1
+        if on_sim and name in HOST_STATUS_SOLVERS:
+            self.record.solvers.append(name)
         un = tree_map(lambda t: t.elem if isinstance(t, SimTensor) else t, (args, kwargs))
         with torch._C._DisableFuncTorch():  # the CPU kernel itself, below torch.func's layers
             out = func(*un[0], **un[1])
@@ -265,6 +279,15 @@ class _Mode(TorchDispatchMode):
         if (to_sim or on_sim) and not (scalar or to_host):
             return tree_map(lambda t: SimTensor(t) if isinstance(t, torch.Tensor) else t, out)
         return out
+
+
+def _from_host(name: str, args, tensors, to_sim: bool) -> bool:
+    """A copy of host data to the device: ``x.to(device)`` of a host tensor (scalars
+    included: CUDA copies them too), or ``device_tensor.copy_(host_tensor)``."""
+    if name == "aten::_to_copy":
+        return to_sim and bool(tensors) and not isinstance(tensors[0], SimTensor)
+    return (name == "aten::copy_" and isinstance(args[0], SimTensor)
+            and isinstance(args[1], torch.Tensor) and not isinstance(args[1], SimTensor))
 
 
 _ACTIVE: list[_Mode] = []

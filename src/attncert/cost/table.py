@@ -70,7 +70,8 @@ def _graphs_note(gpu: GPU) -> str:
     per = ", ".join(f"{k} {v:.2g}x" for k, v in gpu.graphs_speedup)
     return (f"training steps replayed as CUDA graphs (`base.compile`), each kind's kernels at "
             f"its measured speed-up ({per}; measured: {gpu.graphs_source}); the rest eager "
-            f"(OLSA text, adversarial training, unmeasured kinds, certificates and audits)")
+            f"(OLSA text, not yet measured under graphs; adversarial training, unmeasured kinds, "
+            f"certificates and audits)")
 
 
 def _pilot_note(gpu: GPU) -> str:

@@ -87,6 +87,29 @@ def reproject_orthogonal_(model: nn.Module) -> None:
             m.reproject_()
 
 
+def head_norm(w: Tensor) -> Tensor:
+    """||W||_2 of an (out, in) matrix, differentiable; for out <= 2 without a solver.
+
+    With two rows the largest eigenvalue of the 2 x 2 Gram matrix [[a, b], [b, c]] is
+    (a + c) / 2 + sqrt(((a - c) / 2)^2 + b^2): exact, a few elementwise kernels, and no
+    SVD, whose CUDA kernels read their status on the host (a CUDA-graph capture of the
+    training step fails there). The smallest normal float under the square root keeps the
+    gradient finite where the two singular values coincide (orthonormal rows, the
+    initialisation: the subgradient of the mean of both), raising the eigenvalue by at most
+    its square root, about 1e-19 (an over-estimate: W / ||W||_2 stays in the unit ball).
+    Computed in float32 at least and never autocast (no matrix product). More rows take the
+    SVD (those runs are not captured: ``_OLSAStack.cuda_graphs_blocker``).
+    """
+    if w.shape[0] > 2:
+        return torch.linalg.matrix_norm(w, 2)
+    w = w.to(torch.promote_types(w.dtype, torch.float32))
+    if w.shape[0] == 1:
+        return w.norm()
+    a, c, b = w[0].square().sum(), w[1].square().sum(), (w[0] * w[1]).sum()
+    spread = (((a - c) / 2).square() + b.square() + torch.finfo(w.dtype).tiny).sqrt()
+    return ((a + c) / 2 + spread).sqrt()
+
+
 class SpectralNormLinear(nn.Module):
     """y = W x / ||W||_2 (no bias): a 1-Lipschitz linear head, normalised by its exact
     (differentiable) spectral norm, so the certificate regulariser cannot grow the radius
@@ -99,7 +122,7 @@ class SpectralNormLinear(nn.Module):
 
     def weight_effective(self) -> Tensor:
         """(out, in): W / ||W||_2."""
-        return self.weight / torch.linalg.matrix_norm(self.weight, 2)
+        return self.weight / head_norm(self.weight)
 
     def forward(self, x: Tensor) -> Tensor:
         return F.linear(x, self.weight_effective())

@@ -17,7 +17,8 @@ Modes (:data:`MODES`): ``off`` (eager: the reference), ``compile`` (``torch.comp
 mode), ``graphs`` (mode ``reduce-overhead``: CUDA graphs on CUDA; on a CPU the same as
 ``compile``), ``auto`` (``graphs`` on CUDA, ``off`` elsewhere: on a 2-core CPU the compile time
 of each of the study's many small models outweighs what it saves). A run that cannot be
-captured (:func:`graphs_blocker`: the OLSA text models, PGD adversarial training) runs eager
+captured (:func:`graphs_blocker`: PGD adversarial training, an OLSA model with an SVD in its
+forward pass) runs eager
 where ``graphs`` was asked for. The stage runner applies
 ``base.compile`` with :func:`set_mode` (:func:`attncert.pipeline.runtime.configure`); it is a
 runtime key (``BASE_RUNTIME``): changing it reruns nothing.
@@ -50,10 +51,11 @@ def set_mode(mode: str) -> None:
 def graphs_blocker(model: nn.Module | None = None, config: object = None) -> str | None:
     """Why a training run of ``model`` with ``config`` cannot replay CUDA graphs, or None.
 
-    A model class says so with a ``cuda_graphs_blocker`` attribute (the OLSA text models: a
-    host-to-device copy inside the step, so the capture fails, measured on an H200 on
-    2026-11-28); PGD adversarial training runs the model several times a step, each pass's
-    outputs still needed when the next one replays."""
+    A model says so with a ``cuda_graphs_blocker`` attribute (an OLSA model whose forward
+    pass divides by an SVD, whose CUDA kernels copy their status to the host: the capture
+    fails, as measured on an H200 on 2026-11-28; ``tests/test_capture.py``); PGD adversarial
+    training runs the model several times a step, each pass's outputs still needed when the
+    next one replays."""
     reason = getattr(model, "cuda_graphs_blocker", None)
     if reason:
         return f"{type(model).__name__}: {reason}"

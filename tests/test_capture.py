@@ -1,0 +1,139 @@
+"""What a CUDA-graph capture of a training step cannot hold, checked on the CPU.
+
+Under ``base.compile: graphs`` a training run's compiled forward and backward are captured as
+CUDA graphs (:mod:`attncert.training.compiled`); a capture fails on a host synchronisation, on
+a copy from the host to the device, and on the cuSOLVER / MAGMA solvers that read their status
+on the host (an OLSA text model's capture failed on an H200 until its head normalised by a
+closed form instead of an SVD). On a CPU none of these fails, so every model kind the bench
+and the cost model time (:func:`attncert.cost.bench_models`) runs its training forward and
+backward on the simulated device of ``tests/simdevice.py`` as the compiled graph computes it
+(``torch.compiler.is_compiling()`` true), and the three counts must be zero exactly for the
+kinds that train under graphs: a kind that names a ``cuda_graphs_blocker`` must be one that
+fails here, so a fix shows and a new blocker is caught before a GPU sees it.
+"""
+
+import pytest
+import torch
+from simdevice import simulated_device
+
+from attncert.cost.bench import bench_models
+from attncert.stages.registry import load_params
+from attncert.text.orthogonal import SpectralNormLinear
+from attncert.training import compiled
+
+
+@pytest.fixture(scope="module")
+def kinds(smoke):
+    return bench_models(load_params(smoke))
+
+
+def _capture_faults(model: torch.nn.Module, batch: tuple, monkeypatch) -> list[str]:
+    """What a capture of the model's compiled training forward and backward would trip on."""
+    with simulated_device() as sim:
+        model = model.to(sim.device).train()
+        args = [t.to(sim.device) for t in batch]
+        sim.host_to_device = 0  # the model and batch moved over: from here on, none
+        with monkeypatch.context() as m:
+            m.setattr(torch.compiler, "is_compiling", lambda: True)
+            logits = model(*args[:-1])
+            torch.nn.functional.cross_entropy(logits, args[-1]).backward()
+    return ([f"{sim.host_syncs} host synchronisations"] * bool(sim.host_syncs)
+            + [f"{sim.host_to_device} host-to-device copies"] * bool(sim.host_to_device)
+            + sorted(set(sim.solvers)))
+
+
+@pytest.mark.parametrize("kind", ["lipschitz ViT (train_vit)", "standard ViT (specformer vanilla)",
+                                  "OLSA text", "LoFAST text", "standard text"])
+def test_the_training_forward_of_every_graphed_kind_is_capturable(kinds, kind, monkeypatch):
+    model, make_batch, _ = kinds[kind]
+    faults = _capture_faults(model, make_batch(2), monkeypatch)
+    blocker = compiled.graphs_blocker(model)
+    assert bool(faults) == bool(blocker), (kind, faults, blocker)
+
+
+def test_the_l2_attention_olsa_model_is_capturable(monkeypatch):
+    from attncert.text.models import OLSAClassifier
+
+    torch.manual_seed(0)
+    model = OLSAClassifier(12, max_len=10, dim=8, depth=2, heads=2, attention="l2")
+    batch = (torch.randint(1, 12, (3, 10)), torch.ones(3, 10, dtype=torch.bool),
+             torch.zeros(3, dtype=torch.long))
+    assert _capture_faults(model, batch, monkeypatch) == []
+    assert compiled.graphs_blocker(model) is None
+
+
+@pytest.mark.parametrize("hidden", [None, 4])
+def test_the_frozen_encoder_head_is_capturable_without_its_narrowing_map(hidden, monkeypatch):
+    """It trains on the encoder's states (floats); a map to a narrower head (OLSA sec. 5.1's
+    hidden width) is a wide spectrally normalised matrix, an SVD: that run trains eager."""
+    import transformers
+
+    from attncert.text.models import FrozenEncoderOLSA
+
+    torch.manual_seed(0)
+    bert = transformers.BertModel(transformers.BertConfig(
+        vocab_size=12, hidden_size=8, num_hidden_layers=1, num_attention_heads=2,
+        intermediate_size=16, max_position_embeddings=16)).eval()
+    model = FrozenEncoderOLSA(heads=2, encoder=bert, max_len=6, hidden=hidden)
+    states = torch.randn(3, 6, 8)
+    batch = (states, torch.ones(3, 6, dtype=torch.bool), torch.zeros(3, dtype=torch.long))
+    faults = _capture_faults(model, batch, monkeypatch)
+    assert faults == ([] if hidden is None else ["aten::_linalg_svd"])
+    assert bool(compiled.graphs_blocker(model)) == bool(faults)
+
+
+def test_the_simulated_device_sees_what_a_capture_cannot_hold(monkeypatch):
+    """The check itself fails on each fault: an SVD, a copy from the host, a sync."""
+    w = torch.randn(3, 4)
+
+    class Faulty(torch.nn.Module):
+        def __init__(self, fault):
+            super().__init__()
+            self.w, self.fault = torch.nn.Parameter(w.clone()), fault
+
+        def forward(self, x):
+            y = x @ self.w.T
+            if self.fault == "svd":
+                return y / torch.linalg.matrix_norm(self.w, 2)
+            if self.fault == "copy":
+                return y * torch.tensor([1.0, 2.0, 3.0]).to(x.device)
+            if self.fault == "sync":
+                return y * float(y.detach().abs().max())
+            return y
+
+    batch = (torch.randn(5, 4), torch.zeros(5, dtype=torch.long))
+    assert _capture_faults(Faulty(None), batch, monkeypatch) == []
+    assert _capture_faults(Faulty("svd"), batch, monkeypatch) == ["aten::_linalg_svd"]
+    assert _capture_faults(Faulty("copy"), batch, monkeypatch) == ["1 host-to-device copies"]
+    assert _capture_faults(Faulty("sync"), batch, monkeypatch) == ["1 host synchronisations"]
+
+
+@pytest.mark.parametrize("shape", [(2, 16), (1, 16), (2, 1), (5, 7)])
+def test_the_spectrally_normalised_head_is_exact(shape):
+    """W / ||W||_2 by the closed form of a 2 x 2 Gram matrix (two classes) or an SVD (more):
+    the applied head has spectral norm 1 and W's direction, and its gradient is finite at
+    orthonormal rows (repeated singular values, where the closed form's square root is 0)."""
+    torch.manual_seed(0)
+    head = SpectralNormLinear(shape[1], shape[0]).double()
+    for w in (head.weight.detach().clone(), torch.randn(shape, dtype=torch.float64)):
+        with torch.no_grad():
+            head.weight.copy_(w)
+        eff = head.weight_effective()
+        assert torch.linalg.matrix_norm(eff, 2).item() == pytest.approx(1.0, abs=1e-12)
+        assert torch.allclose(eff * torch.linalg.matrix_norm(w, 2), w, atol=1e-12)
+        head.weight.grad = None
+        eff.sum().backward()
+        assert torch.isfinite(head.weight.grad).all()
+
+
+def test_the_closed_form_gradient_matches_the_svd():
+    torch.manual_seed(1)
+    w = torch.randn(2, 9, dtype=torch.float64, requires_grad=True)
+    head = SpectralNormLinear(9, 2).double()
+    with torch.no_grad():
+        head.weight.copy_(w)
+    x = torch.randn(4, 9, dtype=torch.float64)
+    head(x).square().sum().backward()
+    (torch.nn.functional.linear(x, w / torch.linalg.matrix_norm(w, 2))
+     .square().sum().backward())
+    assert torch.allclose(head.weight.grad, w.grad, rtol=1e-9, atol=1e-12)
