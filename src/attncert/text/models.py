@@ -68,20 +68,6 @@ class _OLSAStack(nn.Module):
     :meth:`embed` and may add constants to the tokens in :meth:`tokens`.
     """
 
-    @property
-    def cuda_graphs_blocker(self) -> str | None:
-        """Why the training step is not replayed as CUDA graphs
-        (:mod:`attncert.training.compiled`): a spectrally normalised map of more than two
-        rows (a head of more classes, the frozen encoder's map to a narrower head) divides by
-        an SVD, whose CUDA kernels copy their status to the host, where a capture fails (as
-        it did for every OLSA model before :func:`~attncert.text.orthogonal.head_norm`)."""
-        wide = [name for name, m in self.named_modules()
-                if isinstance(m, SpectralNormLinear) and m.weight.shape[0] > 2]
-        if not wide:
-            return None
-        return (f"{', '.join(wide)} normalised by an SVD, which a CUDA-graph capture cannot "
-                "hold")
-
     def __init__(self, dim: int, depth: int, heads: int, num_classes: int, radius: float,
                  attention: str, max_len: int, alpha1: float, group_size: int, iters: int,
                  residual: str, residual_init: float, train_alpha1: bool = True):

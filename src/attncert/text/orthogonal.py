@@ -10,6 +10,7 @@ import torch
 from torch import Tensor, nn
 from torch.nn import functional as F
 
+from attncert.training.compiled import outside_graphs
 from attncert.training.precision import AUTOCAST_DEVICES, full_precision
 
 
@@ -87,6 +88,11 @@ def reproject_orthogonal_(model: nn.Module) -> None:
             m.reproject_()
 
 
+@outside_graphs
+def _svd_norm(w: Tensor) -> Tensor:
+    return torch.linalg.matrix_norm(w, 2)
+
+
 def head_norm(w: Tensor) -> Tensor:
     """||W||_2 of an (out, in) matrix, differentiable; for out <= 2 without a solver.
 
@@ -98,10 +104,10 @@ def head_norm(w: Tensor) -> Tensor:
     initialisation: the subgradient of the mean of both), raising the eigenvalue by at most
     its square root, about 1e-19 (an over-estimate: W / ||W||_2 stays in the unit ball).
     Computed in float32 at least and never autocast (no matrix product). More rows take the
-    SVD (those runs are not captured: ``_OLSAStack.cuda_graphs_blocker``).
+    SVD, run between the compiled graphs (:func:`~attncert.training.compiled.outside_graphs`).
     """
     if w.shape[0] > 2:
-        return torch.linalg.matrix_norm(w, 2)
+        return _svd_norm(w)
     w = w.to(torch.promote_types(w.dtype, torch.float32))
     if w.shape[0] == 1:
         return w.norm()

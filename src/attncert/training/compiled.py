@@ -17,8 +17,7 @@ Modes (:data:`MODES`): ``off`` (eager: the reference), ``compile`` (``torch.comp
 mode), ``graphs`` (mode ``reduce-overhead``: CUDA graphs on CUDA; on a CPU the same as
 ``compile``), ``auto`` (``graphs`` on CUDA, ``off`` elsewhere: on a 2-core CPU the compile time
 of each of the study's many small models outweighs what it saves). A run that cannot be
-captured (:func:`graphs_blocker`: PGD adversarial training, an OLSA model with an SVD in its
-forward pass) runs eager
+captured (:func:`graphs_blocker`: PGD adversarial training) runs eager
 where ``graphs`` was asked for. The stage runner applies
 ``base.compile`` with :func:`set_mode` (:func:`attncert.pipeline.runtime.configure`); it is a
 runtime key (``BASE_RUNTIME``): changing it reruns nothing.
@@ -27,12 +26,14 @@ runtime key (``BASE_RUNTIME``): changing it reruns nothing.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
+import functools
+from collections.abc import Callable, Iterator
 
 import torch
 from torch import nn
 
-__all__ = ["MODES", "compiled_forward", "graphs_blocker", "resolve", "set_mode", "step_begin"]
+__all__ = ["MODES", "compiled_forward", "graphs_blocker", "in_eager_region", "outside_graphs",
+           "resolve", "set_mode", "step_begin"]
 
 #: ``base.compile`` values -> ``torch.compile``'s mode (None: eager)
 MODES = {"off": None, "compile": "default", "graphs": "reduce-overhead", "auto": None}
@@ -51,11 +52,11 @@ def set_mode(mode: str) -> None:
 def graphs_blocker(model: nn.Module | None = None, config: object = None) -> str | None:
     """Why a training run of ``model`` with ``config`` cannot replay CUDA graphs, or None.
 
-    A model says so with a ``cuda_graphs_blocker`` attribute (an OLSA model whose forward
-    pass divides by an SVD, whose CUDA kernels copy their status to the host: the capture
-    fails, as measured on an H200 on 2026-11-28; ``tests/test_capture.py``); PGD adversarial
-    training runs the model several times a step, each pass's outputs still needed when the
-    next one replays."""
+    A model says so with a ``cuda_graphs_blocker`` attribute (none does: the OLSA models'
+    capture failed on an H200 on 2026-11-28 on an SVD in the forward pass, now a closed form or
+    run between the graphs, :func:`outside_graphs`; ``tests/test_capture.py`` checks every
+    kind); PGD adversarial training runs the model several times a step, each pass's outputs
+    still needed when the next one replays."""
     reason = getattr(model, "cuda_graphs_blocker", None)
     if reason:
         return f"{type(model).__name__}: {reason}"
@@ -97,6 +98,34 @@ def compiled_forward(model: nn.Module, mode: str) -> Iterator[None]:
         yield
     finally:
         del model.forward
+
+
+_eager_depth = 0
+
+
+def outside_graphs(fn: Callable) -> Callable:
+    """``fn`` runs eagerly, between compiled graphs (a graph break under ``torch.compile``):
+    for the few operations a CUDA graph cannot hold inside a forward pass that otherwise can
+    (an SVD, whose CUDA kernels copy their status to the host). Its outputs enter the next
+    graph as inputs; autograd runs its backward eagerly too. :func:`in_eager_region` tells
+    ``tests/test_capture.py`` which operations run outside the graphs."""
+
+    @torch.compiler.disable
+    @functools.wraps(fn)
+    def eager(*args, **kwargs):
+        global _eager_depth
+        _eager_depth += 1
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            _eager_depth -= 1
+
+    return eager
+
+
+def in_eager_region() -> bool:
+    """Whether a function of :func:`outside_graphs` is running (on this process)."""
+    return _eager_depth > 0
 
 
 def step_begin(mode: str, dev: torch.device) -> None:
