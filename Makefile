@@ -2,8 +2,8 @@
 # environment (.venv, from the pins in requirements.txt) first when it is missing or stale.
 #
 #   make pipeline              dvc repro with params.yaml as it is (committed: paper scale)
-#   make pipeline SCALE=cpu    apply profiles/cpu.yaml first (2 CPU cores, offline data; 81 min
-#                              with WORKERS=2 below, 2026-11-28)
+#   make pipeline SCALE=cpu    apply profiles/cpu.yaml first (2 CPU cores, offline data; 36 min
+#                              with WORKERS=2 below, 2026-11-29)
 #   make pipeline SCALE=smoke  apply profiles/smoke.yaml first (tiny, minutes)
 #   make pipeline SCALE=paper  restore the committed paper-scale params first
 #

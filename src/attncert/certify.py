@@ -31,8 +31,8 @@ import torch
 from torch import Tensor
 
 from attncert import bounds
+from attncert.bounds.variants import TESTS, Layer, variant
 from attncert.bounds.variants import VARIANTS as BOUND_VARIANTS
-from attncert.bounds.variants import Layer, variant
 from attncert.models.vit import Component, propagate
 from attncert.pipeline import rng
 from attncert.pipeline.batching import in_batches
@@ -51,7 +51,6 @@ if TYPE_CHECKING:
     import pandas as pd
 
 VARIANTS = tuple(BOUND_VARIANTS)
-TESTS = ("pairwise", "logit")
 
 
 @dataclass

@@ -23,7 +23,7 @@ from attncert.bounds.dotproduct import dot_product_attention_lipschitz
 from attncert.bounds.lofast import lofast_from_terms, lofast_terms, naive_terms
 from attncert.bounds.specformer import specformer_bound
 
-__all__ = ["COSTS", "Layer", "Variant", "VARIANTS", "variant"]
+__all__ = ["COSTS", "TESTS", "Layer", "Variant", "VARIANTS", "variant"]
 
 
 @dataclass(frozen=True)
@@ -82,6 +82,9 @@ VARIANTS: dict[str, Variant] = {v.name: v for v in (
 )}
 #: the cost model's pricings (tests/test_certify.py holds every variant to one of them)
 COSTS = ("lofast", "naive", "none")
+#: how a certificate turns the bounded output perturbation into a radius: the pairwise margin
+#: test (every other class against the predicted one) or the logit test (docs/math.md)
+TESTS = ("pairwise", "logit")
 
 
 def variant(name: str) -> Variant:

@@ -36,7 +36,8 @@ from pathlib import Path
 import torch
 from torch import Tensor, nn
 
-from attncert.models.vit import ViT, ViTConfig, build_vit, load_vit
+from attncert.models.config import hub_vit_config
+from attncert.models.vit import ViT, build_vit, load_vit
 
 __all__ = [
     "CheckpointUnavailable",
@@ -116,12 +117,9 @@ def vit_from_hf(hf_model: nn.Module, mean: Sequence[float], std: Sequence[float]
     mean, std = list(mean), list(std)
     mean = mean * channels if len(mean) == 1 else mean
     std = std * channels if len(std) == 1 else std
-    cfg = ViTConfig(image_size=_square(c.image_size, "image_size"), channels=channels,
-                    patch=_square(c.patch_size, "patch_size"), dim=c.hidden_size,
-                    depth=c.num_hidden_layers, heads=c.num_attention_heads,
-                    mlp_hidden=c.intermediate_size, num_classes=c.num_labels, kind="standard",
-                    block="prenorm", pool="cls", mean=tuple(mean), std=tuple(std),
-                    attn_bias=True)
+    cfg = hub_vit_config(_square(c.image_size, "image_size"), _square(c.patch_size, "patch_size"),
+                         c.hidden_size, c.num_hidden_layers, c.num_attention_heads,
+                         c.intermediate_size, channels, c.num_labels, tuple(mean), tuple(std))
     model = build_vit(cfg)
 
     vit = hf_model.vit

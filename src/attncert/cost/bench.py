@@ -22,17 +22,17 @@ from attncert.cost.counting import (
 
 def bench_models(params) -> dict[str, tuple[nn.Module, Callable[[int], tuple], str]]:
     """Every trained model kind at its params-file shape: name -> (model, batch(b), shape)."""
+    from attncert.grid.params import model_config as grid_model_config
     from attncert.models import build_vit
     from attncert.pipeline.runs import GridPoint
     from attncert.specformer import methods as sf
-    from attncert.stages import train_vit
     from attncert.text.lofast import LipschitzTextTransformer, TextTransformerConfig
     from attncert.text.models import OLSAClassifier
     from attncert.text.standard import StandardTextTransformer
 
     g, s, sfp, t = params["vit_grid"], params["train_vit"], params["specformer"], params["text"]
     ds, depth, heads = g.dataset[0], max(g.depth), max(g.heads)
-    lip = train_vit.model_config(s, GridPoint(g.results_dir, ds, depth, heads, g.gamma_vo[0]),
+    lip = grid_model_config(s, GridPoint(g.results_dir, ds, depth, heads, g.gamma_vo[0]),
                                  stand_in(ds))
     base = sf.base_model_config(stand_in(sfp.datasets[0]), **sfp.vit.arch(), block=sfp.block)
 
@@ -188,17 +188,17 @@ def bench_margins(params, batch: int, steps: int = 5, device: str = "auto",
     with its error in ``status``."""
     import dataclasses
 
+    from attncert.grid.params import model_config as grid_model_config
     from attncert.models import build_vit
     from attncert.pipeline.device import resolve_device, resolve_precision
     from attncert.pipeline.runs import GridPoint
-    from attncert.stages import train_vit
     from attncert.training import compiled
     from attncert.training.precision import autocast, training_matmuls
     from attncert.training.train import step_loss
 
     g, s = params["vit_grid"], params["train_vit"]
     ds = g.dataset[0]
-    cfg = train_vit.model_config(s, GridPoint(g.results_dir, ds, max(g.depth), max(g.heads),
+    cfg = grid_model_config(s, GridPoint(g.results_dir, ds, max(g.depth), max(g.heads),
                                               g.gamma_vo[0]), stand_in(ds))
     if mode not in COMPILE_MODES:
         raise ValueError(f"mode {mode!r}; one of {', '.join(COMPILE_MODES)}")

@@ -30,11 +30,12 @@ from attncert.cost.work import (
     n_steps,
     training_work,
 )
+from attncert.models.config import hub_vit_config
 
 
 def grid_work(p, n_train_max: int, n_test_max: int) -> list[Work]:
+    from attncert.grid.params import model_config as grid_model_config
     from attncert.pipeline.runs import GridPoint
-    from attncert.stages import train_vit
 
     g, s, cv = p["vit_grid"], p["train_vit"], p["certify_vit"]
     out = []
@@ -46,7 +47,7 @@ def grid_work(p, n_train_max: int, n_test_max: int) -> list[Work]:
                 for vo in g.gamma_vo:
                     point = GridPoint(g.results_dir, ds, depth, heads, vo)
                     name = point.name
-                    cfg = train_vit.model_config(s, point, stand_in(ds))
+                    cfg = grid_model_config(s, point, stand_in(ds))
                     c = vit_counts(cfg, tuple(s.train.msvp_lambda), s.train.margin)
                     adv = s.train.adv_steps if s.train.adversarial != "none" else 0
                     out += training_work("train_vit", name, c, n_tr, n_te, s.train.epochs,
@@ -138,10 +139,7 @@ def specformer_work(p, n_train_max: int, n_test_max: int) -> list[Work]:
         if src == sf.SCRATCH:
             base = sf.base_model_config(stand_in(ds), **s.vit.arch(), block=s.block)
         elif src in HF_VITS:  # fine-tuned at its own input size (the upsampling is free)
-            from attncert.models import ViTConfig
-
-            base = ViTConfig(channels=channels, num_classes=k, kind="standard",
-                             block="prenorm", pool="cls", attn_bias=True, **HF_VITS[src])
+            base = hub_vit_config(**HF_VITS[src], channels=channels, num_classes=k)
         else:
             raise ValueError(f"specformer.sources: the shape of {src!r} is unknown here; add it "
                              "to attncert.cost.HF_VITS")
@@ -276,10 +274,7 @@ def certvit_work(p, n_train_max: int, n_test_max: int) -> list[Work]:
     for source in cv.imagenet.sources:  # Table 3: the user's validation images
         if source not in HF_VITS:
             continue
-        from attncert.models import ViTConfig
-
-        cfg = ViTConfig(channels=3, num_classes=1000, kind="standard", block="prenorm",
-                        pool="cls", attn_bias=True, **HF_VITS[source])
+        cfg = hub_vit_config(**HF_VITS[source], channels=3, num_classes=1000)
         c = vit_counts(cfg)
         n_val = p["data"].imagenet_val_images or 50000
         # one image per class of those left after calibration (at most ImageNet's 1000)
@@ -318,12 +313,8 @@ def _certvit_run_work(cv, n_train_max: int, n_test_max: int, label: str) -> list
         arch = cv.vit.arch()
         cfg = stage.pretrain_config(stand_in(cv.dataset), **arch)
     elif cv.source in HF_VITS:
-        from attncert.models import ViTConfig
-
-        _, _, k, _, _ = DATASETS[cv.dataset]
-        c = DATASETS[cv.dataset][0]
-        cfg = ViTConfig(channels=c, num_classes=k, kind="standard", block="prenorm",
-                        pool="cls", attn_bias=True, **HF_VITS[cv.source])
+        channels, _, k, _, _ = DATASETS[cv.dataset]
+        cfg = hub_vit_config(**HF_VITS[cv.source], channels=channels, num_classes=k)
     else:
         raise ValueError(f"certvit.source {cv.source!r}: its shape is unknown here; add it to "
                          "attncert.cost.HF_VITS")

@@ -21,9 +21,10 @@ from attncert.frontier.params import Params as FrontierParams
 from attncert.frontier.settings import (
     Setting,
 )
+from attncert.grid.params import TrainVitParams
+from attncert.grid.params import model_config as grid_model_config
 from attncert.models import ViTConfig
 from attncert.pipeline.runs import GridPoint
-from attncert.stages import train_vit
 from attncert.training.train import TrainConfig
 
 
@@ -168,7 +169,7 @@ def task_parts(data: Mapping[str, Any], train: Mapping[str, Any], val: Mapping[s
     return dict(data) | routing.routed_stats(train), train, val
 
 
-def grid_setting(tv: train_vit.Params) -> str | None:
+def grid_setting(tv: TrainVitParams) -> str | None:
     """The setting ``train_vit`` trains the grid with (None for a margin not in :data:`KINDS`)."""
     if tv.train.margin == "lmt":
         return f"lmt-{tv.train.lmt_offset:g}"
@@ -177,7 +178,7 @@ def grid_setting(tv: train_vit.Params) -> str | None:
     return None
 
 
-def train_config(p: FrontierParams, tv: train_vit.Params, setting: Setting,
+def train_config(p: FrontierParams, tv: TrainVitParams, setting: Setting,
                  seed: int) -> TrainConfig:
     """The setting's training: ``train_vit``'s with its margin and its recipe axes (a ViT);
     ``train_vit``'s without a margin at ``standard_lr`` (the standard ViT); the linear
@@ -197,20 +198,20 @@ def train_config(p: FrontierParams, tv: train_vit.Params, setting: Setting,
     return dataclasses.replace(cfg, margin="lofast", lofast_eps=setting.value)
 
 
-def model_config(p: FrontierParams, tv: train_vit.Params, setting: Setting, dataset: str,
+def model_config(p: FrontierParams, tv: TrainVitParams, setting: Setting, dataset: str,
                  data: Mapping[str, Any]) -> ViTConfig:
     """The setting's ViT: ``train_vit``'s model of the frontier's grid shape with the
     setting's model axes; the standard ViT is that shape (patch axis included) with the
     standard ViT's parts (LayerNorm, GELU MLP, free attention, pre-norm blocks)."""
     point = GridPoint(p.results_dir, dataset, p.depth, p.heads, p.gamma_vo)
-    cfg = train_vit.model_config(tv, point, data)
+    cfg = grid_model_config(tv, point, data)
     if setting.kind == "standard":
         return dataclasses.replace(cfg, kind="standard", block="prenorm",
                                    **setting.model_axes())
     return dataclasses.replace(cfg, **setting.model_axes())
 
 
-def sharpening_frame(p: FrontierParams, tv: train_vit.Params, seed: int) -> pd.DataFrame:
+def sharpening_frame(p: FrontierParams, tv: TrainVitParams, seed: int) -> pd.DataFrame:
     """Why the local bound closes the attention: one seeded random residual attention layer of
     the frontier's shape (``train_vit``'s width, ``heads``, ``gamma_vo``; tokens projected to
     ``train_vit.radius_attn``) per ``sharpen_tokens``, its logit cap set to each of
@@ -231,7 +232,7 @@ def sharpening_frame(p: FrontierParams, tv: train_vit.Params, seed: int) -> pd.D
     return pd.concat(frames, ignore_index=True)
 
 
-def write_sharpening(p: FrontierParams, tv: train_vit.Params, seed: int, path: Path
+def write_sharpening(p: FrontierParams, tv: TrainVitParams, seed: int, path: Path
                      ) -> pd.DataFrame:
     """:func:`sharpening_frame`, written to ``path`` (CSV, atomically) and returned."""
     from attncert.pipeline.io import atomic_path

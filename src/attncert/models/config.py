@@ -161,3 +161,16 @@ def dataset_vit_config(data: Mapping[str, Any], normalize: str, **fields: Any) -
     std = tuple(data["std"]) if normalize == "std" else None
     return ViTConfig(image_size=int(x.shape[2]), channels=int(x.shape[1]),
                      num_classes=len(data["classes"]), mean=mean, std=std, **fields)
+
+
+def hub_vit_config(image_size: int, patch: int, dim: int, depth: int, heads: int,
+                   mlp_hidden: int, channels: int, num_classes: int,
+                   mean: tuple[float, ...] | None = None, std: tuple[float, ...] | None = None
+                   ) -> ViTConfig:
+    """The standard ViT a hub checkpoint (ViT / DeiT, Hugging Face's layout) maps to: pre-norm
+    blocks, a class token, biased attention maps. The one place this shape is spelt: the loader
+    (:func:`attncert.certvit.load.vit_from_hf`) and the cost model build it from here."""
+    return ViTConfig(image_size=image_size, channels=channels, patch=patch, dim=dim, depth=depth,
+                     heads=heads, mlp_hidden=mlp_hidden, num_classes=num_classes,
+                     kind="standard", block="prenorm", pool="cls", mean=mean, std=std,
+                     attn_bias=True)

@@ -193,7 +193,7 @@ def text_bert_base(s: Setup) -> Prepared:
 def grid_vit(s: Setup) -> Prepared:
     """train_vit: the grid's largest Lipschitz ViT on a 32-pixel colour dataset, trained with
     ``train_vit.train``'s margin; once: the float64 lofast_M certificate of four points."""
-    from attncert.stages.train_vit import model_config
+    from attncert.grid.params import model_config
     g, tv, cv = s.params["vit_grid"], s.params["train_vit"], s.params["certify_vit"]
     data = stand_in(ds := next((d for d in g.dataset if DATASETS[d][:2] == (3, 32)), "cifar10"))
     point = GridPoint(g.results_dir, ds, max(g.depth), max(g.heads), g.gamma_vo[0])

@@ -24,42 +24,17 @@ import torch
 from attncert import certify, diagnostics, soundness
 from attncert.data import as_float, load_processed
 from attncert.figures import vit as figs
+from attncert.grid.params import CertifyVitParams
 from attncert.models import ViTConfig
 from attncert.models.vit import load_vit
 from attncert.pipeline.context import Context
 from attncert.pipeline.io import atomic_path, write_json
-from attncert.pipeline.params import (
-    nonneg,
-    one_of,
-    one_of_numbers,
-    param,
-    positive,
-    unique,
-)
 from attncert.report.headline import middle_eps, numbers, row
 from attncert.report.paper import mnist_anchor
 
-#: this module's params.yaml section
+#: this module's params.yaml section and its schema (:mod:`attncert.grid.params`)
 SECTION = "certify_vit"
-
-
-@dataclass(frozen=True)
-class Params:
-    """params.yaml ``certify_vit``."""
-
-    n_test: int = param(nonneg, doc="first n test images (the same points for every "
-                                    "variant; 0 = the whole test split)")
-    n_attack: int = param(positive, doc="first n of them attacked: PGD accuracy and the "
-                                        "soundness audit")
-    cert_batch_size: int = param(positive)
-    variants: list[str] = param(one_of(*certify.VARIANTS), unique)
-    tests: list[str] = param(one_of(*certify.TESTS), unique)
-    softmax_lipschitz: float = param(one_of_numbers(0.5, 1.0))
-    max_radius: float = param(positive)
-    cert_eps: list[float] = param(positive, unique)
-    attack_steps: int = param(positive)
-    attack_restarts: int = param(positive)
-    results_dir: str = param()
+Params = CertifyVitParams
 
 
 @dataclass(frozen=True)

@@ -66,19 +66,19 @@ from attncert.frontier.study import (  # noqa: F401 (the stage's names)
     unit_table,
     write_sharpening,
 )
+from attncert.grid.params import TrainVitParams
 from attncert.models import build_vit
 from attncert.pipeline.context import Context
 from attncert.pipeline.io import atomic_path, write_json
 from attncert.pipeline.records import read_record, unit_key
 from attncert.report.headline import numbers, row
 from attncert.report.paper import MNIST_EPS, mnist_anchor
-from attncert.stages import train_vit
 from attncert.training.checkpoint import fingerprint
 from attncert.training.train import evaluate, train_resumable
 
 #: this module's params.yaml section, and the other sections it reads
 SECTION = "frontier"
-SECTIONS = {"train_vit": train_vit.Params}
+SECTIONS = {"train_vit": TrainVitParams}
 
 
 def units(p: Params) -> list[str]:

@@ -17,59 +17,19 @@ from typing import Any
 import torch
 
 from attncert.data import load_processed
+from attncert.grid.params import TrainVitParams, model_config
 from attncert.models import ViTConfig, build_vit, save_vit
-from attncert.models.config import KINDS, dataset_vit_config
 from attncert.pipeline.context import Context
 from attncert.pipeline.io import write_json
-from attncert.pipeline.params import (
-    NORMALIZE,
-    VIT_BLOCKS,
-    VIT_POOLS,
-    ParamsError,
-    one_of,
-    param,
-    positive,
-)
-from attncert.pipeline.runs import GridPoint
-from attncert.pipeline.shapes import VitShape
 from attncert.report.headline import numbers, row
 from attncert.training.checkpoint import fingerprint
-from attncert.training.recipe import Training
 from attncert.training.train import TrainConfig, evaluate, train_resumable
 
-#: this module's params.yaml section
+#: this module's params.yaml section and its schema (:mod:`attncert.grid.params`)
 SECTION = "train_vit"
-
-
-@dataclass(frozen=True)
-class Params:
-    """params.yaml ``train_vit``: the fixed settings of every grid point."""
-
-    kind: str = param(one_of(*KINDS))
-    vit: VitShape = param(doc="the name of a shape of the vit section (the grid point sets "
-                              "depth and heads)")
-    block: str = param(one_of(*VIT_BLOCKS))
-    pool: str = param(one_of(*VIT_POOLS))
-    radius_attn: float = param(positive)
-    radius_stream: float | None = param(doc="null = sqrt(dim)")
-    gamma_qk: float = param(positive)
-    head_norm: bool = param(doc="head rows scaled to unit norm (margins are feature margins)")
-    normalize: str = param(one_of(*NORMALIZE), doc="inside the model; eps stays in pixel space")
-    train: Training = param(doc="the training recipe, one config (every TrainConfig field)")
-
-    def __post_init__(self) -> None:
-        if self.radius_stream is not None and self.radius_stream <= 0:
-            raise ParamsError(f"train_vit.radius_stream: must be > 0 or null, got "
-                              f"{self.radius_stream!r}")
-
-
-def model_config(p: Params, point: GridPoint, data: Mapping[str, Any]) -> ViTConfig:
-    """The grid point's ViT, sized by its processed dataset
-    (:func:`attncert.models.config.dataset_vit_config`)."""
-    return dataset_vit_config(
-        data, p.normalize, kind=p.kind, **p.vit.arch(depth=point.depth, heads=point.heads),
-        block=p.block, pool=p.pool, radius_attn=p.radius_attn, radius_stream=p.radius_stream,
-        gamma_qk=p.gamma_qk, head_norm=p.head_norm, gamma_vo=point.gamma_vo)
+Params = TrainVitParams
+__all__ = ["SECTION", "Params", "Trained", "headline_numbers", "headline_rows", "model_config",
+           "run"]
 
 
 @dataclass(frozen=True)
