@@ -16,21 +16,15 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils.flop_counter import FlopCounterMode
 
 from attncert.pipeline import rng
+from attncert.pipeline.datasets import TABLE
 
-#: public dataset facts: (channels, image size, classes, training images, test images)
-DATASETS = {
-    "mnist": (1, 28, 10, 60000, 10000),
-    "fashion_mnist": (1, 28, 10, 60000, 10000),
-    "cifar10": (3, 32, 10, 50000, 10000),
-    "cifar100": (3, 32, 100, 50000, 10000),
-    "svhn": (3, 32, 10, 73257, 26032),
-    "imagenette": (3, 224, 10, 9469, 3925),  # Imagenette 2, the 224-pixel evaluation crop
-}
-SST2 = {"train": 67349, "dev": 872, "test": 1821}
-#: the text stage's datasets: labelled examples per split (Yelp polarity has no dev split,
-#: QQP's GLUE test split no labels)
-TEXT_SIZES = {"sst2": SST2, "yelp_polarity": {"train": 560000, "test": 38000},
-              "qqp": {"train": 363846, "dev": 40430}}
+#: public dataset facts (:data:`attncert.pipeline.datasets.TABLE`): (channels, image size, classes,
+#: training images, test images) per image dataset
+DATASETS = {n: (d.channels, d.size, d.classes, d.splits["train"], d.splits["test"])
+            for n, d in TABLE.items() if d.kind == "image"}
+#: the text stage's datasets: labelled examples per split
+TEXT_SIZES = {n: dict(d.splits) for n, d in TABLE.items() if d.kind == "text"}
+SST2 = TEXT_SIZES["sst2"]
 #: Hugging Face ViTs the certvit stage may load: the project's standard-ViT shape of each
 HF_VITS = {
     "google/vit-base-patch16-224": dict(image_size=224, patch=16, dim=768, depth=12, heads=12,

@@ -27,14 +27,14 @@ from typing import Any
 
 from ruamel.yaml import YAML
 
+# the dataset names the checks accept (one table: attncert.pipeline.datasets), re-exported
+from attncert.pipeline.datasets import DATASETS as DATASETS
+from attncert.pipeline.datasets import IMAGE_DATASETS as IMAGE_DATASETS
+from attncert.pipeline.datasets import TEXT_DATASETS as TEXT_DATASETS
 from attncert.pipeline.renamed import RENAMED
 
 PARAMS_FILE = "params.yaml"
 
-#: Image datasets the data stage can prepare, and the text datasets.
-IMAGE_DATASETS = ("mnist", "fashion_mnist", "cifar10", "cifar100", "svhn", "imagenette")
-TEXT_DATASETS = ("sst2", "yelp_polarity", "qqp")
-DATASETS = IMAGE_DATASETS + TEXT_DATASETS
 #: Small real evaluation sets shipped with the offline mirror.
 SAMPLE_SETS = ("cifar10_sample", "imagenet_sample", "imagenet_val")
 #: Training precisions (``attncert.training.precision``); certificates are always float64.
