@@ -77,7 +77,7 @@ gpu-check: env
 	$(PY) -m attncert.pipeline.doctor --device cuda --calibrate reports/gpu_check.json
 	$(PY) -m pytest -q tests/test_device.py tests/test_doctor.py tests/test_precision.py \
 	  tests/test_batching.py tests/test_checkpoint_rng.py tests/test_certify_clock.py \
-	  tests/test_compiled.py
+	  tests/test_compiled.py tests/test_compiled_attacks.py
 	ATTNCERT_DRYRUN_DEVICE=cuda $(PY) -m pytest -q tests/test_paper_dryrun.py
 
 clean-env:

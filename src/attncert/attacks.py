@@ -146,16 +146,24 @@ def cw_linf(model: nn.Module, x: Tensor, y: Tensor, eps: float | Tensor, steps: 
 # -- audits: attack in float32, count a success only when the certified model confirms it ----
 
 
-def attack_copy(model: nn.Module, dtype: torch.dtype = torch.float32) -> nn.Module:
+def attack_copy(model: nn.Module, dtype: torch.dtype = torch.float32, mode: str | None = None
+                ) -> nn.Module:
     """``model`` itself if its floating parameters and buffers are ``dtype``, else a copy in
     ``dtype`` to attack with (an attack is a lower bound: its precision changes its strength,
-    never the soundness of the comparison, see :func:`confirm_l2`)."""
+    never the soundness of the comparison, see :func:`confirm_l2`). The copy's forward pass
+    runs compiled per ``base.compile`` (``mode``: another; :func:`attncert.training.compiled.
+    compile_attack_model`: CUDA graphs on a GPU under ``auto``, eager on a CPU); the model
+    itself is never changed."""
     import copy
+
+    from attncert.training import compiled
 
     tensors = [t for t in (*model.parameters(), *model.buffers()) if t.is_floating_point()]
     if all(t.dtype == dtype for t in tensors):
         return model
-    return copy.deepcopy(model).to(dtype)
+    attacker = copy.deepcopy(model).to(dtype)
+    compiled.compile_attack_model(attacker, tensors[0].device, mode)
+    return attacker
 
 
 @torch.no_grad()
@@ -191,11 +199,25 @@ def verified_pgd_l2(model: nn.Module, x: Tensor, y: Tensor, eps: float | Tensor,
     matmuls on CUDA), each result confirmed on ``model`` in x's dtype by :func:`confirm_l2`:
     the soundness audit of a float64 certificate at float32 attack cost. Returns (x_adv in
     x's dtype, success)."""
+    from attncert.training import compiled
     from attncert.training.precision import attack_matmuls
 
     attack_model = attack_copy(model) if attack_model is None else attack_model
     dtype = next(t for t in attack_model.parameters() if t.is_floating_point()).dtype
-    with attack_matmuls(x.device):
-        x_att, _ = pgd_l2(attack_model, x.to(dtype), y, eps, steps, restarts,
-                          generator=generator)
+    state = generator.get_state() if generator is not None else None
+    try:
+        with attack_matmuls(x.device):
+            x_att, _ = pgd_l2(attack_model, x.to(dtype), y, eps, steps, restarts,
+                              generator=generator)
+    except Exception as exc:  # a compiled attack that fails goes on eager, never stops a stage
+        if not compiled.uncompile(attack_model):
+            raise
+        print(f"base.compile: the attack model runs eager from here on (compiled: "
+              f"{type(exc).__name__}: {(str(exc).strip().splitlines() or [''])[0][:200]})",
+              flush=True)
+        if state is not None:
+            generator.set_state(state)  # the same random starts as an eager run
+        with attack_matmuls(x.device):
+            x_att, _ = pgd_l2(attack_model, x.to(dtype), y, eps, steps, restarts,
+                              generator=generator)
     return confirm_l2(model, x, x_att, y, eps)

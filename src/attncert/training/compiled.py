@@ -32,8 +32,8 @@ from collections.abc import Callable, Iterator
 import torch
 from torch import nn
 
-__all__ = ["MODES", "compiled_forward", "graphs_blocker", "in_eager_region", "outside_graphs",
-           "resolve", "set_mode", "step_begin"]
+__all__ = ["MODES", "compile_attack_model", "compiled_forward", "graphs_blocker",
+           "in_eager_region", "outside_graphs", "resolve", "set_mode", "step_begin", "uncompile"]
 
 #: ``base.compile`` values -> ``torch.compile``'s mode (None: eager)
 MODES = {"off": None, "compile": "default", "graphs": "reduce-overhead", "auto": None}
@@ -133,3 +133,41 @@ def step_begin(mode: str, dev: torch.device) -> None:
     step's replay may be overwritten from here on (each step reads its own outputs only)."""
     if mode == "graphs" and dev.type == "cuda":
         torch.compiler.cudagraph_mark_step_begin()
+
+
+_ATTACK = "_attncert_compiled_attack"
+
+
+def compile_attack_model(model: nn.Module, dev: torch.device, mode: str | None = None) -> str:
+    """Compile the forward pass of ``model``, a throwaway float32 copy an attack runs on
+    (:func:`attncert.attacks.attack_copy`), in ``mode`` (default: the process's
+    ``base.compile``) resolved for ``dev`` (:func:`resolve`: ``auto`` is CUDA graphs on CUDA,
+    eager on a CPU). Each call marks a new CUDA-graph step, so a replay may overwrite the
+    previous call's outputs: an attack reads each step's logits and input gradient before its
+    next forward pass. Returns the resolved mode; :func:`uncompile` undoes it. Certificates
+    never run compiled: an attack only proposes candidates, each confirmed on the certified
+    float64 model (:func:`attncert.attacks.confirm_l2`)."""
+    how = resolve(dev, mode, model)
+    if how == "off":
+        return how
+    if "forward" in vars(model):
+        raise ValueError(f"{type(model).__name__}.forward is already replaced on the instance")
+    fn = torch.compile(model.forward, mode=MODES[how])
+
+    def forward(*args, **kwargs):
+        step_begin(how, dev)
+        return fn(*args, **kwargs)
+
+    model.forward = forward
+    setattr(model, _ATTACK, how)
+    return how
+
+
+def uncompile(model: nn.Module) -> bool:
+    """Undo :func:`compile_attack_model` (the model eager again); False when it was not."""
+    if getattr(model, _ATTACK, None) is None:
+        return False
+    del model.forward
+    delattr(model, _ATTACK)
+    return True
+
