@@ -207,9 +207,45 @@ def test_units_sharing_a_gpu():
     assert plan.slowdown(1) == 1.0 and 1.0 < slow < 1.2 and plan.slowdown(3) == slow
     assert kernels.seconds(gpu, 0.3, 4, slow) == pytest.approx(slow * kernels.seconds(gpu, 0.3))
     assert flops.seconds(gpu, 0.3, 4, slow) == pytest.approx(4 * flops.seconds(gpu, 0.3))
-    for k in (0, max(plan.CONCURRENCY) + 1):
+    most = max(k for by_k in plan.concurrency().values() for k in by_k)
+    for k in (0, most + 1):
         with pytest.raises(ValueError, match="units per GPU"):
             plan.slowdown(k)
+
+
+def test_the_concurrency_record_is_read_per_model_kind(tmp_path):
+    """Each kind takes its own measured slowdown (the larger over compile modes, the smallest
+    K at or above the one asked for); a kind without one, the largest measured."""
+    from attncert.cost import bench, plan
+
+    path = tmp_path / "concurrency.json"
+    rows = [{"kind": "a", "mode": "eager", "k": 1, "ms_per_step": 10.0, "batch": 8},
+            {"kind": "a", "mode": "eager", "k": 4, "ms_per_step": 12.0, "batch": 8},
+            {"kind": "a", "mode": "graphs", "k": 1, "ms_per_step": 2.0, "batch": 8},
+            {"kind": "a", "mode": "graphs", "k": 4, "ms_per_step": 3.0, "batch": 8},
+            {"kind": "b", "mode": "eager", "k": 1, "ms_per_step": 10.0, "batch": 8},
+            {"kind": "b", "mode": "eager", "k": 2, "ms_per_step": 11.0, "batch": 8}]
+    bench.merge_concurrency_bench(path, rows, "gpu", "2026-11-29", "x")
+    table = plan.concurrency(path)
+    assert table == {"a": {1: 1.0, 4: 1.5}, "b": {1: 1.0, 2: pytest.approx(1.1)}}
+    assert plan.slowdown(4, "a", table) == 1.5 and plan.slowdown(2, "a", table) == 1.5
+    assert plan.slowdown(2, "b", table) == pytest.approx(1.1)
+    assert plan.slowdown(4, "b", table) == 1.5  # b not measured at 4: the largest there
+    assert plan.slowdown(2, "c", table) == 1.5  # unmeasured kind: the largest at 2
+    with pytest.raises(ValueError, match="measured up to 4"):
+        plan.slowdown(5, "a", table)
+    # a new measurement replaces the row of its kind, mode and K, and keeps the others
+    bench.merge_concurrency_bench(path, [dict(rows[3], ms_per_step=2.2)], "gpu", "2026-11-30",
+                                  "x")
+    assert plan.concurrency(path)["a"][4] == pytest.approx(1.2)
+    assert len(json.loads(path.read_text())["rows"]) == len(rows)
+
+
+def test_the_concurrency_bench_names_an_unknown_kind(smoke):
+    from attncert.cost import bench
+
+    with pytest.raises(ValueError, match="model kind"):
+        bench.bench_concurrency(load_params(smoke), 2, (1,), 1, "cpu", kind="a ViT")
 
 
 def test_the_plan_with_units_sharing_each_gpu(smoke):

@@ -134,26 +134,34 @@ def bench_training(params, batch: int, steps: int = 5, device: str = "auto",
     return rows
 
 
-def _concurrent_child(params, batch, steps, device, mode, barrier, queue) -> None:
+#: the model kind timed by default with K processes at once (the study's most common unit)
+CONCURRENCY_KIND = "lipschitz ViT (train_vit)"
+
+
+def _concurrent_child(params, batch, steps, device, mode, kind, barrier, queue) -> None:
     """One of K processes: wait for the others, then warm up and time ``steps`` steps."""
     torch.manual_seed(0)
     barrier.wait()
     queue.put(bench_training(params, batch, steps, device, mode=mode,
-                             only=("lipschitz ViT (train_vit)",))[0]["ms_per_step"])
+                             only=(kind,))[0]["ms_per_step"])
 
 
 def bench_concurrency(params, batch: int, ks: tuple[int, ...] = (1, 2, 4), steps: int = 20,
-                      device: str = "auto", mode: str = "eager") -> list[dict[str, Any]]:
-    """K independent processes each training the grid's Lipschitz ViT on one device at once:
-    per K, the median step time in a process and the throughput (steps per second of all K
-    together) over K = 1's: what running K units per GPU gains."""
+                      device: str = "auto", mode: str = "eager", kind: str = CONCURRENCY_KIND
+                      ) -> list[dict[str, Any]]:
+    """K independent processes each training one model ``kind`` (:func:`bench_models`'s
+    names) on one device at once: per K, the median step time in a process and the
+    throughput (steps per second of all K together) over K = 1's: what running K units per
+    GPU gains (:mod:`attncert.cost.plan` reads it per kind)."""
     import multiprocessing as mp
 
+    if kind not in bench_models(params):
+        raise ValueError(f"model kind {kind!r}; one of {', '.join(bench_models(params))}")
     ctx, rows = mp.get_context("spawn"), []
     for k in ks:
         barrier, queue = ctx.Barrier(k), ctx.Queue()
         procs = [ctx.Process(target=_concurrent_child,
-                             args=(params, batch, steps, device, mode, barrier, queue))
+                             args=(params, batch, steps, device, mode, kind, barrier, queue))
                  for _ in range(k)]
         for p in procs:
             p.start()
@@ -161,11 +169,32 @@ def bench_concurrency(params, batch: int, ks: tuple[int, ...] = (1, 2, 4), steps
         for p in procs:
             p.join()
         step_ms = sorted(got)[k // 2]
-        rows.append({"k": k, "mode": mode, "batch": batch, "ms_per_step": step_ms,
-                     "steps_per_s": 1e3 * k / step_ms})
+        rows.append({"kind": kind, "k": k, "mode": mode, "batch": batch,
+                     "ms_per_step": step_ms, "steps_per_s": 1e3 * k / step_ms})
     for r in rows:
         r["speedup"] = r["steps_per_s"] / rows[0]["steps_per_s"]
     return rows
+
+
+def merge_concurrency_bench(path, rows: list[dict[str, Any]], device: str, date: str,
+                            torch_version: str) -> dict[str, Any]:
+    """Merge :func:`bench_concurrency` rows into the record at ``path`` (each replacing the
+    row of its kind, mode and K) and write it atomically; returns the record."""
+    import json
+    from pathlib import Path
+
+    from attncert.pipeline.io import write_json
+
+    p = Path(path)
+    record = json.loads(p.read_text()) if p.is_file() else {"rows": []}
+    new = [{"kind": r["kind"], "mode": r["mode"], "k": r["k"],
+            "ms_per_step": round(r["ms_per_step"], 3), "device": device, "date": date,
+            "batch": r["batch"], "torch": torch_version} for r in rows]
+    keys = {(r["kind"], r["mode"], r["k"]) for r in new}
+    record["rows"] = [r for r in record["rows"]
+                      if (r["kind"], r["mode"], r["k"]) not in keys] + new
+    write_json(p, record)
+    return record
 
 
 def _sync(dev: torch.device) -> None:

@@ -14,10 +14,13 @@ import torch
 
 from attncert.cost.bench import (
     COMPILE_MODES,
+    CONCURRENCY_KIND,
     bench_concurrency,
     bench_crown,
     bench_margins,
+    bench_models,
     bench_training,
+    merge_concurrency_bench,
 )
 from attncert.cost.calibrate import CALIBRATION_FILE, COMMITTED_CALIBRATION, calibrated
 from attncert.cost.counting import (
@@ -25,6 +28,7 @@ from attncert.cost.counting import (
     UTILISATION,
 )
 from attncert.cost.graphs import PILOT_RECORD, with_graphs, with_pilot
+from attncert.cost.plan import CONCURRENCY_BENCH
 from attncert.cost.table import cost_table
 from attncert.cost.vision_stages import CROWN_BENCH
 
@@ -74,7 +78,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--modes", nargs="+", default=["eager"], choices=COMPILE_MODES,
                     help="bench: eager, compile (torch.compile), graphs (and CUDA graphs)")
     ap.add_argument("--concurrent", type=int, nargs="+", default=None, metavar="K",
-                    help="bench: also K processes training the grid's ViT on the device at once")
+                    help="bench: also K processes training one model kind on the device at once")
+    ap.add_argument("--kinds", nargs="+", default=None, metavar="KIND",
+                    help="bench --concurrent: these model kinds (the bench's names, or 'all'; "
+                         "default: the grid's Lipschitz ViT)")
+    ap.add_argument("--write-concurrency", metavar="PATH", nargs="?", const=CONCURRENCY_BENCH,
+                    default=None,
+                    help=f"bench --concurrent: merge the rows into PATH (default "
+                         f"{CONCURRENCY_BENCH}, which the plan reads per model kind)")
     ap.add_argument("--points", type=int, default=2, help="crown: points bounded per method")
     ap.add_argument("--methods", nargs="+", default=None,
                     help="crown: these of crown.methods (default: all)")
@@ -123,13 +134,31 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"{r['model']:>34} {r['ms_per_step']:9.1f} {r['first_step_s']:8.1f} "
                       f"{r['parameters']:11,}  {r['shape']}"
                       + (f"  {r['status']}" if r["status"] != "ok" else ""), flush=True)
+        kinds = (list(bench_models(params)) if args.kinds == ["all"]
+                 else args.kinds or [CONCURRENCY_KIND])
+        unknown = [k for k in kinds if k not in bench_models(params)]
+        if unknown:
+            ap.error(f"--kinds: {unknown[0]!r}; one of {', '.join(bench_models(params))}, all")
         for mode in args.modes if args.concurrent else ():
-            print(f"\nK processes training the grid's Lipschitz ViT at once, {mode}")
-            print(f"{'K':>3} {'ms/step':>9} {'steps/s':>8} {'x K=1':>6}")
-            for r in bench_concurrency(params, args.batch, tuple(args.concurrent), args.steps,
-                                       args.device, mode):
-                print(f"{r['k']:>3} {r['ms_per_step']:9.1f} {r['steps_per_s']:8.1f} "
-                      f"{r['speedup']:6.2f}", flush=True)
+            for kind in kinds:
+                print(f"\nK processes training {kind} at once, {mode}")
+                print(f"{'K':>3} {'ms/step':>9} {'steps/s':>8} {'x K=1':>6}")
+                rows = bench_concurrency(params, args.batch, tuple(args.concurrent),
+                                         args.steps, args.device, mode, kind)
+                for r in rows:
+                    print(f"{r['k']:>3} {r['ms_per_step']:9.1f} {r['steps_per_s']:8.1f} "
+                          f"{r['speedup']:6.2f}", flush=True)
+                if args.write_concurrency:
+                    import datetime
+
+                    from attncert.pipeline.device import resolve_device
+
+                    dev = resolve_device(args.device)
+                    name = (torch.cuda.get_device_name(dev) if dev.type == "cuda"
+                            else str(dev))
+                    merge_concurrency_bench(args.write_concurrency, rows, name,
+                                            datetime.date.today().isoformat(),
+                                            torch.__version__)
         for mode in args.modes:
             print(f"\nthe grid's Lipschitz ViT by training margin (train_vit), batch "
                   f"{args.batch}, {mode}")
