@@ -79,3 +79,33 @@ def test_the_pilot_calibrates_the_stages_of_each_finished_unit_kind(tmp_path):
     assert work.seconds(gpu, 0.3) == pytest.approx(2 * work.seconds(h100, 0.3))
     assert Work("text", "x", "fp64", 0.0, 1e6).seconds(gpu, 0.3) == \
         Work("text", "x", "fp64", 0.0, 1e6).seconds(h100, 0.3)
+
+
+def test_a_graphs_bench_is_merged_into_the_record(tmp_path):
+    """bench --write-compile: each step kind's eager and CUDA-graph times replace its row; a
+    kind whose graphs failed keeps no speed-up (None, the failure as its note); rows measured
+    before keep their device and date."""
+    from attncert.cost import graphs
+
+    def row(model, ms, status="ok"):
+        return {"model": model, "ms_per_step": ms, "status": status}
+
+    training = {"eager": [row("OLSA text", 36.0), row("standard text", 10.0)],
+                "graphs": [row("OLSA text", 4.0), row("standard text", float("nan"), "Err: x")]}
+    margins = {"eager": [{"margin": "none", "ms_per_step": 30.0, "status": "ok"},
+                         {"margin": "lmt", "ms_per_step": 31.0, "status": "ok"}],
+               "graphs": [{"margin": "lmt", "ms_per_step": 5.0, "status": "ok"}]}
+    rows = graphs.compile_rows(training, margins)
+    assert [r["key"] for r in rows] == ["OLSA text", "standard text",
+                                        "lipschitz ViT (train_vit), margin lmt"]
+    assert rows[0]["graphs_ms"] == 4.0 and rows[1]["graphs_ms"] is None
+    assert rows[1]["note"] == "Err: x" and rows[2]["graphs_ms"] == 5.0
+    path = tmp_path / "compile.json"
+    path.write_text(json.dumps({"date": "2026-11-28", "device": "H200", "steps": [
+        {"key": "OLSA text", "eager_ms": 35.7, "graphs_ms": None, "note": "capture fails"},
+        {"key": "LoFAST text", "eager_ms": 40.3, "graphs_ms": 3.6, "note": ""}]}))
+    record = graphs.merge_compile_bench(path, rows, "H100", "2026-11-30", "2.13", 128, "bf16")
+    by_key = {r["key"]: r for r in json.loads(path.read_text())["steps"]}
+    assert record["date"] == "2026-11-30" and len(by_key) == 4
+    assert by_key["OLSA text"]["graphs_ms"] == 4.0 and by_key["OLSA text"]["device"] == "H100"
+    assert by_key["LoFAST text"]["date"] == "2026-11-28"  # not re-measured: kept as it was

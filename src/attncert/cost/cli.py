@@ -27,7 +27,14 @@ from attncert.cost.counting import (
     GPUS,
     UTILISATION,
 )
-from attncert.cost.graphs import PILOT_RECORD, with_graphs, with_pilot
+from attncert.cost.graphs import (
+    COMPILE_BENCH,
+    PILOT_RECORD,
+    compile_rows,
+    merge_compile_bench,
+    with_graphs,
+    with_pilot,
+)
 from attncert.cost.plan import CONCURRENCY_BENCH
 from attncert.cost.table import cost_table
 from attncert.cost.vision_stages import CROWN_BENCH
@@ -82,6 +89,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--kinds", nargs="+", default=None, metavar="KIND",
                     help="bench --concurrent: these model kinds (the bench's names, or 'all'; "
                          "default: the grid's Lipschitz ViT)")
+    ap.add_argument("--write-compile", metavar="PATH", nargs="?", const=COMPILE_BENCH,
+                    default=None,
+                    help=f"bench with --modes eager graphs: merge each step kind's eager and "
+                         f"CUDA-graph times into PATH (default {COMPILE_BENCH}, which the cost "
+                         "table reads)")
     ap.add_argument("--write-concurrency", metavar="PATH", nargs="?", const=CONCURRENCY_BENCH,
                     default=None,
                     help=f"bench --concurrent: merge the rows into PATH (default "
@@ -123,9 +135,19 @@ def main(argv: list[str] | None = None) -> int:
         ap.error(f"--params {args.params}: {exc}")
     gpu = with_pilot(with_graphs(calibrated(GPUS[args.gpu], args.calibration), params),
                      args.pilot)
+    if args.command == "bench" and args.write_compile and not {"eager", "graphs"} <= set(
+            args.modes):
+        ap.error("--write-compile: needs --modes eager graphs")
     if args.command == "bench":
+        kinds = (list(bench_models(params)) if args.kinds == ["all"]
+                 else args.kinds or [CONCURRENCY_KIND])
+        unknown = [k for k in kinds if k not in bench_models(params)]
+        if unknown:
+            ap.error(f"--kinds: {unknown[0]!r}; one of {', '.join(bench_models(params))}, all")
+        trained, margins = {}, {}
         for mode in args.modes:
-            rows = bench_training(params, args.batch, args.steps, args.device, mode=mode)
+            rows = trained[mode] = bench_training(params, args.batch, args.steps, args.device,
+                                                  mode=mode)
             print(f"training step (forward, backward, AdamW), batch {args.batch}, "
                   f"device {rows[0]['device']}, precision {rows[0]['precision']}, "
                   f"threads {torch.get_num_threads()}, {mode}")
@@ -134,11 +156,6 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"{r['model']:>34} {r['ms_per_step']:9.1f} {r['first_step_s']:8.1f} "
                       f"{r['parameters']:11,}  {r['shape']}"
                       + (f"  {r['status']}" if r["status"] != "ok" else ""), flush=True)
-        kinds = (list(bench_models(params)) if args.kinds == ["all"]
-                 else args.kinds or [CONCURRENCY_KIND])
-        unknown = [k for k in kinds if k not in bench_models(params)]
-        if unknown:
-            ap.error(f"--kinds: {unknown[0]!r}; one of {', '.join(bench_models(params))}, all")
         for mode in args.modes if args.concurrent else ():
             for kind in kinds:
                 print(f"\nK processes training {kind} at once, {mode}")
@@ -163,9 +180,20 @@ def main(argv: list[str] | None = None) -> int:
             print(f"\nthe grid's Lipschitz ViT by training margin (train_vit), batch "
                   f"{args.batch}, {mode}")
             print(f"{'margin':>10} {'ms/step':>9} {'x LMT':>7}")
-            for r in bench_margins(params, args.batch, args.steps, args.device, mode=mode):
+            margins[mode] = bench_margins(params, args.batch, args.steps, args.device, mode=mode)
+            for r in margins[mode]:
                 print(f"{r['margin']:>10} {r['ms_per_step']:9.1f} {r['vs_lmt']:7.2f}"
                       + (f"  {r['status']}" if r["status"] != "ok" else ""), flush=True)
+        if args.write_compile:
+            import datetime
+
+            from attncert.pipeline.device import resolve_device
+
+            dev = resolve_device(args.device)
+            name = torch.cuda.get_device_name(dev) if dev.type == "cuda" else str(dev)
+            merge_compile_bench(args.write_compile, compile_rows(trained, margins), name,
+                                datetime.date.today().isoformat(), torch.__version__,
+                                args.batch, trained["eager"][0]["precision"])
         return 0
     if args.command == "crown":
         print(f"one CROWN bound (point x eps) of the crown stage's ViT, {args.points} points")

@@ -48,9 +48,59 @@ def with_graphs(gpu: GPU, params, path: str | Path = COMPILE_BENCH) -> GPU:
     record = json.loads(Path(path).read_text())
     ratios = tuple((r["key"], r["eager_ms"] / r["graphs_ms"]) for r in record["steps"]
                    if r.get("graphs_ms"))
+    used = [r for r in record["steps"] if r.get("graphs_ms")]
+    where = sorted({r.get("device", record["device"]) for r in used}) or [record["device"]]
+    when = sorted({r.get("date", record["date"]) for r in used}) or [record["date"]]
     return dataclasses.replace(gpu, graphs_speedup=ratios,
-                               graphs_source=f"{record['device']}, {record['date']}, batch "
-                                             f"{record['batch']}")
+                               graphs_source=f"{', '.join(where)}, "
+                                             f"{' to '.join(dict.fromkeys([when[0], when[-1]]))}"
+                                             f", batch {record['batch']}")
+
+
+def compile_rows(training: dict[str, list[dict]], margins: dict[str, list[dict]]
+                 ) -> list[dict]:
+    """The record's rows from :func:`attncert.cost.bench.bench_training` and
+    :func:`~attncert.cost.bench.bench_margins` rows per mode (``eager`` and ``graphs``): per
+    step kind (:func:`graphs_key`) its eager and CUDA-graph ms a step, ``graphs_ms`` None with
+    the failure as the note where the graphs did not run."""
+    out = []
+    pairs = [(r["model"], r) for r in training.get("eager", [])]
+    pairs += [(graphs_key(LIPSCHITZ_VIT, r["margin"]), r) for r in margins.get("eager", [])
+              if r["margin"] != "none"]
+    graphs = {r["model"]: r for r in training.get("graphs", [])}
+    graphs |= {graphs_key(LIPSCHITZ_VIT, r["margin"]): r for r in margins.get("graphs", [])
+               if r["margin"] != "none"}
+    for key, eager in pairs:
+        g = graphs.get(key)
+        ok = g is not None and g["status"] == "ok" and math.isfinite(g["ms_per_step"])
+        out.append({"key": key, "eager_ms": round(eager["ms_per_step"], 2),
+                    "graphs_ms": round(g["ms_per_step"], 2) if ok else None,
+                    "note": "" if ok else (g["status"] if g else "graphs not run")})
+    return out
+
+
+def merge_compile_bench(path: str | Path, rows: list[dict], device: str, date: str,
+                        torch_version: str, batch: int, precision: str) -> dict:
+    """Merge :func:`compile_rows` into the record at ``path`` (each replacing the row of its
+    key; the record's device, date and batch become this measurement's, each row keeps its
+    own), written atomically."""
+    from attncert.pipeline.io import write_json
+
+    p = Path(path)
+    record = json.loads(p.read_text()) if p.is_file() else {"steps": []}
+    keys = {r["key"] for r in rows}
+    for r in record["steps"]:  # rows measured before keep where and when
+        r.setdefault("device", record.get("device"))
+        r.setdefault("date", record.get("date"))
+    record |= {"date": date, "device": device, "torch": torch_version, "batch": batch,
+               "precision": precision,
+               "measured_by": "python -m attncert.cost bench --device cuda --modes eager graphs "
+                              "--write-compile (attncert.cost.bench.bench_training, "
+                              "bench_margins)"}
+    record["steps"] = [r for r in record["steps"] if r["key"] not in keys] + [
+        dict(r, device=device, date=date) for r in rows]
+    write_json(p, record)
+    return record
 
 
 #: the pilot's record (:mod:`attncert.pipeline.pilot`, ``make pilot`` on the GPU box)
