@@ -72,6 +72,20 @@ def test_the_attack_model_is_eager_on_a_cpu_under_auto():
     assert attacks.attack_copy(same, mode="compile") is same and "forward" not in vars(same)
 
 
+def test_an_out_of_memory_error_is_left_to_the_batch_loop(monkeypatch):
+    """Out of memory halves the batch (attncert.pipeline.batching); the attack stays compiled."""
+    model, x, y = _audit_inputs()
+    attacker = attacks.attack_copy(model, mode="compile")
+
+    def oom(*args, **kwargs):
+        raise torch.OutOfMemoryError("CUDA out of memory")
+
+    monkeypatch.setattr(attacks, "pgd_l2", oom)
+    with pytest.raises(torch.OutOfMemoryError):
+        _audit(model, x, y, attacker)
+    assert compiled.uncompile(attacker)
+
+
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a GPU")
 def test_an_attack_under_cuda_graphs_finds_what_eager_finds():
     model, x, y = (t.cuda() for t in _audit_inputs())

@@ -209,6 +209,8 @@ def verified_pgd_l2(model: nn.Module, x: Tensor, y: Tensor, eps: float | Tensor,
         with attack_matmuls(x.device):
             x_att, _ = pgd_l2(attack_model, x.to(dtype), y, eps, steps, restarts,
                               generator=generator)
+    except torch.OutOfMemoryError:
+        raise  # the batch loop halves the batch (attncert.pipeline.batching): not a compile issue
     except Exception as exc:  # a compiled attack that fails goes on eager, never stops a stage
         if not compiled.uncompile(attack_model):
             raise

@@ -102,7 +102,7 @@ def head_norm(w: Tensor) -> Tensor:
     training step fails there). The smallest normal float under the square root keeps the
     gradient finite where the two singular values coincide (orthonormal rows, the
     initialisation: the subgradient of the mean of both), raising the eigenvalue by at most
-    its square root, about 1e-19 (an over-estimate: W / ||W||_2 stays in the unit ball).
+    its square root, 1e-19 in float32 (an over-estimate: W / ||W||_2 stays in the unit ball).
     Computed in float32 at least and never autocast (no matrix product). More rows take the
     SVD, run between the compiled graphs (:func:`~attncert.training.compiled.outside_graphs`).
     """
