@@ -153,3 +153,35 @@ def test_the_closed_form_gradient_matches_the_svd():
     (torch.nn.functional.linear(x, w / torch.linalg.matrix_norm(w, 2))
      .square().sum().backward())
     assert torch.allclose(head.weight.grad, w.grad, rtol=1e-9, atol=1e-12)
+
+
+def _images(model, n=3):
+    c = model.config
+    return (torch.rand(n, c.channels, c.image_size, c.image_size),
+            torch.zeros(n, dtype=torch.long))
+
+
+LIPSCHITZ = {"kind": "lipschitz", "attn_bias": False, "block": "stream", "pool": "mean"}
+
+
+@pytest.mark.parametrize("variant", [
+    LIPSCHITZ, {**LIPSCHITZ, "qk_tied": True}, {**LIPSCHITZ, "attn_orthogonal": True},
+    *({"attention": a} for a in ("dot", "l2", "lnformer", "cosine"))])
+def test_every_vit_variant_is_capturable(variant, monkeypatch):
+    """The Lipschitz ViT with its attention options (the frontier's axes) and the standard
+    ViT with every attention variant (SpecFormer's and the frontier's baselines)."""
+    from helpers import tiny_vit
+
+    model = tiny_vit(**variant)
+    assert _capture_faults(model, _images(model), monkeypatch) == []
+
+
+@pytest.mark.parametrize("norm", ["project", "center"])
+def test_certvit_s_adapted_vit_is_capturable(norm, monkeypatch):
+    """CertViT's fine-tunes train the adapted model: L2 attention, Lipschitz norms."""
+    from helpers import tiny_vit
+
+    from attncert.certvit.adapt import Adaptation, adapt
+
+    model = adapt(tiny_vit(kind="standard", block="prenorm", pool="cls"), Adaptation(norm=norm))
+    assert _capture_faults(model, _images(model), monkeypatch) == []
