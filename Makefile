@@ -27,7 +27,7 @@ GPUS ?=
 WORKERS ?=
 export PATH := $(abspath $(VENV))/bin:$(PATH)
 
-.PHONY: env pipeline test lint bench rehearse pilot gpu-check clean-env
+.PHONY: env pipeline test lint bench rehearse pilot gpu-check gpu-bench clean-env
 
 env: $(VENV)/.installed
 
@@ -79,6 +79,15 @@ gpu-check: env
 	  tests/test_batching.py tests/test_checkpoint_rng.py tests/test_certify_clock.py \
 	  tests/test_compiled.py tests/test_compiled_attacks.py
 	ATTNCERT_DRYRUN_DEVICE=cuda $(PY) -m pytest -q tests/test_paper_dryrun.py
+
+# on a GPU box (about 12 minutes on an H200): eager against CUDA graphs per model kind and training
+# margin, then K = 1 and 4 units at once per kind, merged into the records the cost table and the
+# plan read (docs/compile_bench.json, docs/concurrency_bench.json; docs/gpus.md)
+gpu-bench: env
+	$(PY) -m attncert.cost bench --device cuda --batch 128 --steps 10 --modes eager graphs \
+	  --write-compile
+	$(PY) -m attncert.cost bench --device cuda --batch 128 --steps 20 --modes graphs \
+	  --concurrent 1 4 --kinds all --concurrent-only --write-concurrency
 
 clean-env:
 	rm -rf $(VENV)

@@ -109,3 +109,45 @@ def test_a_graphs_bench_is_merged_into_the_record(tmp_path):
     assert record["date"] == "2026-11-30" and len(by_key) == 4
     assert by_key["OLSA text"]["graphs_ms"] == 4.0 and by_key["OLSA text"]["device"] == "H100"
     assert by_key["LoFAST text"]["date"] == "2026-11-28"  # not re-measured: kept as it was
+
+
+def test_the_gpu_bench_commands_write_their_records(smoke, tmp_path, monkeypatch, capsys):
+    """make gpu-bench's two commands, with the timings stubbed: --write-compile merges the
+    graphs speed-ups, --concurrent-only --write-concurrency the K-process rows (every kind),
+    and a flag without what it needs stops with one line."""
+    from attncert.cost import cli, plan
+
+    def training(params, batch, steps, device, mode="eager", only=()):
+        return [{"model": m, "ms_per_step": 10.0 if mode == "eager" else 2.0, "status": "ok",
+                 "first_step_s": 0.0, "parameters": 1, "shape": "", "device": "cpu",
+                 "precision": "fp32"} for m in ("OLSA text", "standard text")]
+
+    def margins(params, batch, steps, device, mode="eager"):
+        return [{"margin": "lmt", "ms_per_step": 8.0 if mode == "eager" else 4.0,
+                 "status": "ok", "vs_lmt": 1.0}]
+
+    def concurrent(params, batch, ks, steps, device, mode, kind):
+        return [{"kind": kind, "k": k, "mode": mode, "batch": batch, "ms_per_step": 1.0 + k,
+                 "steps_per_s": 1.0, "speedup": 1.0} for k in ks]
+
+    monkeypatch.setattr(cli, "bench_training", training)
+    monkeypatch.setattr(cli, "bench_margins", margins)
+    monkeypatch.setattr(cli, "bench_concurrency", concurrent)
+    compile_path, conc_path = tmp_path / "compile.json", tmp_path / "concurrency.json"
+    cli.main(["bench", "--params", str(smoke), "--device", "cpu", "--modes", "eager", "graphs",
+              "--write-compile", str(compile_path)])
+    steps = {r["key"]: r for r in json.loads(compile_path.read_text())["steps"]}
+    assert steps["OLSA text"]["graphs_ms"] == 2.0
+    assert steps["lipschitz ViT (train_vit), margin lmt"]["graphs_ms"] == 4.0
+    cli.main(["bench", "--params", str(smoke), "--device", "cpu", "--modes", "graphs",
+              "--concurrent", "1", "4", "--kinds", "all", "--concurrent-only",
+              "--write-concurrency", str(conc_path)])
+    table = plan.concurrency(conc_path)
+    assert len(table) == 6 and all(by_k[4] == pytest.approx(5 / 2) for by_k in table.values())
+    for argv, match in ((["--modes", "eager", "--write-compile", str(compile_path)],
+                         "needs --modes eager graphs"),
+                        (["--concurrent-only"], "needs --concurrent"),
+                        (["--concurrent", "1", "--kinds", "a ViT"], "--kinds")):
+        with pytest.raises(SystemExit):
+            cli.main(["bench", "--params", str(smoke), "--device", "cpu", *argv])
+        assert match in capsys.readouterr().err

@@ -86,6 +86,8 @@ def main(argv: list[str] | None = None) -> int:
                     help="bench: eager, compile (torch.compile), graphs (and CUDA graphs)")
     ap.add_argument("--concurrent", type=int, nargs="+", default=None, metavar="K",
                     help="bench: also K processes training one model kind on the device at once")
+    ap.add_argument("--concurrent-only", action="store_true",
+                    help="bench --concurrent: only the K-process runs (no single-step tables)")
     ap.add_argument("--kinds", nargs="+", default=None, metavar="KIND",
                     help="bench --concurrent: these model kinds (the bench's names, or 'all'; "
                          "default: the grid's Lipschitz ViT)")
@@ -135,9 +137,11 @@ def main(argv: list[str] | None = None) -> int:
         ap.error(f"--params {args.params}: {exc}")
     gpu = with_pilot(with_graphs(calibrated(GPUS[args.gpu], args.calibration), params),
                      args.pilot)
-    if args.command == "bench" and args.write_compile and not {"eager", "graphs"} <= set(
-            args.modes):
-        ap.error("--write-compile: needs --modes eager graphs")
+    if args.command == "bench" and args.write_compile and (
+            not {"eager", "graphs"} <= set(args.modes) or args.concurrent_only):
+        ap.error("--write-compile: needs --modes eager graphs (and the single-step tables)")
+    if args.command == "bench" and args.concurrent_only and not args.concurrent:
+        ap.error("--concurrent-only: needs --concurrent K ...")
     if args.command == "bench":
         kinds = (list(bench_models(params)) if args.kinds == ["all"]
                  else args.kinds or [CONCURRENCY_KIND])
@@ -145,7 +149,7 @@ def main(argv: list[str] | None = None) -> int:
         if unknown:
             ap.error(f"--kinds: {unknown[0]!r}; one of {', '.join(bench_models(params))}, all")
         trained, margins = {}, {}
-        for mode in args.modes:
+        for mode in () if args.concurrent_only else args.modes:
             rows = trained[mode] = bench_training(params, args.batch, args.steps, args.device,
                                                   mode=mode)
             print(f"training step (forward, backward, AdamW), batch {args.batch}, "
@@ -176,7 +180,7 @@ def main(argv: list[str] | None = None) -> int:
                     merge_concurrency_bench(args.write_concurrency, rows, name,
                                             datetime.date.today().isoformat(),
                                             torch.__version__)
-        for mode in args.modes:
+        for mode in () if args.concurrent_only else args.modes:
             print(f"\nthe grid's Lipschitz ViT by training margin (train_vit), batch "
                   f"{args.batch}, {mode}")
             print(f"{'margin':>10} {'ms/step':>9} {'x LMT':>7}")
