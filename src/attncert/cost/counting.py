@@ -250,6 +250,21 @@ def _vit_counts_cached(cfg, msvp, margin):
     return _vit_counts(cfg, msvp_lambda=msvp, margin=margin)
 
 
+@functools.cache
+def pixel_linear_counts(channels: int, size: int, classes: int) -> dict[str, Counts]:
+    """Train step, forward and attack step of the linear baseline on pixels
+    (:class:`attncert.certvit.baseline.PixelLinear`: the frontier's ``linear`` setting)."""
+    from types import SimpleNamespace
+
+    from attncert.certvit.baseline import PixelLinear
+
+    model = PixelLinear(channels * size * size, classes)
+    batch = functools.partial(random_images, SimpleNamespace(channels=channels,
+                                                             image_size=size))
+    return {"train": fit(train_step(model, batch)), "forward": fit(forward(model, batch)),
+            "attack": fit(attack_step(model, batch))}
+
+
 def vit_forward64(cfg) -> Counts:
     """A float64 forward pass (the certificates' precision) of a ViT config (cached)."""
     return _forward64_cached(dataclasses.replace(cfg, gamma_vo=1.0))

@@ -15,6 +15,7 @@ from attncert.cost.counting import (
     HF_VITS,
     layer_certificate_counts,
     layer_pgd_counts,
+    pixel_linear_counts,
     stand_in,
     vit_counts,
     vit_forward64,
@@ -71,8 +72,8 @@ def frontier_work(p, n_train_max: int) -> list[Work]:
     shape with the setting's axes; the standard ViT of that shape) trained on the first
     ``max_train`` of the training split minus the held-out images, LoFAST(M) and the global
     bound on ``n_val`` of those (certified settings), the PGD audit on ``n_attack`` and the
-    attention diagnostics (three forward passes of ``n_val``). The linear baseline's units (a
-    linear model on pixels) are left out: seconds, next to a ViT's hours."""
+    attention diagnostics (three forward passes of ``n_val``); the linear baseline's units (a
+    linear model on pixels, its radius exact) its training and audit."""
     from attncert.stages import frontier
 
     f, s = p["frontier"], p["train_vit"]
@@ -83,9 +84,18 @@ def frontier_work(p, n_train_max: int) -> list[Work]:
         n_tr = capped(f.max_train, n_tr)
         for setting_name in f.settings:
             setting = frontier.parse_setting(setting_name)
-            if setting.kind == "linear":
-                continue
             name = f"{ds}-{setting_name}"
+            if setting.kind == "linear":
+                channels, size, k, _, _ = DATASETS[ds]
+                c = pixel_linear_counts(channels, size, k)
+                tc = frontier.train_config(f, s, setting, 0)
+                items = training_work("frontier", name, c, n_tr, min(f.holdout, n_tr),
+                                      tc.epochs, tc.batch_size, tc.eval_batch_size)
+                items.append(audit_work("frontier", f"{name}: PGD audit", c["attack"],
+                                        f.n_attack, len(f.cert_eps), f.attack_steps,
+                                        f.attack_restarts, f.cert_batch_size))
+                out += in_unit(items, f"frontier_unit@{name}")
+                continue
             cfg = frontier.model_config(f, s, setting, ds, stand_in(ds))
             tc = frontier.train_config(f, s, setting, 0)
             c = vit_counts(cfg, tuple(tc.msvp_lambda), tc.margin)
@@ -297,6 +307,8 @@ def certvit_work(p, n_train_max: int, n_test_max: int) -> list[Work]:
             out.append(audit_work("certvit", f"{what}: PGD audit", c["attack"],
                                   min(cv.n_attack, n), len(cv.cert_eps), cv.attack_steps,
                                   cv.attack_restarts, cv.eval_batch_size))
+    if len(out) == n_before:  # no hub ViT to load: the unit records that, in seconds
+        out.append(Work("certvit", "Table 3 ImageNet: no hub source", "fp32", 0.0, 0.0))
     out[n_before:] = [dataclasses.replace(w, unit="certvit_imagenet") for w in out[n_before:]]
     return out
 

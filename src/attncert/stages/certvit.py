@@ -62,8 +62,8 @@ def unit_file(p: Params, unit: str) -> Path:
     return Path(p.results_dir) / "units" / f"{unit}.json"
 
 
-def dvc_stage(unit: str) -> str:
-    """The DVC stage that runs ``unit`` (dvc.yaml)."""
+def unit_stage(p: Params, unit: str) -> str:
+    """The DVC stage that runs ``unit`` of :func:`units` (dvc.yaml)."""
     if unit.startswith(TABLE1):
         return f"certvit_table1@{unit.removeprefix(TABLE1)}"
     return f"certvit_{unit}"
@@ -114,7 +114,7 @@ def read_unit(p: Params, base: BaseParams, unit: str) -> dict[str, Any]:
     """The record :func:`_run_unit` wrote for ``unit``; ValueError when it is missing or was
     computed from other params (run the unit's DVC stage first)."""
     return read_record(unit_file(p, unit), unit_key("certvit", p, base),
-                       f"the certvit unit {unit!r}", dvc_stage(unit))
+                       f"the certvit unit {unit!r}", unit_stage(p, unit))
 
 
 def _gather(p: Params, ctx: Context) -> dict[str, Any]:

@@ -79,6 +79,12 @@ def units(p: Params) -> list[str]:
     return [f"{d}-L{depth}" for d in p.datasets for depth in p.depths]
 
 
+def unit_stage(p: Params, unit: str) -> str:
+    """The DVC stage that runs ``unit`` of :func:`units` (dvc.yaml's matrix key:
+    ``<dataset>-<depth>``)."""
+    return f"crown_unit@{unit.replace('-L', '-')}"
+
+
 def unit_file(p: Params, unit: str) -> Path:
     """Where :func:`_run_unit` writes the unit's record (JSON)."""
     return Path(p.results_dir) / "units" / f"{unit}.json"
@@ -166,7 +172,7 @@ def read_unit(p: Params, base: BaseParams, unit: str) -> dict[str, Any]:
     """The record :func:`_run_unit` wrote for ``unit``; ValueError when it is missing or was
     computed from other params (run the unit's DVC stage first)."""
     return read_record(unit_file(p, unit), unit_key("crown", p, base),
-                       f"the crown unit {unit!r}", f"crown_unit@{unit.replace('-L', '-')}")
+                       f"the crown unit {unit!r}", unit_stage(p, unit))
 
 
 def _gather(p: Params, ctx: Context) -> Result:

@@ -86,6 +86,11 @@ def units(p: Params) -> list[str]:
     return [f"{d}-{s}" for d in p.datasets for s in p.settings]
 
 
+def unit_stage(p: Params, unit: str) -> str:
+    """The DVC stage that runs ``unit`` of :func:`units` (dvc.yaml)."""
+    return f"frontier_unit@{unit}"
+
+
 def unit_file(p: Params, unit: str) -> Path:
     return Path(p.results_dir) / "units" / f"{unit}.json"
 
@@ -206,7 +211,7 @@ def check_unit(record: Mapping[str, Any], where: str) -> None:
 def read_unit(p: Params, ctx: Context, unit: str) -> dict[str, Any]:
     """The record :func:`_run_unit` wrote; ValueError when missing or stale."""
     return read_record(unit_file(p, unit), _key(p, ctx), f"the frontier unit {unit!r}",
-                       f"frontier_unit@{unit}")
+                       unit_stage(p, unit))
 
 
 @dataclass

@@ -155,11 +155,11 @@ def read_unit(p: Params, base: BaseParams, unit: str) -> dict[str, Any]:
     """The record :func:`_run_unit` wrote for ``unit``; ValueError when it is missing or was
     computed from other params (run the unit's DVC stage first)."""
     return read_record(unit_file(p, unit), unit_key("specformer", p, base),
-                       f"the specformer unit {unit!r}", _dvc_stage(p, unit))
+                       f"the specformer unit {unit!r}", unit_stage(p, unit))
 
 
-def _dvc_stage(p: Params, unit: str) -> str:
-    """The DVC stage that runs ``unit`` (dvc.yaml)."""
+def unit_stage(p: Params, unit: str) -> str:
+    """The DVC stage that runs ``unit`` of :func:`units` (dvc.yaml)."""
     if unit == CERTIFIED:
         return "specformer_certified"
     return f"specformer_runs@{unit}" if unit in p.datasets else f"specformer_table5@{unit}"

@@ -56,6 +56,17 @@ SECTION = "text"
 
 
 
+def units(p: Params) -> list[str]:
+    """The stage's units (:data:`UNITS`: the same at every scale; a unit whose dataset the
+    scale leaves out records it as unavailable), one DVC stage each."""
+    return list(UNITS)
+
+
+def unit_stage(p: Params, unit: str) -> str:
+    """The DVC stage that runs ``unit`` of :func:`units` (dvc.yaml)."""
+    return f"text_unit@{unit}"
+
+
 def unit_file(p: Params, unit: str) -> Path:
     """Where :func:`_run_unit` writes the unit's record (JSON)."""
     return Path(p.results_dir) / "units" / f"{unit}.json"
@@ -105,7 +116,7 @@ def read_unit(p: Params, base: BaseParams, unit: str) -> dict[str, Any]:
     """The record :func:`_run_unit` wrote for ``unit``; ValueError when it is missing or was
     computed from other params (run the unit's DVC stage first)."""
     return read_record(unit_file(p, unit), unit_key("text", p, base),
-                       f"the text unit {unit!r}", f"text_unit@{unit}")
+                       f"the text unit {unit!r}", unit_stage(p, unit))
 
 
 def _gather(p: Params, ctx: Context) -> Result:
