@@ -88,7 +88,12 @@ _MIXED_OK = {"aten::index", "aten::index_put", "aten::index_put_", "aten::_index
 #: solvers whose CUDA kernels (cuSOLVER, MAGMA) copy their convergence or error status to the
 #: host: a CUDA-graph capture stops there ("Cannot copy between CPU and CUDA tensors during
 #: CUDA graph capture"; an OLSA text model's spectrally normalised head, H200, 2026-11-28)
-HOST_STATUS_SOLVERS = frozenset({"aten::_linalg_svd", "aten::_linalg_eigh", "aten::linalg_eig"})
+HOST_STATUS_SOLVERS = frozenset({
+    "aten::_linalg_svd", "aten::_linalg_eigh", "aten::linalg_eig",
+    # the factorisations behind linalg.inv, solve, cholesky and lu_factor, which read their
+    # status on the host unless called as the _ex forms without checks (counted either way)
+    "aten::linalg_inv_ex", "aten::_linalg_solve_ex", "aten::linalg_cholesky_ex",
+    "aten::linalg_lu_factor_ex"})
 
 
 class DeviceError(RuntimeError):

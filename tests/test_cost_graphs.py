@@ -133,6 +133,7 @@ def test_the_gpu_bench_commands_write_their_records(smoke, tmp_path, monkeypatch
     monkeypatch.setattr(cli, "bench_training", training)
     monkeypatch.setattr(cli, "bench_margins", margins)
     monkeypatch.setattr(cli, "bench_concurrency", concurrent)
+    monkeypatch.setattr(cli, "cuda_name", lambda device: "a GPU")
     compile_path, conc_path = tmp_path / "compile.json", tmp_path / "concurrency.json"
     cli.main(["bench", "--params", str(smoke), "--device", "cpu", "--modes", "eager", "graphs",
               "--write-compile", str(compile_path)])
@@ -144,10 +145,29 @@ def test_the_gpu_bench_commands_write_their_records(smoke, tmp_path, monkeypatch
               "--write-concurrency", str(conc_path)])
     table = plan.concurrency(conc_path)
     assert len(table) == 6 and all(by_k[4] == pytest.approx(5 / 2) for by_k in table.values())
+    assert {r["device"] for r in json.loads(conc_path.read_text())["rows"]} == {"a GPU"}
     for argv, match in ((["--modes", "eager", "--write-compile", str(compile_path)],
                          "needs --modes eager graphs"),
                         (["--concurrent-only"], "needs --concurrent"),
+                        (["--write-concurrency"], "needs --concurrent"),
+                        (["--kinds", "all"], "needs --concurrent"),
                         (["--concurrent", "1", "--kinds", "a ViT"], "--kinds")):
         with pytest.raises(SystemExit):
             cli.main(["bench", "--params", str(smoke), "--device", "cpu", *argv])
         assert match in capsys.readouterr().err
+    monkeypatch.setattr(cli, "cuda_name", lambda device: None)  # a CPU: no CUDA record
+    with pytest.raises(SystemExit):
+        cli.main(["bench", "--params", str(smoke), "--device", "cpu", "--modes", "eager",
+                  "graphs", "--write-compile", str(compile_path)])
+    assert "not a GPU" in capsys.readouterr().err
+
+
+def test_a_failed_eager_time_counts_no_speed_up():
+    from attncert.cost import graphs
+
+    nan = float("nan")
+    rows = graphs.compile_rows(
+        {"eager": [{"model": "OLSA text", "ms_per_step": nan, "status": "Err: x"}],
+         "graphs": [{"model": "OLSA text", "ms_per_step": 4.0, "status": "ok"}]}, {})
+    assert rows == []
+

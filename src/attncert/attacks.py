@@ -9,6 +9,9 @@ used as given (call ``model.eval()`` first); gradients are taken w.r.t. the inpu
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import Any
+
 import torch
 from torch import Tensor, nn
 from torch.nn import functional as F
@@ -161,7 +164,7 @@ def attack_copy(model: nn.Module, dtype: torch.dtype = torch.float32, mode: str 
     tensors = [t for t in (*model.parameters(), *model.buffers()) if t.is_floating_point()]
     if all(t.dtype == dtype for t in tensors):
         return model
-    attacker = copy.deepcopy(model).to(dtype)
+    attacker = copy.deepcopy(model).to(dtype).requires_grad_(False)  # gradients: input only
     compiled.compile_attack_model(attacker, tensors[0].device, mode)
     return attacker
 
@@ -199,27 +202,39 @@ def verified_pgd_l2(model: nn.Module, x: Tensor, y: Tensor, eps: float | Tensor,
     matmuls on CUDA), each result confirmed on ``model`` in x's dtype by :func:`confirm_l2`:
     the soundness audit of a float64 certificate at float32 attack cost. Returns (x_adv in
     x's dtype, success)."""
-    from attncert.training import compiled
     from attncert.training.precision import attack_matmuls
 
     attack_model = attack_copy(model) if attack_model is None else attack_model
     dtype = next(t for t in attack_model.parameters() if t.is_floating_point()).dtype
+
+    def attack():
+        with attack_matmuls(x.device):
+            return pgd_l2(attack_model, x.to(dtype), y, eps, steps, restarts,
+                          generator=generator)[0]
+
+    return confirm_l2(model, x, eager_fallback(attack, attack_model, generator), y, eps)
+
+
+def eager_fallback(attack: Callable[[], Any], attack_model: nn.Module,
+                   generator: torch.Generator | None) -> Any:
+    """``attack()``; when it fails on ``attack_model`` compiled (:func:`attack_copy`), again
+    with the model eager from here on (named on the console) and ``generator`` reset to where
+    it was, so the same random starts: a capture problem never stops a stage. An eager failure
+    and running out of memory (the batch loop halves the batch,
+    :mod:`attncert.pipeline.batching`) are raised."""
+    from attncert.training import compiled
+
     state = generator.get_state() if generator is not None else None
     try:
-        with attack_matmuls(x.device):
-            x_att, _ = pgd_l2(attack_model, x.to(dtype), y, eps, steps, restarts,
-                              generator=generator)
+        return attack()
     except torch.OutOfMemoryError:
-        raise  # the batch loop halves the batch (attncert.pipeline.batching): not a compile issue
-    except Exception as exc:  # a compiled attack that fails goes on eager, never stops a stage
+        raise
+    except Exception as exc:
         if not compiled.uncompile(attack_model):
             raise
         print(f"base.compile: the attack model runs eager from here on (compiled: "
               f"{type(exc).__name__}: {(str(exc).strip().splitlines() or [''])[0][:200]})",
               flush=True)
         if state is not None:
-            generator.set_state(state)  # the same random starts as an eager run
-        with attack_matmuls(x.device):
-            x_att, _ = pgd_l2(attack_model, x.to(dtype), y, eps, steps, restarts,
-                              generator=generator)
-    return confirm_l2(model, x, x_att, y, eps)
+            generator.set_state(state)
+        return attack()

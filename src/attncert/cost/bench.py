@@ -179,7 +179,7 @@ def bench_concurrency(params, batch: int, ks: tuple[int, ...] = (1, 2, 4), steps
 def merge_concurrency_bench(path, rows: list[dict[str, Any]], device: str, date: str,
                             torch_version: str) -> dict[str, Any]:
     """Merge :func:`bench_concurrency` rows into the record at ``path`` (each replacing the
-    row of its kind, mode and K) and write it atomically; returns the record."""
+    row of its kind, mode, K, device and batch) and write it atomically; returns the record."""
     import json
     from pathlib import Path
 
@@ -190,9 +190,11 @@ def merge_concurrency_bench(path, rows: list[dict[str, Any]], device: str, date:
     new = [{"kind": r["kind"], "mode": r["mode"], "k": r["k"],
             "ms_per_step": round(r["ms_per_step"], 3), "device": device, "date": date,
             "batch": r["batch"], "torch": torch_version} for r in rows]
-    keys = {(r["kind"], r["mode"], r["k"]) for r in new}
-    record["rows"] = [r for r in record["rows"]
-                      if (r["kind"], r["mode"], r["k"]) not in keys] + new
+    def key(r):
+        return r["kind"], r["mode"], r["k"], r.get("device"), r.get("batch")
+
+    keys = {key(r) for r in new}
+    record["rows"] = [r for r in record["rows"] if key(r) not in keys] + new
     write_json(p, record)
     return record
 

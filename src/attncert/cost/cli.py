@@ -8,6 +8,7 @@ and the plan markers.
 from __future__ import annotations
 
 import argparse
+import datetime
 from pathlib import Path
 
 import torch
@@ -59,6 +60,15 @@ def write_block(table: str, doc: str | Path = COST_DOC,
         path.write_text(replace_section(path.read_text(), table, *markers))
     except ValueError as exc:
         raise ValueError(f"{path}: the markers {' / '.join(markers)}: {exc}") from None
+
+
+def cuda_name(device: str) -> str | None:
+    """The name of the GPU ``device`` resolves to (``auto``: the current one), None when it
+    is not a CUDA device."""
+    from attncert.pipeline.device import resolve_device
+
+    dev = resolve_device(device)
+    return torch.cuda.get_device_name(dev) if dev.type == "cuda" else None
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -140,8 +150,16 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "bench" and args.write_compile and (
             not {"eager", "graphs"} <= set(args.modes) or args.concurrent_only):
         ap.error("--write-compile: needs --modes eager graphs (and the single-step tables)")
-    if args.command == "bench" and args.concurrent_only and not args.concurrent:
-        ap.error("--concurrent-only: needs --concurrent K ...")
+    for flag, given in (("--concurrent-only", args.concurrent_only),
+                        ("--write-concurrency", args.write_concurrency), ("--kinds", args.kinds)):
+        if args.command == "bench" and given and not args.concurrent:
+            ap.error(f"{flag}: needs --concurrent K ...")
+    gpu_name = None
+    if args.command == "bench" and (args.write_compile or args.write_concurrency):
+        gpu_name = cuda_name(args.device)
+        if gpu_name is None:
+            ap.error("--write-compile, --write-concurrency: the records hold CUDA measurements; "
+                     f"--device {args.device} is not a GPU")
     if args.command == "bench":
         kinds = (list(bench_models(params)) if args.kinds == ["all"]
                  else args.kinds or [CONCURRENCY_KIND])
@@ -170,14 +188,7 @@ def main(argv: list[str] | None = None) -> int:
                     print(f"{r['k']:>3} {r['ms_per_step']:9.1f} {r['steps_per_s']:8.1f} "
                           f"{r['speedup']:6.2f}", flush=True)
                 if args.write_concurrency:
-                    import datetime
-
-                    from attncert.pipeline.device import resolve_device
-
-                    dev = resolve_device(args.device)
-                    name = (torch.cuda.get_device_name(dev) if dev.type == "cuda"
-                            else str(dev))
-                    merge_concurrency_bench(args.write_concurrency, rows, name,
+                    merge_concurrency_bench(args.write_concurrency, rows, gpu_name,
                                             datetime.date.today().isoformat(),
                                             torch.__version__)
         for mode in () if args.concurrent_only else args.modes:
@@ -189,13 +200,7 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"{r['margin']:>10} {r['ms_per_step']:9.1f} {r['vs_lmt']:7.2f}"
                       + (f"  {r['status']}" if r["status"] != "ok" else ""), flush=True)
         if args.write_compile:
-            import datetime
-
-            from attncert.pipeline.device import resolve_device
-
-            dev = resolve_device(args.device)
-            name = torch.cuda.get_device_name(dev) if dev.type == "cuda" else str(dev)
-            merge_compile_bench(args.write_compile, compile_rows(trained, margins), name,
+            merge_compile_bench(args.write_compile, compile_rows(trained, margins), gpu_name,
                                 datetime.date.today().isoformat(), torch.__version__,
                                 args.batch, trained["eager"][0]["precision"])
         return 0

@@ -39,6 +39,10 @@ def graphs_key(kind: str, margin: str = "none", msvp: bool = False) -> str:
     return key
 
 
+def _positive(v) -> bool:
+    return isinstance(v, (int, float)) and math.isfinite(v) and v > 0
+
+
 def with_graphs(gpu: GPU, params, path: str | Path = COMPILE_BENCH) -> GPU:
     """``gpu`` with the measured CUDA-graph speed-ups when ``params`` train under graphs on a
     GPU (``base.compile`` ``auto`` or ``graphs``), unchanged otherwise (``off``, ``compile``:
@@ -46,9 +50,9 @@ def with_graphs(gpu: GPU, params, path: str | Path = COMPILE_BENCH) -> GPU:
     if params["base"].compile not in ("auto", "graphs") or not Path(path).is_file():
         return gpu
     record = json.loads(Path(path).read_text())
-    ratios = tuple((r["key"], r["eager_ms"] / r["graphs_ms"]) for r in record["steps"]
-                   if r.get("graphs_ms"))
-    used = [r for r in record["steps"] if r.get("graphs_ms")]
+    used = [r for r in record["steps"] if _positive(r.get("graphs_ms"))
+            and _positive(r.get("eager_ms"))]
+    ratios = tuple((r["key"], r["eager_ms"] / r["graphs_ms"]) for r in used)
     where = sorted({r.get("device", record["device"]) for r in used}) or [record["device"]]
     when = sorted({r.get("date", record["date"]) for r in used}) or [record["date"]]
     return dataclasses.replace(gpu, graphs_speedup=ratios,
@@ -71,6 +75,8 @@ def compile_rows(training: dict[str, list[dict]], margins: dict[str, list[dict]]
     graphs |= {graphs_key(LIPSCHITZ_VIT, r["margin"]): r for r in margins.get("graphs", [])
                if r["margin"] != "none"}
     for key, eager in pairs:
+        if eager["status"] != "ok" or not math.isfinite(eager["ms_per_step"]):
+            continue  # no eager time: nothing to compare with (the bench printed why)
         g = graphs.get(key)
         ok = g is not None and g["status"] == "ok" and math.isfinite(g["ms_per_step"])
         out.append({"key": key, "eager_ms": round(eager["ms_per_step"], 2),
@@ -89,16 +95,17 @@ def merge_compile_bench(path: str | Path, rows: list[dict], device: str, date: s
     p = Path(path)
     record = json.loads(p.read_text()) if p.is_file() else {"steps": []}
     keys = {r["key"] for r in rows}
-    for r in record["steps"]:  # rows measured before keep where and when
-        r.setdefault("device", record.get("device"))
-        r.setdefault("date", record.get("date"))
+    for r in record["steps"]:  # rows measured before keep where, when and how
+        for k in ("device", "date", "batch", "precision", "torch"):
+            r.setdefault(k, record.get(k))
     record |= {"date": date, "device": device, "torch": torch_version, "batch": batch,
                "precision": precision,
                "measured_by": "python -m attncert.cost bench --device cuda --modes eager graphs "
                               "--write-compile (attncert.cost.bench.bench_training, "
                               "bench_margins)"}
     record["steps"] = [r for r in record["steps"] if r["key"] not in keys] + [
-        dict(r, device=device, date=date) for r in rows]
+        dict(r, device=device, date=date, batch=batch, precision=precision,
+             torch=torch_version) for r in rows]
     write_json(p, record)
     return record
 

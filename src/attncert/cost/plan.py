@@ -39,12 +39,18 @@ CONCURRENCY_BENCH = "docs/concurrency_bench.json"
 def concurrency(path: str | Path = CONCURRENCY_BENCH) -> dict[str, dict[int, float]]:
     """Per model kind (the bench's names, :func:`attncert.cost.bench.bench_models`): K -> the
     time of a step of each of K processes over one alone, the larger over the compile modes
-    measured (the slowdown K units per GPU cost each). K = 1 is 1."""
+    measured (the slowdown K units per GPU cost each), each K > 1 against the K = 1 run of its
+    kind and mode on the same device at the same batch (a row without one counts nothing).
+    K = 1 is 1."""
     record = json.loads(Path(path).read_text()) if Path(path).is_file() else {"rows": []}
-    alone = {(r["kind"], r["mode"]): r["ms_per_step"] for r in record["rows"] if r["k"] == 1}
+
+    def same(r):
+        return r["kind"], r["mode"], r.get("device"), r.get("batch")
+
+    alone = {same(r): r["ms_per_step"] for r in record["rows"] if r["k"] == 1}
     out: dict[str, dict[int, float]] = defaultdict(lambda: {1: 1.0})
     for r in record["rows"]:
-        base = alone.get((r["kind"], r["mode"]))
+        base = alone.get(same(r))
         if base and r["k"] > 1:
             out[r["kind"]][r["k"]] = max(out[r["kind"]].get(r["k"], 0.0), r["ms_per_step"] / base)
     return dict(out)

@@ -17,7 +17,7 @@ from collections.abc import Callable, Sequence
 import torch
 from torch import Tensor
 
-from attncert.attacks import attack_copy, confirm_l2, pgd_l2
+from attncert.attacks import attack_copy, confirm_l2, eager_fallback, pgd_l2
 from attncert.pipeline import rng
 from attncert.training.precision import attack_matmuls
 
@@ -68,9 +68,12 @@ def audit_embeddings(model, ids: Tensor, mask: Tensor, y: Tensor, radius: Tensor
         for i in range(0, len(y), batch_size):
             sl = slice(i, i + batch_size)
             e, m = model.embed(ids[sl], mask[sl]), mask[sl]
-            with torch.enable_grad(), attack_matmuls(e.device):
-                e_adv, _ = pgd_embeddings(lambda z, m=m: attacker(z, m), e.float(), y[sl],
-                                          float(eps), steps, restarts, generator=g)
+            def attack(e=e, m=m, sl=sl, eps=eps):
+                with torch.enable_grad(), attack_matmuls(e.device):
+                    return pgd_embeddings(lambda z: attacker(z, m), e.float(), y[sl],
+                                          float(eps), steps, restarts, generator=g)[0]
+
+            e_adv = eager_fallback(attack, attacker, g)
             _, ok = confirm_l2(lambda z, m=m: model(z, m), e, e_adv, y[sl], float(eps),
                                box=False)
             success[sl] = ok.cpu()
