@@ -1,8 +1,10 @@
 """Atomic, reproducible writes."""
 
+import json
+
 import torch
 
-from attncert.pipeline.io import torch_save, write_json
+from attncert.pipeline.io import merge_rows, torch_save, write_json
 
 
 def test_torch_save_is_byte_reproducible_and_loads(tmp_path):
@@ -19,3 +21,14 @@ def test_torch_save_is_byte_reproducible_and_loads(tmp_path):
 def test_write_json_sorted_and_atomic(tmp_path):
     write_json(tmp_path / "sub" / "m.json", {"b": 1, "a": 2})
     assert (tmp_path / "sub" / "m.json").read_text() == '{\n  "a": 2,\n  "b": 1\n}\n'
+
+
+def test_merge_rows_replaces_rows_by_key_and_keeps_the_rest(tmp_path):
+    path = tmp_path / "record.json"
+    key = lambda r: r["k"]  # noqa: E731
+    merge_rows(path, [{"k": 2, "v": "old"}, {"k": 1, "v": "kept"}], key)
+    record = merge_rows(path, [{"k": 2, "v": "new"}], key, ordered=True,
+                        update=lambda rec: rec.update(note="updated"))
+    assert record == json.loads(path.read_text())
+    assert record["rows"] == [{"k": 1, "v": "kept"}, {"k": 2, "v": "new"}]
+    assert record["note"] == "updated"

@@ -180,23 +180,13 @@ def merge_concurrency_bench(path, rows: list[dict[str, Any]], device: str, date:
                             torch_version: str) -> dict[str, Any]:
     """Merge :func:`bench_concurrency` rows into the record at ``path`` (each replacing the
     row of its kind, mode, K, device and batch) and write it atomically; returns the record."""
-    import json
-    from pathlib import Path
+    from attncert.pipeline.io import merge_rows
 
-    from attncert.pipeline.io import write_json
-
-    p = Path(path)
-    record = json.loads(p.read_text()) if p.is_file() else {"rows": []}
     new = [{"kind": r["kind"], "mode": r["mode"], "k": r["k"],
             "ms_per_step": round(r["ms_per_step"], 3), "device": device, "date": date,
             "batch": r["batch"], "torch": torch_version} for r in rows]
-    def key(r):
-        return r["kind"], r["mode"], r["k"], r.get("device"), r.get("batch")
-
-    keys = {key(r) for r in new}
-    record["rows"] = [r for r in record["rows"] if key(r) not in keys] + new
-    write_json(p, record)
-    return record
+    return merge_rows(path, new, lambda r: (r["kind"], r["mode"], r["k"], r.get("device"),
+                                            r.get("batch")))
 
 
 def _sync(dev: torch.device) -> None:
@@ -332,17 +322,11 @@ def merge_crown_bench(path, rows: list[dict[str, Any]]) -> dict[str, Any]:
     row of the same device type, depth and method; others are kept), each row dated (a row's
     own date, machine and torch, when it has them, are kept); written atomically."""
     import datetime
-    import json
     import platform
-    from pathlib import Path
 
-    from attncert.pipeline.io import write_json
+    from attncert.pipeline.io import merge_rows
 
-    path = Path(path)
-    old = json.loads(path.read_text())["rows"] if path.is_file() else []
     types = {r["device"].split(":")[0] for r in rows}
-    key = lambda r: (r["device"].split(":")[0], r["depth"], r["method"])  # noqa: E731
-    keys = {key(r) for r in rows}
     date = datetime.date.today().isoformat()
     if all("machine" in r for r in rows):  # measured elsewhere: as recorded there
         machine = ""
@@ -351,6 +335,5 @@ def merge_crown_bench(path, rows: list[dict[str, Any]]) -> dict[str, Any]:
     else:
         machine = f"{platform.processor() or platform.machine()}, {torch.get_num_threads()} threads"
     new = [{"date": date, "machine": machine, "torch": torch.__version__} | r for r in rows]
-    record = {"rows": sorted([r for r in old if key(r) not in keys] + new, key=key)}
-    write_json(path, record)
-    return record
+    return merge_rows(path, new, lambda r: (r["device"].split(":")[0], r["depth"], r["method"]),
+                      ordered=True)

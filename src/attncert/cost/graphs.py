@@ -90,24 +90,20 @@ def merge_compile_bench(path: str | Path, rows: list[dict], device: str, date: s
     """Merge :func:`compile_rows` into the record at ``path`` (each replacing the row of its
     key; the record's device, date and batch become this measurement's, each row keeps its
     own), written atomically."""
-    from attncert.pipeline.io import write_json
+    from attncert.pipeline.io import merge_rows
 
-    p = Path(path)
-    record = json.loads(p.read_text()) if p.is_file() else {"steps": []}
-    keys = {r["key"] for r in rows}
-    for r in record["steps"]:  # rows measured before keep where, when and how
-        for k in ("device", "date", "batch", "precision", "torch"):
-            r.setdefault(k, record.get(k))
-    record |= {"date": date, "device": device, "torch": torch_version, "batch": batch,
-               "precision": precision,
-               "measured_by": "python -m attncert.cost bench --device cuda --modes eager graphs "
-                              "--write-compile (attncert.cost.bench.bench_training, "
-                              "bench_margins)"}
-    record["steps"] = [r for r in record["steps"] if r["key"] not in keys] + [
-        dict(r, device=device, date=date, batch=batch, precision=precision,
-             torch=torch_version) for r in rows]
-    write_json(p, record)
-    return record
+    here = {"date": date, "device": device, "torch": torch_version, "batch": batch,
+            "precision": precision}
+
+    def update(record: dict) -> None:
+        for r in record["steps"]:  # rows measured before keep where, when and how
+            for k in here:
+                r.setdefault(k, record.get(k))
+        record |= here | {"measured_by": "python -m attncert.cost bench --device cuda --modes "
+                                         "eager graphs --write-compile (attncert.cost.bench."
+                                         "bench_training, bench_margins)"}
+
+    return merge_rows(path, [r | here for r in rows], lambda r: r["key"], "steps", update)
 
 
 #: the pilot's record (:mod:`attncert.pipeline.pilot`, ``make pilot`` on the GPU box)

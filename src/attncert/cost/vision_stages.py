@@ -85,32 +85,27 @@ def frontier_work(p, n_train_max: int) -> list[Work]:
         for setting_name in f.settings:
             setting = frontier.parse_setting(setting_name)
             name = f"{ds}-{setting_name}"
-            if setting.kind == "linear":
-                channels, size, k, _, _ = DATASETS[ds]
-                c = pixel_linear_counts(channels, size, k)
-                tc = frontier.train_config(f, s, setting, 0)
-                items = training_work("frontier", name, c, n_tr, min(f.holdout, n_tr),
-                                      tc.epochs, tc.batch_size, tc.eval_batch_size)
-                items.append(audit_work("frontier", f"{name}: PGD audit", c["attack"],
-                                        f.n_attack, len(f.cert_eps), f.attack_steps,
-                                        f.attack_restarts, f.cert_batch_size))
-                out += in_unit(items, f"frontier_unit@{name}")
-                continue
-            cfg = frontier.model_config(f, s, setting, ds, stand_in(ds))
             tc = frontier.train_config(f, s, setting, 0)
-            c = vit_counts(cfg, tuple(tc.msvp_lambda), tc.margin)
             adv = tc.adv_steps if tc.adversarial != "none" else 0
-            kind = LIPSCHITZ_VIT if setting.kind != "standard" else STANDARD_VIT
+            if setting.kind == "linear":  # a linear map on pixels, its radius exact
+                cfg, graphs = None, ""
+                c = pixel_linear_counts(*DATASETS[ds][:3])  # channels, size, classes
+            else:
+                cfg = frontier.model_config(f, s, setting, ds, stand_in(ds))
+                c = vit_counts(cfg, tuple(tc.msvp_lambda), tc.margin)
+                kind = LIPSCHITZ_VIT if setting.kind != "standard" else STANDARD_VIT
+                graphs = graphs_key(kind, tc.margin, any(tc.msvp_lambda))
             items = training_work("frontier", name, c, n_tr, min(f.holdout, n_tr),
-                                  tc.epochs, tc.batch_size, tc.eval_batch_size, adv,
-                                  graphs_key(kind, tc.margin, any(tc.msvp_lambda)))
+                                  tc.epochs, tc.batch_size, tc.eval_batch_size, adv, graphs)
             if setting.is_vit:
                 items += certify_work("frontier", name, cfg, f.n_val, ["lofast_M", "global"],
                                       1, f.cert_batch_size)
             items.append(audit_work("frontier", f"{name}: PGD audit", c["attack"], f.n_attack,
                                     len(f.cert_eps), f.attack_steps, f.attack_restarts,
                                     f.cert_batch_size))
-            items.append(diagnostics_work("frontier", name, cfg, f.n_val, f.cert_batch_size))
+            if cfg is not None:
+                items.append(diagnostics_work("frontier", name, cfg, f.n_val,
+                                              f.cert_batch_size))
             out += in_unit(items, f"frontier_unit@{name}")
     return out
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import os
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -30,6 +30,25 @@ def atomic_path(path: str | Path) -> Iterator[Path]:
 def write_json(path: str | Path, data: Any) -> None:
     with atomic_path(path) as tmp:
         tmp.write_text(json.dumps(data, indent=2, sort_keys=True) + "\n")
+
+
+def merge_rows(path: str | Path, rows: list[dict], key: Callable[[dict], Any],
+               field: str = "rows", update: Callable[[dict], None] | None = None,
+               ordered: bool = False) -> dict:
+    """A measurement record (JSON, ``{field: [row, ...], ...}``) with ``rows`` merged in: each
+    replaces the kept row of the same ``key``, the others stay (``ordered``: sorted by key);
+    ``update(record)`` may change the record before it is written (atomically). Returns the
+    record."""
+    path = Path(path)
+    record = json.loads(path.read_text()) if path.is_file() else {field: []}
+    if update is not None:
+        update(record)
+    keys = {key(r) for r in rows}
+    record[field] = [r for r in record[field] if key(r) not in keys] + list(rows)
+    if ordered:
+        record[field].sort(key=key)
+    write_json(path, record)
+    return record
 
 
 def torch_save(obj: Any, path: str | Path) -> None:
