@@ -52,7 +52,7 @@ display(Markdown(
        "reported evaluation set**)")
     + f", WordPiece from `{p.tokenizer}` ({d['vocab']} tokens), max_len {p.max_len}.  \n"
     f"**Certified**: the first {d['n_certified']} {d['reported']} sentences; **attacked** (l2 "
-    f"PGD {p.attack_steps} steps x {p.attack_restarts} restarts, the soundness audit): the "
+    f"PGD {p.audit.steps} steps x {p.audit.restarts} restarts, the soundness audit): the "
     f"first {d['n_attacked']}."))
 
 # %% [markdown]

@@ -16,6 +16,7 @@ from attncert.certvit.adapt import NORMS
 from attncert.certvit.douglas_rachford import DRConfig
 from attncert.certvit.spectral import Budgets
 from attncert.certvit.tables import PAPER_EPS, table1_eps
+from attncert.pipeline.audit import Audit
 from attncert.pipeline.params import (
     IMAGE_DATASETS,
     ParamsError,
@@ -147,13 +148,9 @@ class Params:
     logit_scale: float = param(positive, doc="spectral: CE temperature (loss only)")
     n_test: int = param(nonneg, doc="the first n test images are certified (0 = the whole "
                                     "split)")
-    n_attack: int = param(positive, doc="the first n certified images are attacked (PGD audit)")
     eval_batch_size: int = param(positive, doc="images per certificate and accuracy pass")
-    attack_batch_size: int = param(positive, doc="images attacked at once by the PGD audit "
-                                                 "(halved on a CUDA out-of-memory error)")
     cert_eps: list[float] = param(positive, unique)
-    attack_steps: int = param(positive)
-    attack_restarts: int = param(positive)
+    audit: Audit = param(doc="the PGD soundness audit (attncert.pipeline.audit.Audit)")
     table1: Table1Params = param(doc="CertViT Table 1: a small standard ViT per dataset, "
                                      "trained here, then every step above")
     imagenet: ImagenetParams = param(doc="CertViT Table 3: ImageNet-pretrained ViTs")

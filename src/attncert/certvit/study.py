@@ -206,7 +206,7 @@ def _finetune(p: Params, base: BaseParams, r: Result, cfg: Configs, m: str, cons
 def _certify(p: Params, base: BaseParams, r: Result, cfg: Configs, final: Mapping[str, Any]
              ) -> tuple[dict[str, dict[str, float]], float]:
     """Certify every mode's final model and the linear baseline on the first ``n_test`` test
-    images (0: all) and audit them on the first ``n_attack``; write samples.csv; fail on a
+    images (0: all) and audit them on the first ``audit.n``; write samples.csv; fail on a
     broken certificate. Returns the seconds per mode and the baseline's training seconds."""
     n = len(r.test["y"]) if p.n_test == 0 else min(p.n_test, len(r.test["y"]))
     x, y = as_float(r.test["x"][:n]).to(r.device), r.test["y"][:n].to(r.device)
@@ -215,9 +215,10 @@ def _certify(p: Params, base: BaseParams, r: Result, cfg: Configs, final: Mappin
                          base.seed).to(r.device)
     r.baseline_status = _train(p, base, r, linear, cfg.linear, "linear", "linear baseline")
     linear_seconds = time.perf_counter() - t0
-    audit = dict(eps_grid=p.cert_eps, attack_steps=p.attack_steps,
-                 attack_restarts=p.attack_restarts, batch_size=p.eval_batch_size,
-                 seed=base.seed, n_attack=p.n_attack, attack_batch_size=p.attack_batch_size)
+    audit = dict(eps_grid=p.cert_eps, attack_steps=p.audit.steps,
+                 attack_restarts=p.audit.restarts, batch_size=p.eval_batch_size,
+                 seed=base.seed, n_attack=p.audit.n or None,
+                 attack_batch_size=p.audit.batch(p.eval_batch_size))
     r.baseline = certify_linear(linear, x, y, **audit)
     r.reports, seconds = {}, {}
     for m in r.modes:
@@ -268,8 +269,9 @@ def imagenet_route(p: Params, base: BaseParams, device: torch.device, processed_
         folder = Path(p.results_dir) / "imagenet" / imagenet.folder_name(source) / "hf"
         modes_out, line = imagenet.table3(
             data, source, folder, modes, p.norm, p.radius_quantile, cfg.dr, cfg.budgets,
-            p.imagenet.calibration, p.cert_eps, p.attack_steps, p.attack_restarts,
-            p.eval_batch_size, base.seed, device, p.n_attack, p.attack_batch_size)
+            p.imagenet.calibration, p.cert_eps, p.audit.steps, p.audit.restarts,
+            p.eval_batch_size, base.seed, device, p.audit.n or None,
+            p.audit.batch(p.eval_batch_size))
         models[source] = {"paper_model": CERTVIT_TABLE3_SOURCES.get(source), "modes": modes_out}
         lines.append(line)
     return {"imagenet": {"images": images,

@@ -45,7 +45,7 @@ def text_sizes(t, sizes: dict[str, int]) -> dict[str, int]:
     n_cert = capped(t.n_test, n_rep)
     return {"train": capped(t.max_train, pool), "eval": n_dev + n_rep,
             "frozen_train": capped(t.frozen.max_train, pool), "certified": n_cert,
-            "attacked": min(t.n_attack, n_cert)}
+            "attacked": t.audit.count(n_cert)}
 
 
 def text_work(p) -> list[Work]:
@@ -103,8 +103,8 @@ def text_work(p) -> list[Work]:
                                   * lc.flops(t.cert_batch_size),
                                   len(t.lofast.variants) * cfg.depth * b * lc.kernels))
             items.append(audit_work("text", f"{dataset} {name}: PGD audit", c["attack"],
-                                    n["attacked"], len(t.cert_eps), t.attack_steps,
-                                    t.attack_restarts, t.cert_batch_size))
+                                    n["attacked"], len(t.cert_eps), t.audit.steps,
+                                    t.audit.restarts, t.audit.batch(t.cert_batch_size)))
             out += in_unit(items, unit(dataset, name))
         if dataset not in t.frozen.datasets:
             continue
@@ -121,7 +121,8 @@ def text_work(p) -> list[Work]:
             *training_work("text", f"{dataset} frozen-olsa head", c, n["frozen_train"],
                            n["eval"], job.train["epochs"], t.batch_size, t.cert_batch_size),
             audit_work("text", f"{dataset} frozen-olsa: PGD audit", c["attack"], n["attacked"],
-                       len(t.cert_eps), t.attack_steps, t.attack_restarts, t.cert_batch_size)],
+                       len(t.cert_eps), t.audit.steps, t.audit.restarts,
+                       t.audit.batch(t.cert_batch_size))],
             unit(dataset, "frozen-olsa"))
     return out
 

@@ -59,9 +59,9 @@ def grid_work(p, n_train_max: int, n_test_max: int) -> list[Work]:
                     out += certify_work("certify_vit", name, cfg, n_cert,
                                          cv.variants, len(cv.tests), cv.cert_batch_size)
                     out.append(audit_work("certify_vit", f"{name}: PGD audit", c["attack"],
-                                          min(cv.n_attack, n_cert), len(cv.cert_eps),
-                                          cv.attack_steps, cv.attack_restarts,
-                                          cv.cert_batch_size))
+                                          cv.audit.count(n_cert), len(cv.cert_eps),
+                                          cv.audit.steps, cv.audit.restarts,
+                                          cv.audit.batch(cv.cert_batch_size)))
                     out.append(diagnostics_work("certify_vit", name, cfg, n_cert,
                                                 cv.cert_batch_size))
     return out
@@ -71,7 +71,7 @@ def frontier_work(p, n_train_max: int) -> list[Work]:
     """Per unit (``frontier_unit@<dataset>-<setting>``): the setting's ViT (the frontier's grid
     shape with the setting's axes; the standard ViT of that shape) trained on the first
     ``max_train`` of the training split minus the held-out images, LoFAST(M) and the global
-    bound on ``n_val`` of those (certified settings), the PGD audit on ``n_attack`` and the
+    bound on ``n_val`` of those (certified settings), the PGD audit on ``audit.n`` and the
     attention diagnostics (three forward passes of ``n_val``); the linear baseline's units (a
     linear model on pixels, its radius exact) its training and audit."""
     from attncert.stages import frontier
@@ -100,9 +100,9 @@ def frontier_work(p, n_train_max: int) -> list[Work]:
             if setting.is_vit:
                 items += certify_work("frontier", name, cfg, f.n_val, ["lofast_M", "global"],
                                       1, f.cert_batch_size)
-            items.append(audit_work("frontier", f"{name}: PGD audit", c["attack"], f.n_attack,
-                                    len(f.cert_eps), f.attack_steps, f.attack_restarts,
-                                    f.cert_batch_size))
+            items.append(audit_work("frontier", f"{name}: PGD audit", c["attack"],
+                                    f.audit.count(f.n_val), len(f.cert_eps), f.audit.steps,
+                                    f.audit.restarts, f.audit.batch(f.cert_batch_size)))
             if cfg is not None:
                 items.append(diagnostics_work("frontier", name, cfg, f.n_val,
                                               f.cert_batch_size))
@@ -189,8 +189,9 @@ def specformer_work(p, n_train_max: int, n_test_max: int) -> list[Work]:
         items += certify_work("specformer", f"certified pair, {label}", cfg, n_cert,
                               list(CERT_VARIANTS), 1, 100)
         items.append(audit_work("specformer", f"certified pair, {label}: PGD audit",
-                                c["attack"], n_cert, len(cert.cert_eps), cert.attack_steps,
-                                cert.attack_restarts, s.attack_batch_size))
+                                c["attack"], cert.audit.count(n_cert), len(cert.cert_eps),
+                                cert.audit.steps, cert.audit.restarts,
+                                cert.audit.batch(s.attack_batch_size)))
         out += in_unit(items, "specformer_certified")
     return out
 
@@ -248,9 +249,9 @@ def crown_work(p, n_train_max: int, n_test_max: int) -> tuple[list[Work], float]
                                   graphs=graphs_key(LIPSCHITZ_VIT, t.margin))
             items += certify_work("crown", f"{dataset} L{depth} LoFAST", cfg, n,
                                   [c_p.lofast_variant], 1, 100)
-            items.append(audit_work("crown", f"{dataset} L{depth}: PGD audit", c["attack"], n,
-                                    len(c_p.cert_eps), c_p.attack_steps, c_p.attack_restarts,
-                                    100))
+            items.append(audit_work("crown", f"{dataset} L{depth}: PGD audit", c["attack"],
+                                    c_p.audit.count(n), len(c_p.cert_eps), c_p.audit.steps,
+                                    c_p.audit.restarts, c_p.audit.batch_size))
             worst = 0.0
             for method in c_p.methods:
                 sec, _ = crown_bound_seconds(depth, method)
@@ -300,8 +301,8 @@ def certvit_work(p, n_train_max: int, n_test_max: int) -> list[Work]:
                             n_steps(n, cv.eval_batch_size) * f64.flops(cv.eval_batch_size),
                             n_steps(n, cv.eval_batch_size) * f64.kernels))
             out.append(audit_work("certvit", f"{what}: PGD audit", c["attack"],
-                                  min(cv.n_attack, n), len(cv.cert_eps), cv.attack_steps,
-                                  cv.attack_restarts, cv.eval_batch_size))
+                                  cv.audit.count(n), len(cv.cert_eps), cv.audit.steps,
+                                  cv.audit.restarts, cv.audit.batch(cv.eval_batch_size)))
     if len(out) == n_before:  # no hub ViT to load: the unit records that, in seconds
         out.append(Work("certvit", "Table 3 ImageNet: no hub source", "fp32", 0.0, 0.0))
     out[n_before:] = [dataclasses.replace(w, unit="certvit_imagenet") for w in out[n_before:]]
@@ -335,7 +336,7 @@ def _certvit_run_work(cv, n_train_max: int, n_test_max: int, label: str) -> list
     maps = cfg.depth * 6 + 2
     per_pass = 2 * 2 * cv.dr.max_pairs * cfg.dim * max(cfg.mlp_hidden, cfg.dim)
     passes = cv.dr.iterations * cv.dr.projection_steps  # a step: every mini-batch at once
-    # every mode's final model is certified on n_test images and attacked on n_attack
+    # every mode's final model is certified on n_test images and attacked on audit.n
     n = n_te if cv.n_test == 0 else min(cv.n_test, n_te)
     f64 = vit_forward64(cfg)
     for mode in cv.constrain:
@@ -350,6 +351,6 @@ def _certvit_run_work(cv, n_train_max: int, n_test_max: int, label: str) -> list
                         "fp64", n_steps(n, cv.eval_batch_size) * f64.flops(cv.eval_batch_size),
                         n_steps(n, cv.eval_batch_size) * f64.kernels))
         out.append(audit_work("certvit", f"{label}{mode}: PGD audit", c["attack"],
-                              min(cv.n_attack, n), len(cv.cert_eps), cv.attack_steps,
-                              cv.attack_restarts, cv.eval_batch_size))
+                              cv.audit.count(n), len(cv.cert_eps), cv.audit.steps,
+                              cv.audit.restarts, cv.audit.batch(cv.eval_batch_size)))
     return out

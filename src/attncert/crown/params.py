@@ -8,6 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from attncert.crown import METHODS
+from attncert.pipeline.audit import Audit
 from attncert.pipeline.params import (
     NORMALIZE,
     VIT_POOLS,
@@ -72,12 +73,14 @@ class Params:
     max_error_share: float = param(probability, doc="the stage fails when more of the bounds "
                                                     "that ran ended in an error (time limits "
                                                     "are results, not errors)")
-    attack_steps: int = param(positive)
-    attack_restarts: int = param(positive)
+    audit: Audit = param(doc="the PGD soundness audit (attncert.pipeline.audit.Audit)")
     results_dir: str = param()
     metrics: str = param()
 
     def __post_init__(self) -> None:
         self.vit.require("crown.vit", "heads")
+        if self.audit.batch_size == 0:
+            raise ParamsError("crown.audit.batch_size: must be > 0 (the section has no "
+                              "certificate batch to take it from)")
         if not self.methods:
             raise ParamsError("crown.methods: needs at least one method")

@@ -8,6 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from attncert.frontier.settings import settings_ok
+from attncert.pipeline.audit import Audit
 from attncert.pipeline.params import fail, image_datasets, nonempty, nonneg, param, positive, unique
 
 __all__ = ["Params"]
@@ -26,11 +27,9 @@ class Params:
     gamma_vo: float = param(positive)
     holdout: int = param(positive, doc="the last n training images: the validation split")
     n_val: int = param(positive, doc="first n validation images certified")
-    n_attack: int = param(positive, doc="first n of them attacked (PGD accuracy, audit)")
     cert_eps: list[float] = param(positive, unique, nonempty)
     select_eps: float = param(positive, doc="the eps the selection rule reads (in cert_eps)")
-    attack_steps: int = param(positive)
-    attack_restarts: int = param(positive)
+    audit: Audit = param(doc="the PGD soundness audit (attncert.pipeline.audit.Audit)")
     cert_batch_size: int = param(positive)
     max_radius: float = param(positive, doc="the radius bisection's upper end (pixel l2): a "
                                             "radius is reported as at most this")
@@ -56,8 +55,8 @@ class Params:
         if self.select_eps not in self.cert_eps:
             fail("frontier.select_eps", f"{self.select_eps} is not one of cert_eps "
                                         f"{self.cert_eps}")
-        if self.n_attack > self.n_val:
-            fail("frontier.n_attack", f"{self.n_attack} > n_val {self.n_val}")
+        if self.audit.n > self.n_val:
+            fail("frontier.audit.n", f"{self.audit.n} > n_val {self.n_val}")
         if self.max_radius <= max(self.cert_eps):
             fail("frontier.max_radius", f"{self.max_radius} must exceed the largest cert_eps "
                                         f"{max(self.cert_eps)}")

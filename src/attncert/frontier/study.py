@@ -216,8 +216,9 @@ def sharpening_frame(p: FrontierParams, tv: TrainVitParams, seed: int) -> pd.Dat
     the frontier's shape (``train_vit``'s width, ``heads``, ``gamma_vo``; tokens projected to
     ``train_vit.radius_attn``) per ``sharpen_tokens``, its logit cap set to each of
     ``sharpen_caps``; per cap the rows' entropy, the largest logit, and the sensitivity at
-    ``sharpen_eps`` by PGD, LoFAST(M), LoFAST(xi) and the global bound
-    (:func:`attncert.tightness.studies.attention_sharpening`), float64 on the host."""
+    ``sharpen_eps`` by PGD (the audit's steps and restarts), LoFAST(M), LoFAST(xi) and the
+    global bound (:func:`attncert.tightness.studies.attention_sharpening`), float64 on the
+    host."""
     from attncert.tightness.layer import random_attention_layer
     from attncert.tightness.studies import attention_sharpening
 
@@ -227,7 +228,7 @@ def sharpening_frame(p: FrontierParams, tv: TrainVitParams, seed: int) -> pd.Dat
         w, x = random_attention_layer(n, dim, p.heads, seed, (1.0, p.gamma_vo),
                                       p.sharpen_samples, token_norm=tv.radius_attn)
         frames.append(attention_sharpening(w, x, p.sharpen_caps, p.sharpen_eps,
-                                           p.attack_steps, p.attack_restarts, seed)
+                                           p.audit.steps, p.audit.restarts, seed)
                       .assign(tokens=n))
     return pd.concat(frames, ignore_index=True)
 

@@ -12,6 +12,7 @@ from typing import Any
 from attncert.bounds.variants import TESTS, VARIANTS
 from attncert.models import ViTConfig
 from attncert.models.config import KINDS, dataset_vit_config
+from attncert.pipeline.audit import Audit
 from attncert.pipeline.params import (
     NORMALIZE,
     VIT_BLOCKS,
@@ -68,14 +69,11 @@ class CertifyVitParams:
 
     n_test: int = param(nonneg, doc="first n test images (the same points for every "
                                     "variant; 0 = the whole test split)")
-    n_attack: int = param(positive, doc="first n of them attacked: PGD accuracy and the "
-                                        "soundness audit")
     cert_batch_size: int = param(positive)
     variants: list[str] = param(one_of(*VARIANTS), unique)
     tests: list[str] = param(one_of(*TESTS), unique)
     softmax_lipschitz: float = param(one_of_numbers(0.5, 1.0))
     max_radius: float = param(positive)
     cert_eps: list[float] = param(positive, unique)
-    attack_steps: int = param(positive)
-    attack_restarts: int = param(positive)
+    audit: Audit = param(doc="the PGD soundness audit (attncert.pipeline.audit.Audit)")
     results_dir: str = param()

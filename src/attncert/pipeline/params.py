@@ -11,8 +11,9 @@ errors naming their new place (:mod:`attncert.pipeline.renamed`).
 
 One spelling per concept across sections: ``cert_eps`` lists the radii at which a bound or
 certificate is evaluated, ``attack_eps`` radii that are only attacked, ``attack_steps`` and
-``attack_restarts`` the PGD of an attack or soundness audit; ``adv_*`` is PGD adversarial
-training.
+``attack_restarts`` the PGD of an attack that audits no certificate; every soundness audit is
+one group of one shape, ``<section>.audit`` (:class:`attncert.pipeline.audit.Audit`);
+``adv_*`` is PGD adversarial training.
 """
 
 from __future__ import annotations

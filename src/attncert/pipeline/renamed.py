@@ -43,6 +43,10 @@ RENAMED: dict[str, str] = {
         "datasets", "grid", "dim", "depth", "heads", "mlp_hidden", "pretrain_epochs",
         "batch_size", "lr")},
     **{f"certvit.imagenet_{k}": f"certvit.imagenet.{k}" for k in ("sources", "calibration")},
+    **{f"{s}.{old}": f"{s}.audit.{new} (the soundness audit, one group)"
+       for s in ("certify_vit", "frontier", "text", "certvit", "crown", "specformer.certified")
+       for old, new in (("n_attack", "n"), ("attack_steps", "steps"),
+                        ("attack_restarts", "restarts"), ("attack_batch_size", "batch_size"))},
     "certvit.processed_dir": "data.processed_dir (one for every stage)",
     **{f"certvit.table1.{k}": "certvit.table1.vit (per dataset the name of a shape of the vit "
                               "section)" for k in ("grid", "dim", "depth", "heads", "mlp_hidden")},

@@ -10,6 +10,7 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
+from attncert.pipeline.audit import Audit
 from attncert.pipeline.params import (
     AUGMENTS,
     IMAGE_DATASETS,
@@ -68,8 +69,8 @@ class CertifiedParams:
     """params.yaml ``specformer.certified``: the certified pair, LoFAST section 5.2's Lipschitz
     ViT (LayerProject, constrained attention, SLL MLPs, x - mean inside) trained with the LMT
     margin without and with MSVP, certified with :data:`CERT_VARIANTS` and attacked (the
-    soundness audit) on the first ``n_test`` test images. Training settings not named here are
-    the from-scratch recipe's."""
+    soundness audit, ``audit``: batch_size 0 is ``specformer.attack_batch_size``) on the first
+    ``n_test`` test images. Training settings not named here are the from-scratch recipe's."""
 
     vit: VitShape = param(doc="the name of a shape of the vit section (mlp_hidden: the SLL "
                               "hidden width)")
@@ -83,8 +84,7 @@ class CertifiedParams:
     msvp_lambda: list[float] = param(nonneg, doc="(lam_q, lam_k, lam_v) of the MSVP member")
     n_test: int = param(positive, doc="first n test images certified and attacked")
     cert_eps: list[float] = param(positive, unique, doc="certified l2 radii (pixel space)")
-    attack_steps: int = param(positive, doc="L2 PGD steps of the soundness audit")
-    attack_restarts: int = param(positive)
+    audit: Audit = param(doc="the PGD soundness audit (attncert.pipeline.audit.Audit)")
 
     def __post_init__(self) -> None:
         if len(self.msvp_lambda) != 3:

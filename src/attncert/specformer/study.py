@@ -201,9 +201,10 @@ def certified_pair(p: Params, data: Mapping[str, Any], dataset: str, seed: int, 
         radii = {v: torch.tensor(table[f"radius_{v}_pairwise"].to_numpy())
                  for v in CERT_VARIANTS}
         torch.manual_seed(seed)
-        audits[label] = certify.audit(model, xc, yc, radii, c.cert_eps, c.attack_steps,
-                                      c.attack_restarts, seed, p.attack_batch_size,
-                                      progress=True)[0]
+        m = c.audit.count(len(yc))
+        audits[label] = certify.audit(model, xc[:m], yc[:m], {v: r[:m] for v, r in radii.items()},
+                                      c.cert_eps, c.audit.steps, c.audit.restarts, seed,
+                                      c.audit.batch(p.attack_batch_size), progress=True)[0]
         for variant, radius in radii.items():
             acc = certify.certified_accuracy(correct, radius, c.cert_eps)
             rows.append({"model": label, "variant": variant,

@@ -2,7 +2,7 @@
 
 The first ``n_test`` test images (0: all), in float64: certified radii per variant and test
 (:func:`attncert.certify.certify_table`), then L2 PGD at every eps on every correct point of the
-first ``n_attack`` (:func:`attncert.certify.audit`): the empirical robust accuracy and the
+first ``audit.n`` (:func:`attncert.certify.audit`): the empirical robust accuracy and the
 soundness audit, which compares certified and PGD accuracy on those same points; then the
 attention diagnostics on the certified points
 (:func:`attncert.diagnostics.attention_diagnostics`: does the model's attention change any
@@ -91,15 +91,15 @@ def run(p: Params, ctx: Context) -> Certified:
     y = data["test"]["y"][:n].to(device)
     table = certify.certify_table(model, x, y, p.variants, p.tests, p.softmax_lipschitz,
                                   p.max_radius, p.cert_batch_size)
-    # the audit attacks the first n_attack points; its rows compare certified and PGD
+    # the audit attacks the first audit.n points; its rows compare certified and PGD
     # accuracy on those same points
-    m = min(p.n_attack, n)
+    m = p.audit.count(n)
     radii = {f"{v}_{t}": torch.tensor(table[f"radius_{v}_{t}"].to_numpy()[:m])
              for v in p.variants for t in p.tests}
     torch.manual_seed(base.seed)
-    rows, attacked = certify.audit(model, x[:m], y[:m], radii, p.cert_eps, p.attack_steps,
-                                   p.attack_restarts, base.seed, p.cert_batch_size,
-                                   progress=True)
+    rows, attacked = certify.audit(model, x[:m], y[:m], radii, p.cert_eps, p.audit.steps,
+                                   p.audit.restarts, base.seed,
+                                   p.audit.batch(p.cert_batch_size), progress=True)
     for e, success in zip(p.cert_eps, attacked, strict=True):  # empty past the attacked
         table[f"pgd_adversarial_at_{e}"] = pd.array([*success.tolist(), *[None] * (n - m)],
                                                     dtype="boolean")

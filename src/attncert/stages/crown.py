@@ -141,8 +141,10 @@ def _run_unit(p: Params, ctx: Context, unit: str) -> dict[str, Any]:
         cr = {e: crown_certified(rows, n, e) for e in p.cert_eps}
         radii[method] = grid_radius(cr)
         radii[f"lofast+{method}"] = grid_radius({e: certified[e] | cr[e] for e in p.cert_eps})
-    audit, _ = certify.audit(model.double(), x, y, radii, p.cert_eps, p.attack_steps,
-                             p.attack_restarts, base.seed)
+    m = p.audit.count(n)
+    audit, _ = certify.audit(model.double(), x[:m], y[:m], {k: r[:m] for k, r in radii.items()},
+                             p.cert_eps, p.audit.steps, p.audit.restarts, base.seed,
+                             p.audit.batch_size)
     # does the attention do anything: on the whole test split (forward passes only)
     attention = diagnostics.attention_diagnostics(
         model, as_float(data["test"]["x"]).to(dev, torch.float64), data["test"]["y"].to(dev))

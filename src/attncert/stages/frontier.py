@@ -9,7 +9,7 @@ baseline, :class:`attncert.certvit.baseline.PixelLinear`, trained for its exact 
 offset). Each trains on the training split minus its last ``holdout`` images and is measured on
 the first ``n_val`` of those: clean accuracy, certified accuracy at every ``cert_eps``
 (LoFAST(M), pairwise test, float64; the linear model's exact radius) and L2 PGD accuracy on the
-first ``n_attack`` (the soundness audit: a broken certificate fails the unit). The test split
+first ``audit.n`` (the soundness audit: a broken certificate fails the unit). The test split
 is never read.
 
 :func:`select` picks the setting a scale should train its grid with, on validation numbers
@@ -157,11 +157,11 @@ def _run_unit(p: Params, ctx: Context, unit: str) -> dict[str, Any]:
     cert_seconds = time.perf_counter() - t1
     attention = (None if setting.kind == "linear" else
                  diagnostics.attention_diagnostics(model, x, y, p.cert_batch_size))
-    m = min(p.n_attack, n)
+    m = p.audit.count(n)
     torch.manual_seed(base.seed)
     audit, _ = certify.audit(model, x[:m], y[:m], {k: r[:m] for k, r in radii.items()},
-                             p.cert_eps, p.attack_steps, p.attack_restarts, base.seed,
-                             p.cert_batch_size, progress=True)
+                             p.cert_eps, p.audit.steps, p.audit.restarts, base.seed,
+                             p.audit.batch(p.cert_batch_size), progress=True)
     record = {
         "unit": unit, "key": _key(p, ctx), "device": str(dev), "dataset": dataset,
         "setting": name, "kind": setting.kind, "value": setting.value, "axes": setting.axes,

@@ -100,7 +100,7 @@ def evaluate_model(name: str, model: nn.Module, family: str, dev: Mapping[str, T
                    test: Mapping[str, Tensor], n_test: int, cert_eps: Sequence[float],
                    attack_steps: int, attack_restarts: int, device, batch_size: int = 100,
                    variants: Sequence[str] = ("lofast_M",), seed: int = 0,
-                   n_attack: int | None = None
+                   n_attack: int | None = None, attack_batch_size: int | None = None
                    ) -> tuple[dict[str, Any], list[dict[str, Any]], list[dict[str, Any]]]:
     """Every read-out of one trained model: (metrics, one curve row per variant and eps, the
     audit rows of :func:`attncert.text.attacks.audit_embeddings`, one per eps).
@@ -108,9 +108,10 @@ def evaluate_model(name: str, model: nn.Module, family: str, dev: Mapping[str, T
     Clean accuracy on all of dev (model selection) and test (the report); certified radii on
     the first ``n_test`` test sentences (0 = all), averaged with the three rules
     (:func:`average_radius`); PGD and the audit on the first ``n_attack`` of them (None = all
-    certified); the residual gates, alpha1 and the attention's mean max probability on the
-    certified sentences. A PGD success on a certified point is counted in ``broken`` (the
-    stage fails on it: :func:`attncert.soundness.require_sound` on the audit rows).
+    certified), ``attack_batch_size`` at a time (None: ``batch_size``); the residual gates,
+    alpha1 and the attention's mean max probability on the certified sentences. A PGD success
+    on a certified point is counted in ``broken`` (the stage fails on it:
+    :func:`attncert.soundness.require_sound` on the audit rows).
     """
     if family not in FAMILIES:
         raise ValueError(f"family {family!r}: choose from {', '.join(FAMILIES)}")
@@ -127,7 +128,7 @@ def evaluate_model(name: str, model: nn.Module, family: str, dev: Mapping[str, T
     att = {k: v[:n_att] for k, v in sub.items()}
     audit = audit_embeddings(model, att["ids"].to(device), att["mask"].to(device),
                              att["y"].to(device), best[:n_att], cert_eps, attack_steps,
-                             attack_restarts, seed, batch_size)
+                             attack_restarts, seed, attack_batch_size or batch_size)
     broken = sum(r["broken"] for r in audit)
     curves = [{"model": name, "variant": v, "eps": float(e),
                "certified_acc": float(((r >= e) & (r > 0)).double().mean())}

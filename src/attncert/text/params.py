@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from attncert.pipeline.audit import Audit
 from attncert.pipeline.params import (
     TEXT_DATASETS,
     ParamsError,
@@ -149,11 +150,9 @@ class Params:
                                           "deepest OLSA, averaged residual, alpha1 fixed at "
                                           "each value (empty: no sweep)")
     n_test: int = param(nonneg, doc="first n test sentences certified (0 = the whole split)")
-    n_attack: int = param(positive, doc="first n certified sentences attacked (PGD audit)")
     cert_batch_size: int = param(positive)
     cert_eps: list[float] = param(positive, unique)
-    attack_steps: int = param(positive)
-    attack_restarts: int = param(positive)
+    audit: Audit = param(doc="the PGD soundness audit (attncert.pipeline.audit.Audit)")
     results_dir: str = param()
     metrics: str = param()
 

@@ -128,7 +128,7 @@ def other_dataset(p: Params, ctx: Context, name: str, processed_dir: str, tok,
              "frozen_train_sentences": (len(frozen_splits["train"]["y"])
                                         if frozen_splits else 0),
              "n_reported": len(raw["test"]["y"]), "n_certified": n_cert,
-             "n_attacked": min(p.n_attack, n_cert), "models": fitted.results,
+             "n_attacked": p.audit.count(n_cert), "models": fitted.results,
              "broken": sum(r["broken"] for r in fitted.results.values())}
     return entry, fitted
 
@@ -139,10 +139,11 @@ def settings(p: Params, base: BaseParams, dev_: torch.device
     """(training settings every job shares, the evaluation's settings)."""
     common = dict(batch_size=p.batch_size, warmup_steps=p.warmup_steps,
                   logit_scale=p.logit_scale, gamma_ramp=p.gamma_ramp, seed=base.seed)
-    evaluation = dict(n_test=p.n_test, n_attack=p.n_attack, cert_eps=p.cert_eps,
-                      attack_steps=p.attack_steps, attack_restarts=p.attack_restarts,
+    evaluation = dict(n_test=p.n_test, n_attack=p.audit.n or None, cert_eps=p.cert_eps,
+                      attack_steps=p.audit.steps, attack_restarts=p.audit.restarts,
                       device=dev_, batch_size=p.cert_batch_size, seed=base.seed,
-                      variants=p.lofast.variants)
+                      variants=p.lofast.variants,
+                      attack_batch_size=p.audit.batch(p.cert_batch_size))
     return common, evaluation
 
 
@@ -171,7 +172,7 @@ def sst2_unit(p: Params, ctx: Context, processed_dir: str, tok, common: Mapping[
         "source": sst2["source"], "train": len(raw["train"]["y"]),
         "dev": len(raw["dev"]["y"]), "reported": reported,
         "n_reported": len(raw["test"]["y"]), "vocab": tok.vocab_size,
-        "n_certified": n_cert, "n_attacked": min(p.n_attack, n_cert), "device": device,
+        "n_certified": n_cert, "n_attacked": p.audit.count(n_cert), "device": device,
         "frozen_train": len(frozen_splits["train"]["y"]) if frozen_splits else 0}
     record["jobs"] = [{"model": name, "family": j.family, "class": j.cls.__name__,
                        **j.train} for name, j in todo.items()]
