@@ -25,6 +25,7 @@ from attncert.certvit import params as cv_params
 from attncert.certvit import tables as cv_tables
 from attncert.figures import certvit as figs
 from attncert.pipeline import params
+from attncert.pipeline.audit import Audit
 from attncert.pipeline.context import make_context
 from attncert.pipeline.shapes import VitShape
 from attncert.stages import certvit as certvit_stage
@@ -124,8 +125,8 @@ def test_the_stage_runs_every_mode_and_writes_its_files(tmp_path):
             params.parse_section("certvit", raw["certvit"], certvit_stage.Params, PRESETS).dr,
             iterations=1, projection_steps=2, max_pairs=64, batch_size=32, images=16),
         finetune_epochs=1, spectral_epochs=1, n_test=0,
-        n_attack=5, eval_batch_size=64, cert_eps=[0.1, 0.4867], attack_steps=2,
-        attack_restarts=1, table1=cv_params.Table1Params(
+        eval_batch_size=64, cert_eps=[0.1, 0.4867],
+        audit=Audit(n=5, steps=2, restarts=1, batch_size=64), table1=cv_params.Table1Params(
             datasets=["mnist"], vit={"mnist": VitShape(4, 8, 1, 2, 8)},
             pretrain_epochs={"mnist": 1}, relaxation={"mnist": 1.1},
             batch_size=16, lr=1e-3),
@@ -175,7 +176,7 @@ def test_the_stage_runs_every_mode_and_writes_its_files(tmp_path):
     assert rows["table1/mnist/modes/spectral/certified_acc/0.4867"]["paper"] == 0.545
     assert m["total_seconds"] > entry["total_seconds"] > 0
     # a record computed from other params is stale; a broken certificate fails the gather
-    other = dataclasses.replace(p, attack_steps=3)
+    other = dataclasses.replace(p, audit=dataclasses.replace(p.audit, steps=3))
     with pytest.raises(ValueError, match="ran with other params"):
         certvit_stage.run(other, make_context(base, device=False))
     record = json.loads((work / "units" / "table1-mnist.json").read_text())

@@ -149,7 +149,8 @@ def test_text_sizes_follow_the_stage_s_draws(smoke):
     from attncert.cost.text_stage import text_sizes
 
     smoke_text = load_params(smoke)["text"]
-    t = dataclasses.replace(smoke_text, max_train=0, max_test=0, n_test=0, n_attack=1000,
+    t = dataclasses.replace(smoke_text, max_train=0, max_test=0, n_test=0,
+                            audit=dataclasses.replace(smoke_text.audit, n=1000),
                             frozen=dataclasses.replace(smoke_text.frozen, max_train=0))
     yelp = text_sizes(t, cost.TEXT_SIZES["yelp_polarity"])
     assert yelp == {"train": 560000 - 38000, "eval": 2 * 38000, "frozen_train": 522000,

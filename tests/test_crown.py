@@ -15,6 +15,7 @@ from attncert.crown import PATCHES, CrownCertifier, CrownViT, apply_patches, cer
 from attncert.crown.bridge import margin_spec
 from attncert.crown.tables import attention_table, tables
 from attncert.models.vit import ViTConfig, build_vit
+from attncert.pipeline.audit import Audit
 from attncert.pipeline.context import make_context
 from attncert.pipeline.device import resolve_device
 from attncert.pipeline.nbrun import read_notebook
@@ -366,7 +367,8 @@ def test_units_then_gather(tmp_path):
                             train=dataclasses.replace(paper.train, epochs=1, batch_size=8,
                                                       warmup_steps=1), n_test=3,
                             cert_eps=[0.02], methods=["crown"], time_limit=0.0,
-                            attack_steps=2, attack_restarts=1, results_dir=str(tmp_path / "w"),
+                            audit=Audit(n=0, steps=2, restarts=1, batch_size=100),
+                            results_dir=str(tmp_path / "w"),
                             metrics=str(tmp_path / "crown.json"))
     base = BaseParams(scale="smoke", seed=0, device="cpu", precision="fp32", threads=0,
                       deterministic=False, compile="off",

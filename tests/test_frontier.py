@@ -8,6 +8,7 @@ import pandas as pd
 import pytest
 import torch
 
+from attncert.pipeline.audit import Audit
 from attncert.pipeline.context import make_context
 from attncert.pipeline.params import BaseParams, ParamsError, parse_section
 from attncert.pipeline.shapes import VitShape
@@ -59,7 +60,7 @@ def test_settings_parse_and_bad_ones_are_refused():
                               ("min_attention_gap", -1.0, "min_attention_gap"),
                               ("select_eps", 0.3, "not one of cert_eps"),
                               ("n_val", 6000, "holdout"),
-                              ("n_attack", 2000, "n_val"),
+                              ("audit", {**raw["audit"], "n": 2000}, "n_val"),
                               ("datasets", ["sst2"], "not an image dataset")):
         with pytest.raises(ParamsError, match=match):
             parse_section("frontier", raw | {key: value}, stage.Params)
@@ -173,8 +174,8 @@ def test_units_train_on_the_training_split_minus_the_held_out_images_then_gather
     p = dataclasses.replace(PAPER["frontier"], datasets=["mnist"],
                             settings=["lmt-0.2", "lofast-0.5_qk2", "standard", "linear-0.5"],
                             depth=1, heads=2,
-                            holdout=20, n_val=12, n_attack=10, cert_eps=[0.1, 0.5],
-                            select_eps=0.5, attack_steps=3, attack_restarts=1, linear_epochs=1,
+                            holdout=20, n_val=12, cert_eps=[0.1, 0.5], select_eps=0.5,
+                            audit=Audit(n=10, steps=3, restarts=1, batch_size=0), linear_epochs=1,
                             results_dir=str(tmp_path / "w"), metrics=str(tmp_path / "f.json"))
     base = BaseParams(scale="smoke", seed=0, device="cpu", precision="fp32", threads=0,
                       deterministic=False, compile="off",

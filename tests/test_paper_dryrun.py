@@ -50,19 +50,19 @@ COUNTS: dict[str, dict] = {
                   "fig4_scales": [1.0], "attack_steps": 2, "attack_restarts": 1},
     "vit_grid": {k: [v] for k, v in GRID_POINT.items()},
     "train_vit": {"train": {"epochs": 1, "warmup_steps": 1}},
-    "certify_vit": {"n_test": 2, "n_attack": 1, "cert_eps": [0.1], "attack_steps": 2,
-                    "attack_restarts": 1},
+    "certify_vit": {"n_test": 2, "cert_eps": [0.1],
+                    "audit": {"n": 1, "steps": 2, "restarts": 1}},
     "frontier": {"settings": ["lmt-0.2", "lmt-0.2_r4", "standard_p8", "linear-0.5"],
                  "holdout": 50,
-                 "n_val": 2, "n_attack": 1, "cert_eps": [0.25], "attack_steps": 2,
-                 "attack_restarts": 1, "linear_epochs": 1},
+                 "n_val": 2, "cert_eps": [0.25], "audit": {"n": 1, "steps": 2, "restarts": 1},
+                 "linear_epochs": 1},
     "specformer": {"datasets": ["cifar100", "imagenette"], "adv_methods": ["specformer"],
                    "max_train": 16,
                    "epochs": 1, "adv_epochs": 1, "batch_size": 8, "eval_batch_size": 8,
                    "warmup_steps": 1, "adv_steps": 1, "n_test": 2, "attack_steps": 1,
                    "attack_eps": [0.5], "timing_steps": 1, "timing_rounds": 1, "timing_warmup": 0,
                    "certified": {"epochs": 1, "n_test": 2, "cert_eps": [0.1],
-                                 "attack_steps": 2, "attack_restarts": 1},
+                                 "audit": {"steps": 2, "restarts": 1}},
                    "msvp_lambda_ablation": [[1.0e-4, 0.0, 0.0]]},  # one of Table 5's rows
     "text": {"max_train": 64, "max_test": 16, "gamma_ablation": [2.0],
              "olsa": {"depths": [3], "deep_depths": [4]}, "epochs": {"sst2": 1, "yelp_polarity": 1},
@@ -71,19 +71,18 @@ COUNTS: dict[str, dict] = {
              "frozen": {"epochs": {"sst2": 1, "yelp_polarity": 1, "qqp": 2},
                         "lr_decay_epochs": {"qqp": [1]},  # QQP's step decay, one epoch in
                         "max_train": 32}, "n_test": 2, "cert_eps": [0.5],
-             "attack_steps": 2, "attack_restarts": 1},
+             "audit": {"steps": 2, "restarts": 1}},
     "certvit": {"pretrain_epochs": 1, "batch_size": 128, "warmup_steps": 1, "adapt_epochs": 1,
                 "dr": {"iterations": 1, "projection_steps": 2, "batch_size": 32,
                        "max_pairs": 64, "images": 4},
-                "eval_batch_size": 8, "attack_batch_size": 8,
-                "finetune_epochs": 1,
-                "n_test": 2, "n_attack": 2, "attack_steps": 2, "attack_restarts": 1,
+                "eval_batch_size": 8, "finetune_epochs": 1, "n_test": 2,
+                "audit": {"n": 2, "steps": 2, "restarts": 1, "batch_size": 8},
                 "table1": {"pretrain_epochs": {"mnist": 1, "cifar10": 1, "cifar100": 1},
                            "batch_size": 128}},
     "crown": {"depths": [3], "max_train": 32,
               "train": {"epochs": 1, "batch_size": 16, "warmup_steps": 1},
               "n_test": 1, "cert_eps": [0.02], "alpha_iterations": 1, "time_limit": 5.0,
-              "attack_steps": 2, "attack_restarts": 1},
+              "audit": {"steps": 2, "restarts": 1}},
 }
 # What an offline machine cannot have: the hub's BERT tokenizer and encoder (the offline
 # MiniLM package has the same WordPiece vocabulary), and the hub's ViT (a local folder of the
@@ -287,7 +286,7 @@ def test_train_and_certify_grid_point(dry):
     run = run_name(**GRID_POINT)
     cert = _metrics(dry, f"results/vit/{run}/metrics.json")
     assert cert["broken"] == 0 and cert["n"] == COUNTS["certify_vit"]["n_test"]
-    assert cert["n_attacked"] == COUNTS["certify_vit"]["n_attack"]
+    assert cert["n_attacked"] == COUNTS["certify_vit"]["audit"]["n"]
 
 
 def test_frontier(dry):

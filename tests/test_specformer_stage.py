@@ -305,7 +305,9 @@ def test_units_then_gather(mirror, tmp_path):
                             msvp_lambda_ablation=[[1e-3, 0.0, 0.0], list(paper.msvp_lambda)],
                             certified=dataclasses.replace(
                                 paper.certified, vit=VitShape(16, 8, 1, 2, 16),
-                                epochs=1, n_test=4, attack_steps=2, attack_restarts=1),
+                                epochs=1, n_test=4,
+                                audit=dataclasses.replace(paper.certified.audit, steps=2,
+                                                          restarts=1)),
                             results_dir=str(tmp_path / "results"),
                             metrics=str(tmp_path / "specformer.json"))
     base = BaseParams(scale="smoke", seed=0, device="cpu", precision="fp32", threads=0,

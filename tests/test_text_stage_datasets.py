@@ -124,12 +124,12 @@ def test_the_stage_trains_yelp_and_qqp_and_reports_a_skipped_dataset(tmp_path, m
         batch_size=16, warmup_steps=1,
         lofast=dataclasses.replace(committed.lofast, depths=[1], heads=[2], gamma_vo=[0.5], dim=8,
                                    mlp_hidden=8, epochs=1),
-        n_test=0, n_attack=3,
+        n_test=0, audit=dataclasses.replace(committed.audit, n=3, steps=1, restarts=1),
         frozen=dataclasses.replace(committed.frozen, source="minilm-package", dim=16,
                                    epochs={"sst2": 1, "yelp_polarity": 1, "qqp": 2},
                                    lr_decay_epochs={"sst2": [], "yelp_polarity": [],
                                                     "qqp": [1]}),
-        cert_batch_size=8, cert_eps=[0.1], attack_steps=1, attack_restarts=1,
+        cert_batch_size=8, cert_eps=[0.1],
         results_dir=str(tmp_path / "results"), metrics=str(tmp_path / "text.json"))
     for what in ("ok", "skipped"):
         torch.save(yelp, processed / "yelp_polarity.pt")
@@ -172,7 +172,8 @@ def test_the_stage_trains_yelp_and_qqp_and_reports_a_skipped_dataset(tmp_path, m
         assert table.loc[("qqp", "frozen-olsa"), "paper_avg_radius"] == frozen["paper"]
         assert (tmp_path / "results" / "datasets.csv").is_file()
     with pytest.raises(ValueError, match="other params"):
-        stage.run(dataclasses.replace(p, n_attack=2), make_context(base, device=False))
+        stage.run(dataclasses.replace(p, audit=dataclasses.replace(p.audit, n=2)),
+                  make_context(base, device=False))
 
 
 def test_the_text_section_refuses_unknown_or_inconsistent_datasets():

@@ -6,6 +6,7 @@ from pathlib import Path
 import pytest
 from helpers import set_key
 
+from attncert.pipeline.audit import Audit
 from attncert.pipeline.context import make_context
 from attncert.pipeline.params import ParamsError, read_yaml
 from attncert.report import paper
@@ -104,8 +105,9 @@ def test_certify_vit_certifies_the_whole_split_and_audits_the_first_n_attack(tmp
                                  mean=(0.5,))), point.run_dir / "model.pt")
     raw = read_yaml(ROOT / "params.yaml")
     p = dataclasses.replace(parse_section("certify_vit", raw["certify_vit"], certify_vit.Params),
-                            n_test=0, n_attack=4, variants=["lofast_M"], tests=["pairwise"],
-                            cert_eps=[0.05, 0.5], attack_steps=3, attack_restarts=1,
+                            n_test=0, variants=["lofast_M"], tests=["pairwise"],
+                            cert_eps=[0.05, 0.5], audit=Audit(n=4, steps=3, restarts=1,
+                                                              batch_size=0),
                             results_dir=str(tmp_path / "results"))
     base = parse_section("base", {**raw["base"], "device": "cpu"}, BaseParams)
     out = certify_vit.run(p, make_context(base, point=point, processed_dir=str(processed)))
