@@ -175,7 +175,9 @@ def test_units_train_on_the_training_split_minus_the_held_out_images_then_gather
                             settings=["lmt-0.2", "lofast-0.5_qk2", "standard", "linear-0.5"],
                             depth=1, heads=2,
                             holdout=20, n_val=12, cert_eps=[0.1, 0.5], select_eps=0.5,
-                            audit=Audit(n=10, steps=3, restarts=1, batch_size=0), linear_epochs=1,
+                            audit=Audit(n=10, steps=3, restarts=1, batch_size=0),
+                            linear=dataclasses.replace(PAPER["frontier"].linear, epochs=1,
+                                                       batch_size=8, warmup_steps=1),
                             results_dir=str(tmp_path / "w"), metrics=str(tmp_path / "f.json"))
     base = BaseParams(scale="smoke", seed=0, device="cpu", precision="fp32", threads=0,
                       deterministic=False, compile="off",

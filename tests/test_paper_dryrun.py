@@ -55,7 +55,7 @@ COUNTS: dict[str, dict] = {
     "frontier": {"settings": ["lmt-0.2", "lmt-0.2_r4", "standard_p8", "linear-0.5"],
                  "holdout": 50,
                  "n_val": 2, "cert_eps": [0.25], "audit": {"n": 1, "steps": 2, "restarts": 1},
-                 "linear_epochs": 1},
+                 "linear": {"epochs": 1, "warmup_steps": 1}},
     "specformer": {"datasets": ["cifar100", "imagenette"], "adv_methods": ["specformer"],
                    "max_train": 16,
                    "epochs": 1, "adv_epochs": 1, "batch_size": 8, "eval_batch_size": 8,

@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from attncert.frontier.settings import settings_ok
 from attncert.pipeline.audit import Audit
 from attncert.pipeline.params import fail, image_datasets, nonempty, nonneg, param, positive, unique
+from attncert.training.recipe import Training
 
 __all__ = ["Params"]
 
@@ -33,9 +34,8 @@ class Params:
     cert_batch_size: int = param(positive)
     max_radius: float = param(positive, doc="the radius bisection's upper end (pixel l2): a "
                                             "radius is reported as at most this")
-    linear_epochs: int = param(positive)
-    linear_lr: float = param(positive)
-    linear_logit_scale: float = param(positive)
+    linear: Training = param(doc="the linear baseline's whole recipe (margin radius; each "
+                                 "linear-<value> setting trains at lmt_offset <value>)")
     standard_lr: float = param(positive, doc="the standard ViT's learning rate (train_vit's "
                                              "recipe otherwise, margin none)")
     max_train: int = param(nonneg, doc="first n images of the training part (0 = all of it)")
@@ -60,5 +60,6 @@ class Params:
         if self.max_radius <= max(self.cert_eps):
             fail("frontier.max_radius", f"{self.max_radius} must exceed the largest cert_eps "
                                         f"{max(self.cert_eps)}")
+        self.linear.require_margin("frontier.linear", "radius")
         if self.n_val > self.holdout:
             fail("frontier.n_val", f"{self.n_val} > holdout {self.holdout}")

@@ -182,13 +182,9 @@ def train_config(p: FrontierParams, tv: TrainVitParams, setting: Setting,
                  seed: int) -> TrainConfig:
     """The setting's training: ``train_vit``'s with its margin and its recipe axes (a ViT);
     ``train_vit``'s without a margin at ``standard_lr`` (the standard ViT); the linear
-    baseline's own schedule with the radius margin."""
+    baseline's own recipe (``linear``: the radius margin at the setting's offset)."""
     if setting.kind == "linear":
-        t = tv.train
-        return TrainConfig(epochs=p.linear_epochs, batch_size=t.batch_size, lr=p.linear_lr,
-                           warmup_steps=t.warmup_steps, margin="radius",
-                           lmt_offset=setting.value, logit_scale=p.linear_logit_scale,
-                           eval_batch_size=t.eval_batch_size, seed=seed)
+        return dataclasses.replace(p.linear.config(seed), lmt_offset=setting.value)
     cfg = tv.train.config(seed)
     if setting.kind == "standard":
         return dataclasses.replace(cfg, margin="none", lr=p.standard_lr, **setting.train_axes())

@@ -36,6 +36,8 @@ RENAMED: dict[str, str] = {
     **{f"crown.{k}": f"crown.train.{k} (the training recipe, one group)" for k in (
         "epochs", "batch_size", "lr", "weight_decay", "warmup_steps", "augment", "lmt_offset",
         "logit_scale", "eval_batch_size")},
+    **{f"frontier.linear_{k}": f"frontier.linear.{k} (the linear baseline's recipe, one group)"
+       for k in ("epochs", "lr", "logit_scale")},
     "certify_vit.cert_softmax_lipschitz": "certify_vit.softmax_lipschitz",
     "vit_grid.runs_dir": "vit_grid.results_dir",
     **{f"{s}.work_dir": f"{s}.results_dir" for s in ("frontier", "certvit", "crown")},

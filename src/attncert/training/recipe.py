@@ -1,4 +1,5 @@
-"""A stage's training recipe as one params.yaml group (``train_vit.train``, ``crown.train``).
+"""A model's training recipe as one params.yaml group (``train_vit.train``, ``crown.train``,
+``frontier.linear``).
 
 :class:`Training` holds every field of :class:`~attncert.training.train.TrainConfig` but the
 seed, so the config is built from the group whole (:meth:`Training.config`): a field added to
@@ -10,14 +11,23 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
-from attncert.pipeline.params import AUGMENTS, nonneg, one_of, param, positive, probability
+from attncert.pipeline.params import (
+    AUGMENTS,
+    fail,
+    nonneg,
+    one_of,
+    param,
+    positive,
+    probability,
+)
 from attncert.training.loop import OPTIMIZERS
 from attncert.training.train import ADVERSARIAL, TrainConfig
 
-#: the training margins a recipe offers (``attncert.training.train`` also has "radius", the
-#: linear baseline's); "lofast": the pairwise certificate's test with LoFAST's bound at a
-#: training radius (:mod:`attncert.training.certified_training`)
-MARGINS = ("none", "lmt", "olsa", "lofast")
+#: the training margins a recipe offers: "lofast": the pairwise certificate's test with
+#: LoFAST's bound at a training radius (:mod:`attncert.training.certified_training`); "radius":
+#: the exact radius of a model with head rows, the linear baseline's (a ViT refuses it:
+#: :func:`require_margin`)
+MARGINS = ("none", "lmt", "olsa", "lofast", "radius")
 
 
 @dataclass(frozen=True)
@@ -33,7 +43,8 @@ class Training:
     warmup_steps: int = param(nonneg)
     optimizer: str = param(one_of(*OPTIMIZERS))
     momentum: float = param(nonneg, doc="sgd only")
-    margin: str = param(one_of(*MARGINS), doc="none | lmt | olsa | lofast")
+    margin: str = param(one_of(*MARGINS), doc="none | lmt | olsa | lofast | radius (the "
+                                              "linear baseline's)")
     lmt_offset: float = param(nonneg)
     olsa_gamma: float = param(nonneg)
     lofast_eps: float = param(nonneg, doc="margin lofast: the training radius (pixel l2)")
@@ -61,6 +72,12 @@ class Training:
     def __post_init__(self) -> None:
         if len(self.msvp_lambda) != 3:
             raise ValueError(f"msvp_lambda: needs 3 values, got {self.msvp_lambda!r}")
+
+    def require_margin(self, key: str, *allowed: str) -> None:
+        """Fail with the one-line params error unless the recipe's margin is in ``allowed``."""
+        if self.margin not in allowed:
+            fail(f"{key}.margin", f"{self.margin!r} does not train this model; choose from "
+                                  f"{', '.join(allowed)}")
 
     def config(self, seed: int) -> TrainConfig:
         """The :class:`TrainConfig` of this group and ``seed``: every field of it from the
