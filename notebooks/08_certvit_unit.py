@@ -71,7 +71,7 @@ display(Markdown(
 # ## 1. The pre-trained standard ViT
 # `source: pipeline` trains a standard ViT (LayerNorm, dot-product attention, GELU MLPs) on
 # the dataset from scratch: CertViT's Table 1 setting. A loaded checkpoint is fine-tuned on the
-# dataset for `pretrain_epochs` (0: used as loaded). Every training phase below checkpoints
+# dataset for `train.epochs` (0: used as loaded). Every training phase below checkpoints
 # each epoch in its own folder, resumed only for the same starting weights and settings.
 
 # %%
@@ -87,7 +87,7 @@ logs[modes[0]].frame().head(1)
 # attention's inputs to a ball, where its constant is far smaller) and keeps R = sqrt(D)
 # elsewhere (with gains <= 1 a radius costs nothing in the bound, and a large R keeps the
 # tokens' scale); it pools by the mean of all tokens and applies unit head rows (its
-# fine-tunes use CE at `logit_scale`).
+# fine-tunes use CE at `spectral.logit_scale`).
 
 # %%
 steps = mode_steps(logs)
@@ -125,7 +125,7 @@ diagnostics[["mode", "site", "shape", "sigma_before", "sigma_after", "sparsity",
 # back into its spectral ball and every norm gain into [-`budget.gain`, `budget.gain`], so
 # the bound never exceeds the sets' bound. The loss is the certificate's own margin
 # (`attncert.training.train`'s "radius"): each rival's gap per unit of head-row distance pushed past
-# L `margin_eps` at temperature `logit_scale`, L the sets' bound.
+# L `spectral.lmt_offset` at temperature `spectral.logit_scale`, L the sets' bound.
 
 # %%
 for m in modes:  # CertViT's constants belong to its Table 1 ViTs: see the Table 1 runs

@@ -117,14 +117,15 @@ def test_the_stage_runs_every_mode_and_writes_its_files(tmp_path):
     torch.save({"skipped": "no images"}, processed / "imagenet_val.pt")
     raw = params.read_yaml(params.PARAMS_FILE)
     base = params.parse_section("base", {**raw["base"], "device": "cpu"}, params.BaseParams)
+    paper = params.parse_section("certvit", raw["certvit"], certvit_stage.Params, PRESETS)
+    phase = dict(epochs=1, batch_size=16, eval_batch_size=64)
     p = dataclasses.replace(
-        params.parse_section("certvit", raw["certvit"], certvit_stage.Params, PRESETS),
-        source=stage.PIPELINE, dataset="mnist", vit=VitShape(4, 16, 1, 2, 16),
-        pretrain_epochs=1, batch_size=16, warmup_steps=2,
+        paper, source=stage.PIPELINE, dataset="mnist", vit=VitShape(4, 16, 1, 2, 16),
+        train=dataclasses.replace(paper.train, warmup_steps=2, **phase),
         adapt_epochs=1, dr=dataclasses.replace(
-            params.parse_section("certvit", raw["certvit"], certvit_stage.Params, PRESETS).dr,
-            iterations=1, projection_steps=2, max_pairs=64, batch_size=32, images=16),
-        finetune_epochs=1, spectral_epochs=1, n_test=0,
+            paper.dr, iterations=1, projection_steps=2, max_pairs=64, batch_size=32, images=16),
+        finetune=dataclasses.replace(paper.finetune, **phase),
+        spectral=dataclasses.replace(paper.spectral, warmup_steps=2, **phase), n_test=0,
         eval_batch_size=64, cert_eps=[0.1, 0.4867],
         audit=Audit(n=5, steps=2, restarts=1, batch_size=64), table1=cv_params.Table1Params(
             datasets=["mnist"], vit={"mnist": VitShape(4, 8, 1, 2, 8)},

@@ -49,7 +49,9 @@ def test_the_section_takes_the_library_s_choices():
     with pytest.raises(params.ParamsError, match="0.4867"):  # CertViT's MNIST 1.58 in pixels
         params.parse_section("certvit", {**raw, "cert_eps": [0.1]}, certvit_stage.Params, PRESETS)
     for key, bad in (("norm", "layernorm"), ("finetune_scope", "all"),
-                     ("finetune_margin", "radius"), ("radius_quantile", 1.0),
+                     ("finetune", {**raw["finetune"], "margin": "radius"}),
+                     ("spectral", {**raw["spectral"], "margin": "lmt"}),
+                     ("radius_quantile", 1.0),
                      ("dr", {**raw["dr"], "relaxation": 2.0}), ("heads", 3),
                      ("budget", {**raw["budget"], "q": 0.0}),
                      ("table1", {**raw["table1"], "heads": {"mnist": 3, "cifar10": 3,

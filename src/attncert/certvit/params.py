@@ -29,6 +29,7 @@ from attncert.pipeline.params import (
 )
 from attncert.pipeline.shapes import VitShape
 from attncert.report.paper import certvit_pixel_eps
+from attncert.training.recipe import Training
 
 __all__ = ["MARGINS", "TABLE1_DATASETS", "DRParams", "Table1Params", "ImagenetParams", "Params"]
 
@@ -75,8 +76,8 @@ class Table1Params:
     pretrain_epochs: dict[str, int] = param(doc="training from scratch")
     relaxation: dict[str, float] = param(doc="Douglas-Rachford's relaxation per dataset "
                                              "(replaces dr.relaxation for its run)")
-    batch_size: int = param(positive)
-    lr: float = param(positive, doc="training and the adaptation fine-tune")
+    batch_size: int = param(positive, doc="every training phase's")
+    lr: float = param(positive, doc="train.lr: training and the adaptation fine-tune")
 
     def __post_init__(self) -> None:
         for name in ("vit", "pretrain_epochs", "relaxation"):
@@ -118,34 +119,28 @@ class Params:
     dataset: str = param(one_of(*IMAGE_DATASETS))
     vit: VitShape = param(doc="source 'pipeline' only: the name of a shape of the vit "
                               "section, the standard ViT trained here")
-    pretrain_epochs: int = param(nonneg, doc="pipeline: training from scratch; loaded: "
-                                             "fine-tuning on the dataset (0 = as loaded)")
-    batch_size: int = param(positive)
-    lr: float = param(positive, doc="pre-training and adaptation fine-tune")
-    weight_decay: float = param(nonneg)
-    warmup_steps: int = param(nonneg)
+    train: Training = param(doc="pipeline: training from scratch; loaded: fine-tuning on the "
+                                "dataset (epochs 0: as loaded); with adapt_epochs, the "
+                                "adaptation fine-tune's recipe")
     norm: str = param(one_of(*NORMS), doc="LayerNorm replacement")
     radius_quantile: float = param(unit_interval, doc="ProjectNorm radius: this quantile of "
                                                       "the pre-trained token norms")
-    adapt_epochs: int = param(nonneg)
+    adapt_epochs: int = param(nonneg, doc="the adapted model's fine-tune (train's recipe; "
+                                          "spectral mode: at spectral.logit_scale)")
     dr: DRParams = param(doc="Douglas-Rachford constraining (paper mode), one config")
-    finetune_epochs: int = param(nonneg, doc="the fine-tune after constraining")
+    finetune: Training = param(doc="paper mode: the fine-tune after constraining (margin "
+                                   "none or lmt)")
     finetune_scope: str = param(one_of(*cv.FINETUNE_SCOPES),
                                 doc="masked: every weight, pruned ones kept at zero; "
                                     "bound_free: only what the bound does not depend on")
-    finetune_lr: float = param(positive)
-    finetune_margin: str = param(one_of(*MARGINS))
-    lmt_offset: float = param(nonneg)
     constrain: list[str] = param(one_of(*cv.MODES), unique,
                                  doc="modes run side by side: paper (l1 Douglas-Rachford, "
                                      "the steps above) | spectral (spectral-norm balls)")
     budget: Budgets = param(doc="spectral mode: the spectral-norm budget of every map "
                                 "(attncert.certvit.spectral.Budgets)")
-    spectral_epochs: int = param(nonneg, doc="spectral: projected fine-tune after constraining")
-    spectral_lr: float = param(positive)
-    margin_eps: float = param(nonneg, doc="spectral: the radius loss's eps (offset L eps, "
-                                          "L the sets' bound)")
-    logit_scale: float = param(positive, doc="spectral: CE temperature (loss only)")
+    spectral: Training = param(doc="spectral mode: the projected fine-tune after "
+                                   "constraining, margin radius at offset L lmt_offset (L the "
+                                   "sets' bound; the linear baseline's offset: lmt_offset)")
     n_test: int = param(nonneg, doc="the first n test images are certified (0 = the whole "
                                     "split)")
     eval_batch_size: int = param(positive, doc="images per certificate and accuracy pass")
@@ -159,6 +154,9 @@ class Params:
 
     def __post_init__(self) -> None:
         self.vit.require("certvit.vit", "depth", "heads")
+        self.train.require("certvit.train", "none", "lmt", skip=True)
+        self.finetune.require("certvit.finetune", *MARGINS, skip=True)
+        self.spectral.require("certvit.spectral", "radius", skip=True)
         if not 0 < self.dr.relaxation < 2:
             raise ParamsError(f"certvit.dr.relaxation: must be in (0, 2), got "
                               f"{self.dr.relaxation!r}")
@@ -183,7 +181,10 @@ class Params:
         work = Path(self.results_dir) / "table1" / dataset
         return dataclasses.replace(
             self, source=cv.PIPELINE, dataset=dataset, vit=vit,
-            pretrain_epochs=t.pretrain_epochs[dataset], batch_size=t.batch_size, lr=t.lr,
+            train=dataclasses.replace(self.train, epochs=t.pretrain_epochs[dataset],
+                                      batch_size=t.batch_size, lr=t.lr),
+            finetune=dataclasses.replace(self.finetune, batch_size=t.batch_size),
+            spectral=dataclasses.replace(self.spectral, batch_size=t.batch_size),
             dr=dataclasses.replace(self.dr, relaxation=float(t.relaxation[dataset])),
             table1=dataclasses.replace(t, datasets=[]),
             imagenet=dataclasses.replace(self.imagenet, sources=[]), results_dir=str(work),

@@ -55,34 +55,30 @@ CERTVIT_TABLE3_SOURCES = {"WinKawaks/vit-tiny-patch16-224": "ViT-T/16",
 
 @dataclass(frozen=True)
 class Configs:
-    """The stage's training and constraining settings, built once from :class:`Params`. A
-    phase with 0 epochs is skipped (its config keeps 1 epoch). The spectral mode's fine-tunes:
-    CE at ``logit_scale``, then the radius loss at offset L ``margin_eps`` (``linear``, the
-    baseline's, at offset ``margin_eps``), L the sets' bound."""
+    """The stage's training and constraining settings, built once from :class:`Params`'s
+    recipe groups. A phase with 0 epochs is skipped (its config keeps 1 epoch). The adaptation
+    fine-tune: ``train``'s recipe for ``adapt_epochs`` (the spectral mode's at
+    ``spectral.logit_scale``); the spectral mode's fine-tune: ``spectral``, the radius loss at
+    offset L ``spectral.lmt_offset``, L the sets' bound (``linear``, the baseline's, at offset
+    ``spectral.lmt_offset``)."""
 
     pretrain: TrainConfig
     adapt: Mapping[str, TrainConfig]  # per mode
-    finetune: TrainConfig  # paper mode; spectral: ``linear`` with the offset L margin_eps
+    finetune: TrainConfig  # paper mode; spectral: ``linear`` with the offset L lmt_offset
     linear: TrainConfig
     dr: DRConfig
     budgets: Budgets
 
     @classmethod
     def build(cls, p: Params, seed: int) -> Configs:
-        phase = dict(batch_size=p.batch_size, weight_decay=p.weight_decay,
-                     eval_batch_size=p.eval_batch_size, seed=seed)
-        adapt_cfg = TrainConfig(epochs=max(p.adapt_epochs, 1), lr=p.lr,
-                                warmup_steps=p.warmup_steps, **phase)
+        adapt = max(p.adapt_epochs, 1)
         return cls(
-            pretrain=TrainConfig(epochs=max(p.pretrain_epochs, 1), lr=p.lr,
-                                 warmup_steps=p.warmup_steps, **phase),
-            adapt={"paper": adapt_cfg,
-                   "spectral": dataclasses.replace(adapt_cfg, logit_scale=p.logit_scale)},
-            finetune=TrainConfig(epochs=max(p.finetune_epochs, 1), lr=p.finetune_lr,
-                                 margin=p.finetune_margin, lmt_offset=p.lmt_offset, **phase),
-            linear=TrainConfig(epochs=max(p.spectral_epochs, 1), lr=p.spectral_lr,
-                               warmup_steps=p.warmup_steps, margin="radius",
-                               lmt_offset=p.margin_eps, logit_scale=p.logit_scale, **phase),
+            pretrain=p.train.config(seed, epochs=max(p.train.epochs, 1)),
+            adapt={"paper": p.train.config(seed, epochs=adapt),
+                   "spectral": p.train.config(seed, epochs=adapt,
+                                              logit_scale=p.spectral.logit_scale)},
+            finetune=p.finetune.config(seed, epochs=max(p.finetune.epochs, 1)),
+            linear=p.spectral.config(seed, epochs=max(p.spectral.epochs, 1)),
             dr=p.dr.config(seed), budgets=p.budget)
 
 
@@ -118,7 +114,7 @@ def run_steps(p: Params, base: BaseParams, device: torch.device, processed_dir: 
 
     # 1. the pre-trained standard ViT (a loaded one: fine-tuned on the dataset, or as loaded)
     t0 = time.perf_counter()
-    status = _train(p, base, r, model, cfg.pretrain, "pretrain") if p.pretrain_epochs else (
+    status = _train(p, base, r, model, cfg.pretrain, "pretrain") if p.train.epochs else (
         "as loaded")
     pre_seconds = time.perf_counter() - t0
     for m in modes:
@@ -188,11 +184,11 @@ def _finetune(p: Params, base: BaseParams, r: Result, cfg: Configs, m: str, cons
     t0 = time.perf_counter()
     status = "skipped"
     if m == "paper":
-        train_cfg, epochs, note = cfg.finetune, p.finetune_epochs, f"scope {p.finetune_scope}"
+        train_cfg, epochs, note = cfg.finetune, p.finetune.epochs, f"scope {p.finetune_scope}"
     else:
-        offset = cv.margin_offset(model, cfg.budgets, p.margin_eps)
+        offset = cv.margin_offset(model, cfg.budgets, p.spectral.lmt_offset)
         train_cfg = dataclasses.replace(cfg.linear, lmt_offset=offset)
-        epochs, note = p.spectral_epochs, f"projected, margin offset {offset:.3g}"
+        epochs, note = p.spectral.epochs, f"projected, margin offset {offset:.3g}"
     if epochs:
         with cv.finetune_context(m, model, p.finetune_scope, masks, cfg.budgets):
             status = _train(p, base, r, model, train_cfg,

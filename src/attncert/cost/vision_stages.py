@@ -328,7 +328,7 @@ def _certvit_run_work(cv, n_train_max: int, n_test_max: int, label: str) -> list
                          "attncert.cost.HF_VITS")
     c = vit_counts(cfg)
     out = training_work("certvit", f"{label}pre-train / fine-tune", c, n_tr, n_te,
-                        cv.pretrain_epochs, cv.batch_size, cv.eval_batch_size,
+                        cv.train.epochs, cv.train.batch_size, cv.train.eval_batch_size,
                         graphs=STANDARD_VIT)
     # Douglas-Rachford (float64): per linear map, at most dr.iterations x dr.projection_steps
     # Haugazeau steps, each one batched pass over all its recorded pairs (the mini-batches are
@@ -340,11 +340,11 @@ def _certvit_run_work(cv, n_train_max: int, n_test_max: int, label: str) -> list
     n = n_te if cv.n_test == 0 else min(cv.n_test, n_te)
     f64 = vit_forward64(cfg)
     for mode in cv.constrain:
-        final = cv.finetune_epochs if mode == "paper" else cv.spectral_epochs
-        for phase, epochs in (("adaptation fine-tune", cv.adapt_epochs),
-                              ("final fine-tune", final)):
+        final = cv.finetune if mode == "paper" else cv.spectral
+        for phase, epochs, t in (("adaptation fine-tune", cv.adapt_epochs, cv.train),
+                                 ("final fine-tune", final.epochs, final)):
             out += training_work("certvit", f"{label}{mode}: {phase}", c, n_tr, n_te, epochs,
-                                 cv.batch_size, cv.eval_batch_size, graphs=STANDARD_VIT)
+                                 t.batch_size, t.eval_batch_size, graphs=STANDARD_VIT)
         out.append(Work("certvit", f"{label}{mode}: Douglas-Rachford (from its matrix sizes)",
                         "fp64", maps * passes * per_pass, maps * passes * 20))
         out.append(Work("certvit", f"{label}{mode}: global certificate (float64 forwards)",

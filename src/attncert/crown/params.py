@@ -79,7 +79,7 @@ class Params:
 
     def __post_init__(self) -> None:
         self.vit.require("crown.vit", "heads")
-        self.train.require_margin("crown.train", "none", "lmt", "olsa", "lofast")
+        self.train.require("crown.train", "none", "lmt", "olsa", "lofast")
         if self.audit.batch_size == 0:
             raise ParamsError("crown.audit.batch_size: must be > 0 (the section has no "
                               "certificate batch to take it from)")

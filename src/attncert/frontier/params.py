@@ -60,6 +60,6 @@ class Params:
         if self.max_radius <= max(self.cert_eps):
             fail("frontier.max_radius", f"{self.max_radius} must exceed the largest cert_eps "
                                         f"{max(self.cert_eps)}")
-        self.linear.require_margin("frontier.linear", "radius")
+        self.linear.require("frontier.linear", "radius")
         if self.n_val > self.holdout:
             fail("frontier.n_val", f"{self.n_val} > holdout {self.holdout}")

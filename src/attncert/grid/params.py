@@ -49,7 +49,7 @@ class TrainVitParams:
     train: Training = param(doc="the training recipe, one config (every TrainConfig field)")
 
     def __post_init__(self) -> None:
-        self.train.require_margin("train_vit.train", "none", "lmt", "olsa", "lofast")
+        self.train.require("train_vit.train", "none", "lmt", "olsa", "lofast")
         if self.radius_stream is not None and self.radius_stream <= 0:
             raise ParamsError(f"train_vit.radius_stream: must be > 0 or null, got "
                               f"{self.radius_stream!r}")

@@ -38,6 +38,14 @@ RENAMED: dict[str, str] = {
         "logit_scale", "eval_batch_size")},
     **{f"frontier.linear_{k}": f"frontier.linear.{k} (the linear baseline's recipe, one group)"
        for k in ("epochs", "lr", "logit_scale")},
+    **{f"certvit.{old}": f"certvit.{new} (a training recipe, one group)" for old, new in (
+        ("pretrain_epochs", "train.epochs"), ("batch_size", "train.batch_size"),
+        ("lr", "train.lr"), ("weight_decay", "train.weight_decay"),
+        ("warmup_steps", "train.warmup_steps"), ("finetune_epochs", "finetune.epochs"),
+        ("finetune_lr", "finetune.lr"), ("finetune_margin", "finetune.margin"),
+        ("lmt_offset", "finetune.lmt_offset"), ("spectral_epochs", "spectral.epochs"),
+        ("spectral_lr", "spectral.lr"), ("margin_eps", "spectral.lmt_offset"),
+        ("logit_scale", "spectral.logit_scale"))},
     "certify_vit.cert_softmax_lipschitz": "certify_vit.softmax_lipschitz",
     "vit_grid.runs_dir": "vit_grid.results_dir",
     **{f"{s}.work_dir": f"{s}.results_dir" for s in ("frontier", "certvit", "crown")},

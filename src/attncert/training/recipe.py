@@ -26,7 +26,7 @@ from attncert.training.train import ADVERSARIAL, TrainConfig
 #: the training margins a recipe offers: "lofast": the pairwise certificate's test with
 #: LoFAST's bound at a training radius (:mod:`attncert.training.certified_training`); "radius":
 #: the exact radius of a model with head rows, the linear baseline's (a ViT refuses it:
-#: :func:`require_margin`)
+#: :meth:`Training.require`)
 MARGINS = ("none", "lmt", "olsa", "lofast", "radius")
 
 
@@ -36,7 +36,7 @@ class Training:
     with every field of :class:`~attncert.training.train.TrainConfig` but the seed
     (``adv_eps_255``: its ``adv_eps`` in units of 1/255); :meth:`config` takes it whole."""
 
-    epochs: int = param(positive)
+    epochs: int = param(nonneg, doc="0: the phase is skipped (where the section allows it)")
     batch_size: int = param(positive)
     lr: float = param(positive)
     weight_decay: float = param(nonneg)
@@ -73,16 +73,24 @@ class Training:
         if len(self.msvp_lambda) != 3:
             raise ValueError(f"msvp_lambda: needs 3 values, got {self.msvp_lambda!r}")
 
-    def require_margin(self, key: str, *allowed: str) -> None:
-        """Fail with the one-line params error unless the recipe's margin is in ``allowed``."""
-        if self.margin not in allowed:
+    def require(self, key: str, *margins: str, skip: bool = False) -> None:
+        """The section's checks of its recipe ``key``: a margin of ``margins`` (the model
+        trains with no other) and at least one epoch unless the phase may be ``skip``-ped;
+        the one-line params error otherwise."""
+        if self.margin not in margins:
             fail(f"{key}.margin", f"{self.margin!r} does not train this model; choose from "
-                                  f"{', '.join(allowed)}")
+                                  f"{', '.join(margins)}")
+        if not skip and self.epochs < 1:
+            fail(f"{key}.epochs", f"must be > 0, got {self.epochs!r}")
 
-    def config(self, seed: int) -> TrainConfig:
+    def config(self, seed: int, **changes) -> TrainConfig:
         """The :class:`TrainConfig` of this group and ``seed``: every field of it from the
-        group (a field the group lacks fails here, never a silent default)."""
-        own = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+        group (a field the group lacks fails here, never a silent default), but the fields
+        named in ``changes`` (fields of this group, such as a phase's ``epochs``)."""
+        unknown = sorted(set(changes) - {f.name for f in dataclasses.fields(self)})
+        if unknown:
+            raise TypeError(f"Training.config: {unknown} are not fields of the recipe")
+        own = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)} | changes
         own["adv_eps"] = own.pop("adv_eps_255") / 255
         own["msvp_lambda"] = tuple(own["msvp_lambda"])
         names = [f.name for f in dataclasses.fields(TrainConfig) if f.name != "seed"]
