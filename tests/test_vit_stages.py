@@ -20,7 +20,7 @@ ROOT = Path(__file__).resolve().parents[1]
     "section,key,value,match",
     [
         ("train_vit", "train.margin", "radius",
-         r"^train_vit\.train\.margin: unknown value 'radius'"),
+         r"^train_vit\.train\.margin: 'radius' does not train this model"),
         ("train_vit", "kind", "deep", r"^train_vit\.kind: unknown value 'deep'"),
         ("train_vit", "train.adversarial", "pgd_l2",
          r"^train_vit\.train\.adversarial: unknown value"),
