@@ -41,7 +41,7 @@ from attncert.stages import frontier as stage
 
 p, ctx = setup(stage, params_file, device=False)
 b = ctx.base
-res = stage.run(p, ctx)
+res = stage.run(p, ctx).result
 verdict = ("trains its grid with it" if res.metrics["grid_is_selected"] else
            f"trains its grid with `{res.grid_setting}`, not the selected setting"
            if res.selected else f"trains its grid with `{res.grid_setting}`; no certified "

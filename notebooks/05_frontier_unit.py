@@ -32,7 +32,7 @@ from attncert.stages import frontier as stage
 
 p, ctx = setup(stage, params_file, unit=unit)
 b = ctx.base
-rec = stage.run(p, ctx)
+rec = stage.run(p, ctx).record
 display(Markdown(f"**Unit** `{unit}` ({b.scale} scale, device {rec['device']}, "
                  f"{rec['seconds'] / 60:.1f} min; checkpoint: {rec['checkpoint']}): "
                  f"{rec['epochs']} epochs in {rec['train_seconds']:.0f} s, "

@@ -23,7 +23,7 @@
 # *certified* terms on a Lipschitz ViT.
 #
 # **Sources.** `sources` lists where each method's ViT comes from: `scratch` builds the ViT of
-# `patch`..`mlp_hidden` and trains it (`epochs`, `lr`, ...); a Hugging Face
+# `vit` and trains it with the `train` recipe; a Hugging Face
 # `ViTForImageClassification` (hub id or `save_pretrained` folder; the paper scale: ImageNet
 # ViT-S/16 and DeiT-Ti, as in SpecFormer's tables) is loaded into the same standard ViT, gets a
 # head for the dataset's classes, eats the dataset's images upsampled to `image_size` inside the
@@ -58,7 +58,7 @@ from attncert.stages import specformer as stage
 
 p, ctx = setup(stage, params_file, device=False)
 b = ctx.base
-res = stage.run(p, ctx)
+res = stage.run(p, ctx).result
 display(Markdown(res.overview))
 
 # %% [markdown]
@@ -131,7 +131,7 @@ res.sigma_table()
 # %% [markdown]
 # ## Cost of a training step (SpecFormer Table 3)
 # Every method's training step (forward, loss incl. MSVP, backward, AdamW) on the same batch of
-# `batch_size` (a pre-trained source: `finetune.batch_size`) training images of the first
+# `train.batch_size` (a pre-trained source: `finetune.batch_size`) training images of the first
 # dataset, with the first source's models and recipe, measured side by side in this one run:
 # after `timing_warmup` steps each, `timing_rounds` rounds time `timing_steps` steps of every
 # method in turn (the start rotates); the ratio to vanilla is taken within each round, then

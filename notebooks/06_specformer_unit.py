@@ -37,7 +37,7 @@ from attncert.stages import specformer as stage
 p, ctx = setup(stage, params_file, unit=unit)
 b = ctx.base
 dev = ctx.device
-rec = stage.run(p, ctx)
+rec = stage.run(p, ctx).record
 display(Markdown(f"**Unit** `{unit}` ({b.scale} scale, device {dev})  \n**Data** {rec['data']}"
                  + "".join(f"  \n{k}: {v}" for k, v in rec["notes"].items())))
 

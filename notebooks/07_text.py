@@ -42,7 +42,7 @@ from attncert.stages import text as stage
 
 p, ctx = setup(stage, params_file, device=False)
 b = ctx.base
-r = stage.run(p, ctx)
+r = stage.run(p, ctx).result
 d = r.data
 display(Markdown(
     f"**Scale** {b.scale}, device {d['device']}.  \n**Data** SST-2 ({d['source']}): "

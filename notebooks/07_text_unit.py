@@ -34,7 +34,7 @@ from attncert.stages import text as stage
 
 p, ctx = setup(stage, params_file, unit=unit)
 b = ctx.base
-rec = stage.run(p, ctx)
+rec = stage.run(p, ctx).record
 models = rec["results"] or (rec["entry"] or {}).get("models", {})
 display(Markdown(f"**Unit** `{unit}` ({b.scale} scale, device {rec['device']}, "
                  f"{rec['seconds'] / 60:.1f} min): {len(models)} models"

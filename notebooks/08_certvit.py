@@ -33,7 +33,7 @@ from attncert.stages import certvit as stage
 
 p, ctx = setup(stage, params_file, device=False)
 b = ctx.base
-m = stage.run(p, ctx)
+m = stage.run(p, ctx).record
 display(Markdown(f"**Scale** {b.scale}; **units** {', '.join(stage.units(p))}; **source** "
                  f"`{m['source']}` on {m['dataset']} (headline mode `{m['headline_mode']}`)."))
 

@@ -38,7 +38,7 @@ from attncert.stages import certvit as stage
 p, ctx = setup(stage, params_file, unit=stage.IMAGENET)
 b = ctx.base
 dev = ctx.device
-record, _ = stage.run(p, ctx)
+record = stage.run(p, ctx).record
 net = record["imagenet"]
 if isinstance(net, dict):
     display(Markdown(f"**Scale** {b.scale}, device {dev}.  \n**Images** `{net['images']}`"

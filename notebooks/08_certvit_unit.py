@@ -58,7 +58,8 @@ if unit not in stage.units(section) or unit == stage.IMAGENET:
                      f"(08_certvit_imagenet runs imagenet)")
 # the section, or the Table 1 run's shape and training
 p = stage.unit_params(section, unit, ctx.processed_dir)
-record, res = stage.run(section, ctx)
+run = stage.run(section, ctx)
+record, res = run.record, run.result
 data, modes, logs, bounds = res.data, res.modes, res.logs, res.bounds
 display(Markdown(
     f"**Unit** `{unit}`, scale {b.scale}, device {res.device}.  \n**Data** {p.dataset}: "

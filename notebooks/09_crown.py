@@ -41,7 +41,7 @@ from attncert.stages import crown as stage
 
 p, ctx = setup(stage, params_file, device=False)
 b = ctx.base
-res = stage.run(p, ctx)
+res = stage.run(p, ctx).result
 parts = res.datasets
 display(Markdown(f"**{b.scale} scale**: {', '.join(p.datasets)}, depths {p.depths}, "
                  f"{p.vit.dim}-d, patch {p.vit.patch}, "

@@ -35,7 +35,7 @@ from attncert.stages import crown as stage
 
 p, ctx = setup(stage, params_file, unit=unit)
 b = ctx.base
-rec = stage.run(p, ctx)
+rec = stage.run(p, ctx).record
 t = rec["trained"]
 a = rec["attention"]
 display(Markdown(f"**Unit** `{unit}` ({b.scale} scale, device {rec['device']}, "

@@ -135,7 +135,10 @@ def test_the_stage_runs_every_mode_and_writes_its_files(tmp_path):
     assert certvit_stage.units(p) == ["main", "table1-mnist", "imagenet"]
     with pytest.raises(ValueError, match="certvit unit 'main' has not run"):
         certvit_stage.run(p, make_context(base, device=False))   # the gather reads records only
-    _, res = certvit_stage.run(p, make_context(base, item="main", processed_dir=str(processed)))
+    main = certvit_stage.run(p, make_context(base, item="main", processed_dir=str(processed)))
+    res = main.result
+    assert main.unit == "main" and main.record == json.loads(
+        (tmp_path / "work" / "units" / "main.json").read_text())
     work = tmp_path / "work"
     assert sorted(d.name for d in (work / "ckpt").iterdir()) == [
         "adapt", "finetune", "linear", "pretrain", "spectral_adapt", "spectral_finetune"]
@@ -143,13 +146,15 @@ def test_the_stage_runs_every_mode_and_writes_its_files(tmp_path):
         assert (work / name).is_file()
     n_test = len(res.test["y"])  # n_test 0: the whole test split, attacked on the first 5
     assert len(pd.read_csv(work / "samples.csv")) == 3 * n_test  # two modes, the baseline
-    _, sub = certvit_stage.run(p, make_context(base, item="table1-mnist",
-                                               processed_dir=str(processed)))
-    net, none = certvit_stage.run(p, make_context(base, item="imagenet",
-                                                  processed_dir=str(processed)))
-    assert none is None and (work / "imagenet").is_dir()   # a DVC output, even when skipped
-    m = certvit_stage.run(p, make_context(base, device=False))
-    assert m == json.loads((tmp_path / "metrics.json").read_text())
+    sub = certvit_stage.run(p, make_context(base, item="table1-mnist",
+                                            processed_dir=str(processed))).result
+    imagenet = certvit_stage.run(p, make_context(base, item="imagenet",
+                                                 processed_dir=str(processed)))
+    net = imagenet.record
+    assert imagenet.result is None and (work / "imagenet").is_dir()  # a DVC output, even skipped
+    gathered = certvit_stage.run(p, make_context(base, device=False))
+    m = gathered.record
+    assert gathered.unit is None and m == json.loads((tmp_path / "metrics.json").read_text())
     assert m["n_test"] == n_test > 5 and m["n_attacked"] == m["linear_baseline"]["n_attacked"] == 5
     assert m["headline_mode"] == res.headline == "spectral" and set(m["modes"]) == set(res.modes)
     assert m["broken"] == 0 and m["linear_baseline"]["broken"] == 0

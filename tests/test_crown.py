@@ -377,11 +377,12 @@ def test_units_then_gather(tmp_path):
     with pytest.raises(ValueError, match="has not run"):
         stage.run(p, make_context(base, device=False))
     for unit in stage.units(p):
-        rec = stage.run(p, make_context(base, item=unit, processed_dir=str(tmp_path / "processed")))
+        rec = stage.run(p, make_context(base, item=unit,
+                                        processed_dir=str(tmp_path / "processed"))).record
         assert rec["n"] == 3 and (tmp_path / "w" / "ckpt" / "mnist" / unit[-2:]).is_dir()
         # the attention diagnostics cover the whole test split, not only the certified points
         assert rec["attention"]["n"] > rec["n"] and 0 <= rec["attention"]["entropy_mean"] <= 1
-    res = stage.run(p, make_context(base, device=False))
+    res = stage.run(p, make_context(base, device=False)).result
     part = res.datasets["mnist"]
     assert set(part.metrics["attention"]) == {"L1", "L2"}
     assert list(attention_table(res.datasets).index) == [("mnist", "L1"), ("mnist", "L2")]

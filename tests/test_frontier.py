@@ -190,7 +190,7 @@ def test_units_train_on_the_training_split_minus_the_held_out_images_then_gather
         stage.run(p, _ctx(base, tv))
     recs = {}
     for unit in stage.units(p):
-        rec = recs[unit] = stage.run(p, _ctx(base, tv, unit))
+        rec = recs[unit] = stage.run(p, _ctx(base, tv, unit)).record
         assert rec["n_val"] == 12 and rec["n_attacked"] == 10 and rec["broken"] == 0
         for r in rec["audit"]:  # never above what PGD leaves on the same points
             for key in ("certified_global", f"certified_{unit[6:]}"):
@@ -204,10 +204,10 @@ def test_units_train_on_the_training_split_minus_the_held_out_images_then_gather
     assert opened["median_radius"] >= opened["median_radius_global"]
     assert std["attention"]["logit_cap"] is None and "certified_acc" not in std
     assert std["n_train"] == 40
-    again = stage.run(p, _ctx(base, tv, "mnist-lmt-0.2"))
+    again = stage.run(p, _ctx(base, tv, "mnist-lmt-0.2")).record
     assert again["checkpoint"] == "resume" and again["clean_acc"] == \
         stage.read_unit(p, _ctx(base, tv), "mnist-lmt-0.2")["clean_acc"]
-    res = stage.run(p, _ctx(base, tv))
+    res = stage.run(p, _ctx(base, tv)).result
     assert list(res.table["setting"]) == p.settings and res.selected_any in p.settings[:2]
     assert res.selected in (*p.settings[:2], None)
     assert res.metrics["grid_setting"] == "lmt-0.2"

@@ -20,9 +20,9 @@ SRC = ROOT / "src" / "attncert"
 CONFIGS = ("TrainConfig", "TextTrainConfig")
 #: the recipe helper
 HELPER = "training/recipe.py"
-#: modules that still build a config from flat keys (SpecFormer's scratch and fine-tune
-#: recipes, the text models): each moves to a whole group, then leaves this list
-FLAT = {"specformer/methods.py", "text/study.py", "pipeline/rehearse.py"}
+#: modules that still build a config from flat keys (the text models' TextTrainConfig): each
+#: moves to a whole group, then leaves this list
+FLAT = {"text/study.py", "pipeline/rehearse.py"}
 
 
 def _builders() -> set[str]:

@@ -38,9 +38,11 @@ def cifar_shaped(dataset, num_classes, mirror, tmp_path, max_train=0):
                             "source": f"{dataset}-shaped {sample['source']}"}, max_train, 0)
 
 #: The only knobs shrunk: model size, epochs, batch size, attack steps, attacked images.
-TINY = {"vit": VitShape(patch=4, dim=8, depth=1, heads=2, mlp_hidden=8), "epochs": 1,
-        "adv_epochs": 1, "batch_size": 10, "eval_batch_size": 10, "adv_steps": 1, "attack_steps": 2,
+TINY = {"vit": VitShape(patch=4, dim=8, depth=1, heads=2, mlp_hidden=8), "attack_steps": 2,
         "n_test": 20}
+#: ... and of the from-scratch recipe
+TINY_TRAIN = {"epochs": 1, "adv_epochs": 1, "batch_size": 10, "eval_batch_size": 10,
+              "adv_steps": 1}
 
 
 @pytest.mark.parametrize("dataset,num_classes", [("cifar10", 10), ("cifar100", 100)])
@@ -57,7 +59,8 @@ def test_paper_scale_cifar_grid_code_path(dataset, num_classes, mirror, tmp_path
     """
     paper = load_params(ROOT / "params.yaml")["specformer"]
     assert paper.datasets == ["cifar10", "cifar100", "imagenette"] and dataset in paper.datasets
-    p = dataclasses.replace(paper, **TINY, sources=[sf.SCRATCH], methods=list(sf.METHODS),
+    p = dataclasses.replace(paper, **TINY, train=dataclasses.replace(paper.train, **TINY_TRAIN),
+                            sources=[sf.SCRATCH], methods=list(sf.METHODS),
                             adv_methods=list(sf.METHODS))
     data = cifar_shaped(dataset, num_classes, mirror, tmp_path, p.max_train)
 
@@ -81,7 +84,7 @@ def test_paper_scale_cifar_grid_code_path(dataset, num_classes, mirror, tmp_path
         assert status == "fresh" and len(curves) == 1
         with torch.no_grad():
             assert model(x[:2]).shape == (2, num_classes)
-        got = sf.robust_accuracy(model, x, y, specs, p.eval_batch_size, 0)
+        got = sf.robust_accuracy(model, x, y, specs, p.train.eval_batch_size, 0)
         assert [r["attack"] for r in got] == [s.label for s in specs]
         rows += [{"dataset": dataset, "training": training, "method": method, **r} for r in got]
 
@@ -105,9 +108,9 @@ def test_paper_scale_cifar_grid_code_path(dataset, num_classes, mirror, tmp_path
 # -- the paper-scale pre-trained route, with a tiny saved ViTForImageClassification ---------
 
 #: The knobs shrunk for the pre-trained route (the model itself is the tiny saved one).
-TINY_FINETUNE = {"epochs": 1, "adv_epochs": 1, "batch_size": 10, "warmup_steps": 1}
-TINY_RUN = {"eval_batch_size": 10, "adv_steps": 1,
-                 "attack_steps": 2, "n_test": 20, "image_size": 64}
+TINY_FINETUNE = {"epochs": 1, "adv_epochs": 1, "batch_size": 10, "warmup_steps": 1,
+                 "eval_batch_size": 10, "adv_steps": 1}
+TINY_RUN = {"attack_steps": 2, "n_test": 20, "image_size": 64}
 
 
 @pytest.fixture(scope="module")
@@ -161,7 +164,7 @@ def test_paper_scale_pretrained_code_path(dataset, num_classes, mirror, tmp_path
         assert model.config.num_classes == num_classes
         with torch.no_grad():
             assert model(x[:2]).shape == (2, num_classes)  # 32-pixel input, upsampled inside
-        got = sf.robust_accuracy(model, x, y, specs, p.eval_batch_size, 0)
+        got = sf.robust_accuracy(model, x, y, specs, p.finetune.eval_batch_size, 0)
         rows += [{"dataset": label, "training": training, "method": method, **r} for r in got]
     df = pd.DataFrame(rows)
     assert len(df) == len(plan) * len(specs) and df["accuracy"].between(0, 1).all()
@@ -300,12 +303,15 @@ def test_units_then_gather(mirror, tmp_path):
     processed = tmp_path / "processed"
     torch_save(cifar_shaped("cifar10", 10, mirror, tmp_path), processed / "cifar10.pt")
     paper = load_params(ROOT / "params.yaml")["specformer"]
-    p = dataclasses.replace(paper, **TINY, sources=[sf.SCRATCH], datasets=["cifar10"],
+    p = dataclasses.replace(paper, **TINY, train=dataclasses.replace(paper.train, **TINY_TRAIN),
+                            sources=[sf.SCRATCH], datasets=["cifar10"],
                             attack_eps=[0.5], timing_steps=1, timing_rounds=2, timing_warmup=0,
                             msvp_lambda_ablation=[[1e-3, 0.0, 0.0], list(paper.msvp_lambda)],
                             certified=dataclasses.replace(
                                 paper.certified, vit=VitShape(16, 8, 1, 2, 16),
-                                epochs=1, n_test=4,
+                                train=dataclasses.replace(paper.certified.train, epochs=1,
+                                                          batch_size=10, eval_batch_size=10),
+                                n_test=4,
                                 audit=dataclasses.replace(paper.certified.audit, steps=2,
                                                           restarts=1)),
                             results_dir=str(tmp_path / "results"),
@@ -316,12 +322,12 @@ def test_units_then_gather(mirror, tmp_path):
     assert stage.units(p) == ["cifar10", "lambda0", "lambda1", "certified"]
     with pytest.raises(ValueError, match="has not run"):
         stage.run(p, make_context(base, device=False))
-    records = {u: stage.run(p, make_context(base, item=u, processed_dir=str(processed)))
+    records = {u: stage.run(p, make_context(base, item=u, processed_dir=str(processed))).record
                for u in stage.units(p)}
     assert records["lambda1"]["ablation"] is None  # msvp_lambda: the main runs answer it
     assert {r["lambda"] for r in records["lambda0"]["ablation"]} == {"0.001,0,0"}
     assert (tmp_path / "results" / "ckpt" / "lambda0").is_dir()
-    res = stage.run(p, make_context(base, device=False))
+    res = stage.run(p, make_context(base, device=False)).result
     assert len(res.trained) == 4 and res.runs == ["cifar10"]
     assert set(res.ratios.index) == {"vanilla", "specformer"} and "LayerNorm" in res.refusal
     # every attacked model's attention diagnosed on its attacked images

@@ -9,11 +9,14 @@ import importlib.util
 import inspect
 import pkgutil
 import re
+import types
+import typing
 from pathlib import Path
 
 import pytest
 
 from attncert import stages
+from attncert.pipeline.records import StageRun
 from attncert.report import rows as report
 from attncert.stages import registry
 
@@ -58,6 +61,10 @@ def test_one_run_signature(stage):
     assert list(sig.parameters) == ["p", "ctx"], f"{stage}.run{sig}"
     hints = inspect.get_annotations(mod.run, eval_str=True)
     assert hints["p"] is mod.Params and hints["ctx"].__name__ == "Context"
+    ret = hints["return"]  # one result type: no union of a unit's and a gathering's, no tuple
+    assert typing.get_origin(ret) not in (typing.Union, types.UnionType, tuple) and ret is not tuple
+    if stage in stages.UNIT_STAGES.values():
+        assert typing.get_origin(ret) is StageRun, f"{stage}.run returns {ret}, not a StageRun"
     others = [n for n, f in vars(mod).items() if n.startswith("run") and n != "run"
               and inspect.isfunction(f) and f.__module__ == mod.__name__]
     assert not others, f"{stage} has other runners {others}"

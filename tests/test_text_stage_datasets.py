@@ -140,8 +140,9 @@ def test_the_stage_trains_yelp_and_qqp_and_reports_a_skipped_dataset(tmp_path, m
                 stage.run(p, make_context(base, device=False))
         for unit in stage.UNITS:  # each its own DVC stage
             stage.run(p, make_context(base, item=unit, processed_dir=str(processed)))
-        r = stage.run(p, make_context(base, device=False))
-        m = json.loads((tmp_path / "text.json").read_text())
+        run = stage.run(p, make_context(base, device=False))
+        r, m = run.result, json.loads((tmp_path / "text.json").read_text())
+        assert run.record == m
         assert list(r.jobs["model"]) == list(stage.jobs(p, r.data["vocab"]))  # its order
         assert set(m["models"]) == set(r.jobs["model"])
         assert set(m["datasets"]) == {"yelp_polarity", "qqp"} and m["broken"] == 0

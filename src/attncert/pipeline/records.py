@@ -1,4 +1,5 @@
-"""Records of a split stage's units (``attncert.stages.UNIT_STAGES``).
+"""Records of a split stage's units (``attncert.stages.UNIT_STAGES``), and what a split
+stage's ``run`` returns (:class:`StageRun`).
 
 Each unit stage writes one JSON record, keyed by what it was computed from; the gathering
 stage reads every record back and refuses one that is missing or stale.
@@ -9,7 +10,9 @@ from __future__ import annotations
 import dataclasses
 import json
 from pathlib import Path
-from typing import Any
+from typing import Any, Generic, TypeVar
+
+T = TypeVar("T")
 
 
 def unit_key(section: str, p: Any, base: Any) -> dict[str, Any]:
@@ -29,3 +32,21 @@ def read_record(path: str | Path, key: dict[str, Any], what: str, stage: str) ->
     if record.get("key") != key:
         raise ValueError(f"{path}: {what} ran with other params; rerun it (dvc repro {stage})")
     return record
+
+
+@dataclasses.dataclass(frozen=True)
+class StageRun(Generic[T]):
+    """What a split stage's ``run`` returns, for a unit and for the gathering stage alike:
+    ``unit`` (None: the gathering stage), ``record`` (the unit's record as written, or the
+    stage's metrics file as written) and ``result`` (what the notebook shows beyond the
+    record: the gathering stage's tables and figures, a unit's in-memory run where it keeps
+    one; else None)."""
+
+    unit: str | None
+    record: dict[str, Any]
+    result: T | None = None
+
+
+def gathered(metrics: str | Path, result: T) -> StageRun[T]:
+    """The gathering stage's :class:`StageRun`: its ``metrics`` file as written and ``result``."""
+    return StageRun(None, json.loads(Path(metrics).read_text()), result)

@@ -46,6 +46,13 @@ RENAMED: dict[str, str] = {
         ("lmt_offset", "finetune.lmt_offset"), ("spectral_epochs", "spectral.epochs"),
         ("spectral_lr", "spectral.lr"), ("margin_eps", "spectral.lmt_offset"),
         ("logit_scale", "spectral.logit_scale"))},
+    **{f"specformer.{k}": f"specformer.train.{k} (the from-scratch recipe, one group; "
+                          f"finetune holds the fine-tune's)"
+       for k in ("epochs", "adv_epochs", "batch_size", "lr", "weight_decay", "warmup_steps",
+                 "augment", "adv_eps_255", "adv_steps", "eval_batch_size")},
+    **{f"specformer.certified.{k}": f"specformer.certified.train.{k} (the pair's recipe, "
+                                    f"one group)"
+       for k in ("epochs", "lr", "lmt_offset", "logit_scale")},
     "certify_vit.cert_softmax_lipschitz": "certify_vit.softmax_lipschitz",
     "vit_grid.runs_dir": "vit_grid.results_dir",
     **{f"{s}.work_dir": f"{s}.results_dir" for s in ("frontier", "certvit", "crown")},
@@ -69,3 +76,15 @@ RENAMED: dict[str, str] = {
                        ("certvit", ("patch", "dim", "depth", "heads", "mlp_hidden")))
        for k in keys},
 }
+
+
+def _final(new: str) -> str:
+    """Where a key renamed twice is now (``new`` may name a key renamed again)."""
+    seen = set()
+    while (key := new.split(" ", 1)[0]) in RENAMED and key not in seen:
+        seen.add(key)
+        new = RENAMED[key]
+    return new
+
+
+RENAMED = {old: _final(new) for old, new in RENAMED.items()}

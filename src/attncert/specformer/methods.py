@@ -154,28 +154,6 @@ def base_model_config(data: Mapping[str, Any], patch: int, dim: int, depth: int,
                        attn_bias=True)
 
 
-def train_configs(*, epochs: int, adv_epochs: int, batch_size: int, lr: float,
-                  weight_decay: float, warmup_steps: int, augment: str, eval_batch_size: int,
-                  adv_eps_255: float, adv_steps: int, seed: int, grad_clip: float = 0.0,
-                  optimizer: str = "adamw", momentum: float = 0.9,
-                  mix: Mapping[str, float] | None = None) -> tuple[TrainConfig, TrainConfig]:
-    """(standard, adversarial): ``optimizer`` (adamw, or sgd with ``momentum``) with a cosine
-    schedule, gradients clipped to global norm ``grad_clip`` (0 = off); ``mix``: the
-    standard run's Mixup / CutMix fields of :class:`attncert.training.train.TrainConfig`
-    (mixup_alpha, cutmix_alpha, mix_prob, mix_switch_prob; None = off). The adversarial one is the
-    same for ``adv_epochs`` with PGD adversarial training at l_inf ``adv_eps_255`` / 255, unmixed
-    (PGD attacks the batch's own labels)."""
-    standard = TrainConfig(epochs=epochs, batch_size=batch_size, lr=lr,
-                           weight_decay=weight_decay, warmup_steps=warmup_steps,
-                           augment=augment, eval_batch_size=eval_batch_size, seed=seed,
-                           grad_clip=grad_clip, optimizer=optimizer, momentum=momentum,
-                           **(mix or {}))
-    adversarial = dataclasses.replace(standard, epochs=adv_epochs, adversarial="pgd_linf",
-                                      adv_eps=adv_eps_255 / 255, adv_steps=adv_steps,
-                                      mix_prob=0.0)
-    return standard, adversarial
-
-
 def run_plan(methods: Sequence[str], adv_methods: Sequence[str], standard: TrainConfig,
              adversarial: TrainConfig) -> list[tuple[str, str, TrainConfig]]:
     """(training, method, train config before :func:`method_train_config`) of every run on

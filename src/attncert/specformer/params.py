@@ -1,18 +1,16 @@
-"""The specformer section's schema (params.yaml ``specformer``): :class:`Params`, the
-pre-trained sources' fine-tune recipe (:class:`FinetuneParams`) and the certified pair
+"""The specformer section's schema (params.yaml ``specformer``): :class:`Params`, its two
+recipes (``train`` from scratch, ``finetune`` of the pre-trained sources: each a
+:class:`attncert.training.recipe.AdversarialRecipe`) and the certified pair
 (:class:`CertifiedParams`). The stage (:mod:`attncert.stages.specformer`) and the study
 (:mod:`attncert.specformer.study`) read it; it imports neither.
 """
 
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass
-from typing import Any
 
 from attncert.pipeline.audit import Audit
 from attncert.pipeline.params import (
-    AUGMENTS,
     IMAGE_DATASETS,
     VIT_BLOCKS,
     fail,
@@ -21,43 +19,13 @@ from attncert.pipeline.params import (
     one_of,
     param,
     positive,
-    probability,
     unique,
-    unit_interval,
 )
 from attncert.pipeline.shapes import VitShape
 from attncert.specformer import methods as sf
-from attncert.training.loop import OPTIMIZERS
+from attncert.training.recipe import AdversarialRecipe, Training
 
-__all__ = ["CERT_VARIANTS", "FinetuneParams", "CertifiedParams", "Params"]
-
-
-@dataclass(frozen=True)
-class FinetuneParams:
-    """params.yaml ``specformer.finetune``: the recipe of every pre-trained source's runs
-    (:func:`attncert.specformer.methods.train_configs`, taken whole by :meth:`configs`)."""
-
-    epochs: int = param(positive, doc="standard fine-tune")
-    adv_epochs: int = param(positive, doc="PGD fine-tune")
-    batch_size: int = param(positive)
-    lr: float = param(positive)
-    weight_decay: float = param(nonneg)
-    warmup_steps: int = param(nonneg)
-    grad_clip: float = param(nonneg, doc="max global gradient norm (0 = off)")
-    optimizer: str = param(one_of(*OPTIMIZERS), doc="adamw | sgd (heavy-ball)")
-    momentum: float = param(unit_interval, doc="sgd's momentum")
-    mixup_alpha: float = param(nonneg, doc="Mixup's Beta(alpha, alpha) (0 = none)")
-    cutmix_alpha: float = param(nonneg, doc="CutMix's Beta(alpha, alpha) (0 = none)")
-    mix_prob: float = param(probability, doc="share of standard fine-tune batches mixed")
-    mix_switch_prob: float = param(probability, doc="CutMix's share of the mixed batches")
-
-    def configs(self, **common: Any):
-        """(standard, adversarial) configs of :func:`attncert.specformer.methods.train_configs` from
-        every field of the group (the mixing ones as its ``mix``) and ``common``."""
-        fields = dataclasses.asdict(self)
-        mix = {k: fields.pop(k) for k in ("mixup_alpha", "cutmix_alpha", "mix_prob",
-                                          "mix_switch_prob")}
-        return sf.train_configs(**fields, mix=mix, **common)
+__all__ = ["CERT_VARIANTS", "CertifiedParams", "Params"]
 
 
 #: the certified pair's certificates (pairwise test)
@@ -70,17 +38,16 @@ class CertifiedParams:
     ViT (LayerProject, constrained attention, SLL MLPs, x - mean inside) trained with the LMT
     margin without and with MSVP, certified with :data:`CERT_VARIANTS` and attacked (the
     soundness audit, ``audit``: batch_size 0 is ``specformer.attack_batch_size``) on the first
-    ``n_test`` test images. Training settings not named here are the from-scratch recipe's."""
+    ``n_test`` test images; ``train``: its whole recipe (the member with MSVP at
+    ``msvp_lambda``)."""
 
     vit: VitShape = param(doc="the name of a shape of the vit section (mlp_hidden: the SLL "
                               "hidden width)")
     gamma_qk: float = param(positive, doc="spectral norm of every W^Q_l, W^K_l")
     gamma_vo: float = param(positive, doc="spectral norm of every W^V_l, W^O_l")
     radius_attn: float = param(positive, doc="LayerProject radius of every attention input")
-    epochs: int = param(positive)
-    lr: float = param(positive)
-    lmt_offset: float = param(nonneg)
-    logit_scale: float = param(positive, doc="cross-entropy temperature (loss only)")
+    train: Training = param(doc="the pair's recipe (the LMT margin, no MSVP: the member with "
+                                "MSVP replaces its msvp_lambda)")
     msvp_lambda: list[float] = param(nonneg, doc="(lam_q, lam_k, lam_v) of the MSVP member")
     n_test: int = param(positive, doc="first n test images certified and attacked")
     cert_eps: list[float] = param(positive, unique, doc="certified l2 radii (pixel space)")
@@ -90,6 +57,11 @@ class CertifiedParams:
         if len(self.msvp_lambda) != 3:
             raise ValueError(f"msvp_lambda needs 3 values, got {self.msvp_lambda!r}")
         self.vit.require("specformer.certified.vit", "depth", "heads")
+        self.train.require("specformer.certified.train", "none", "lmt", "olsa", "lofast")
+        if any(self.train.msvp_lambda) or self.train.adversarial != "none":
+            fail("specformer.certified.train", "the pair trains without MSVP and without "
+                                               "PGD (msvp_lambda 0, adversarial none); the "
+                                               "MSVP member's penalty is certified.msvp_lambda")
 
 
 @dataclass(frozen=True)
@@ -115,18 +87,11 @@ class Params:
     msvp_lambda_ablation: list[list[float]] = param(doc="SpecFormer Table 5: more (lam_q, "
                                                     "lam_k, lam_v) of the specformer method, "
                                                     "first dataset and source, both trainings")
-    epochs: int = param(positive)
-    adv_epochs: int = param(positive)
-    batch_size: int = param(positive)
-    lr: float = param(positive)
-    weight_decay: float = param(nonneg)
-    warmup_steps: int = param(nonneg)
-    augment: str = param(one_of(*AUGMENTS))
-    adv_eps_255: float = param(positive, doc="adversarial training radius (l_inf, x 1/255)")
-    adv_steps: int = param(positive)
-    finetune: FinetuneParams = param(doc="the pre-trained sources' fine-tune, one recipe")
+    train: AdversarialRecipe = param(doc="source scratch: the standard run's whole recipe "
+                                         "and its PGD twin's epochs")
+    finetune: AdversarialRecipe = param(doc="the pre-trained sources' fine-tune and its PGD "
+                                            "twin's epochs")
     n_test: int = param(positive, doc="first n test images attacked")
-    eval_batch_size: int = param(positive, doc="the evaluation after every training epoch")
     attack_batch_size: int = param(positive, doc="images attacked at once (halved on a CUDA "
                                                  "out-of-memory error)")
     std_eps_255: float = param(positive, doc="FGSM and PGD-2 radius (l_inf, x 1/255)")
@@ -150,6 +115,13 @@ class Params:
                 fail("specformer.msvp_lambda_ablation", f"each entry needs 3 values >= 0, got "
                                                         f"{lam!r}")
         self.vit.require("specformer.vit", "depth", "heads")
+        for key in ("train", "finetune"):
+            recipe = getattr(self, key)
+            recipe.require(f"specformer.{key}", "none")
+            if recipe.adversarial != "none" or any(recipe.msvp_lambda):
+                fail(f"specformer.{key}", "the standard run's recipe: adversarial none and "
+                                          "msvp_lambda 0 (adv_epochs makes its PGD twin; "
+                                          "specformer.msvp_lambda the specformer method's MSVP)")
         if "vanilla" not in self.methods:
             fail("specformer.methods", "needs vanilla (the reference of the step-time ratios)")
         pretrained = [s for s in self.sources if s != sf.SCRATCH]

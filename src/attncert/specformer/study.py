@@ -29,31 +29,21 @@ if TYPE_CHECKING:
 
 def recipe(p: Params, seed: int, source: str) -> tuple[TrainConfig, TrainConfig]:
     """(standard, adversarial) training configs of ``source``'s runs, before
-    :func:`attncert.specformer.methods.method_train_config`: the from-scratch recipe for
+    :func:`attncert.specformer.methods.method_train_config`: the ``train`` recipe for
     :data:`attncert.specformer.methods.SCRATCH`, the ``finetune`` recipe for a pre-trained
     source."""
-    common = {"augment": p.augment, "eval_batch_size": p.eval_batch_size,
-              "adv_eps_255": p.adv_eps_255, "adv_steps": p.adv_steps, "seed": seed}
-    if source == sf.SCRATCH:
-        return sf.train_configs(epochs=p.epochs, adv_epochs=p.adv_epochs,
-                                batch_size=p.batch_size, lr=p.lr, weight_decay=p.weight_decay,
-                                warmup_steps=p.warmup_steps, **common)
-    return p.finetune.configs(**common)
+    return (p.train if source == sf.SCRATCH else p.finetune).configs(seed)
 
 
 def certified_configs(p: Params, data: Mapping[str, Any], seed: int
                       ) -> tuple[ViTConfig, TrainConfig]:
     """(Lipschitz ViT config, its training config before MSVP) of the certified pair
-    (:class:`CertifiedParams`): the from-scratch recipe with the group's schedule, the LMT margin
-    and no weight decay."""
+    (:class:`CertifiedParams`): its whole recipe ``certified.train``."""
     c = p.certified
     model_cfg = sf.data_config(data, normalize="mean", **c.vit.arch(), kind="lipschitz",
                                block="stream", pool="mean", radius_attn=c.radius_attn,
                                gamma_qk=c.gamma_qk, gamma_vo=c.gamma_vo)
-    train_cfg = dataclasses.replace(recipe(p, seed, sf.SCRATCH)[0], epochs=c.epochs, lr=c.lr,
-                                    weight_decay=0.0, margin="lmt", lmt_offset=c.lmt_offset,
-                                    logit_scale=c.logit_scale)
-    return model_cfg, train_cfg
+    return model_cfg, c.train.config(seed)
 
 
 def _train(p: Params, src: str, method: str, train_cfg: TrainConfig, data: Mapping[str, Any],

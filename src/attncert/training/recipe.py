@@ -87,10 +87,11 @@ class Training:
         """The :class:`TrainConfig` of this group and ``seed``: every field of it from the
         group (a field the group lacks fails here, never a silent default), but the fields
         named in ``changes`` (fields of this group, such as a phase's ``epochs``)."""
-        unknown = sorted(set(changes) - {f.name for f in dataclasses.fields(self)})
+        fields = dataclasses.fields(Training)
+        unknown = sorted(set(changes) - {f.name for f in fields})
         if unknown:
             raise TypeError(f"Training.config: {unknown} are not fields of the recipe")
-        own = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)} | changes
+        own = {f.name: getattr(self, f.name) for f in fields} | changes
         own["adv_eps"] = own.pop("adv_eps_255") / 255
         own["msvp_lambda"] = tuple(own["msvp_lambda"])
         names = [f.name for f in dataclasses.fields(TrainConfig) if f.name != "seed"]
@@ -98,3 +99,19 @@ class Training:
             raise TypeError(f"Training and TrainConfig differ: "
                             f"{sorted(set(names) ^ set(own))}")  # a bug: keep them one set
         return TrainConfig(**own, seed=seed)
+
+
+@dataclass(frozen=True)
+class AdversarialRecipe(Training):
+    """A recipe and its adversarial twin (SpecFormer's runs: params.yaml ``specformer.train``,
+    ``specformer.finetune``): the standard run takes every field of :class:`Training`
+    (``adversarial`` none); the adversarial run the same recipe for ``adv_epochs`` with PGD
+    adversarial training at l_inf ``adv_eps_255`` / 255, ``adv_steps`` steps, unmixed (PGD
+    attacks the batch's own labels)."""
+
+    adv_epochs: int = param(positive, doc="the PGD adversarial twin's epochs")
+
+    def configs(self, seed: int) -> tuple[TrainConfig, TrainConfig]:
+        """(standard, adversarial) :class:`TrainConfig` of the recipe."""
+        return self.config(seed), self.config(seed, epochs=self.adv_epochs,
+                                              adversarial="pgd_linf", mix_prob=0.0)
