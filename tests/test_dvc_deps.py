@@ -232,3 +232,12 @@ def test_missing_and_stale_deps_are_named(tmp_path):
     spec["deps"] = ["notebooks/01_x.py", "src/attncert", "data/x.pt"]
     assert dep_problems("x", spec, {}, tmp_path) == [
         "x: dep src/attncert is the whole package: list its subpackages and root modules"]
+
+
+def test_the_data_stage_reaches_no_model_or_training_code():
+    """Preparing the datasets imports no model, bound or training code: editing those reruns
+    the stages that use them, never the data stage."""
+    reached = reached_files(ROOT / "notebooks/01_data.py", [], ROOT / "src")
+    pkgs = {f.relative_to(ROOT / "src" / "attncert").parts[0] for f in reached
+            if f.is_relative_to(ROOT / "src" / "attncert")}
+    assert not pkgs & {"training", "models", "layers", "bounds", "certify.py", "attacks.py"}, pkgs

@@ -29,16 +29,33 @@ CUBLAS_WORKSPACE = ":4096:8"
 #: the file a notebook's kernel writes its peak GPU memory to (set by attncert.pipeline.nbrun)
 GPU_PEAK_ENV = "ATTNCERT_GPU_PEAK_FILE"
 _HOOKED: set[int] = set()
+#: ``base.compile``'s values (:mod:`attncert.training.compiled` maps them to torch.compile's)
+COMPILE_MODES = ("off", "compile", "graphs", "auto")
+_compile_mode = "off"
+
+
+def set_compile_mode(mode: str) -> None:
+    """The process's compile mode (``base.compile``), used by every later training run
+    (:func:`attncert.training.compiled.resolve` reads it)."""
+    global _compile_mode
+    if mode not in COMPILE_MODES:
+        raise ValueError(f"base.compile: {mode!r}; one of {', '.join(COMPILE_MODES)}")
+    _compile_mode = mode
+
+
+def compile_mode() -> str:
+    """The process's compile mode (:func:`set_compile_mode`; ``off`` until it is set)."""
+    return _compile_mode
 
 
 def configure(base) -> None:
     """Apply ``base.threads``, ``base.deterministic``, ``base.compile`` and
     ``base.batch_memory`` (a :class:`attncert.pipeline.params.BaseParams`;
-    :mod:`attncert.training.compiled`, :mod:`attncert.pipeline.batching`) to this process."""
+    :func:`set_compile_mode`, :mod:`attncert.pipeline.batching`) to this process. The training
+    code reads the compile mode; nothing here imports it."""
     from attncert.pipeline import batching
-    from attncert.training import compiled
 
-    compiled.set_mode(base.compile)
+    set_compile_mode(base.compile)
     batching.set_memory_share(base.batch_memory)
     record_gpu_peak()
     if base.threads:

@@ -32,21 +32,21 @@ from collections.abc import Callable, Iterator
 import torch
 from torch import nn
 
+from attncert.pipeline import runtime
+
 __all__ = ["MODES", "compile_attack_model", "compiled_forward", "graphs_blocker",
            "in_eager_region", "outside_graphs", "resolve", "set_mode", "step_begin", "uncompile"]
 
 #: ``base.compile`` values -> ``torch.compile``'s mode (None: eager)
 MODES = {"off": None, "compile": "default", "graphs": "reduce-overhead", "auto": None}
-
-_mode = "off"
+if tuple(MODES) != runtime.COMPILE_MODES:  # a bug: keep the two lists one
+    raise RuntimeError(f"compile modes differ: {tuple(MODES)} vs {runtime.COMPILE_MODES}")
 
 
 def set_mode(mode: str) -> None:
-    """The process's compile mode (``base.compile``), used by every later training run."""
-    global _mode
-    if mode not in MODES:
-        raise ValueError(f"base.compile: {mode!r}; one of {', '.join(MODES)}")
-    _mode = mode
+    """The process's compile mode (``base.compile``, held by
+    :func:`attncert.pipeline.runtime.set_compile_mode`), used by every later training run."""
+    runtime.set_compile_mode(mode)
 
 
 def graphs_blocker(model: nn.Module | None = None, config: object = None) -> str | None:
@@ -71,7 +71,7 @@ def resolve(dev: torch.device, mode: str | None = None, model: nn.Module | None 
     CUDA and ``off`` elsewhere; ``graphs`` on a device without CUDA graphs is ``compile``;
     ``graphs`` for a run that cannot be captured (:func:`graphs_blocker` of ``model`` and
     ``config``) is ``off``, eager, named on the console."""
-    mode = _mode if mode is None else mode
+    mode = runtime.compile_mode() if mode is None else mode
     if mode not in MODES:
         raise ValueError(f"compile mode {mode!r}; one of {', '.join(MODES)}")
     if mode == "auto":
