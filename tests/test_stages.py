@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from attncert import stages
-from attncert.pipeline.records import StageRun
+from attncert.pipeline.records import SplitRun
 from attncert.report import rows as report
 from attncert.stages import registry
 
@@ -64,7 +64,7 @@ def test_one_run_signature(stage):
     ret = hints["return"]  # one result type: no union of a unit's and a gathering's, no tuple
     assert typing.get_origin(ret) not in (typing.Union, types.UnionType, tuple) and ret is not tuple
     if stage in stages.UNIT_STAGES.values():
-        assert typing.get_origin(ret) is StageRun, f"{stage}.run returns {ret}, not a StageRun"
+        assert typing.get_origin(ret) is SplitRun, f"{stage}.run returns {ret}, not a SplitRun"
     others = [n for n, f in vars(mod).items() if n.startswith("run") and n != "run"
               and inspect.isfunction(f) and f.__module__ == mod.__name__]
     assert not others, f"{stage} has other runners {others}"

@@ -1,5 +1,5 @@
 """Records of a split stage's units (``attncert.stages.UNIT_STAGES``), and what a split
-stage's ``run`` returns (:class:`StageRun`).
+stage's ``run`` returns (:class:`SplitRun`).
 
 Each unit stage writes one JSON record, keyed by what it was computed from; the gathering
 stage reads every record back and refuses one that is missing or stale.
@@ -35,7 +35,7 @@ def read_record(path: str | Path, key: dict[str, Any], what: str, stage: str) ->
 
 
 @dataclasses.dataclass(frozen=True)
-class StageRun(Generic[T]):
+class SplitRun(Generic[T]):
     """What a split stage's ``run`` returns, for a unit and for the gathering stage alike:
     ``unit`` (None: the gathering stage), ``record`` (the unit's record as written, or the
     stage's metrics file as written) and ``result`` (what the notebook shows beyond the
@@ -47,6 +47,6 @@ class StageRun(Generic[T]):
     result: T | None = None
 
 
-def gathered(metrics: str | Path, result: T) -> StageRun[T]:
-    """The gathering stage's :class:`StageRun`: its ``metrics`` file as written and ``result``."""
-    return StageRun(None, json.loads(Path(metrics).read_text()), result)
+def gathered(metrics: str | Path, result: T) -> SplitRun[T]:
+    """The gathering stage's :class:`SplitRun`: its ``metrics`` file as written and ``result``."""
+    return SplitRun(None, json.loads(Path(metrics).read_text()), result)

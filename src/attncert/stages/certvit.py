@@ -38,7 +38,7 @@ from attncert.pipeline.io import write_json
 from attncert.pipeline.params import (
     BaseParams,
 )
-from attncert.pipeline.records import StageRun, gathered, read_record, unit_key
+from attncert.pipeline.records import SplitRun, gathered, read_record, unit_key
 from attncert.report.headline import middle_eps, numbers, row
 from attncert.report.paper import certvit_table1
 
@@ -83,14 +83,14 @@ def unit_params(p: Params, unit: str, processed_dir: str) -> Params:
     return p
 
 
-def run(p: Params, ctx: Context) -> StageRun[Result]:
+def run(p: Params, ctx: Context) -> SplitRun[Result]:
     """``ctx.item``: one unit of :func:`units` (:func:`_run_unit`: its record, and its run's
     :class:`Result` for ``main`` and Table 1); ``None``: the gathering stage (:func:`_gather`:
     the metrics)."""
     if ctx.item is None:
         _gather(p, ctx)
         return gathered(p.metrics, None)
-    return StageRun(ctx.item, *_run_unit(p, ctx, ctx.item))
+    return SplitRun(ctx.item, *_run_unit(p, ctx, ctx.item))
 
 
 def _run_unit(p: Params, ctx: Context, unit: str) -> tuple[dict[str, Any], Result | None]:

@@ -70,7 +70,7 @@ from attncert.grid.params import TrainVitParams
 from attncert.models import build_vit
 from attncert.pipeline.context import Context
 from attncert.pipeline.io import atomic_path, write_json
-from attncert.pipeline.records import StageRun, gathered, read_record, unit_key
+from attncert.pipeline.records import SplitRun, gathered, read_record, unit_key
 from attncert.report.headline import numbers, row
 from attncert.report.paper import MNIST_EPS, mnist_anchor
 from attncert.training.checkpoint import fingerprint
@@ -100,15 +100,15 @@ def _key(p: Params, ctx: Context) -> dict[str, Any]:
             | unit_key("train_vit", ctx.section("train_vit"), ctx.require_base()))
 
 
-def run(p: Params, ctx: Context) -> StageRun[Result]:
+def run(p: Params, ctx: Context) -> SplitRun[Result]:
     """``ctx.item``: one unit of :func:`units` (:func:`_run_unit`: its record); ``None``: the
     gathering stage (:func:`_gather`: the :class:`Result`). The ViTs train with
     ``ctx.sections["train_vit"]``'s recipe. Both return a
-    :class:`attncert.pipeline.records.StageRun` (the record or metrics as written; the gathering
+    :class:`attncert.pipeline.records.SplitRun` (the record or metrics as written; the gathering
     stage's :class:`Result`)."""
     if ctx.item is None:
         return gathered(p.metrics, _gather(p, ctx))
-    return StageRun(ctx.item, _run_unit(p, ctx, ctx.item))
+    return SplitRun(ctx.item, _run_unit(p, ctx, ctx.item))
 
 
 def _run_unit(p: Params, ctx: Context, unit: str) -> dict[str, Any]:

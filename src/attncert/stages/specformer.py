@@ -28,7 +28,7 @@ from attncert.pipeline.io import atomic_path, write_json
 from attncert.pipeline.params import (
     BaseParams,
 )
-from attncert.pipeline.records import StageRun, gathered, read_record, unit_key
+from attncert.pipeline.records import SplitRun, gathered, read_record, unit_key
 from attncert.report import paper
 from attncert.report.headline import numbers, row, scale_caveat
 from attncert.specformer import methods as sf
@@ -110,14 +110,14 @@ def _write_csv(frame: pd.DataFrame, path: Path) -> None:
         frame.to_csv(tmp, index=False)
 
 
-def run(p: Params, ctx: Context) -> StageRun[Result]:
+def run(p: Params, ctx: Context) -> SplitRun[Result]:
     """``ctx.item``: one unit of :func:`units` (:func:`_run_unit`: its record); ``None``: the
     gathering stage (:func:`_gather`: what the notebook shows). Both return a
-    :class:`attncert.pipeline.records.StageRun` (the record or metrics as written; the gathering
+    :class:`attncert.pipeline.records.SplitRun` (the record or metrics as written; the gathering
     stage's :class:`Result`)."""
     if ctx.item is None:
         return gathered(p.metrics, _gather(p, ctx))
-    return StageRun(ctx.item, _run_unit(p, ctx, ctx.item))
+    return SplitRun(ctx.item, _run_unit(p, ctx, ctx.item))
 
 
 def _run_unit(p: Params, ctx: Context, unit: str) -> dict[str, Any]:
