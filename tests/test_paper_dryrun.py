@@ -70,7 +70,7 @@ COUNTS: dict[str, dict] = {
                    "msvp_lambda_ablation": [[1.0e-4, 0.0, 0.0]]},  # one of Table 5's rows
     "text": {"max_train": 64, "max_test": 16, "gamma_ablation": [2.0],
              "olsa": {"depths": [3], "deep_depths": [4]}, "epochs": {"sst2": 1, "yelp_polarity": 1},
-             "batch_size": 32, "warmup_steps": 1,
+             "train": {"batch_size": 32, "warmup_steps": 1},
              "lofast": {"depths": [6], "heads": [8], "gamma_vo": [0.5], "epochs": 1},
              "frozen": {"epochs": {"sst2": 1, "yelp_polarity": 1, "qqp": 2},
                         "lr_decay_epochs": {"qqp": [1]},  # QQP's step decay, one epoch in

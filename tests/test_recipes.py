@@ -1,6 +1,7 @@
 """Every training configuration comes from a params group whole, never from a field's silent
 default: :class:`attncert.training.train.TrainConfig` is built by the recipe helper
-(:meth:`attncert.training.recipe.Training.config`) and nowhere else."""
+(:meth:`attncert.training.recipe.Training.config`), the text models' config by
+:meth:`attncert.text.params.TextRecipe.config`, and nowhere else."""
 
 from __future__ import annotations
 
@@ -18,11 +19,8 @@ from attncert.training.train import TrainConfig
 ROOT = Path(__file__).resolve().parents[1]
 SRC = ROOT / "src" / "attncert"
 CONFIGS = ("TrainConfig", "TextTrainConfig")
-#: the recipe helper
-HELPER = "training/recipe.py"
-#: modules that still build a config from flat keys (the text models' TextTrainConfig): each
-#: moves to a whole group, then leaves this list
-FLAT = {"text/study.py", "pipeline/rehearse.py"}
+#: the recipe helpers: the image models' (``Training``) and the text models' (``TextRecipe``)
+HELPERS = {"training/recipe.py", "text/params.py"}
 
 
 def _builders() -> set[str]:
@@ -37,11 +35,11 @@ def _builders() -> set[str]:
     return found
 
 
-def test_only_the_recipe_helper_builds_a_training_config():
+def test_only_the_recipe_helpers_build_a_training_config():
     builders = _builders()
-    assert HELPER in builders  # the scan sees the helper's own call
-    assert builders - {HELPER} - FLAT == set(), "build it with Training.config(seed)"
-    assert FLAT <= builders, f"no flat-key config left in {sorted(FLAT - builders)}: drop them"
+    assert builders == HELPERS, (f"{sorted(builders - HELPERS)} build a config from flat "
+                                 "keys: take a recipe group whole (Training.config, "
+                                 "TextRecipe.config)")
 
 
 def test_a_recipe_group_sets_every_config_field():
@@ -61,3 +59,21 @@ def test_a_recipe_refuses_a_margin_its_model_cannot_train(section, key, margin):
     raw[section] = raw[section] | {key: raw[section][key] | {"margin": margin}}
     with pytest.raises(ParamsError, match=rf"^{section}\.{key}\.margin: '{margin}'"):
         validate(raw)
+
+
+def test_a_text_job_sets_its_schedule_and_nothing_unknown():
+    from attncert.text.jobs import jobs
+    from attncert.text.params import JOB_FIELDS
+    from attncert.text.train_text import TextTrainConfig
+
+    t = load_params(ROOT / "params.yaml")["text"]
+    names = {f.name for f in dataclasses.fields(TextTrainConfig)} - {"seed"}
+    assert names == {f.name for f in dataclasses.fields(t.train)} | set(JOB_FIELDS)
+    for name, job in jobs(t, 100, "sst2").items():
+        cfg = t.train.config(7, job.train)
+        assert (cfg.seed, cfg.epochs, cfg.lr) == (7, job.train["epochs"], job.train["lr"]), name
+        assert cfg.bucket == t.train.bucket and cfg.eval_batch_size == t.train.eval_batch_size
+    with pytest.raises(TypeError, match="lacks \\['gamma'\\]"):
+        t.train.config(0, {"epochs": 1, "lr": 1e-3})
+    with pytest.raises(TypeError, match="unknown \\['seed'\\]"):
+        t.train.config(0, {"epochs": 1, "lr": 1e-3, "gamma": 0.0, "seed": 3})

@@ -121,7 +121,7 @@ def test_the_stage_trains_yelp_and_qqp_and_reports_a_skipped_dataset(tmp_path, m
         committed, tokenizer="minilm-package", max_len=12, gamma_ablation=[],
         olsa=dataclasses.replace(committed.olsa, depths=[1, 2], deep_depths=[3]),
         attention_alpha1=[], dim=16, heads=2, epochs={"sst2": 1, "yelp_polarity": 1},
-        batch_size=16, warmup_steps=1,
+        train=dataclasses.replace(committed.train, batch_size=16, warmup_steps=1),
         lofast=dataclasses.replace(committed.lofast, depths=[1], heads=[2], gamma_vo=[0.5], dim=8,
                                    mlp_hidden=8, epochs=1),
         n_test=0, audit=dataclasses.replace(committed.audit, n=3, steps=1, restarts=1),

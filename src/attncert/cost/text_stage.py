@@ -92,7 +92,7 @@ def text_work(p) -> list[Work]:
             torch.manual_seed(0)
             c = counts(job.cls(**job.kwargs))
             items = training_work("text", f"{dataset} {name}", c, n["train"], n["eval"],
-                                  job.train["epochs"], t.batch_size, t.cert_batch_size,
+                                  job.train["epochs"], t.train.batch_size, t.cert_batch_size,
                                   graphs=TEXT_KINDS.get(job.cls.__name__, ""))
             if job.family == "lofast":
                 cfg = job.kwargs["config"]
@@ -114,12 +114,12 @@ def text_work(p) -> list[Work]:
         job = jobs(t, VOCAB, dataset)["frozen-olsa"]
         head = job.cls(**{**job.kwargs, "encoder": _StandInEncoder(hidden)})
         c = _frozen_head_counts(head, hidden, t.max_len)
-        sentences = n_steps(n["frozen_train"] + n["eval"], t.batch_size)
+        sentences = n_steps(n["frozen_train"] + n["eval"], t.train.batch_size)
         out += in_unit([
             Work("text", f"{dataset} frozen-olsa ({t.frozen.source} encoder forward, once)",
-                 "bf16", sentences * enc.flops(t.batch_size), sentences * enc.kernels),
+                 "bf16", sentences * enc.flops(t.train.batch_size), sentences * enc.kernels),
             *training_work("text", f"{dataset} frozen-olsa head", c, n["frozen_train"],
-                           n["eval"], job.train["epochs"], t.batch_size, t.cert_batch_size),
+                           n["eval"], job.train["epochs"], t.train.batch_size, t.cert_batch_size),
             audit_work("text", f"{dataset} frozen-olsa: PGD audit", c["attack"], n["attacked"],
                        len(t.cert_eps), t.audit.steps, t.audit.restarts,
                        t.audit.batch(t.cert_batch_size))],

@@ -160,7 +160,7 @@ def specformer_work(p, n_train_max: int, n_test_max: int) -> list[Work]:
             items = training_work("specformer", f"{run} {training} {m}", c, n_tr, n_te,
                                   t.epochs, t.batch_size, t.eval_batch_size, adv, key)
             items.append(audit_work("specformer", f"{run} {training} {m}: attacks",
-                                    c["attack"], n_eval, 1, steps, 1, t.eval_batch_size))
+                                    c["attack"], n_eval, 1, steps, 1, s.attack_batch_size))
             out += in_unit(items, f"specformer_runs@{ds}")
             if m != "specformer" or (ds, src) != (s.datasets[0], s.sources[0]):
                 continue
@@ -172,7 +172,7 @@ def specformer_work(p, n_train_max: int, n_test_max: int) -> list[Work]:
                 items = training_work("specformer", what, c, n_tr, n_te, t.epochs,
                                       t.batch_size, t.eval_batch_size, adv, key)
                 items.append(audit_work("specformer", f"{what}: attacks", c["attack"],
-                                        n_eval, 1, steps, 1, t.eval_batch_size))
+                                        n_eval, 1, steps, 1, s.attack_batch_size))
                 out += in_unit(items, f"specformer_table5@lambda{i}")
     # the certified pair: two Lipschitz ViTs (with and without MSVP), certified by two bounds
     ds = s.datasets[0]

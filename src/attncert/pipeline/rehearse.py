@@ -167,14 +167,13 @@ def text_bert_base(s: Setup) -> Prepared:
     from attncert.text.evaluate import frozen_states
     from attncert.text.jobs import jobs
     from attncert.text.study import settings
-    from attncert.text.train_text import TextTrainConfig
     t = s.params["text"]
     width, layers, heads, inter = ENCODERS[t.frozen.source]
     encoder = BertModel(BertConfig(hidden_size=width, num_hidden_layers=layers,
                                    num_attention_heads=heads, intermediate_size=inter)).eval()
     job = jobs(t, VOCAB, t.frozen.datasets[0])["frozen-olsa"]
     model = job.cls(**(job.kwargs | {"encoder": encoder}))
-    cfg = TextTrainConfig(**(settings(t, s.params["base"], s.dev)[0] | job.train))
+    cfg = settings(t, s.params["base"], s.dev)[0].config(s.params["base"].seed, job.train)
 
     def make(b: int) -> Callable[[], None]:
         g = rng.generator(s.seed, "cpu")

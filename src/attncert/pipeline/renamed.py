@@ -53,6 +53,8 @@ RENAMED: dict[str, str] = {
     **{f"specformer.certified.{k}": f"specformer.certified.train.{k} (the pair's recipe, "
                                     f"one group)"
        for k in ("epochs", "lr", "lmt_offset", "logit_scale")},
+    **{f"text.{k}": f"text.train.{k} (the text models' recipe, one group)"
+       for k in ("batch_size", "warmup_steps", "logit_scale", "gamma_ramp")},
     "certify_vit.cert_softmax_lipschitz": "certify_vit.softmax_lipschitz",
     "vit_grid.runs_dir": "vit_grid.results_dir",
     **{f"{s}.work_dir": f"{s}.results_dir" for s in ("frontier", "certvit", "crown")},

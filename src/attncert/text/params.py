@@ -5,7 +5,10 @@ the section (a dataset per entry, a width per head count) is checked by the sect
 
 from __future__ import annotations
 
+import dataclasses
+from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
 
 from attncert.pipeline.audit import Audit
 from attncert.pipeline.params import (
@@ -115,6 +118,52 @@ class FrozenParams:
 #: the dataset of the whole study (every other dataset adds OLSA's depths only)
 STUDY = "sst2"
 
+#: what each text model's job sets itself (:func:`attncert.text.jobs.jobs`): its schedule and
+#: its certificate regulariser; every other field of a TextTrainConfig is the recipe's
+JOB_FIELDS = ("epochs", "lr", "gamma")
+
+
+@dataclass(frozen=True)
+class TextRecipe:
+    """``text.train``: the training recipe every text model shares (every field of
+    :class:`attncert.text.train_text.TextTrainConfig` but the seed and a job's own
+    :data:`JOB_FIELDS`); :meth:`config` takes it whole."""
+
+    batch_size: int = param(positive)
+    weight_decay: float = param(nonneg, doc="AdamW's (0: Adam)")
+    warmup_steps: int = param(nonneg)
+    logit_scale: float = param(positive, doc="CE temperature (loss only; never the "
+                                             "certificate)")
+    gamma_ramp: float = param(nonneg, doc="fraction of all steps gamma grows over (<= 1)")
+    grad_clip: float = param(nonneg, doc="max global gradient norm (0 = off)")
+    bucket: int = param(positive, doc="batches per length-sorted bucket (1 = plain shuffling)")
+    eval_batch_size: int = param(positive, doc="the dev evaluation after every epoch")
+    lr_decay_epochs: list[int] = param(doc="the LR x lr_decay after each of these epochs (a "
+                                           "step schedule); [] = the cosine schedule")
+    lr_decay: float = param(positive)
+
+    def __post_init__(self) -> None:
+        if self.gamma_ramp > 1:
+            raise ValueError(f"gamma_ramp must be in [0, 1], got {self.gamma_ramp!r}")
+
+    def config(self, seed: int, job: Mapping[str, Any]):
+        """The :class:`~attncert.text.train_text.TextTrainConfig` of one job: ``job`` (its
+        :data:`JOB_FIELDS`, and any recipe field it changes, such as a frozen head's
+        ``lr_decay_epochs``) over this group, every field set (never a silent default)."""
+        from attncert.text.train_text import TextTrainConfig
+
+        own = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+        lacking = [k for k in JOB_FIELDS if k not in job]
+        unknown = sorted(set(job) - set(own) - set(JOB_FIELDS))
+        if lacking or unknown:
+            raise TypeError(f"a text job sets {list(JOB_FIELDS)} and recipe fields only: "
+                            f"lacks {lacking}, unknown {unknown}")
+        cfg = own | dict(job)
+        names = {f.name for f in dataclasses.fields(TextTrainConfig)} - {"seed"}
+        if set(cfg) != names:  # a bug: keep the recipe, the jobs and the config one set
+            raise TypeError(f"TextRecipe and TextTrainConfig differ: {sorted(set(cfg) ^ names)}")
+        return TextTrainConfig(**cfg, seed=seed)
+
 
 @dataclass(frozen=True)
 class Params:
@@ -134,16 +183,14 @@ class Params:
     heads: int = param(positive, doc="OLSA, Kim-L2, the standard transformer, the frozen head")
     dim: int = param(positive, doc="OLSA, Kim-L2 and the standard transformer")
     gamma: float = param(nonneg, doc="certificate regulariser after its ramp (OLSA: 2.0)")
-    gamma_ramp: float = param(nonneg, doc="fraction of all steps gamma grows over (<= 1)")
     gamma_ablation: list[float] = param(nonneg, unique,
                                         doc="gammas of the shallowest OLSA (OLSA Table 2)")
     epochs: dict[str, int] = param(doc="training epochs per dataset of datasets (Kim-L2 and "
                                        "the standard transformer: SST-2's)")
-    batch_size: int = param(positive)
-    lr: float = param(positive, doc="OLSA-family models (OLSA, Kim-L2, the frozen head)")
+    train: TextRecipe = param(doc="the recipe every text model shares (each job sets its "
+                                  "epochs, lr and gamma)")
+    lr: float = param(positive, doc="OLSA-family models (OLSA, Kim-L2)")
     vanilla_lr: float = param(positive, doc="the standard transformer")
-    warmup_steps: int = param(nonneg)
-    logit_scale: float = param(positive, doc="CE temperature (loss only; never the certificate)")
     lofast: LofastParams = param(doc="LoFAST's small-BERT grid (LoFAST appendix D)")
     frozen: FrozenParams = param(doc="the OLSA head over a frozen pre-trained encoder")
     attention_alpha1: list[float] = param(positive, unique, doc="the attention sweep: the "
@@ -174,5 +221,3 @@ class Params:
                                f"{self.heads}")
         if self.dim % self.heads:
             fail("heads", f"dim = {self.dim} is not divisible by {self.heads}")
-        if self.gamma_ramp > 1:
-            fail("gamma_ramp", f"must be in [0, 1], got {self.gamma_ramp!r}")

@@ -22,12 +22,12 @@ from attncert.text.models import (
     FrozenEncoderOLSA,
 )
 from attncert.text.tokenize import load_tokenizer
-from attncert.text.train_text import TextTrainConfig, encode_split, select_splits, train_model
+from attncert.text.train_text import encode_split, select_splits, train_model
 
 if TYPE_CHECKING:  # the stage's section and jobs, for annotations only
     from attncert.pipeline.context import Context
     from attncert.text.jobs import Job
-    from attncert.text.params import Params
+    from attncert.text.params import Params, TextRecipe
 
 
 class Fitted(NamedTuple):
@@ -41,7 +41,7 @@ class Fitted(NamedTuple):
 
 
 def fit(todo: Mapping[str, Job], splits: Mapping[str, Mapping], frozen_splits: Mapping | None,
-         folder: Path, common: Mapping[str, Any], evaluation: Mapping[str, Any], reported: str,
+         folder: Path, common: TextRecipe, evaluation: Mapping[str, Any], reported: str,
          ctx: Context, batch_size: int, label: str = "") -> Fitted:
     """Train (resumably, in ``folder/<name>``) and evaluate every job on one dataset's encoded
     splits; the frozen-encoder head on its own splits' encoder states (memory-mapped in
@@ -69,7 +69,7 @@ def fit(todo: Mapping[str, Job], splits: Mapping[str, Mapping], frozen_splits: M
                   f"{len(data['dev']['y'])} dev and {len(data['test']['y'])} {reported} "
                   f"sentences in {time.perf_counter() - t0:.0f} s")
         history = train_model(model, spec, data["train"], data["dev"],
-                              TextTrainConfig(**(common | job.train)), folder / name,
+                              common.config(ctx.seed, job.train), folder / name,
                               dev_, ctx.precision)
         train_seconds = sum(r["seconds"] for r in history)  # every epoch, resumed or not
         metrics, curve, audits[name] = evaluate_model(name, model, job.family, data["dev"],
@@ -96,7 +96,7 @@ def frozen_tokenizer(p: Params, tok):
 
 
 def other_dataset(p: Params, ctx: Context, name: str, processed_dir: str, tok,
-                  common: Mapping[str, Any], evaluation: Mapping[str, Any], folder: Path,
+                  common: TextRecipe, evaluation: Mapping[str, Any], folder: Path,
                   make_jobs: Callable[[int | None], Mapping[str, Job]]
                   ) -> tuple[dict[str, Any], Fitted | None]:
     """OLSA from scratch at every depth (and the frozen-encoder head where listed) on Yelp
@@ -135,10 +135,9 @@ def other_dataset(p: Params, ctx: Context, name: str, processed_dir: str, tok,
 
 
 def settings(p: Params, base: BaseParams, dev_: torch.device
-              ) -> tuple[dict[str, Any], dict[str, Any]]:
-    """(training settings every job shares, the evaluation's settings)."""
-    common = dict(batch_size=p.batch_size, warmup_steps=p.warmup_steps,
-                  logit_scale=p.logit_scale, gamma_ramp=p.gamma_ramp, seed=base.seed)
+              ) -> tuple[TextRecipe, dict[str, Any]]:
+    """(the recipe every job shares, ``text.train``; the evaluation's settings)."""
+    common = p.train
     evaluation = dict(n_test=p.n_test, n_attack=p.audit.n or None, cert_eps=p.cert_eps,
                       attack_steps=p.audit.steps, attack_restarts=p.audit.restarts,
                       device=dev_, batch_size=p.cert_batch_size, seed=base.seed,
@@ -147,7 +146,7 @@ def settings(p: Params, base: BaseParams, dev_: torch.device
     return common, evaluation
 
 
-def sst2_unit(p: Params, ctx: Context, processed_dir: str, tok, common: Mapping[str, Any],
+def sst2_unit(p: Params, ctx: Context, processed_dir: str, tok, common: TextRecipe,
               evaluation: Mapping[str, Any], folder: Path, todo: Mapping[str, Job],
               device: str) -> dict[str, Any]:
     """One SST-2 unit's jobs ``todo`` trained and evaluated: its record's ``data``, ``jobs``,
