@@ -20,9 +20,7 @@ from attncert.cost.vision_stages import (
     tightness_work,
 )
 from attncert.cost.work import Work
-
-STAGES = ("data", "tightness", "train_vit", "certify_vit", "frontier", "specformer", "text",
-          "certvit", "crown", "figures")
+from attncert.stages import STAGES  # the pipeline's stages, one list
 
 
 def stage_work(params, stages=STAGES) -> tuple[list[Work], float]:
