@@ -1,6 +1,10 @@
 """Keys of an older params.yaml layout and where they are now: parsing one is a one-line error
 that names its new place (:func:`attncert.pipeline.params.parse_section`)."""
 
+#: the audit's flat keys (each section had those it used) -> its key in ``<section>.audit``
+AUDIT_KEYS = (("n_attack", "n"), ("attack_steps", "steps"), ("attack_restarts", "restarts"),
+              ("attack_batch_size", "batch_size"))
+
 #: old key -> where it is now
 RENAMED: dict[str, str] = {
     **{f"certvit.dr_{k}": f"certvit.dr.{k}" for k in (
@@ -63,9 +67,10 @@ RENAMED: dict[str, str] = {
         "batch_size", "lr")},
     **{f"certvit.imagenet_{k}": f"certvit.imagenet.{k}" for k in ("sources", "calibration")},
     **{f"{s}.{old}": f"{s}.audit.{new} (the soundness audit, one group)"
-       for s in ("certify_vit", "frontier", "text", "certvit", "crown", "specformer.certified")
-       for old, new in (("n_attack", "n"), ("attack_steps", "steps"),
-                        ("attack_restarts", "restarts"), ("attack_batch_size", "batch_size"))},
+       for s, olds in (("certify_vit", AUDIT_KEYS[:3]), ("frontier", AUDIT_KEYS[:3]),
+                       ("text", AUDIT_KEYS[:3]), ("certvit", AUDIT_KEYS),
+                       ("crown", AUDIT_KEYS[1:3]), ("specformer.certified", AUDIT_KEYS[1:3]))
+       for old, new in olds},
     "certvit.processed_dir": "data.processed_dir (one for every stage)",
     **{f"certvit.table1.{k}": "certvit.table1.vit (per dataset the name of a shape of the vit "
                               "section)" for k in ("grid", "dim", "depth", "heads", "mlp_hidden")},
