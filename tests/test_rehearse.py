@@ -99,3 +99,8 @@ def test_only_the_paper_scale_is_rehearsed(tmp_path, capsys):
         rh.load_paper_params(params)
     assert rh.main(["--params", str(params), "--steps", "0"]) == 2
     assert "--steps, --max-gb and --timeout must be positive" in capsys.readouterr().err
+
+
+def test_peaks_round_up_so_a_stopped_kind_reads_past_its_cap():
+    assert rh._peak(0.7 + 2**-20) == 0.71  # 1 kB past 0.7 GB: killed, recorded past the cap
+    assert rh._peak(0.7) == 0.7 and rh._peak(12.111) == 12.12 and rh._peak(0.0) == 0.0

@@ -16,6 +16,7 @@ import argparse
 import dataclasses
 import datetime
 import functools as ft
+import math
 import multiprocessing as mp
 import os
 import statistics
@@ -73,8 +74,7 @@ Builder = Callable[[Setup], Prepared]
 
 
 def _runner(model, steps, cfg, s: Setup) -> Callable[[], None]:
-    """One optimiser step of ``steps`` (a :class:`attncert.training.loop.Steps`) as
-    :func:`attncert.training.loop.run_epochs` takes it (its optimiser, clipping, precision)."""
+    """One optimiser step of ``steps`` (a training.loop.Steps) as run_epochs takes it."""
     prec, opt = resolve_precision(s.params["base"].precision, s.dev), optimizer(steps.params, cfg)
 
     def step() -> None:
@@ -96,8 +96,7 @@ def _runner(model, steps, cfg, s: Setup) -> Callable[[], None]:
 
 def _image_kind(model, cfg, data: Mapping[str, Any], s: Setup,
                 once: Callable[[int], str] | None = None) -> Prepared:
-    """An image model trained with ``cfg`` (a TrainConfig; its batch size requested) on
-    random images of ``data``'s shape and classes (:class:`attncert.training.train.ImageSteps`)."""
+    """An image model trained with ``cfg`` (its batch requested) on random images of ``data``."""
     model.to(s.dev)
     shape = list(data["train"]["x"].shape[1:])
 
@@ -248,6 +247,11 @@ KINDS: dict[str, Builder] = {
 }
 
 
+def _peak(gb: float) -> float:
+    """A peak in GB rounded up to 0.01: a kind stopped past the cap is never recorded at it."""
+    return math.ceil(round(gb * 100, 6)) / 100
+
+
 def _memory_gb(pid: int | str = "self", field: str = "VmHWM") -> float:
     """A process's peak (VmHWM) or current (VmRSS) resident memory in GB; 0 where unknown."""
     try:
@@ -274,7 +278,7 @@ def _child(conn, builder: Builder, setup: Setup, batch: int | None, steps: int) 
         out.update(status="ok", seconds_per_step=round(statistics.median(times), 3),
                    note=prep.once(b) if prep.once else "")
         if setup.dev.type == "cuda":  # the steps' and the once-pass's peak allocation
-            out["gpu_peak_gb"] = round(torch.cuda.max_memory_allocated(setup.dev) / GB, 2)
+            out["gpu_peak_gb"] = _peak(torch.cuda.max_memory_allocated(setup.dev) / GB)
     except BaseException as exc:  # noqa: BLE001 (every failure is the kind's result)
         first = (str(exc).strip().splitlines() or [""])[0]
         oom = isinstance(exc, MemoryError) or type(exc).__name__ == "OutOfMemoryError" or (
@@ -314,7 +318,7 @@ def run_kind(name: str, builder: Builder, setup: Setup, steps: int = 2, max_gb: 
             out.update(status="oom" if code == -9 else "error",
                        error=f"killed by signal {-code}" if code < 0 else f"exited {code}")
         row.update({k: v for k, v in out.items() if k in COLUMNS[:-2]})
-        row["host_peak_gb"] = round(max(peak, out.get("host_peak_gb", 0.0)), 2)
+        row["host_peak_gb"] = _peak(max(peak, out.get("host_peak_gb", 0.0)))
         b = row["batch_used"]
         if stopped.startswith("resident") or out.get("status") == "oom":
             why.append(f"batch {b} does not fit ({stopped or out.get('error')})")
@@ -322,9 +326,7 @@ def run_kind(name: str, builder: Builder, setup: Setup, steps: int = 2, max_gb: 
                 batch = b // 2
                 continue
             status = f"does not fit {max_gb:g} GB"
-        elif out.get("status") == "ok":
-            status = "ok"
-        else:
+        elif (status := out.get("status")) != "ok":
             status = f"error: {stopped or out.get('error', 'unknown')}"
         return row | {"status": status, "note": "; ".join(why + [out.get("note") or ""])
                       .strip("; ")}
@@ -344,8 +346,7 @@ def load_paper_params(path: str | Path = PARAMS_FILE) -> StudyParams:
 def rehearse(kinds: Mapping[str, Builder], setup: Setup, out: str | Path | None = None,
              steps: int = 2, max_gb: float = 22.0, timeout_s: float = 600.0,
              source: str | Path = PARAMS_FILE) -> dict[str, Any]:
-    """Rehearse every kind in turn, a line of progress as each starts and ends; the record,
-    written atomically to ``out`` (unless None) as each kind ends."""
+    """Each kind in turn, with progress; the record, written atomically to ``out`` per kind."""
     memory = round(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / GB, 1)
     record = {"date": datetime.date.today().isoformat(), "params": str(source), "max_gb": max_gb,
               "machine": {"cpus": os.cpu_count(), "memory_gb": memory, "device": str(setup.dev)},
@@ -389,9 +390,9 @@ def main(argv: list[str] | None = None) -> int:
           f"{args.max_gb:g} GB", flush=True)
     record = rehearse({n: KINDS[n] for n in names}, setup, args.out, args.steps, args.max_gb,
                       args.timeout, args.params)
-    print("\n".join(["| " + " | ".join(COLUMNS) + " |", "|" + "---|" * len(COLUMNS)] + [
-        "| " + " | ".join("" if r[c] is None else str(r[c]) for c in COLUMNS) + " |"
-        for r in record["rows"]]))  # the record as a Markdown table
+    print("\n".join("| " + " | ".join("" if r[c] is None else str(r[c]) for c in COLUMNS) + " |"
+                    for r in [{c: c for c in COLUMNS}, dict.fromkeys(COLUMNS, "---"),
+                              *record["rows"]]))  # the record as a Markdown table
     return 0
 
 
