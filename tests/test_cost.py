@@ -117,10 +117,10 @@ def test_bench_times_a_training_step_of_every_model_kind(smoke):
 
 
 def test_text_work_counts_every_model_the_stage_trains(smoke):
-    """The text estimate trains exactly the stage's models (attncert.stages.text.jobs): the
-    frozen encoder's forward once per sentence, its head for the head's own epochs."""
-    from attncert.cost.counting import VOCAB
-    from attncert.stages.text import jobs, text_datasets
+    """The text estimate trains exactly the stage's models (attncert.text.jobs.dataset_jobs):
+    the frozen encoder's forward once per sentence, its head for the head's own epochs."""
+    from attncert.stages.text import dataset_jobs, text_datasets
+    from attncert.text.tokenize import VOCAB
 
     p = load_params(smoke)
     t = p["text"]
@@ -128,7 +128,7 @@ def test_text_work_counts_every_model_the_stage_trains(smoke):
     work = cost.stage_work(p, ["text"])[0]
     trained = {w.what for w in work if ":" not in w.what and "(" not in w.what}
     assert trained == {f"{d} {name}" + (" head" if name == "frozen-olsa" else "")
-                       for d in text_datasets(t) for name in jobs(t, VOCAB, d)}
+                       for d in text_datasets(t) for name in dataset_jobs(t, VOCAB, d)}
     assert {w.what.split()[0] for w in work if "frozen-olsa (" in w.what} == set(
         t.frozen.datasets)
     # QQP's head trains for its own epochs on the cached states: more epochs, more work
@@ -146,7 +146,7 @@ def test_text_sizes_follow_the_stage_s_draws(smoke):
     split), Yelp's dev held out of its training split, QQP reported on dev."""
     import dataclasses
 
-    from attncert.cost.text_stage import text_sizes
+    from attncert.text.plan import text_sizes
 
     smoke_text = load_params(smoke)["text"]
     t = dataclasses.replace(smoke_text, max_train=0, max_test=0, n_test=0,
@@ -323,7 +323,7 @@ def test_a_gpu_calibration_sets_the_per_kernel_constant(smoke, tmp_path):
 def test_crown_bounds_are_costed_from_the_measured_seconds(tmp_path, monkeypatch):
     """A bound measured on CUDA counts as measured; one measured on the CPU only is scaled
     by the CUDA / CPU ratio of the bounds measured on both; none measured: NaN."""
-    from attncert.cost import bench, vision_stages
+    from attncert.cost import bench, pricing
 
     path = tmp_path / "crown.json"
     rows = [{"device": "cpu", "depth": 3, "method": "crown", "seconds_per_bound": 4.0},
@@ -334,19 +334,20 @@ def test_crown_bounds_are_costed_from_the_measured_seconds(tmp_path, monkeypatch
     bench.merge_crown_bench(path, rows[2:])  # another device type: the CPU rows stay
     bench.merge_crown_bench(path, rows[:2])  # the same device type: replaced, not doubled
     assert len(json.loads(path.read_text())["rows"]) == 3
-    assert vision_stages.crown_bound_seconds(3, "crown", path) == (6.0, "measured on CUDA")
-    sec, how = vision_stages.crown_bound_seconds(3, "alpha_crown", path)
+    assert pricing.crown_bound_seconds(3, "crown", path) == (6.0, "measured on CUDA")
+    sec, how = pricing.crown_bound_seconds(3, "alpha_crown", path)
     assert sec == pytest.approx(60.0) and "CUDA / CPU" in how
-    assert math.isnan(vision_stages.crown_bound_seconds(4, "crown", path)[0])
+    assert math.isnan(pricing.crown_bound_seconds(4, "crown", path)[0])
     # the committed measurement exists and the table states the seconds it used
-    committed = json.loads((ROOT / vision_stages.CROWN_BENCH).read_text())["rows"]
+    committed = json.loads((ROOT / pricing.CROWN_BENCH).read_text())["rows"]
     assert {r["device"].split(":")[0] for r in committed} == {"cpu", "cuda"}
 
 
 def test_the_lofast_margin_is_counted_in_the_grid_s_training_step():
     """The grid's training work follows train_vit.train.margin: the lofast margin's bound (norms and
     their backward pass) adds kernels and FLOPs to every step."""
-    from attncert.cost.counting import stand_in, vit_counts
+    from attncert.cost.counting import vit_counts
+    from attncert.pipeline.datasets import stand_in
     from attncert.models import ViTConfig
 
     cfg = ViTConfig(image_size=28, channels=1, patch=14, dim=32, depth=2, heads=2,

@@ -224,9 +224,9 @@ def test_units_train_on_the_training_split_minus_the_held_out_images_then_gather
 
 
 def test_the_cost_model_counts_every_unit():
-    from attncert.cost.vision_stages import frontier_work
+    from attncert.cost.table import stage_work
 
-    items = frontier_work(PAPER, 0)
+    items = stage_work(PAPER, ["frontier"])[0]
     f = PAPER["frontier"]
     assert any(s.startswith("standard") for s in f.settings)  # the standard ViT is counted too
     assert {w.unit for w in items} == {f"frontier_unit@{d}-{s}" for d in f.datasets

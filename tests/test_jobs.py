@@ -1,6 +1,7 @@
-"""One job list: at every scale, the units the stage modules name (``units(p)`` and
-``unit_stage``, the grid's points) are exactly dvc.yaml's resolved unit stages and grid stages,
-and the cost model's units are the same list (smoke scale: the estimate runs code)."""
+"""One job list: every stage module names its plan (``jobs(params)``, data that the cost model
+prices); at every scale the units of those jobs, the units the stage modules run (``units(p)``
+and ``unit_stage``, the grid's points) and dvc.yaml's resolved unit and grid stages are one
+list, and the cost model's units are the same (smoke scale: the estimate runs code)."""
 
 import shutil
 from pathlib import Path
@@ -11,7 +12,8 @@ from attncert import stages
 from attncert.pipeline import dvcfile, profile
 from attncert.pipeline.runs import GridPoint
 from attncert.stages import certvit, crown, frontier, specformer, text
-from attncert.stages.registry import load_params
+from attncert.pipeline import jobs as J
+from attncert.stages.registry import MODULES, load_params, stage_jobs
 
 ROOT = Path(__file__).resolve().parents[1]
 SPLIT = {"frontier": frontier, "specformer": specformer, "text": text, "certvit": certvit,
@@ -66,3 +68,45 @@ def test_the_cost_model_plans_the_same_units(smoke):
     g = p["vit_grid"]
     assert len(grid) == len(g.dataset) * len(g.depth) * len(g.heads) * len(g.gamma_vo)
     assert set(hours) - grid == set(_module_units(p))
+
+
+def test_every_stage_module_has_the_same_names():
+    assert tuple(MODULES) == stages.STAGES
+    for name, module in MODULES.items():
+        assert module.SECTION == name
+        assert isinstance(module.Params, type), name
+        assert callable(module.jobs) and callable(module.run), name
+
+
+def test_the_jobs_are_the_units_each_stage_runs(scale_params):
+    """A split stage's jobs sit in exactly its units; a grid point's two jobs in the point's
+    unit; a stage run whole has jobs outside any unit."""
+    for name, module in SPLIT.items():
+        planned = J.units(module.jobs(scale_params))
+        assert planned == list(dict.fromkeys(
+            module.unit_stage(scale_params[name], u) for u in module.units(scale_params[name])))
+    g = scale_params["vit_grid"]
+    points = [f"grid {GridPoint(g.results_dir, d, depth, h, vo).name}" for d in g.dataset
+              for depth in g.depth for h in g.heads for vo in g.gamma_vo]
+    for stage in ("train_vit", "certify_vit"):
+        assert J.units(MODULES[stage].jobs(scale_params)) == points
+    for stage in ("data", "tightness", "figures"):
+        assert MODULES[stage].jobs(scale_params) and not J.units(MODULES[stage].jobs(scale_params))
+    everything = stage_jobs(scale_params)
+    assert [j.stage for j in everything] == sorted(
+        (j.stage for j in everything), key=stages.STAGES.index)  # pipeline order
+
+
+def test_a_plan_is_data_and_refuses_what_it_cannot_price():
+    from attncert.cost import pricing
+
+    with pytest.raises(ValueError, match="model kind 'mlp'"):
+        J.Model("mlp")
+    with pytest.raises(ValueError, match="unknown stage"):
+        stage_jobs(load_params(ROOT / "params.yaml"), ["train"])
+    job = J.Job("crown", "crown_unit@x", "x", J.Model("none"), (object(),))
+    with pytest.raises(TypeError, match="crown x: no price for a object"):
+        pricing.job_work(job)
+    note = J.Job("data", "", "data", J.Model("none"), (J.Note("nothing on a GPU"),))
+    (w,) = pricing.job_work(note)
+    assert (w.stage, w.what, w.flops, w.kernels, w.unit) == ("data", "nothing on a GPU", 0, 0, "")

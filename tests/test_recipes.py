@@ -62,14 +62,14 @@ def test_a_recipe_refuses_a_margin_its_model_cannot_train(section, key, margin):
 
 
 def test_a_text_job_sets_its_schedule_and_nothing_unknown():
-    from attncert.text.jobs import jobs
+    from attncert.text.jobs import dataset_jobs
     from attncert.text.params import JOB_FIELDS
     from attncert.text.train_text import TextTrainConfig
 
     t = load_params(ROOT / "params.yaml")["text"]
     names = {f.name for f in dataclasses.fields(TextTrainConfig)} - {"seed"}
     assert names == {f.name for f in dataclasses.fields(t.train)} | set(JOB_FIELDS)
-    for name, job in jobs(t, 100, "sst2").items():
+    for name, job in dataset_jobs(t, 100, "sst2").items():
         cfg = t.train.config(7, job.train)
         assert (cfg.seed, cfg.epochs, cfg.lr) == (7, job.train["epochs"], job.train["lr"]), name
         assert cfg.bucket == t.train.bucket and cfg.eval_batch_size == t.train.eval_batch_size

@@ -195,7 +195,7 @@ def test_the_stage_plans_every_model_by_the_names_the_report_reads():
     from attncert.stages.registry import load_params
 
     p = load_params(Path(__file__).resolve().parents[1] / "params.yaml")["text"]
-    jobs = stage.jobs(p, vocab=30)
+    jobs = stage.dataset_jobs(p, vocab=30)
     deep, g = max(p.olsa.depths), p.gamma
     expect = {f"olsa-L{d}-g{g:g}" for d in (0, *p.olsa.depths, *p.olsa.deep_depths)}
     expect |= {f"olsa-L{min(p.olsa.depths)}-g{a:g}" for a in p.gamma_ablation}  # Table 2
@@ -212,17 +212,17 @@ def test_the_stage_plans_every_model_by_the_names_the_report_reads():
         assert bool(text_tables.OLSA_NAME.match(name)) == olsa
         assert {"epochs", "lr", "gamma"} <= set(job.train)
     assert jobs[f"olsa-L{deep}-g{g:g}"].train["epochs"] == p.epochs["sst2"]
-    yelp = stage.jobs(p, vocab=30, dataset="yelp_polarity")  # OLSA Table 1: depths 1-3
+    yelp = stage.dataset_jobs(p, vocab=30, dataset="yelp_polarity")  # OLSA Table 1: depths 1-3
     assert set(yelp) == {f"olsa-L{d}-g{g:g}" for d in p.olsa.depths} | {"frozen-olsa"}
     assert {j.train["epochs"] for n, j in yelp.items() if n != "frozen-olsa"} == {
         p.epochs["yelp_polarity"]}
-    assert set(stage.jobs(p, vocab=30, dataset="qqp")) == {"frozen-olsa"}  # not from scratch
+    assert set(stage.dataset_jobs(p, vocab=30, dataset="qqp")) == {"frozen-olsa"}  # not from scratch
     # the units split every dataset's jobs, each job in exactly one unit
     for dataset in TEXT_DATASETS:
         units = [u for u in stage.UNITS if u == dataset or u.startswith(f"{dataset}-")]
         parts = [stage.unit_jobs(p, 30, u) for u in units]
-        assert sum(map(len, parts)) == len(stage.jobs(p, 30, dataset))
-        assert {n for part in parts for n in part} == set(stage.jobs(p, 30, dataset))
+        assert sum(map(len, parts)) == len(stage.dataset_jobs(p, 30, dataset))
+        assert {n for part in parts for n in part} == set(stage.dataset_jobs(p, 30, dataset))
     with pytest.raises(ValueError, match="not one of"):
         stage.unit_jobs(p, 30, "sst2")
 

@@ -143,7 +143,7 @@ def test_the_stage_trains_yelp_and_qqp_and_reports_a_skipped_dataset(tmp_path, m
         run = stage.run(p, make_context(base, device=False))
         r, m = run.result, json.loads((tmp_path / "text.json").read_text())
         assert run.record == m
-        assert list(r.jobs["model"]) == list(stage.jobs(p, r.data["vocab"]))  # its order
+        assert list(r.jobs["model"]) == list(stage.dataset_jobs(p, r.data["vocab"]))  # its order
         assert set(m["models"]) == set(r.jobs["model"])
         assert set(m["datasets"]) == {"yelp_polarity", "qqp"} and m["broken"] == 0
         y = m["datasets"]["yelp_polarity"]

@@ -30,15 +30,12 @@ from attncert.cost.bench import bench_models, bench_training
 from attncert.cost.cli import COST_DOC, MARKERS, PLAN_MARKERS, main, write_block
 from attncert.cost.counting import (
     DATASETS,
-    ENCODERS,
     GPU,
     GPUS,
-    HF_VITS,
     KERNEL_SECONDS,
     SST2,
     TEXT_SIZES,
     UTILISATION,
-    VOCAB,
     Counts,
     attack_step,
     count,
@@ -46,13 +43,15 @@ from attncert.cost.counting import (
     forward,
     layer_certificate_counts,
     layer_pgd_counts,
-    stand_in,
     train_step,
     vit_counts,
     vit_forward64,
 )
 from attncert.cost.table import STAGES, cost_table, stage_work
 from attncert.cost.work import Work, audit_work, training_work
+from attncert.models.config import HF_VITS
+from attncert.pipeline.datasets import stand_in
+from attncert.text.tokenize import ENCODERS, VOCAB
 
 __all__ = [
     "COST_DOC", "DATASETS", "ENCODERS", "GPU", "GPUS", "HF_VITS", "KERNEL_SECONDS", "MARKERS",

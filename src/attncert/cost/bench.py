@@ -11,11 +11,9 @@ from typing import Any
 import torch
 from torch import nn
 
-from attncert.cost.counting import (
-    VOCAB,
-    random_images,
-    stand_in,
-)
+from attncert.cost.counting import random_images
+from attncert.pipeline.datasets import stand_in
+from attncert.text.tokenize import VOCAB
 
 # -- training step times (make bench) ----------------------------------------------------------
 

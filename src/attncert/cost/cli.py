@@ -37,8 +37,8 @@ from attncert.cost.graphs import (
     with_pilot,
 )
 from attncert.cost.plan import CONCURRENCY_BENCH
+from attncert.cost.pricing import CROWN_BENCH
 from attncert.cost.table import cost_table
-from attncert.cost.vision_stages import CROWN_BENCH
 
 # -- command line -----------------------------------------------------------------------------
 

@@ -25,20 +25,6 @@ DATASETS = {n: (d.channels, d.size, d.classes, d.splits["train"], d.splits["test
 #: the text stage's datasets: labelled examples per split
 TEXT_SIZES = {n: dict(d.splits) for n, d in TABLE.items() if d.kind == "text"}
 SST2 = TEXT_SIZES["sst2"]
-#: Hugging Face ViTs the certvit stage may load: the project's standard-ViT shape of each
-HF_VITS = {
-    "google/vit-base-patch16-224": dict(image_size=224, patch=16, dim=768, depth=12, heads=12,
-                                        mlp_hidden=3072),
-    "WinKawaks/vit-small-patch16-224": dict(image_size=224, patch=16, dim=384, depth=12,
-                                            heads=6, mlp_hidden=1536),
-    "facebook/deit-tiny-patch16-224": dict(image_size=224, patch=16, dim=192, depth=12,
-                                           heads=3, mlp_hidden=768),
-    "WinKawaks/vit-tiny-patch16-224": dict(image_size=224, patch=16, dim=192, depth=12,
-                                           heads=3, mlp_hidden=768),
-}
-#: BERT-family encoders the text stage may freeze: (hidden, layers, heads, intermediate)
-ENCODERS = {"bert-base-uncased": (768, 12, 12, 3072), "minilm-package": (384, 6, 12, 1536)}
-VOCAB = 30522  # the uncased WordPiece vocabulary of both tokenizers
 
 
 @dataclass(frozen=True)
@@ -138,13 +124,6 @@ def fit(make: Callable[[int], Callable[[], Any]], per_call_cost: bool = True) ->
 
 
 # -- the models at the params' shapes ------------------------------------------------------
-
-
-def stand_in(dataset: str) -> dict[str, Any]:
-    """The processed-data fields a model config reads (shape, classes, statistics)."""
-    c, s, k, _, _ = DATASETS[dataset]
-    return {"train": {"x": torch.zeros(1, c, s, s, dtype=torch.uint8)}, "classes": list(range(k)),
-            "mean": [0.5] * c, "std": [0.25] * c}
 
 
 def random_images(cfg, b: int, dtype=torch.float32) -> tuple[Tensor, Tensor]:

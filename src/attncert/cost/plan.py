@@ -102,12 +102,9 @@ def unit_hours(params, gpu: GPU, utilisation: float = UTILISATION, per_gpu: int 
     work, _ = stage_work(params)
     hours: dict[str, float] = defaultdict(float)
     for w in work:
-        if w.stage in ("train_vit", "certify_vit"):
-            unit = "grid " + w.what.split(":")[0]
-        elif w.stage in ("data", *AFTER):
+        if w.stage in ("data", *AFTER):
             continue
-        else:
-            unit = w.unit or w.stage
+        unit = w.unit or w.stage  # a grid point's two stages: one unit, "grid <point>"
         slow = per_kind.get(_kind(w.graphs), worst)
         hours[unit] += w.seconds(gpu, utilisation, per_gpu, slow) / 3600
     return dict(hours)

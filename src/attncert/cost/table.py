@@ -9,47 +9,20 @@ from attncert.cost.counting import (
     GPU,
     UTILISATION,
 )
-from attncert.cost.text_stage import text_work
-from attncert.cost.vision_stages import (
-    certvit_work,
-    crown_bound_seconds,
-    crown_work,
-    frontier_work,
-    grid_work,
-    specformer_work,
-    tightness_work,
-)
+from attncert.cost.pricing import crown_bound_seconds, priced
 from attncert.cost.work import Work
 from attncert.stages import STAGES  # the pipeline's stages, one list
 
 
 def stage_work(params, stages=STAGES) -> tuple[list[Work], float]:
     """The work items of ``stages`` at ``params`` (a
-    :class:`attncert.pipeline.params.StudyParams`), and CROWN's upper bound in seconds (bounds
-    x time limit; 0 without the crown stage)."""
-    d = params["data"]
-    work, crown_seconds = [], 0.0
-    if "data" in stages:
-        work.append(Work("data", "downloads and conversion on the CPU", "fp32", 0.0, 0.0))
-    if "tightness" in stages:
-        work += tightness_work(params)
-    if {"train_vit", "certify_vit"} & set(stages):
-        work += grid_work(params, d.max_train, d.max_test)
-    if "frontier" in stages:
-        work += frontier_work(params, d.max_train)
-    if "specformer" in stages:
-        work += specformer_work(params, d.max_train, d.max_test)
-    if "text" in stages:
-        work += text_work(params)
-    if "certvit" in stages:
-        work += certvit_work(params, d.max_train, d.max_test)
-    if "crown" in stages:
-        crown, crown_seconds = crown_work(params, d.max_train, d.max_test)
-        work += crown
-    if "figures" in stages:
-        work.append(Work("figures", "tables and figures from saved metrics (CPU)", "fp32",
-                         0.0, 0.0))
-    return [w for w in work if w.stage in stages], crown_seconds
+    :class:`attncert.pipeline.params.StudyParams`): every stage's jobs
+    (:func:`attncert.stages.registry.stage_jobs`) priced; and CROWN's upper bound in seconds
+    (bounds x time limit; 0 without the crown stage)."""
+    from attncert.stages.registry import stage_jobs  # every stage's module: seconds
+
+    work = priced(stage_jobs(params, stages))
+    return work, sum(w.fixed_seconds for w in work if w.stage == "crown")
 
 
 def _kernel_note(gpu: GPU) -> str:

@@ -163,6 +163,20 @@ def dataset_vit_config(data: Mapping[str, Any], normalize: str, **fields: Any) -
                      num_classes=len(data["classes"]), mean=mean, std=std, **fields)
 
 
+#: Hugging Face ViTs the certvit and specformer stages may load: the standard-ViT shape of each
+#: (:func:`hub_vit_config`), for the plans and the cost model
+HF_VITS = {
+    "google/vit-base-patch16-224": dict(image_size=224, patch=16, dim=768, depth=12, heads=12,
+                                        mlp_hidden=3072),
+    "WinKawaks/vit-small-patch16-224": dict(image_size=224, patch=16, dim=384, depth=12,
+                                            heads=6, mlp_hidden=1536),
+    "facebook/deit-tiny-patch16-224": dict(image_size=224, patch=16, dim=192, depth=12,
+                                           heads=3, mlp_hidden=768),
+    "WinKawaks/vit-tiny-patch16-224": dict(image_size=224, patch=16, dim=192, depth=12,
+                                           heads=3, mlp_hidden=768),
+}
+
+
 def hub_vit_config(image_size: int, patch: int, dim: int, depth: int, heads: int,
                    mlp_hidden: int, channels: int, num_classes: int,
                    mean: tuple[float, ...] | None = None, std: tuple[float, ...] | None = None

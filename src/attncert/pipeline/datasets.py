@@ -10,8 +10,9 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
-__all__ = ["DATASETS", "IMAGE_DATASETS", "TABLE", "TEXT_DATASETS", "Dataset"]
+__all__ = ["DATASETS", "IMAGE_DATASETS", "TABLE", "TEXT_DATASETS", "Dataset", "stand_in"]
 
 KINDS = ("image", "text")
 
@@ -53,3 +54,16 @@ TABLE: dict[str, Dataset] = {d.name: d for d in (
 IMAGE_DATASETS = tuple(n for n, d in TABLE.items() if d.kind == "image")
 TEXT_DATASETS = tuple(n for n, d in TABLE.items() if d.kind == "text")
 DATASETS = IMAGE_DATASETS + TEXT_DATASETS
+
+
+def stand_in(dataset: str) -> dict[str, Any]:
+    """The processed-data fields a model config reads of an image dataset (shape, classes,
+    statistics), without its images: what a plan or the cost model builds a config from."""
+    import torch
+
+    d = TABLE[dataset]
+    if d.kind != "image":
+        raise ValueError(f"stand_in: {dataset!r} is not an image dataset")
+    return {"train": {"x": torch.zeros(1, d.channels, d.size, d.size, dtype=torch.uint8)},
+            "classes": list(range(d.classes)), "mean": [0.5] * d.channels,
+            "std": [0.25] * d.channels}

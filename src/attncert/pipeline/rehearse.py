@@ -7,8 +7,7 @@ with the stages' own builders, configs and losses, and runs its pass (a training
 bound) ``--steps`` times at the paper batch, alone in a spawned process whose resident memory
 a watchdog samples (``RLIMIT_AS`` would count address space PyTorch reserves, never touches).
 Past ``--max-gb`` a try is killed and the batch halved; a kind that fits at no batch is "does
-not fit N GB", one that raises "error: ...", and the run goes on. On CUDA the record also holds
-each kind's GPU peak allocation."""
+not fit N GB", one that raises "error: ...", and the run goes on (on CUDA: GPU peaks too)."""
 
 from __future__ import annotations
 
@@ -30,13 +29,16 @@ from typing import Any
 import torch
 
 from attncert.certify import certify_table
-from attncert.cost.counting import DATASETS, ENCODERS, HF_VITS, VOCAB, random_images, stand_in
+from attncert.cost.counting import DATASETS, random_images
 from attncert.models import build_vit
+from attncert.models.config import HF_VITS
 from attncert.pipeline import rng
+from attncert.pipeline.datasets import stand_in
 from attncert.pipeline.device import resolve_device, resolve_precision
 from attncert.pipeline.io import write_json
 from attncert.pipeline.params import PARAMS_FILE, ParamsError, StudyParams, read_yaml
 from attncert.pipeline.runs import GridPoint
+from attncert.text.tokenize import ENCODERS, VOCAB
 from attncert.training.loop import optimizer
 from attncert.training.precision import autocast, training_matmuls
 
@@ -116,9 +118,8 @@ def _hf_vit(source: str, data: Mapping[str, Any], s: Setup):
 
     from attncert.certvit.load import DEFAULT_MEAN_STD, vit_from_hf
     from attncert.certvit.methods import fit_to_dataset
-    if source not in HF_VITS:
+    if (sh := HF_VITS.get(source)) is None:
         raise ValueError(f"no config known for {source!r}; known: {', '.join(HF_VITS)}")
-    sh = HF_VITS[source]
     hf = ViTForImageClassification(ViTConfig(
         image_size=sh["image_size"], patch_size=sh["patch"], hidden_size=sh["dim"],
         num_hidden_layers=sh["depth"], num_attention_heads=sh["heads"],
@@ -148,8 +149,7 @@ def certvit_vit_b16(s: Setup) -> Prepared:
 
 
 def specformer_kind(source: str, s: Setup) -> Prepared:
-    """specformer: the pre-trained ``source`` fine-tuned with MSVP (the specformer method at
-    ``specformer.finetune``) on the first dataset."""
+    """specformer: the pre-trained ``source`` fine-tuned with MSVP on the first dataset."""
     from attncert.specformer import methods as sf
     from attncert.specformer.study import recipe
     p = s.params["specformer"]
@@ -164,13 +164,13 @@ def text_bert_base(s: Setup) -> Prepared:
     from transformers import BertConfig, BertModel
 
     from attncert.text.evaluate import frozen_states
-    from attncert.text.jobs import jobs
+    from attncert.text.jobs import dataset_jobs
     from attncert.text.study import settings
     t = s.params["text"]
     width, layers, heads, inter = ENCODERS[t.frozen.source]
     encoder = BertModel(BertConfig(hidden_size=width, num_hidden_layers=layers,
                                    num_attention_heads=heads, intermediate_size=inter)).eval()
-    job = jobs(t, VOCAB, t.frozen.datasets[0])["frozen-olsa"]
+    job = dataset_jobs(t, VOCAB, t.frozen.datasets[0])["frozen-olsa"]
     model = job.cls(**(job.kwargs | {"encoder": encoder}))
     cfg = settings(t, s.params["base"], s.dev)[0].config(s.params["base"].seed, job.train)
 

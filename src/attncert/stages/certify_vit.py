@@ -24,17 +24,26 @@ import torch
 from attncert import certify, diagnostics, soundness
 from attncert.data import as_float, load_processed
 from attncert.figures import vit as figs
+from attncert.grid import plan
 from attncert.grid.params import CertifyVitParams
 from attncert.models import ViTConfig
 from attncert.models.vit import load_vit
 from attncert.pipeline.context import Context
 from attncert.pipeline.io import atomic_path, write_json
+from attncert.pipeline.jobs import Job
+from attncert.pipeline.params import StudyParams
 from attncert.report.headline import middle_eps, numbers, row
 from attncert.report.paper import mnist_anchor
 
 #: this module's params.yaml section and its schema (:mod:`attncert.grid.params`)
 SECTION = "certify_vit"
 Params = CertifyVitParams
+
+
+def jobs(params: StudyParams) -> list[Job]:
+    """The stage's plan as data, its jobs (:func:`attncert.grid.plan.jobs`), priced by
+    :mod:`attncert.cost.pricing`."""
+    return [j for j in plan.jobs(params) if j.stage == SECTION]
 
 
 @dataclass(frozen=True)

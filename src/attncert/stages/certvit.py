@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from attncert import soundness
+from attncert.certvit import plan
 from attncert.certvit.params import Params
 from attncert.certvit.steps import (
     Result,
@@ -35,8 +36,10 @@ from attncert.certvit.tables import (
 from attncert.data import load_processed
 from attncert.pipeline.context import Context
 from attncert.pipeline.io import write_json
+from attncert.pipeline.jobs import Job
 from attncert.pipeline.params import (
     BaseParams,
+    StudyParams,
 )
 from attncert.pipeline.records import SplitRun, gathered, read_record, unit_key
 from attncert.report.headline import middle_eps, numbers, row
@@ -44,6 +47,12 @@ from attncert.report.paper import certvit_table1
 
 #: this module's params.yaml section
 SECTION = "certvit"
+
+
+def jobs(params: StudyParams) -> list[Job]:
+    """The stage's plan as data, its jobs (:func:`attncert.certvit.plan.jobs`), priced by
+    :mod:`attncert.cost.pricing`."""
+    return plan.jobs(params)
 
 
 # ------------------------------------------------------------------ units and the gather

@@ -36,7 +36,7 @@ import pandas as pd
 import torch
 
 from attncert import certify, diagnostics, soundness
-from attncert.crown import METHODS
+from attncert.crown import METHODS, plan
 from attncert.crown.params import Params
 from attncert.crown.study import (
     Budget,
@@ -52,8 +52,10 @@ from attncert.crown.tables import DatasetResult, gather_dataset, tables
 from attncert.data import as_float, load_processed
 from attncert.pipeline.context import Context
 from attncert.pipeline.io import write_json
+from attncert.pipeline.jobs import Job
 from attncert.pipeline.params import (
     BaseParams,
+    StudyParams,
 )
 from attncert.pipeline.records import SplitRun, gathered, read_record, unit_key
 from attncert.report import paper
@@ -61,6 +63,12 @@ from attncert.report.headline import eps_match, numbers, row
 
 #: this module's params.yaml section
 SECTION = "crown"
+
+
+def jobs(params: StudyParams) -> list[Job]:
+    """The stage's plan as data, its jobs (:func:`attncert.crown.plan.jobs`), priced by
+    :mod:`attncert.cost.pricing`."""
+    return plan.jobs(params)
 
 
 @dataclass

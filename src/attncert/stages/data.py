@@ -15,11 +15,27 @@ from typing import Any
 from attncert import data
 from attncert.pipeline.context import Context
 from attncert.pipeline.io import write_json
-from attncert.pipeline.params import DATASETS, SAMPLE_SETS, nonneg, one_of, param, positive, unique
+from attncert.pipeline.jobs import Job, Model, Note
+from attncert.pipeline.params import (
+    DATASETS,
+    SAMPLE_SETS,
+    StudyParams,
+    nonneg,
+    one_of,
+    param,
+    positive,
+    unique,
+)
 from attncert.report.headline import row
 
 #: this module's params.yaml section
 SECTION = "data"
+
+
+def jobs(params: StudyParams) -> list[Job]:
+    """The stage's plan as data: one job, nothing on a GPU."""
+    return [Job(SECTION, "", "data", Model("none"),
+                (Note("downloads and conversion on the CPU"),))]
 
 
 @dataclass(frozen=True)

@@ -31,7 +31,8 @@ from attncert.pipeline.dvcfile import (
     stage_runs,
 )
 from attncert.pipeline.io import atomic_path, write_json
-from attncert.pipeline.params import param, unique
+from attncert.pipeline.jobs import Job, Model, Note
+from attncert.pipeline.params import StudyParams, param, unique
 from attncert.report import rows as report
 from attncert.report.htmlexport import KEY_FIGURES, html_export
 
@@ -48,6 +49,12 @@ if TYPE_CHECKING:  # the whole params file, for annotations only
 
 #: this module's params.yaml section
 SECTION = "figures"
+
+
+def jobs(params: StudyParams) -> list[Job]:
+    """The stage's plan as data: one job, nothing on a GPU."""
+    return [Job(SECTION, "", "figures", Model("none"),
+                (Note("tables and figures from saved metrics (CPU)"),))]
 
 
 @dataclass(frozen=True)

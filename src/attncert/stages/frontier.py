@@ -39,6 +39,7 @@ from attncert.certvit.baseline import PixelLinear
 from attncert.certvit.certificate import certified_radius
 from attncert.data import as_float, load_processed
 from attncert.figures import frontier as figs
+from attncert.frontier import plan
 from attncert.frontier.params import Params
 from attncert.frontier.settings import (  # noqa: F401 (the stage's names)
     AXES,
@@ -70,6 +71,8 @@ from attncert.grid.params import TrainVitParams
 from attncert.models import build_vit
 from attncert.pipeline.context import Context
 from attncert.pipeline.io import atomic_path, write_json
+from attncert.pipeline.jobs import Job
+from attncert.pipeline.params import StudyParams
 from attncert.pipeline.records import SplitRun, gathered, read_record, unit_key
 from attncert.report.headline import numbers, row
 from attncert.report.paper import MNIST_EPS, mnist_anchor
@@ -79,6 +82,12 @@ from attncert.training.train import evaluate, train_resumable
 #: this module's params.yaml section, and the other sections it reads
 SECTION = "frontier"
 SECTIONS = {"train_vit": TrainVitParams}
+
+
+def jobs(params: StudyParams) -> list[Job]:
+    """The stage's plan as data, its jobs (:func:`attncert.frontier.plan.jobs`), priced by
+    :mod:`attncert.cost.pricing`."""
+    return plan.jobs(params)
 
 
 def units(p: Params) -> list[str]:

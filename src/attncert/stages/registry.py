@@ -9,10 +9,12 @@ one section (types, checks, did-you-mean) is :mod:`attncert.pipeline.params`.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from pathlib import Path
+from types import ModuleType
 from typing import Any
 
+from attncert.pipeline.jobs import Job
 from attncert.pipeline.params import (
     PARAMS_FILE,
     BaseParams,
@@ -25,6 +27,7 @@ from attncert.pipeline.params import (
 )
 from attncert.pipeline.shapes import VIT_SECTION, parse_presets
 from attncert.stages import (
+    STAGES,
     certify_vit,
     certvit,
     crown,
@@ -36,6 +39,11 @@ from attncert.stages import (
     tightness,
     train_vit,
 )
+
+#: Every stage's module (:data:`attncert.stages.STAGES`, dvc.yaml's order): the one list the
+#: runner's sections, the report's readers, the unit stages and the cost model derive from
+MODULES: dict[str, ModuleType] = {m.SECTION: m for m in (
+    data, tightness, train_vit, certify_vit, frontier, specformer, text, certvit, crown, figures)}
 
 #: Every section of params.yaml, in file order, and its dataclass.
 SECTIONS: dict[str, type] = {
@@ -93,3 +101,11 @@ def section_class(name: str) -> type:
     if name not in SECTIONS:
         raise ParamsError(f"{name}: unknown section; known: {', '.join(SECTIONS)}")
     return SECTIONS[name]
+
+
+def stage_jobs(params: StudyParams, stages: Iterable[str] = STAGES) -> list[Job]:
+    """Every job of ``stages`` (each stage module's ``jobs``), in pipeline order."""
+    unknown = [s for s in stages if s not in MODULES]
+    if unknown:
+        raise ValueError(f"unknown stage(s) {', '.join(unknown)}; known: {', '.join(MODULES)}")
+    return [j for s in MODULES if s in stages for j in MODULES[s].jobs(params)]

@@ -25,13 +25,16 @@ import pandas as pd
 from attncert.data import load_processed
 from attncert.pipeline.context import Context
 from attncert.pipeline.io import atomic_path, write_json
+from attncert.pipeline.jobs import Job
 from attncert.pipeline.params import (
     BaseParams,
+    StudyParams,
 )
 from attncert.pipeline.records import SplitRun, gathered, read_record, unit_key
 from attncert.report import paper
 from attncert.report.headline import numbers, row, scale_caveat
 from attncert.specformer import methods as sf
+from attncert.specformer import plan
 from attncert.specformer.params import CERT_VARIANTS, Params
 from attncert.specformer.study import (
     certified_pair,
@@ -44,6 +47,12 @@ from attncert.specformer.study import (
 
 #: this module's params.yaml section
 SECTION = "specformer"
+
+
+def jobs(params: StudyParams) -> list[Job]:
+    """The stage's plan as data, its jobs (:func:`attncert.specformer.plan.jobs`), priced by
+    :mod:`attncert.cost.pricing`."""
+    return plan.jobs(params)
 
 
 @dataclass

@@ -26,14 +26,17 @@ import torch
 from attncert import soundness
 from attncert.pipeline.context import Context
 from attncert.pipeline.io import atomic_path, write_json
+from attncert.pipeline.jobs import Job
 from attncert.pipeline.params import (
     BaseParams,
+    StudyParams,
 )
 from attncert.pipeline.records import SplitRun, gathered, read_record, unit_key
 from attncert.report import paper
 from attncert.report.headline import numbers, row, scale_caveat
+from attncert.text import plan
 from attncert.text.evaluate import attention_table
-from attncert.text.jobs import STUDY, UNITS, jobs, text_datasets, unit_jobs
+from attncert.text.jobs import STUDY, UNITS, dataset_jobs, text_datasets, unit_jobs
 from attncert.text.params import Params
 from attncert.text.study import other_dataset, settings, sst2_unit
 from attncert.text.tables import (
@@ -49,6 +52,12 @@ from attncert.text.tokenize import load_tokenizer
 
 #: this module's params.yaml section
 SECTION = "text"
+
+
+def jobs(params: StudyParams) -> list[Job]:
+    """The stage's plan as data, its jobs (:func:`attncert.text.plan.jobs`), priced by
+    :mod:`attncert.cost.pricing`."""
+    return plan.jobs(params)
 
 
 # -- the plan --------------------------------------------------------------------------------
@@ -106,7 +115,7 @@ def _run_unit(p: Params, ctx: Context, unit: str) -> dict[str, Any]:
     elif unit in text_datasets(p):
         entry, fitted = other_dataset(
             p, ctx, unit, processed_dir, tok, common, evaluation, folder,
-            lambda sep: jobs(p, tok.vocab_size, unit, sep))
+            lambda sep: dataset_jobs(p, tok.vocab_size, unit, sep))
         record["entry"] = entry
         if fitted is not None:
             record["audits"] = {f"{unit}/{m}": rows for m, rows in fitted.audits.items()}

@@ -16,17 +16,26 @@ import torch
 from attncert import tightness
 from attncert.pipeline.context import Context
 from attncert.pipeline.io import write_json
+from attncert.pipeline.jobs import Job
 from attncert.pipeline.params import (
     ParamsError,
+    StudyParams,
     nonneg,
     one_of_numbers,
     param,
     positive,
 )
 from attncert.report.headline import eps_match, numbers, row, scale_caveat
+from attncert.tightness import plan
 
 #: this module's params.yaml section
 SECTION = "tightness"
+
+
+def jobs(params: StudyParams) -> list[Job]:
+    """The stage's plan as data, its jobs (:func:`attncert.tightness.plan.jobs`), priced by
+    :mod:`attncert.cost.pricing`."""
+    return plan.jobs(params)
 
 
 @dataclass(frozen=True)

@@ -17,10 +17,13 @@ from typing import Any
 import torch
 
 from attncert.data import load_processed
+from attncert.grid import plan
 from attncert.grid.params import TrainVitParams, model_config
 from attncert.models import ViTConfig, build_vit, save_vit
 from attncert.pipeline.context import Context
 from attncert.pipeline.io import write_json
+from attncert.pipeline.jobs import Job
+from attncert.pipeline.params import StudyParams
 from attncert.report.headline import numbers, row
 from attncert.training.checkpoint import fingerprint
 from attncert.training.train import TrainConfig, evaluate, train_resumable
@@ -28,8 +31,14 @@ from attncert.training.train import TrainConfig, evaluate, train_resumable
 #: this module's params.yaml section and its schema (:mod:`attncert.grid.params`)
 SECTION = "train_vit"
 Params = TrainVitParams
-__all__ = ["SECTION", "Params", "Trained", "headline_numbers", "headline_rows", "model_config",
-           "run"]
+__all__ = ["SECTION", "Params", "Trained", "headline_numbers", "headline_rows", "jobs",
+           "model_config", "run"]
+
+
+def jobs(params: StudyParams) -> list[Job]:
+    """The stage's plan as data, its jobs (:func:`attncert.grid.plan.jobs`), priced by
+    :mod:`attncert.cost.pricing`."""
+    return [j for j in plan.jobs(params) if j.stage == SECTION]
 
 
 @dataclass(frozen=True)

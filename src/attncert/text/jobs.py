@@ -1,4 +1,4 @@
-"""The text stage's jobs: every model it trains and evaluates (:func:`jobs`), split into the
+"""The text stage's jobs: every model it trains and evaluates (:func:`dataset_jobs`), split into the
 independent units (:data:`UNITS`, one DVC stage each) that :func:`unit_jobs` selects. The cost
 estimate (:mod:`attncert.cost`) counts the same list. ``p`` is the stage's typed section
 (:class:`attncert.text.params.Params`)."""
@@ -38,7 +38,7 @@ def text_datasets(p: Params) -> list[str]:
 
 
 
-def jobs(p: Params, vocab: int, dataset: str = STUDY, sep_token_id: int | None = None
+def dataset_jobs(p: Params, vocab: int, dataset: str = STUDY, sep_token_id: int | None = None
          ) -> dict[str, Job]:
     """Every model of the stage on ``dataset`` by name (the names the report reads:
     "olsa-L<depth>-g<gamma>" and so on): on SST-2 the whole study, on the other datasets of
@@ -112,12 +112,12 @@ def unit_jobs(p: Params, vocab: int, unit: str, sep_token_id: int | None = None
     """The jobs of one unit of :data:`UNITS`: on SST-2, ``sst2-olsa`` (OLSA at depth 0 and
     every depth), ``sst2-lofast`` (LoFAST's grid), ``sst2-frozen`` (the frozen-encoder head)
     and ``sst2-controls`` (the rest: gamma ablation, residual, alpha1 sweep, Kim-L2, the
-    standard transformer); another dataset's unit is :func:`jobs` on it ({} when the scale
+    standard transformer); another dataset's unit is :func:`dataset_jobs` on it ({} when the scale
     leaves it out)."""
     if unit not in UNITS:
         raise ValueError(f"text unit {unit!r}: not one of {UNITS}")
     if not unit.startswith(f"{STUDY}-"):
-        return jobs(p, vocab, unit, sep_token_id) if unit in text_datasets(p) else {}
+        return dataset_jobs(p, vocab, unit, sep_token_id) if unit in text_datasets(p) else {}
     depths = {f"olsa-L{d}-g{p.gamma:g}" for d in (0, *p.olsa.depths, *p.olsa.deep_depths)}
 
     def group(name: str, job: Job) -> str:
@@ -126,4 +126,4 @@ def unit_jobs(p: Params, vocab: int, unit: str, sep_token_id: int | None = None
         if job.family == "lofast":
             return "sst2-lofast"
         return "sst2-olsa" if name in depths else "sst2-controls"
-    return {n: j for n, j in jobs(p, vocab).items() if group(n, j) == unit}
+    return {n: j for n, j in dataset_jobs(p, vocab).items() if group(n, j) == unit}

@@ -118,8 +118,8 @@ class FrozenParams:
 #: the dataset of the whole study (every other dataset adds OLSA's depths only)
 STUDY = "sst2"
 
-#: what each text model's job sets itself (:func:`attncert.text.jobs.jobs`): its schedule and
-#: its certificate regulariser; every other field of a TextTrainConfig is the recipe's
+#: what each text model's job sets itself (:func:`attncert.text.jobs.dataset_jobs`): its schedule
+#: and its certificate regulariser; every other field of a TextTrainConfig is the recipe's
 JOB_FIELDS = ("epochs", "lr", "gamma")
 
 

