@@ -76,6 +76,7 @@ def test_every_stage_module_has_the_same_names():
         assert module.SECTION == name
         assert isinstance(module.Params, type), name
         assert callable(module.jobs) and callable(module.run), name
+        assert callable(getattr(module, "headline_rows", None)) or name == "figures", name
 
 
 def test_the_jobs_are_the_units_each_stage_runs(scale_params):

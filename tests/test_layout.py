@@ -107,3 +107,19 @@ def test_nothing_imports_a_module_by_name():
 def test_every_module_file_is_found_by_name():
     for name, path in _modules().items():
         assert module_file(name, SRC) == path
+
+
+def test_a_vit_config_is_built_in_one_module():
+    """Every ViTConfig comes from attncert.models.config (a dataset's, a hub checkpoint's, a
+    text model's blocks) or is a replace() of one: no module spells the fields itself."""
+    found = []
+    for name, path in _modules().items():
+        if name.startswith(f"{PACKAGE}.models."):
+            continue
+        tree = ast.parse(path.read_text())
+        ours = {a.asname or a.name for node in ast.walk(tree) if isinstance(node, ast.ImportFrom)
+                and (node.module or "").startswith(f"{PACKAGE}.models")
+                for a in node.names if a.name == "ViTConfig"}
+        found += [f"{name}:{node.lineno}" for node in ast.walk(tree)
+                  if isinstance(node, ast.Call) and getattr(node.func, "id", None) in ours]
+    assert not found, f"ViTConfig built outside attncert.models.config: {found}"

@@ -163,6 +163,14 @@ def dataset_vit_config(data: Mapping[str, Any], normalize: str, **fields: Any) -
                      num_classes=len(data["classes"]), mean=mean, std=std, **fields)
 
 
+def sequence_block_config(kind: str, **fields: Any) -> ViTConfig:
+    """The ViT blocks a token-sequence model stacks (the text transformers of
+    :mod:`attncert.text`): ``kind`` and the block fields (``dim``, ``depth``, ``heads``,
+    ``mlp_hidden``, ``block``, radii, gammas, ``num_classes``), mean pooling over the tokens;
+    the image fields (size, patch, channels) are unused."""
+    return ViTConfig(kind=kind, pool="mean", **fields)
+
+
 #: Hugging Face ViTs the certvit and specformer stages may load: the standard-ViT shape of each
 #: (:func:`hub_vit_config`), for the plans and the cost model
 HF_VITS = {

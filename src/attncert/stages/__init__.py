@@ -5,7 +5,10 @@ A stage module owns everything about its stage that is not a reusable method:
 - ``SECTION`` and ``Params``: its params.yaml section, a frozen dataclass checked by
   :mod:`attncert.pipeline.params` (registered in :data:`attncert.stages.registry.SECTIONS`);
   ``SECTIONS``: the other sections it reads, by name (the frontier reads ``train_vit``);
-- ``run(p, ctx)``: the stage's plan, from its typed section ``p`` and the
+- ``jobs(params)``: the stage's plan as data (:mod:`attncert.pipeline.jobs`: each model and
+  its phases, in the unit that runs it), built by its study's ``plan`` module from the params
+  groups; the cost model prices these jobs (:mod:`attncert.cost.pricing`), nothing else;
+- ``run(p, ctx)``: the stage's work, from its typed section ``p`` and the
   :class:`~attncert.pipeline.context.Context` (the resolved device and precision, the grid
   point or unit, paths) to the metrics file and artefacts it writes, soundness checks
   included; it returns what the notebook shows;

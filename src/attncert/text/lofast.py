@@ -13,6 +13,7 @@ import torch
 from torch import Tensor, nn
 
 from attncert.layers import LayerProject, spectral_norm_exact
+from attncert.models.config import sequence_block_config
 from attncert.models.vit import Block, Component, ViTConfig
 
 from .olsa import (
@@ -90,7 +91,7 @@ class TextTransformerConfig:
         """The ViTConfig whose Lipschitz blocks this model stacks."""
         fields = {f.name for f in dataclasses.fields(ViTConfig)}
         own = {k: v for k, v in dataclasses.asdict(self).items() if k in fields}
-        return ViTConfig(**own, kind="lipschitz", pool="mean")
+        return sequence_block_config("lipschitz", **own)
 
 
 

@@ -6,7 +6,8 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
-from attncert.models.vit import Block, ViTConfig
+from attncert.models.config import sequence_block_config
+from attncert.models.vit import Block
 
 from .lofast import masked_mean_logits
 from .olsa import normalize_tokens
@@ -22,8 +23,9 @@ class StandardTextTransformer(nn.Module):
     def __init__(self, vocab_size: int, max_len: int, dim: int, depth: int, heads: int,
                  mlp_hidden: int, num_classes: int = 2, token_norm: float = 2.0):
         super().__init__()
-        cfg = ViTConfig(dim=dim, depth=depth, heads=heads, mlp_hidden=mlp_hidden,
-                        num_classes=num_classes, kind="standard", block="prenorm", pool="mean")
+        cfg = sequence_block_config("standard", dim=dim, depth=depth, heads=heads,
+                                    mlp_hidden=mlp_hidden, num_classes=num_classes,
+                                    block="prenorm")
         self.token_norm = float(token_norm)
         self.word = nn.Embedding(vocab_size, dim)
         nn.init.normal_(self.word.weight, std=dim ** -0.5)
