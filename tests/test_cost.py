@@ -347,8 +347,8 @@ def test_the_lofast_margin_is_counted_in_the_grid_s_training_step():
     """The grid's training work follows train_vit.train.margin: the lofast margin's bound (norms and
     their backward pass) adds kernels and FLOPs to every step."""
     from attncert.cost.counting import vit_counts
-    from attncert.pipeline.datasets import stand_in
     from attncert.models import ViTConfig
+    from attncert.pipeline.datasets import stand_in
 
     cfg = ViTConfig(image_size=28, channels=1, patch=14, dim=32, depth=2, heads=2,
                     mlp_hidden=32, num_classes=10, kind="lipschitz", pool="mean",

@@ -138,7 +138,7 @@ def test_a_setting_builds_its_model_and_recipe_from_train_vit_and_its_axes():
     assert (std.kind, std.block, std.patch, std.dim, std.depth) == (
         "standard", "prenorm", 8, base.dim, base.depth)
     rec = stage.train_config(f, tv, stage.parse_setting("standard"), 0)
-    assert (rec.margin, rec.lr, rec.epochs) == ("none", f.standard_lr, tv.train.epochs)
+    assert (rec.margin, rec.lr, rec.epochs) == ("none", f.standard.lr, tv.train.epochs)
     mixed = stage.train_config(f, tv, stage.parse_setting("lofast-0.25_mix0.3"), 0)
     assert (mixed.margin, mixed.lofast_eps, mixed.lofast_mix) == ("lofast", 0.25, 0.3)
 

@@ -10,9 +10,9 @@ import pytest
 
 from attncert import stages
 from attncert.pipeline import dvcfile, profile
+from attncert.pipeline import jobs as J
 from attncert.pipeline.runs import GridPoint
 from attncert.stages import certvit, crown, frontier, specformer, text
-from attncert.pipeline import jobs as J
 from attncert.stages.registry import MODULES, load_params, stage_jobs
 
 ROOT = Path(__file__).resolve().parents[1]

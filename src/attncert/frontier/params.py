@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from attncert.frontier.settings import settings_ok
 from attncert.pipeline.audit import Audit
 from attncert.pipeline.params import fail, image_datasets, nonempty, nonneg, param, positive, unique
-from attncert.training.recipe import Training
+from attncert.training.recipe import OwnRate, Training
 
 __all__ = ["Params"]
 
@@ -36,8 +36,8 @@ class Params:
                                             "radius is reported as at most this")
     linear: Training = param(doc="the linear baseline's whole recipe (margin radius; each "
                                  "linear-<value> setting trains at lmt_offset <value>)")
-    standard_lr: float = param(positive, doc="the standard ViT's learning rate (train_vit's "
-                                             "recipe otherwise, margin none)")
+    standard: OwnRate = param(doc="the standard ViT's learning rate (train_vit's recipe "
+                                  "otherwise, margin none)")
     max_train: int = param(nonneg, doc="first n images of the training part (0 = all of it)")
     min_attention_gap: float = param(nonneg, doc="points of clean accuracy a setting must "
                                                  "lose with uniform attention, on every "

@@ -181,13 +181,13 @@ def grid_setting(tv: TrainVitParams) -> str | None:
 def train_config(p: FrontierParams, tv: TrainVitParams, setting: Setting,
                  seed: int) -> TrainConfig:
     """The setting's training: ``train_vit``'s with its margin and its recipe axes (a ViT);
-    ``train_vit``'s without a margin at ``standard_lr`` (the standard ViT); the linear
+    ``train_vit``'s without a margin at ``standard.lr`` (the standard ViT); the linear
     baseline's own recipe (``linear``: the radius margin at the setting's offset)."""
     if setting.kind == "linear":
         return dataclasses.replace(p.linear.config(seed), lmt_offset=setting.value)
     cfg = tv.train.config(seed)
     if setting.kind == "standard":
-        return dataclasses.replace(cfg, margin="none", lr=p.standard_lr, **setting.train_axes())
+        return dataclasses.replace(cfg, margin="none", lr=p.standard.lr, **setting.train_axes())
     cfg = dataclasses.replace(cfg, **setting.train_axes())
     if setting.kind == "lmt":
         return dataclasses.replace(cfg, margin="lmt", lmt_offset=setting.value)

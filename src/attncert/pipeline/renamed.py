@@ -31,6 +31,8 @@ RENAMED: dict[str, str] = {
         "depths", "deep_depths", "alpha1", "residual", "residual_init")},
     "text.hidden": "text.dim",
     "text.max_eval": "text.max_test",
+    "text.vanilla_lr": "text.vanilla.lr (a group: lr is spelt alike everywhere)",
+    "frontier.standard_lr": "frontier.standard.lr (a group: lr is spelt alike everywhere)",
     "train_vit.adv_eps": "train_vit.train.adv_eps_255 (units of 1/255)",
     **{f"train_vit.{k}": f"train_vit.train.{k} (the training recipe, one group)" for k in (
         "epochs", "batch_size", "lr", "weight_decay", "warmup_steps", "margin", "lmt_offset",

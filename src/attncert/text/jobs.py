@@ -85,7 +85,7 @@ def dataset_jobs(p: Params, vocab: int, dataset: str = STUDY, sep_token_id: int 
     out[f"vanilla-L{deep}"] = Job("none", StandardTextTransformer,
                                   dict(vocab_size=vocab, max_len=p.max_len, dim=p.dim,
                                        depth=deep, heads=p.heads, mlp_hidden=2 * p.dim),
-                                  dict(epochs=p.epochs[STUDY], lr=p.vanilla_lr, gamma=0.0))
+                                  dict(epochs=p.epochs[STUDY], lr=p.vanilla.lr, gamma=0.0))
     out |= {f"lofast-L{L}-H{H}-vo{vo:g}": Job(
         "lofast", LipschitzTextTransformer,
         dict(config=TextTransformerConfig(vocab_size=vocab, max_len=p.max_len, dim=p.lofast.dim,

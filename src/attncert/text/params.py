@@ -21,6 +21,7 @@ from attncert.pipeline.params import (
     unique,
 )
 from attncert.text.olsa import RESIDUALS
+from attncert.training.recipe import OwnRate
 
 #: Bound variants of attncert.certify usable on LoFAST's text transformer (pairwise test).
 LOFAST_VARIANTS = ("lofast_M", "lofast_xi", "naive", "global")
@@ -190,7 +191,7 @@ class Params:
     train: TextRecipe = param(doc="the recipe every text model shares (each job sets its "
                                   "epochs, lr and gamma)")
     lr: float = param(positive, doc="OLSA-family models (OLSA, Kim-L2)")
-    vanilla_lr: float = param(positive, doc="the standard transformer")
+    vanilla: OwnRate = param(doc="the standard transformer's learning rate")
     lofast: LofastParams = param(doc="LoFAST's small-BERT grid (LoFAST appendix D)")
     frozen: FrozenParams = param(doc="the OLSA head over a frozen pre-trained encoder")
     attention_alpha1: list[float] = param(positive, unique, doc="the attention sweep: the "

@@ -115,3 +115,13 @@ class AdversarialRecipe(Training):
         """(standard, adversarial) :class:`TrainConfig` of the recipe."""
         return self.config(seed), self.config(seed, epochs=self.adv_epochs,
                                               adversarial="pgd_linf", mix_prob=0.0)
+
+
+@dataclass(frozen=True)
+class OwnRate:
+    """The learning rate of a model that otherwise trains its section's shared recipe
+    (params.yaml ``frontier.standard``: the standard ViT on ``train_vit.train``;
+    ``text.vanilla``: the standard text transformer on ``text.train``): a group, so that
+    ``lr`` is spelt alike in every section."""
+
+    lr: float = param(positive, doc="its learning rate")
