@@ -153,10 +153,11 @@ def test_text_sizes_follow_the_stage_s_draws(smoke):
                             audit=dataclasses.replace(smoke_text.audit, n=1000),
                             frozen=dataclasses.replace(smoke_text.frozen, max_train=0))
     yelp = text_sizes(t, cost.TEXT_SIZES["yelp_polarity"])
-    assert yelp == {"train": 560000 - 38000, "eval": 2 * 38000, "frozen_train": 522000,
-                    "certified": 38000, "attacked": 1000}
+    assert yelp == {"train": 560000 - 38000, "dev": 38000, "reported": 38000,
+                    "frozen_train": 522000, "certified": 38000, "attacked": 1000}
     qqp = text_sizes(t, cost.TEXT_SIZES["qqp"])
-    assert qqp["certified"] == qqp["eval"] // 2 == 40430 and qqp["train"] == 363846
+    assert qqp["certified"] == qqp["dev"] == qqp["reported"] == 40430
+    assert qqp["train"] == 363846
 
 
 def test_the_multi_gpu_plan_schedules_units_longest_first(smoke):

@@ -3,7 +3,9 @@ prices); at every scale the units of those jobs, the units the stage modules run
 and ``unit_stage``, the grid's points) and dvc.yaml's resolved unit and grid stages are one
 list, and the cost model's units are the same (smoke scale: the estimate runs code)."""
 
+import json
 import shutil
+from collections import defaultdict
 from pathlib import Path
 
 import pytest
@@ -111,3 +113,38 @@ def test_a_plan_is_data_and_refuses_what_it_cannot_price():
     note = J.Job("data", "", "data", J.Model("none"), (J.Note("nothing on a GPU"),))
     (w,) = pricing.job_work(note)
     assert (w.stage, w.what, w.flops, w.kernels, w.unit) == ("data", "nothing on a GPU", 0, 0, "")
+
+
+def check_text_plan(repo: Path) -> None:
+    """The text stage's plan (attncert.text.plan) against what its units recorded in a run of
+    ``repo`` (tests/test_dvc_pipeline.py's smoke run): each unit trained exactly the plan's
+    models, in its order, on the split sizes the plan prices."""
+    from attncert.text.plan import jobs as text_jobs
+
+    p = load_params(repo / "params.yaml")
+    planned = defaultdict(list)
+    for job in text_jobs(p):
+        planned[job.unit.split("@")[1]].append(job)
+    for unit, jobs in planned.items():
+        rec = json.loads((repo / p["text"].results_dir / "units" / f"{unit}.json").read_text())
+        if rec["data"] is not None:  # an SST-2 unit
+            d, ran = rec["data"], [f"sst2 {j['model']}" for j in rec["jobs"]]
+            sizes = (d["train"], d["dev"], d["frozen_train"], d["n_certified"],
+                     d["n_attacked"])
+        elif "models" in (rec["entry"] or {}):  # another dataset with its data
+            d, ran = rec["entry"], [f"{unit} {m}" for m in rec["entry"]["models"]]
+            sizes = (d["train_sentences"], d["dev_sentences"], d["frozen_train_sentences"],
+                     d["n_certified"], d["n_attacked"])
+        else:  # left out at this scale: recorded as unavailable
+            continue
+        assert ran == [j.name for j in jobs], unit
+        n_train, n_dev, frozen, n_cert, n_attacked = sizes
+        for job in jobs:
+            train = next(ph for ph in job.phases if isinstance(ph, J.Train))
+            head = job.model.kind == "frozen_head"
+            assert (train.n_train, train.n_eval) == (frozen if head else n_train, n_dev), job.name
+            audit = next(ph for ph in job.phases if isinstance(ph, J.Audit))
+            assert audit.n == n_attacked, job.name
+            for ph in job.phases:
+                if isinstance(ph, J.LayerCertify):
+                    assert ph.n == n_cert, job.name

@@ -2,16 +2,20 @@
 (``certvit_table1@<dataset>``: a small ViT trained here) and Table 3's ImageNet route
 (``certvit_imagenet``: each hub source, constrained and certified on the user's validation
 images). A run pre-trains (or fine-tunes the loaded ViT), then per mode adapts, projects by
-Douglas-Rachford, fine-tunes, certifies (the global bound: a float64 forward) and audits."""
+Douglas-Rachford, fine-tunes, certifies (the global bound: a float64 forward), audits and
+diagnoses the attention; the linear baseline on pixels trains and is audited beside."""
 
 from __future__ import annotations
 
 from attncert.certvit import methods as cvm
+from attncert.certvit.imagenet import TINY
 from attncert.certvit.params import Params
-from attncert.models.config import HF_VITS, hub_vit_config
+from attncert.certvit.study import NO_IMAGENET
+from attncert.models.config import hub_vit_config, hub_vit_shape
 from attncert.pipeline.datasets import TABLE, stand_in
 from attncert.pipeline.jobs import (
     Audit,
+    Diagnostics,
     DouglasRachford,
     Forwards,
     Job,
@@ -39,12 +43,12 @@ def run_jobs(cv: Params, data, unit: str, label: str = "") -> list[Job]:
     """One run of the certvit steps on ``cv.dataset`` (``data``: the ``data`` section)."""
     if cv.source == cvm.PIPELINE:
         cfg = cvm.pretrain_config(stand_in(cv.dataset), **cv.vit.arch())
-    elif cv.source in HF_VITS:
+    elif (shape := hub_vit_shape(cv.source)) is not None:
         d = TABLE[cv.dataset]
-        cfg = hub_vit_config(**HF_VITS[cv.source], channels=d.channels, num_classes=d.classes)
+        cfg = hub_vit_config(**shape, channels=d.channels, num_classes=d.classes)
     else:
-        raise ValueError(f"certvit.source {cv.source!r}: its shape is unknown; add it to "
-                         "attncert.models.config.HF_VITS")
+        raise ValueError(f"certvit.source {cv.source!r}: its shape is unknown (neither in "
+                         "attncert.models.config.HF_VITS nor a folder with a config.json)")
     model = Model("vit", cfg, family="standard")
     n_tr, n_te = image_sizes(data, cv.dataset)
     n = n_te if cv.n_test == 0 else min(cv.n_test, n_te)
@@ -62,7 +66,14 @@ def run_jobs(cv: Params, data, unit: str, label: str = "") -> list[Job]:
             Forwards(f"{label}{mode}: global certificate (float64 forwards)", n,
                      cv.eval_batch_size, fp64=True),
             Audit(f"{label}{mode}: PGD audit", cv.audit.count(n), len(cv.cert_eps),
-                  cv.audit.steps, cv.audit.restarts, cv.audit.batch(cv.eval_batch_size)))))
+                  cv.audit.steps, cv.audit.restarts, cv.audit.batch(cv.eval_batch_size)),
+            Diagnostics(n, cv.eval_batch_size))))
+    # the linear baseline on pixels: trained at the spectral recipe, its radius exact, audited
+    d, what = TABLE[cv.dataset], f"{label}linear baseline"
+    out.append(Job("certvit", unit, what, Model("linear", (d.channels, d.size, d.classes)), (
+        train(what, max(cv.spectral.epochs, 1), cv.spectral),
+        Audit(f"{what}: PGD audit", cv.audit.count(n), len(cv.cert_eps), cv.audit.steps,
+              cv.audit.restarts, cv.audit.batch(cv.eval_batch_size)))))
     return out
 
 
@@ -75,19 +86,28 @@ def jobs(p: StudyParams) -> list[Job]:
                         f"Table 1 {d}: ")
     imagenet = []
     for source in cv.imagenet.sources:  # Table 3: the user's validation images
-        if source not in HF_VITS:
+        if source in (TINY, NO_IMAGENET):  # the offline route's tiny ViT, or none: no GPU work
             continue
-        cfg = hub_vit_config(**HF_VITS[source], channels=3, num_classes=IMAGENET_CLASSES)
+        if (shape := hub_vit_shape(source)) is None:
+            raise ValueError(f"certvit.imagenet.sources: the shape of {source!r} is unknown "
+                             "(neither in attncert.models.config.HF_VITS nor a folder with a "
+                             "config.json)")
+        cfg = hub_vit_config(**shape, channels=3, num_classes=IMAGENET_CLASSES)
         n_val = data.imagenet_val_images or IMAGENET_VAL
         # one image per class of those left after calibration
         n = min(IMAGENET_CLASSES, n_val - min(cv.imagenet.calibration, n_val // 2))
-        for mode in cv.constrain:  # accuracy forwards (loaded, adapted), DR, certificate, audit
+        what, b = f"Table 3 ImageNet {source}", cv.eval_batch_size
+        imagenet.append(Job("certvit", "certvit_imagenet", what, Model("vit", cfg), (
+            Forwards(f"{what}: loaded accuracy", n, b),  # the hub model, float32
+            Diagnostics(n, b, fp64=False))))
+        for mode in cv.constrain:  # adapted accuracy, DR, certificate, audit, diagnostics
             what = f"Table 3 ImageNet {source} {mode}"
             imagenet.append(Job("certvit", "certvit_imagenet", what, Model("vit", cfg), (
-                Forwards(f"{what}: accuracy forwards", n, cv.eval_batch_size, passes=2),
+                Forwards(f"{what}: adapted accuracy", n, b),
                 _projection(cv, cfg, f"{what}: Douglas-Rachford"),
-                Forwards(f"{what}: global certificate", n, cv.eval_batch_size, fp64=True),
+                Forwards(f"{what}: global certificate", n, b, fp64=True),
                 Audit(f"{what}: PGD audit", cv.audit.count(n), len(cv.cert_eps), cv.audit.steps,
-                      cv.audit.restarts, cv.audit.batch(cv.eval_batch_size)))))
+                      cv.audit.restarts, cv.audit.batch(b)),
+                Diagnostics(n, b))))
     return out + (imagenet or [Job("certvit", "certvit_imagenet", "Table 3 ImageNet",
                                    Model("none"), (Note("Table 3 ImageNet: no hub source"),))])

@@ -1,6 +1,8 @@
-"""Counting one call's matrix-product FLOPs and GPU kernels, and the public shapes the counts
-are taken at: datasets, Hugging Face ViTs, BERT encoders, GPUs' peaks, and the project's models
-built at a params file's shapes (FLOPs fitted as a + b * batch from batch 1 and 2)."""
+"""Counting one call's matrix-product FLOPs and GPU kernels (FLOPs fitted as a + b * batch from
+batch 1 and 2) of the project's models built at a params file's shapes, and the GPUs' peaks.
+The shapes come from elsewhere: the datasets' (:mod:`attncert.pipeline.datasets`), the hub
+ViTs' (:data:`attncert.models.config.HF_VITS`), the frozen encoders'
+(:data:`attncert.text.tokenize.ENCODERS`)."""
 
 from __future__ import annotations
 

@@ -115,7 +115,8 @@ def job_work(job: J.Job) -> list[Work]:
     """The work items of ``job``'s phases, marked with its stage and unit."""
     m, s = job.model, job.stage
     c = counts(m) if m.kind != "none" and any(
-        isinstance(ph, J.Train | J.Audit | J.Forwards) and not getattr(ph, "fp64", False)
+        isinstance(ph, J.Train | J.Audit | J.Forwards | J.Diagnostics)
+        and not getattr(ph, "fp64", False)
         for ph in job.phases) else {}
     out: list[Work] = []
     for ph in job.phases:
@@ -127,8 +128,12 @@ def job_work(job: J.Job) -> list[Work]:
         elif isinstance(ph, J.Audit):
             out.append(audit_work(s, ph.what, c["attack"], ph.n, ph.eps, ph.steps, ph.restarts,
                                   ph.batch))
-        elif isinstance(ph, J.Diagnostics):
+        elif isinstance(ph, J.Diagnostics) and ph.fp64:
             out.append(diagnostics_work(s, job.name, m.config, ph.n, ph.batch))
+        elif isinstance(ph, J.Diagnostics):  # float32: the model's own forward
+            calls = 3 * n_steps(ph.n, ph.batch)
+            out.append(Work(s, f"{job.name}: attention diagnostics", "fp32",
+                            calls * c["forward"].flops(ph.batch), calls * c["forward"].kernels))
         elif isinstance(ph, J.Forwards):
             f = vit_forward64(m.config) if ph.fp64 else c["forward"]
             calls = ph.passes * n_steps(ph.n, ph.batch)

@@ -1,15 +1,20 @@
 """The crown study's plan: per unit (``crown_unit@<dataset>-<depth>``) one Lipschitz ViT of
 that depth trained on the first ``max_train`` training images, certified by LoFAST on
-``n_test`` test images, audited by PGD, and bounded by each CROWN method at every eps."""
+``n_test`` test images, audited by PGD, bounded by each CROWN method at every eps, and its
+attention diagnosed on the whole test split."""
 
 from __future__ import annotations
 
+from inspect import signature
+
 from attncert.crown.study import vit_config
+from attncert.diagnostics import attention_diagnostics
 from attncert.pipeline.datasets import stand_in
 from attncert.pipeline.jobs import (
     Audit,
     Certify,
     CrownBounds,
+    Diagnostics,
     Job,
     Model,
     Train,
@@ -17,6 +22,9 @@ from attncert.pipeline.jobs import (
     image_sizes,
 )
 from attncert.pipeline.params import StudyParams
+
+#: the diagnostics' batch: attention_diagnostics' default, which the unit uses
+DIAGNOSTICS_BATCH = signature(attention_diagnostics).parameters["batch_size"].default
 
 
 def jobs(p: StudyParams) -> list[Job]:
@@ -37,5 +45,6 @@ def jobs(p: StudyParams) -> list[Job]:
                 Audit(f"{name}: PGD audit", c.audit.count(n), len(c.cert_eps), c.audit.steps,
                       c.audit.restarts, c.audit.batch_size),
                 CrownBounds(f"{name}: CROWN bounds (at most)", depth, tuple(c.methods), n,
-                            len(c.cert_eps), c.time_limit, c.time_budget))))
+                            len(c.cert_eps), c.time_limit, c.time_budget),
+                Diagnostics(n_te, DIAGNOSTICS_BATCH))))  # on the whole test split
     return out

@@ -35,8 +35,8 @@ def jobs(p: StudyParams) -> list[Job]:
                               msvp=tuple(tc.msvp_lambda), margin=tc.margin,
                               family="standard" if setting.kind == "standard" else "lipschitz")
             adv = tc.adv_steps if tc.adversarial != "none" else 0
-            phases = [Train(name, n_tr, min(f.holdout, n_tr), tc.epochs, tc.batch_size,
-                            tc.eval_batch_size, adv)]
+            phases = [Train(name, n_tr, f.holdout, tc.epochs, tc.batch_size,
+                            tc.eval_batch_size, adv)]  # validated on the held-out images
             if setting.is_vit:
                 phases.append(Certify(name, f.n_val, VARIANTS, 1, f.cert_batch_size))
             phases.append(Audit(f"{name}: PGD audit", f.audit.count(f.n_val), len(f.cert_eps),

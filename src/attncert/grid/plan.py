@@ -37,7 +37,8 @@ def jobs(p: StudyParams) -> list[Job]:
         n_tr, n_te = image_sizes(p["data"], point.dataset)
         name, unit = point.name, f"grid {point.name}"
         model = Model("vit", model_config(s, point, stand_in(point.dataset)),
-                      msvp=tuple(t.msvp_lambda), margin=t.margin, family="lipschitz")
+                      msvp=tuple(t.msvp_lambda), margin=t.margin,
+                      family="standard" if s.kind == "standard" else "lipschitz")
         adv = t.adv_steps if t.adversarial != "none" else 0
         out.append(Job("train_vit", unit, name, model, (
             Train(name, n_tr, n_te, t.epochs, t.batch_size, t.eval_batch_size, adv),)))

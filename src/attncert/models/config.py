@@ -4,9 +4,11 @@ attentions, norms); see :mod:`attncert.models.vit` for what each choice builds."
 from __future__ import annotations
 
 import dataclasses
+import json
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from attncert.pipeline.params import NORMALIZE, dataclass_from_mapping
@@ -183,6 +185,20 @@ HF_VITS = {
     "WinKawaks/vit-tiny-patch16-224": dict(image_size=224, patch=16, dim=192, depth=12,
                                            heads=3, mlp_hidden=768),
 }
+
+
+def hub_vit_shape(source: str) -> dict[str, int] | None:
+    """The shape (:data:`HF_VITS`' fields) of the hub ViT ``source``: a known id's, or a
+    ``save_pretrained`` folder's (its ``config.json``); None when neither tells."""
+    if source in HF_VITS:
+        return HF_VITS[source]
+    path = Path(source) / "config.json"
+    if not path.is_file():
+        return None
+    c = json.loads(path.read_text())
+    return dict(image_size=c["image_size"], patch=c["patch_size"], dim=c["hidden_size"],
+                depth=c["num_hidden_layers"], heads=c["num_attention_heads"],
+                mlp_hidden=c["intermediate_size"])
 
 
 def hub_vit_config(image_size: int, patch: int, dim: int, depth: int, heads: int,

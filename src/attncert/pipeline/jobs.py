@@ -1,10 +1,11 @@
 """A stage's plan as data: the jobs it runs, each a model and the phases it goes through.
 
-Every stage module names its plan ``jobs(params) -> list[Job]`` (built by its study's
-``plan`` module from the params groups alone: a job is what the stage will do, not how long
+Every stage module names its plan ``jobs(params) -> list[Job]`` (a study's built by its
+``plan`` module from the params groups alone; a job is what the stage will do, not how long
 it takes). The cost model (:mod:`attncert.cost.pricing`) prices each phase from its counts,
-and the tests hold the jobs' units equal to dvc.yaml's resolved unit stages at every scale,
-so a unit renamed or a phase added is one place.
+and the tests hold a split stage's job units equal to dvc.yaml's resolved unit stages (and a
+grid point's to its stages) at every scale, so a unit renamed or a phase added is one
+place.
 
 A phase says how much work, in the stage's own terms (examples, epochs, batches, restarts);
 the model it runs on is its job's :class:`Model`. Phases with no model of their own (a
@@ -107,10 +108,12 @@ class Audit:
 
 @dataclass(frozen=True)
 class Diagnostics:
-    """The attention diagnostics: three float64 forward passes over ``n`` points."""
+    """The attention diagnostics: three forward passes (trained, uniform and identity
+    attention) over ``n`` points at ``batch``, in float64 (``fp64``) or float32."""
 
     n: int
     batch: int
+    fp64: bool = True
 
 
 @dataclass(frozen=True)
@@ -190,9 +193,10 @@ Phase = (Train | Certify | LayerCertify | Audit | Diagnostics | Forwards | Dougl
 
 @dataclass(frozen=True)
 class Job:
-    """One model's work in one stage: ``stage`` (dvc.yaml's), ``unit`` (the unit stage that
-    runs it, ``<stage>@<key>``; a grid point's name; "" for a stage run whole), ``name``
-    (the label its phases' labels start from), the model and its phases in order."""
+    """One model's work in one stage: ``stage`` (dvc.yaml's), ``unit`` (what one GPU runs of
+    it: a unit stage, ``<stage>@<key>``; ``grid <point>`` for a grid point's two stages; ""
+    for a stage run whole), ``name`` (the label its phases' labels start from), the model and
+    its phases in order."""
 
     stage: str
     unit: str
@@ -211,11 +215,18 @@ def capped(max_n: int, full: int) -> int:
     return min(max_n, full) if max_n else full
 
 
-def image_sizes(data: Any, dataset: str) -> tuple[int, int]:
-    """(training, test) images of ``dataset`` the data stage keeps: the public split sizes
-    (:data:`attncert.pipeline.datasets.TABLE`) cut to ``data.max_train`` / ``data.max_test``
-    (``data``: the ``data`` section)."""
+def split_sizes(data: Any, dataset: str) -> dict[str, int]:
+    """Labelled examples per split of ``dataset`` that the data stage keeps: the public
+    release's (:data:`attncert.pipeline.datasets.TABLE`) cut to ``data.max_train`` (the
+    training split) and ``data.max_test`` (every other split) (``data``: the ``data``
+    section)."""
     from attncert.pipeline.datasets import TABLE
 
-    splits = TABLE[dataset].splits
-    return capped(data.max_train, splits["train"]), capped(data.max_test, splits["test"])
+    return {split: capped(data.max_train if split == "train" else data.max_test, n)
+            for split, n in TABLE[dataset].splits.items()}
+
+
+def image_sizes(data: Any, dataset: str) -> tuple[int, int]:
+    """(training, test) images of ``dataset`` the data stage keeps (:func:`split_sizes`)."""
+    sizes = split_sizes(data, dataset)
+    return sizes["train"], sizes["test"]

@@ -1,19 +1,21 @@
 """SpecFormer's plan: per dataset (``specformer_runs@<dataset>``) every method of every source
-trained (standard, then adversarial for ``adv_methods``) and attacked (FGSM, PGD-2, CW, PGD
-and L2 PGD); Table 5's lambda ablation (``specformer_table5@lambda<i>``: the specformer method
-of the first source and dataset at every other lambda); the certified pair
-(``specformer_certified``: two Lipschitz ViTs, with and without MSVP, certified and
-audited)."""
+trained (standard, then adversarial for ``adv_methods``), attacked (FGSM, PGD-2, CW, PGD and
+L2 PGD) and diagnosed (attention against uniform and identity), the first dataset's first
+source also timed step by step (Table 3); Table 5's lambda ablation
+(``specformer_table5@lambda<i>``: the specformer method of the first source and dataset at
+every other lambda); the certified pair (``specformer_certified``: two Lipschitz ViTs, with
+and without MSVP, certified, audited and diagnosed)."""
 
 from __future__ import annotations
 
 from dataclasses import replace
 
-from attncert.models.config import HF_VITS, hub_vit_config
+from attncert.models.config import hub_vit_config, hub_vit_shape
 from attncert.pipeline.datasets import TABLE, stand_in
 from attncert.pipeline.jobs import (
     Audit,
     Certify,
+    Diagnostics,
     Job,
     Model,
     Note,
@@ -34,11 +36,11 @@ def _base(s, ds: str, src: str):
     """The standard ViT a run of ``src`` starts from on ``ds``."""
     if src == sf.SCRATCH:
         return sf.base_model_config(stand_in(ds), **s.vit.arch(), block=s.block)
-    if src in HF_VITS:  # fine-tuned at its own input size (the upsampling is free)
+    if (shape := hub_vit_shape(src)) is not None:  # fine-tuned at its own input size
         d = TABLE[ds]
-        return hub_vit_config(**HF_VITS[src], channels=d.channels, num_classes=d.classes)
-    raise ValueError(f"specformer.sources: the shape of {src!r} is unknown; add it to "
-                     "attncert.models.config.HF_VITS")
+        return hub_vit_config(**shape, channels=d.channels, num_classes=d.classes)
+    raise ValueError(f"specformer.sources: the shape of {src!r} is unknown (neither in "
+                     "attncert.models.config.HF_VITS nor a folder with a config.json)")
 
 
 def _named(what: str, train: Train, attack: Audit) -> tuple[Train, Audit]:
@@ -65,8 +67,15 @@ def jobs(p: StudyParams) -> list[Job]:
             train = Train("", n_tr, n_te, t.epochs, t.batch_size, t.eval_batch_size, adv)
             attack = Audit("", n_eval, 1, steps, 1, s.attack_batch_size)
             what = f"{run} {training} {m}"
-            runs.append(Job("specformer", f"specformer_runs@{ds}", what, model,
-                            _named(what, train, attack)))
+            phases = [*_named(what, train, attack),
+                      Diagnostics(n_eval, s.attack_batch_size, fp64=False)]
+            timed = s.methods if training == "standard" else s.adv_methods
+            if (ds, src) == (s.datasets[0], s.sources[0]) and "vanilla" in timed:
+                # Table 3: the step timed beside vanilla's, after its warm-up steps
+                timing = s.timing_warmup + s.timing_steps * s.timing_rounds
+                phases.append(Train(f"{what}: Table 3 step timing", timing * t.batch_size, 0,
+                                    1, t.batch_size, t.eval_batch_size, adv))
+            runs.append(Job("specformer", f"specformer_runs@{ds}", what, model, tuple(phases)))
             if m != "specformer" or (ds, src) != (s.datasets[0], s.sources[0]):
                 continue
             for i, lam in enumerate(s.msvp_lambda_ablation):  # SpecFormer Table 5
@@ -91,5 +100,6 @@ def jobs(p: StudyParams) -> list[Job]:
             Certify(what, n_cert, tuple(CERT_VARIANTS), 1, CERT_BATCH),
             Audit(f"{what}: PGD audit", cert.audit.count(n_cert), len(cert.cert_eps),
                   cert.audit.steps, cert.audit.restarts,
-                  cert.audit.batch(s.attack_batch_size)))))
+                  cert.audit.batch(s.attack_batch_size)),
+            Diagnostics(n_cert, s.attack_batch_size))))
     return out

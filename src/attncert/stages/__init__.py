@@ -7,7 +7,8 @@ A stage module owns everything about its stage that is not a reusable method:
   ``SECTIONS``: the other sections it reads, by name (the frontier reads ``train_vit``);
 - ``jobs(params)``: the stage's plan as data (:mod:`attncert.pipeline.jobs`: each model and
   its phases, in the unit that runs it), built by its study's ``plan`` module from the params
-  groups; the cost model prices these jobs (:mod:`attncert.cost.pricing`), nothing else;
+  groups (``data`` and ``figures``: one job inline, nothing on a GPU); the cost model prices
+  these jobs (:mod:`attncert.cost.pricing`), nothing else;
 - ``run(p, ctx)``: the stage's work, from its typed section ``p`` and the
   :class:`~attncert.pipeline.context.Context` (the resolved device and precision, the grid
   point or unit, paths) to the metrics file and artefacts it writes, soundness checks

@@ -1,24 +1,26 @@
 """The text stage's plan: every model :func:`attncert.text.jobs.dataset_jobs` lists on each
 dataset of ``text.datasets`` and ``text.frozen.datasets``, in the unit that trains it
 (``text_unit@<unit>``: SST-2's four parts, another dataset whole), at the split sizes the stage
-draws (:func:`text_sizes`): trained, certified (LoFAST's models, per layer) and audited; the
-OLSA head over a frozen encoder after one forward of the encoder per sentence (its states are
-cached)."""
+draws from the data stage's subsets (:func:`text_sizes`): trained, certified (LoFAST's models,
+per layer) and audited; the OLSA head over a frozen encoder after one forward of the encoder
+per sentence (its states are cached)."""
 
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from dataclasses import replace
 
-from attncert.pipeline.datasets import TABLE
 from attncert.pipeline.jobs import (
     Audit,
+    Diagnostics,
     EncoderForward,
+    Forwards,
     Job,
     LayerCertify,
     Model,
     Train,
     capped,
+    split_sizes,
 )
 from attncert.pipeline.params import StudyParams
 from attncert.text.jobs import STUDY, UNITS, dataset_jobs, text_datasets, unit_jobs
@@ -29,8 +31,8 @@ from attncert.text.tokenize import ENCODERS, VOCAB
 
 def text_sizes(t: Params, sizes: Mapping[str, int]) -> dict[str, int]:
     """The text stage's counts on one dataset of ``sizes`` (labelled examples per split), as
-    :func:`attncert.text.train_text.select_splits` draws them: train, dev + reported (the
-    evaluation each epoch), the frozen head's training subset, certified, attacked."""
+    :func:`attncert.text.train_text.select_splits` draws them: train, dev (evaluated after
+    every epoch), reported, the frozen head's training subset, certified, attacked."""
     if "dev" in sizes:
         n_dev, pool = capped(t.max_test, sizes["dev"]), sizes["train"]
     else:  # a dev split held out of training
@@ -38,7 +40,7 @@ def text_sizes(t: Params, sizes: Mapping[str, int]) -> dict[str, int]:
         pool = sizes["train"] - n_dev
     n_rep = capped(t.max_test, sizes["test"]) if "test" in sizes else n_dev
     n_cert = capped(t.n_test, n_rep)
-    return {"train": capped(t.max_train, pool), "eval": n_dev + n_rep,
+    return {"train": capped(t.max_train, pool), "dev": n_dev, "reported": n_rep,
             "frozen_train": capped(t.frozen.max_train, pool), "certified": n_cert,
             "attacked": t.audit.count(n_cert)}
 
@@ -55,32 +57,36 @@ def jobs(p: StudyParams) -> list[Job]:
     width = ENCODERS[t.frozen.source][0]
     out = []
     for dataset in text_datasets(t):
-        n = text_sizes(t, TABLE[dataset].splits)
+        n = text_sizes(t, split_sizes(p["data"], dataset))
         audit = Audit("", n["attacked"], len(t.cert_eps), t.audit.steps, t.audit.restarts,
                       t.audit.batch(t.cert_batch_size))
-        frozen = []
+        frozen, final = [], n["dev"] + n["reported"]  # the final evaluation: dev and reported
         for name, job in dataset_jobs(t, VOCAB, dataset).items():
             what = f"{dataset} {name}"
+            diagnosed = (Diagnostics(n["certified"], t.cert_batch_size, fp64=False),
+                         ) if job.kwargs.get("depth", 1) else ()  # depth 0: no attention
             unit = f"text_unit@{unit_of[name] if dataset == STUDY else dataset}"
             if job.cls is FrozenEncoderOLSA:
                 frozen = [Job("text", unit, what, Model(
                     "frozen_head", build=_builder(job.cls, job.kwargs), max_len=t.max_len,
                     width=width), (
                     EncoderForward(f"{what} ({t.frozen.source} encoder forward, once)",
-                                   t.frozen.source, n["frozen_train"] + n["eval"],
-                                   t.train.batch_size, t.max_len),
-                    Train(f"{what} head", n["frozen_train"], n["eval"], job.train["epochs"],
-                          t.train.batch_size, t.cert_batch_size),
-                    replace(audit, what=f"{what}: PGD audit")))]
+                                   t.frozen.source, n["frozen_train"] + final,
+                                   t.cert_batch_size, t.max_len),
+                    Train(f"{what} head", n["frozen_train"], n["dev"], job.train["epochs"],
+                          t.train.batch_size, t.train.eval_batch_size),
+                    Forwards(f"{what}: final evaluation", final, t.cert_batch_size),
+                    replace(audit, what=f"{what}: PGD audit"), *diagnosed))]
                 continue
-            phases: list = [Train(what, n["train"], n["eval"], job.train["epochs"],
-                                  t.train.batch_size, t.cert_batch_size)]
+            phases: list = [Train(what, n["train"], n["dev"], job.train["epochs"],
+                                  t.train.batch_size, t.train.eval_batch_size),
+                            Forwards(f"{what}: final evaluation", final, t.cert_batch_size)]
             if job.family == "lofast":
                 cfg = job.kwargs["config"]
                 phases.append(LayerCertify(f"{what}: certificates", n["certified"],
                                            len(t.lofast.variants), t.cert_batch_size,
                                            t.max_len, cfg.dim, cfg.heads, cfg.depth))
-            phases.append(replace(audit, what=f"{what}: PGD audit"))
+            phases += [replace(audit, what=f"{what}: PGD audit"), *diagnosed]
             out.append(Job("text", unit, what, Model(
                 "text", build=_builder(job.cls, job.kwargs), max_len=t.max_len,
                 family=job.cls.__name__), tuple(phases)))
