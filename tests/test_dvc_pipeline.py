@@ -12,7 +12,7 @@ import nbformat
 import pytest
 from checkout import commit_all, copy_worktree
 from ruamel.yaml import YAML
-from test_jobs import check_text_plan
+from test_jobs import check_plans
 
 from attncert.pipeline import profile
 from attncert.pipeline.runs import run_name
@@ -83,7 +83,7 @@ def test_smoke_pipeline_runs_offline_and_is_incremental(smoke_repo, env):
     assert head["cert"] == cert["certified_acc"]["lofast_M_pairwise"][str(head["eps"])]
     assert head["broken"] == 0 and 0 < head["peak_gb"] < 64 and head["seconds"] > 0
     _check_recorded_metrics(smoke_repo, env["ATTNCERT_DATA_MIRROR"])
-    check_text_plan(smoke_repo)  # the plan the cost model prices is what the units trained
+    check_plans(smoke_repo)  # the plans the cost model prices are what the units ran
     report = nbformat.read(smoke_repo / "reports/notebooks/01_data.ipynb", 4)
     pngs = sum("image/png" in o.get("data", {}) for c in report.cells for o in c.get("outputs", []))
     assert pngs >= 4, "the data report shows sample grids, class balance and lengths"

@@ -115,13 +115,30 @@ def test_a_plan_is_data_and_refuses_what_it_cannot_price():
     assert (w.stage, w.what, w.flops, w.kernels, w.unit) == ("data", "nothing on a GPU", 0, 0, "")
 
 
-def check_text_plan(repo: Path) -> None:
-    """The text stage's plan (attncert.text.plan) against what its units recorded in a run of
-    ``repo`` (tests/test_dvc_pipeline.py's smoke run): each unit trained exactly the plan's
-    models, in its order, on the split sizes the plan prices."""
+def check_plans(repo: Path) -> None:
+    """The plans the cost model prices against what the units recorded in a run of ``repo``
+    (tests/test_dvc_pipeline.py's smoke run): the frontier's and the crown study's sizes, and
+    each text unit's models, in order, on the split sizes the plan prices."""
+    p = load_params(repo / "params.yaml")
+    recorded = {J.Train: ("n_train", "n_train"), J.Certify: ("n", "n_val"),
+                J.Audit: ("n", "n_attacked")}  # phase: (its size, the record's key)
+    for job in frontier.jobs(p):
+        rec = json.loads((repo / p["frontier"].results_dir / "units" /
+                          f"{job.unit.split('@')[1]}.json").read_text())
+        for ph in job.phases:
+            if type(ph) in recorded:
+                size, key = recorded[type(ph)]
+                assert getattr(ph, size) == rec[key], (job.name, ph)
+    for job in crown.jobs(p):
+        rec = json.loads((repo / p["crown"].results_dir / "units" /
+                          f"{job.name.replace(' ', '-')}.json").read_text())
+        assert next(ph for ph in job.phases if isinstance(ph, J.Certify)).n == rec["n"], job.name
+    _check_text_plan(repo, p)
+
+
+def _check_text_plan(repo: Path, p) -> None:
     from attncert.text.plan import jobs as text_jobs
 
-    p = load_params(repo / "params.yaml")
     planned = defaultdict(list)
     for job in text_jobs(p):
         planned[job.unit.split("@")[1]].append(job)
