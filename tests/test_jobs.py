@@ -165,3 +165,19 @@ def _check_text_plan(repo: Path, p) -> None:
             for ph in job.phases:
                 if isinstance(ph, J.LayerCertify):
                     assert ph.n == n_cert, job.name
+
+
+def test_a_plan_names_a_shape_it_cannot_know():
+    import dataclasses
+
+    p = load_params(ROOT / "params.yaml")
+    t = p["text"]
+    odd = dataclasses.replace(p, sections={**p.sections, "text": dataclasses.replace(
+        t, frozen=dataclasses.replace(t.frozen, source="some/encoder"))})
+    with pytest.raises(ValueError, match="text.frozen.source: the shape of 'some/encoder'"):
+        text.jobs(odd)
+    cv = p["certvit"]
+    odd = dataclasses.replace(p, sections={**p.sections, "certvit": dataclasses.replace(
+        cv, imagenet=dataclasses.replace(cv.imagenet, sources=["some/vit"]))})
+    with pytest.raises(ValueError, match="certvit.imagenet.sources: the shape of 'some/vit'"):
+        certvit.jobs(odd)

@@ -61,8 +61,8 @@ def run_jobs(cv: Params, data, unit: str, label: str = "") -> list[Job]:
         final = cv.finetune if mode == "paper" else cv.spectral
         out.append(Job("certvit", unit, f"{label}{mode}", model, (
             train(f"{label}{mode}: adaptation fine-tune", cv.adapt_epochs, cv.train),
-            train(f"{label}{mode}: final fine-tune", final.epochs, final),
             _projection(cv, cfg, f"{label}{mode}: Douglas-Rachford (from its matrix sizes)"),
+            train(f"{label}{mode}: final fine-tune", final.epochs, final),
             Forwards(f"{label}{mode}: global certificate (float64 forwards)", n,
                      cv.eval_batch_size, fp64=True),
             Audit(f"{label}{mode}: PGD audit", cv.audit.count(n), len(cv.cert_eps),

@@ -54,7 +54,11 @@ def jobs(p: StudyParams) -> list[Job]:
     """Per dataset, its models in :func:`dataset_jobs` order (the frozen head last)."""
     t = p["text"]
     unit_of = {n: u for u in UNITS if u.startswith(f"{STUDY}-") for n in unit_jobs(t, VOCAB, u)}
-    width = ENCODERS[t.frozen.source][0]
+    if t.frozen.datasets and t.frozen.source not in ENCODERS:
+        raise ValueError(f"text.frozen.source: the shape of {t.frozen.source!r} is unknown; "
+                         f"add it to attncert.text.tokenize.ENCODERS (known: "
+                         f"{', '.join(ENCODERS)})")
+    width = ENCODERS.get(t.frozen.source, (0,))[0]
     out = []
     for dataset in text_datasets(t):
         n = text_sizes(t, split_sizes(p["data"], dataset))
