@@ -38,6 +38,8 @@ __all__ = ["ABLATIONS", "attention_diagnostics", "attention_layers", "local_glob
 
 #: how :func:`override_attention` replaces every attention matrix
 ABLATIONS = ("uniform", "identity")
+#: points per batch of the diagnostics' forward passes, unless a caller sets its own
+BATCH = 500
 
 
 def attention_layers(model: nn.Module) -> dict[str, nn.Module]:
@@ -133,7 +135,7 @@ def _logits(module: nn.Module, x: Tensor) -> Tensor | None:
 
 @torch.no_grad()
 def attention_diagnostics(model: nn.Module, x: Tensor | tuple[Tensor, ...], y: Tensor,
-                          batch_size: int = 500) -> dict[str, Any]:
+                          batch_size: int = BATCH) -> dict[str, Any]:
     """The diagnostics of the module docstring on points ``x`` with labels ``y`` (the model
     and the points on one device; batches of ``batch_size``): ``x`` a tensor of inputs
     (``model(xb)``) or a tuple of tensors with one row per point (``model(*xb)``: a text

@@ -31,7 +31,6 @@ from attncert.cost.work import (
     Work,
     audit_work,
     certify_work,
-    diagnostics_work,
     n_steps,
     training_work,
 )
@@ -111,47 +110,42 @@ def crown_seconds(phase: J.CrownBounds, path: str | Path = CROWN_BENCH) -> float
     return worst
 
 
+def passes(stage: str, what: str, kind: str, one: Counts, calls: int, batch: int) -> Work:
+    """``calls`` calls of ``one`` at ``batch``, at precision ``kind``."""
+    return Work(stage, what, kind, calls * one.flops(batch), calls * one.kernels)
+
+
 def job_work(job: J.Job) -> list[Work]:
     """The work items of ``job``'s phases, marked with its stage and unit."""
     m, s = job.model, job.stage
-    c = counts(m) if m.kind != "none" and any(
-        isinstance(ph, J.Train | J.Audit | J.Forwards | J.Diagnostics)
-        and not getattr(ph, "fp64", False)
-        for ph in job.phases) else {}
+    c = functools.cache(lambda: counts(m))  # the model's counts, when a phase needs them
     out: list[Work] = []
     for ph in job.phases:
         if isinstance(ph, J.Train):
-            out += training_work(s, ph.what, c, ph.n_train, ph.n_eval, ph.epochs, ph.batch,
+            out += training_work(s, ph.what, c(), ph.n_train, ph.n_eval, ph.epochs, ph.batch,
                                  ph.eval_batch, ph.adv_steps, graphs(m))
         elif isinstance(ph, J.Certify):
             out += certify_work(s, ph.what, m.config, ph.n, ph.variants, ph.tests, ph.batch)
         elif isinstance(ph, J.Audit):
-            out.append(audit_work(s, ph.what, c["attack"], ph.n, ph.eps, ph.steps, ph.restarts,
-                                  ph.batch))
-        elif isinstance(ph, J.Diagnostics) and ph.fp64:
-            out.append(diagnostics_work(s, job.name, m.config, ph.n, ph.batch))
-        elif isinstance(ph, J.Diagnostics):  # float32: the model's own forward
-            calls = 3 * n_steps(ph.n, ph.batch)
-            out.append(Work(s, f"{job.name}: attention diagnostics", "fp32",
-                            calls * c["forward"].flops(ph.batch), calls * c["forward"].kernels))
-        elif isinstance(ph, J.Forwards):
-            f = vit_forward64(m.config) if ph.fp64 else c["forward"]
-            calls = ph.passes * n_steps(ph.n, ph.batch)
-            out.append(Work(s, ph.what, "fp64" if ph.fp64 else "fp32",
-                            calls * f.flops(ph.batch), calls * f.kernels))
+            out.append(audit_work(s, ph.what, c()["attack"], ph.n, ph.eps, ph.steps,
+                                  ph.restarts, ph.batch))
+        elif isinstance(ph, J.Diagnostics | J.Forwards):
+            diag = isinstance(ph, J.Diagnostics)  # trained, uniform and identity attention
+            f = vit_forward64(m.config) if ph.fp64 else c()["forward"]
+            out.append(passes(s, f"{job.name}: attention diagnostics" if diag else ph.what,
+                              "fp64" if ph.fp64 else "fp32", f,
+                              (3 if diag else ph.passes) * n_steps(ph.n, ph.batch), ph.batch))
         elif isinstance(ph, J.LayerCertify):
             lc = layer_certificate_counts(ph.tokens, ph.dim, ph.heads, "lofast_M")
-            calls = ph.variants * ph.depth * n_steps(ph.n, ph.batch)
-            out.append(Work(s, ph.what, "fp64", calls * lc.flops(ph.batch), calls * lc.kernels))
+            out.append(passes(s, ph.what, "fp64", lc,
+                              ph.variants * ph.depth * n_steps(ph.n, ph.batch), ph.batch))
         elif isinstance(ph, J.DouglasRachford):
             steps = ph.maps * ph.passes
             out.append(Work(s, ph.what, "fp64", steps * 2 * 2 * ph.pairs * ph.entries,
                             steps * 20))
         elif isinstance(ph, J.EncoderForward):
             enc = _encoder_forward(*ENCODERS[ph.source], ph.max_len)
-            calls = n_steps(ph.n, ph.batch)
-            out.append(Work(s, ph.what, "bf16", calls * enc.flops(ph.batch),
-                            calls * enc.kernels))
+            out.append(passes(s, ph.what, "bf16", enc, n_steps(ph.n, ph.batch), ph.batch))
         elif isinstance(ph, J.CrownBounds):
             out.append(Work(s, ph.what, "fp64", 0.0, 0.0, fixed_seconds=crown_seconds(ph)))
         elif isinstance(ph, J.LayerStudy):

@@ -48,13 +48,6 @@ class Work:
                            self.kernel_seconds(gpu, slowdown)) + self.fixed_seconds
 
 
-def in_unit(items: list[Work], unit: str) -> list[Work]:
-    """``items`` marked as the work of the DVC stage ``unit``."""
-    for w in items:
-        w.unit = unit
-    return items
-
-
 def n_steps(n: int, batch: int) -> int:
     """Batches of ``batch`` that cover ``n`` examples."""
     return math.ceil(n / batch)
@@ -81,20 +74,6 @@ def audit_work(stage: str, what: str, c: Counts, n: int, eps: int, steps: int, r
     """L2 PGD on every point at every eps (no early stop: an upper bound), float32 + TF32."""
     calls = eps * steps * restarts * n_steps(n, batch)
     return Work(stage, what, "tf32", calls * c.flops(batch), calls * c.kernels)
-
-
-def capped(max_n: int, full: int) -> int:
-    """``full`` examples cut to a params cap ``max_n`` (0 = no cap)."""
-    return min(max_n, full) if max_n else full
-
-
-def diagnostics_work(stage: str, name: str, cfg, n: int, batch: int) -> Work:
-    """The attention diagnostics (:mod:`attncert.diagnostics`): three float64 forward passes
-    (trained, uniform and identity attention) over ``n`` points."""
-    f64 = vit_forward64(cfg)
-    calls = 3 * n_steps(n, batch)
-    return Work(stage, f"{name}: attention diagnostics", "fp64", calls * f64.flops(batch),
-                calls * f64.kernels)
 
 
 def certify_work(stage: str, name: str, cfg, n: int, variants, tests: int, batch: int

@@ -5,10 +5,8 @@ attention diagnosed on the whole test split."""
 
 from __future__ import annotations
 
-from inspect import signature
-
+from attncert import diagnostics
 from attncert.crown.study import vit_config
-from attncert.diagnostics import attention_diagnostics
 from attncert.pipeline.datasets import stand_in
 from attncert.pipeline.jobs import (
     Audit,
@@ -22,9 +20,6 @@ from attncert.pipeline.jobs import (
     image_sizes,
 )
 from attncert.pipeline.params import StudyParams
-
-#: the diagnostics' batch: attention_diagnostics' default, which the unit uses
-DIAGNOSTICS_BATCH = signature(attention_diagnostics).parameters["batch_size"].default
 
 
 def jobs(p: StudyParams) -> list[Job]:
@@ -46,5 +41,5 @@ def jobs(p: StudyParams) -> list[Job]:
                       c.audit.restarts, c.audit.batch_size),
                 CrownBounds(f"{name}: CROWN bounds (at most)", depth, tuple(c.methods), n,
                             len(c.cert_eps), c.time_limit, c.time_budget),
-                Diagnostics(n_te, DIAGNOSTICS_BATCH))))  # on the whole test split
+                Diagnostics(n_te, diagnostics.BATCH))))  # on the whole test split
     return out
