@@ -29,16 +29,26 @@ def kinds(smoke):
     return bench_models(load_params(smoke))
 
 
-def _capture_faults(model: torch.nn.Module, batch: tuple, monkeypatch) -> list[str]:
-    """What a capture of the model's compiled training forward and backward would trip on."""
+def _capture_faults(model: torch.nn.Module, batch: tuple, monkeypatch, attack: bool = False
+                    ) -> list[str]:
+    """What a capture of the model's compiled training forward and backward would trip on
+    (``attack``: a pass of PGD adversarial training's attack, the input's gradient only)."""
+    from attncert.training.train import input_gradients_only
+
     with simulated_device() as sim:
         model = model.to(sim.device).train()
         args = [t.to(sim.device) for t in batch]
         sim.host_to_device = 0  # the model and batch moved over: from here on, none
         with monkeypatch.context() as m:
             m.setattr(torch.compiler, "is_compiling", lambda: True)
-            logits = model(*args[:-1])
-            torch.nn.functional.cross_entropy(logits, args[-1]).backward()
+            if attack:
+                x = args[0].requires_grad_(True)
+                with input_gradients_only(model):
+                    loss = torch.nn.functional.cross_entropy(model(x), args[-1])
+                    torch.autograd.grad(loss, x)
+            else:
+                logits = model(*args[:-1])
+                torch.nn.functional.cross_entropy(logits, args[-1]).backward()
     return ([f"{sim.host_syncs} host synchronisations"] * bool(sim.host_syncs)
             + [f"{sim.host_to_device} host-to-device copies"] * bool(sim.host_to_device)
             + sorted(set(sim.solvers)))
@@ -50,6 +60,14 @@ def test_the_training_forward_of_every_bench_kind_is_capturable(kinds, monkeypat
         blocker = compiled.graphs_blocker(model)
         assert bool(faults) == bool(blocker), (kind, faults, blocker)
     assert len(kinds) == 6
+
+
+def test_the_attack_passes_of_adversarial_training_are_capturable(kinds, monkeypatch):
+    from attncert.cost.bench import ADVERSARIAL_KINDS
+
+    for kind in ADVERSARIAL_KINDS:
+        model, make_batch, _ = kinds[kind]
+        assert _capture_faults(model, make_batch(2), monkeypatch, attack=True) == [], kind
 
 
 def test_the_l2_attention_olsa_model_is_capturable(monkeypatch):

@@ -3,6 +3,8 @@ and weights as eager within float tolerance, the same resume behaviour, the mode
 afterwards, and the modes resolved per device. The CUDA-graph case runs on a GPU only
 (``make gpu-check``)."""
 
+import dataclasses
+
 import pytest
 import torch
 from test_train import fresh_model, toy_data
@@ -12,6 +14,8 @@ from attncert.training.train import TrainConfig, train
 
 CFG = TrainConfig(epochs=2, batch_size=16, lr=3e-3, warmup_steps=2, seed=1, margin="lmt",
                   lmt_offset=0.05)
+#: PGD adversarial training (SpecFormer's twins), two attack steps
+ADV = dataclasses.replace(CFG, epochs=1, adversarial="pgd_linf", adv_eps=0.1, adv_steps=2)
 
 
 @pytest.fixture
@@ -21,10 +25,10 @@ def mode():
     compiled.set_mode("off")
 
 
-def _run(tmp_path, name, device, callback=None):
+def _run(tmp_path, name, device, callback=None, config=CFG):
     model = fresh_model()
-    rows = train(model, toy_data(64, 0), toy_data(32, 1), CFG, tmp_path / name, device=device,
-                 progress=False, callback=callback, precision="fp32")
+    rows = train(model, toy_data(64, 0), toy_data(32, 1), config, tmp_path / name,
+                 device=device, progress=False, callback=callback, precision="fp32")
     return model, rows
 
 
@@ -84,11 +88,57 @@ def test_compiled_forward_is_undone_on_error():
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a GPU")
-def test_cuda_graph_training_equals_eager(tmp_path, mode):
-    eager, rows_e = _run(tmp_path, "eager", "cuda")
+@pytest.mark.parametrize("config", [CFG, ADV], ids=["standard", "adversarial"])
+def test_cuda_graph_training_equals_eager(tmp_path, mode, config):
+    eager, rows_e = _run(tmp_path, "eager", "cuda", config=config)
     mode("graphs")
-    model, rows_g = _run(tmp_path, "graphs", "cuda")
+    model, rows_g = _run(tmp_path, "graphs", "cuda", config=config)
     _same(eager, model, rows_e, rows_g, 1e-3)
+
+
+def test_compiled_adversarial_training_equals_eager(tmp_path, mode):
+    """PGD adversarial training, its attack's passes compiled too: eager's losses, accuracy and
+    weights (the same random starts), the parameters trainable again afterwards."""
+    eager, rows_e = _run(tmp_path, "eager", "cpu", config=ADV)
+    mode("compile")
+    model, rows_c = _run(tmp_path, "compiled", "cpu", config=ADV)
+    _same(eager, model, rows_e, rows_c, 1e-4)
+    assert all(p.requires_grad for p in model.parameters())
+    torch._dynamo.reset()
+
+
+def test_each_pass_of_adversarial_training_is_a_graph_step(monkeypatch):
+    """Under graphs each of the attack's passes (clean, each step, the last iterate) and the
+    training pass after them begins a CUDA-graph step, so a replay overwrites only outputs
+    already read; the attack's passes differentiate the input only (the parameters' gradients
+    off: a compiled backward would compute them too). Eager, no step is marked."""
+    from attncert.training.train import input_gradients_only, step_loss
+
+    marks = []
+    monkeypatch.setattr(torch.compiler, "cudagraph_mark_step_begin", lambda: marks.append(1))
+    model = fresh_model().train()
+    trainable = []  # per forward pass: whether the parameters required gradients
+    model.register_forward_pre_hook(
+        lambda m, _: trainable.append(all(p.requires_grad for p in m.parameters())))
+    data = toy_data(8, 0)
+    x, y = data["x"].float() / 255, data["y"]
+    passes = [False] * (ADV.adv_steps + 2) + [True]
+    step_loss(model, x, y, ADV, generator=torch.Generator().manual_seed(0))
+    assert marks == [] and trainable == passes
+    trainable.clear()
+    with compiled.compiled_forward(model, "graphs"):
+        _, loss = step_loss(model, x, y, ADV, generator=torch.Generator().manual_seed(0))
+        loss.backward()
+    assert len(marks) == len(passes) and trainable == passes
+    assert all(p.grad is not None for p in model.parameters())
+    torch._dynamo.reset()
+    model.head.weight.requires_grad_(False)  # a frozen parameter stays frozen
+    with pytest.raises(RuntimeError, match="inside"):
+        with input_gradients_only(model):
+            assert not any(p.requires_grad for p in model.parameters())
+            raise RuntimeError("inside")
+    assert not model.head.weight.requires_grad
+    assert all(p.requires_grad for n, p in model.named_parameters() if n != "head.weight")
 
 
 def _text_models():
@@ -163,12 +213,10 @@ def test_runs_that_cannot_be_captured_run_eager_under_graphs(mode, capsys):
 
     olsa = Blocked(12, max_len=10, dim=8, depth=2, heads=2)
     assert compiled.graphs_blocker(olsa) == "Blocked: a host round trip"
-    assert compiled.graphs_blocker(vit, CFG) is None
-    pgd = TrainConfig(epochs=1, adversarial="pgd_linf")
+    assert compiled.graphs_blocker(vit) is None
     for m in ("graphs", "auto"):
         assert compiled.resolve(cuda, m, olsa) == "off"
-        assert compiled.resolve(cuda, m, vit, pgd) == "off"
-        assert compiled.resolve(cuda, m, vit, CFG) == "graphs"
+        assert compiled.resolve(cuda, m, vit) == "graphs"
     assert "Blocked" in capsys.readouterr().out
     assert compiled.resolve(cpu, "graphs", olsa) == "compile"  # no graphs to capture there
     assert compiled.resolve(cuda, "compile", olsa) == "compile"

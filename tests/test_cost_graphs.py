@@ -51,7 +51,9 @@ def test_only_a_training_runs_kernels_get_faster():
     plain = training_work("s", "w", c, 10, 10, 1, 5, 5, graphs="kind")
     adversarial = training_work("s", "w", c, 10, 10, 1, 5, 5, attack_steps=3, graphs="kind")
     assert [w.graphs for w in plain] == ["kind", ""]  # the evaluation runs eager
-    assert [w.graphs for w in adversarial] == ["", ""]  # PGD training runs eager
+    # PGD training is a step kind of its own: eager until that kind is measured under graphs
+    assert [w.graphs for w in adversarial] == ["kind, PGD training", ""]
+    assert adversarial[0].seconds(gpu, 0.3) == pytest.approx(2 * 40 * 1e-5)  # 2 steps, eager
 
 
 def test_graphs_keys():
@@ -59,6 +61,7 @@ def test_graphs_keys():
     assert graphs_key("lipschitz ViT (train_vit)", "lofast", True) == \
         "lipschitz ViT (train_vit), margin lofast, MSVP"
     assert graphs_key("SpecFormer (MSVP)", msvp=True) == "SpecFormer (MSVP)"
+    assert graphs_key("SpecFormer (MSVP)", adversarial=True) == "SpecFormer (MSVP), PGD training"
 
 
 def test_the_pilot_calibrates_the_stages_of_each_finished_unit_kind(tmp_path):

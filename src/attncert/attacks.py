@@ -19,6 +19,8 @@ from torch.nn import functional as F
 from attncert.pipeline import rng
 
 LOSSES = ("ce", "margin")
+#: what an attack runs: a module or a function of the input batch (the logits)
+Model = nn.Module | Callable[[Tensor], Tensor]
 
 
 def _per_sample(eps: float | Tensor, x: Tensor) -> Tensor:
@@ -65,7 +67,7 @@ def _random_start(x: Tensor, eps: Tensor, norm: str, g: torch.Generator | None) 
     return (2 * u - 1) * eps
 
 
-def pgd(model: nn.Module, x: Tensor, y: Tensor, eps: float | Tensor, norm: str, steps: int,
+def pgd(model: Model, x: Tensor, y: Tensor, eps: float | Tensor, norm: str, steps: int,
         restarts: int = 1, step_size: float | Tensor | None = None, loss: str = "margin",
         random_start: bool = True, generator: torch.Generator | None = None
         ) -> tuple[Tensor, Tensor]:
@@ -95,7 +97,7 @@ def pgd(model: nn.Module, x: Tensor, y: Tensor, eps: float | Tensor, norm: str, 
         best_loss = torch.where(take, value, best_loss)
         success = success | fooled
 
-    for _ in range(restarts):
+    for restart in range(restarts):
         delta = _random_start(x, e, norm, generator) if random_start else torch.zeros_like(x)
         delta = project(delta, x, e, norm)
         for _ in range(steps):
@@ -112,7 +114,7 @@ def pgd(model: nn.Module, x: Tensor, y: Tensor, eps: float | Tensor, norm: str, 
                 delta = project(delta.detach() + alpha * step, x, e, norm)
         with torch.no_grad():
             record(x + delta, model(x + delta))
-        if bool(success.all()):
+        if restart + 1 < restarts and bool(success.all()):  # a host sync: only between restarts
             break
     return best.detach(), success
 
@@ -130,7 +132,7 @@ def fgsm_linf(model: nn.Module, x: Tensor, y: Tensor, eps: float | Tensor
     return pgd(model, x, y, eps, "linf", 1, 1, eps, "ce", False, None)
 
 
-def pgd_linf(model: nn.Module, x: Tensor, y: Tensor, eps: float | Tensor, steps: int = 20,
+def pgd_linf(model: Model, x: Tensor, y: Tensor, eps: float | Tensor, steps: int = 20,
              restarts: int = 1, step_size: float | Tensor | None = None, loss: str = "ce",
              random_start: bool = True, generator: torch.Generator | None = None
              ) -> tuple[Tensor, Tensor]:

@@ -71,17 +71,47 @@ def bench_models(params) -> dict[str, tuple[nn.Module, Callable[[int], tuple], s
 COMPILE_MODES = ("eager", "compile", "graphs")
 
 
+#: the bench's kinds that also train adversarially (SpecFormer's PGD twins): each times a PGD
+#: training step too, as the step kind :func:`attncert.cost.graphs.graphs_key` names
+ADVERSARIAL_KINDS = ("standard ViT (specformer vanilla)", "SpecFormer (MSVP)")
+
+
+def _bench_kinds(params, only: tuple[str, ...]) -> Iterator[tuple[str, nn.Module, Any, str, Any]]:
+    """(name, model, batch(b), shape, adversarial recipe or None) of every bench kind
+    (``only``: these), then each kind of :data:`ADVERSARIAL_KINDS` under PGD training at
+    ``specformer.finetune``'s radius and steps."""
+    from attncert.cost.graphs import graphs_key
+    from attncert.training.train import TrainConfig
+
+    models = bench_models(params)
+    ft = params["specformer"].finetune
+    pgd = TrainConfig(epochs=1, adversarial="pgd_linf", adv_eps=ft.adv_eps_255 / 255,
+                      adv_steps=ft.adv_steps)
+    for name, (model, make_batch, shape) in models.items():
+        if not only or name in only:
+            yield name, model, make_batch, shape, None
+    for name in ADVERSARIAL_KINDS:
+        key = graphs_key(name, adversarial=True)
+        if not only or key in only:
+            model, make_batch, shape = models[name]
+            yield key, model, make_batch, f"{shape}, PGD-{pgd.adv_steps}", pgd
+
+
 def bench_training(params, batch: int, steps: int = 5, device: str = "auto",
                    precision: str = "auto", mode: str = "eager",
                    only: tuple[str, ...] = ()) -> list[dict[str, Any]]:
     """Seconds per training step (median of ``steps`` after the warm-up: one step eager, three
-    compiled, whose first is reported as ``first_step_s``) per model kind (``only``: these).
-    ``mode``: one of :data:`COMPILE_MODES` (the forward and backward compiled as in training,
-    AdamW eager)."""
+    compiled, whose first is reported as ``first_step_s``) per model kind (``only``: these),
+    and of SpecFormer's kinds under PGD adversarial training (:data:`ADVERSARIAL_KINDS`: the
+    attack's passes and the training pass, as :func:`attncert.training.train.step_loss` runs
+    them). ``mode``: one of :data:`COMPILE_MODES` (the forward and backward compiled as in
+    training, AdamW eager)."""
     from attncert.msvp import MSVP
+    from attncert.pipeline import rng
     from attncert.pipeline.device import resolve_device, resolve_precision
     from attncert.training import compiled
     from attncert.training.precision import autocast, training_matmuls
+    from attncert.training.train import step_loss
 
     if mode not in COMPILE_MODES:
         raise ValueError(f"mode {mode!r}; one of {', '.join(COMPILE_MODES)}")
@@ -90,20 +120,22 @@ def bench_training(params, batch: int, steps: int = 5, device: str = "auto",
     how = compiled.resolve(dev, "off" if mode == "eager" else mode)
     warm = 1 if mode == "eager" else 3
     rows = []
-    for name, (model, make_batch, shape) in bench_models(params).items():
-        if only and name not in only:
-            continue
+    for name, model, make_batch, shape, adversarial in _bench_kinds(params, only):
         model.to(dev).train()
         args = [a.to(dev) for a in make_batch(batch)]
         msvp = (MSVP(model, *params["specformer"].msvp_lambda) if "MSVP" in name else None)
         opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-4)
+        gen = rng.generator(0, dev)
 
-        def step(model=model, args=args, msvp=msvp, opt=opt):
+        def step(model=model, args=args, msvp=msvp, opt=opt, adversarial=adversarial, gen=gen):
             compiled.step_begin(how, dev)
             with autocast(prec, dev):
-                loss = nn.functional.cross_entropy(model(*args[:-1]), args[-1])
-                if msvp is not None:
-                    loss = loss + msvp()
+                if adversarial is not None:  # images only: (x, y)
+                    _, loss = step_loss(model, *args, adversarial, msvp, gen)
+                else:
+                    loss = nn.functional.cross_entropy(model(*args[:-1]), args[-1])
+                    if msvp is not None:
+                        loss = loss + msvp()
             opt.zero_grad(set_to_none=True)
             loss.backward()
             opt.step()

@@ -7,8 +7,8 @@ graphs`` on a GPU; docs/gpus.md). When the params train under CUDA graphs (``bas
 ``auto`` or ``graphs``: graphs on a GPU), :func:`with_graphs` gives the cost model's GPU
 each measured kind's ratio, and a training work item's kernels (:class:`attncert.cost.work.
 Work`, its ``graphs`` key from :func:`graphs_key`) take that much less time. Its FLOPs are
-unchanged; a kind without a measurement, an adversarial run (eager,
-:func:`attncert.training.compiled.graphs_blocker`), certificates and audits count eager.
+unchanged; a kind without a measurement (PGD adversarial training is a kind of its own,
+:func:`graphs_key`), certificates and audits count eager.
 """
 
 from __future__ import annotations
@@ -26,16 +26,22 @@ COMPILE_BENCH = "docs/compile_bench.json"
 LIPSCHITZ_VIT = "lipschitz ViT (train_vit)"
 STANDARD_VIT = "standard ViT (specformer vanilla)"
 MSVP_VIT = "SpecFormer (MSVP)"
+#: the step kind's suffix for PGD adversarial training (:func:`graphs_key`)
+ADVERSARIAL = "PGD training"
 
 
-def graphs_key(kind: str, margin: str = "none", msvp: bool = False) -> str:
+def graphs_key(kind: str, margin: str = "none", msvp: bool = False,
+               adversarial: bool = False) -> str:
     """The step kind of a training run: the bench's model ``kind`` (a Lipschitz ViT with its
-    training ``margin``; an MSVP penalty on a Lipschitz ViT is a kind of its own)."""
+    training ``margin``; an MSVP penalty on a Lipschitz ViT is a kind of its own; PGD
+    adversarial training, its attack's passes and the training pass, another)."""
     key = kind
     if margin != "none":
         key += f", margin {margin}"
     if msvp and kind != MSVP_VIT:
         key += ", MSVP"
+    if adversarial:
+        key += f", {ADVERSARIAL}"
     return key
 
 

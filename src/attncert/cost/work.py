@@ -13,6 +13,7 @@ from attncert.cost.counting import (
     layer_certificate_counts,
     vit_forward64,
 )
+from attncert.cost.graphs import ADVERSARIAL
 
 # -- work items ---------------------------------------------------------------------------------
 
@@ -58,13 +59,15 @@ def training_work(stage: str, what: str, c: Mapping[str, Counts], n_train: int, 
                   graphs: str = "") -> list[Work]:
     """``epochs`` of training (+ PGD adversarial examples of ``attack_steps`` per step) and a
     forward pass over ``n_eval`` evaluation images after every epoch. ``graphs``: the step's
-    kind for the CUDA-graph speed-up (:func:`attncert.cost.graphs.graphs_key`); adversarial
-    training runs eager (:func:`attncert.training.compiled.graphs_blocker`)."""
+    kind for the CUDA-graph speed-up (:func:`attncert.cost.graphs.graphs_key`; adversarial
+    training, ``attack_steps`` > 0, is a kind of its own: that kind's PGD-training key)."""
     steps = epochs * n_steps(n_train, batch)
     flops = steps * (c["train"].flops(batch) + attack_steps * c["attack"].flops(batch))
     kernels = steps * (c["train"].kernels + attack_steps * c["attack"].kernels)
     ev = epochs * n_steps(n_eval, eval_batch)
-    return [Work(stage, what, "bf16", flops, kernels, graphs="" if attack_steps else graphs),
+    if attack_steps and graphs:
+        graphs = f"{graphs}, {ADVERSARIAL}"
+    return [Work(stage, what, "bf16", flops, kernels, graphs=graphs),
             Work(stage, f"{what}: evaluation", "fp32",
                  ev * c["forward"].flops(eval_batch), ev * c["forward"].kernels)]
 

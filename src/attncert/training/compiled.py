@@ -16,9 +16,11 @@ terms computed outside ``forward`` (the certified-training margins, MSVP) stay e
 Modes (:data:`MODES`): ``off`` (eager: the reference), ``compile`` (``torch.compile``'s default
 mode), ``graphs`` (mode ``reduce-overhead``: CUDA graphs on CUDA; on a CPU the same as
 ``compile``), ``auto`` (``graphs`` on CUDA, ``off`` elsewhere: on a 2-core CPU the compile time
-of each of the study's many small models outweighs what it saves). A run that cannot be
-captured (:func:`graphs_blocker`: PGD adversarial training) runs eager
-where ``graphs`` was asked for. The stage runner applies
+of each of the study's many small models outweighs what it saves). A model that cannot be
+captured (:func:`graphs_blocker`: none does now) trains eager where ``graphs`` was asked for.
+PGD adversarial training runs several forward passes a step: its attack calls the model through
+:func:`each_call_a_step` and the training pass follows :func:`new_step`, so every pass replays
+its own graph step. The stage runner applies
 ``base.compile`` with :func:`set_mode` (:func:`attncert.pipeline.runtime.configure`); it is a
 runtime key (``BASE_RUNTIME``): changing it reruns nothing.
 """
@@ -34,8 +36,9 @@ from torch import nn
 
 from attncert.pipeline import runtime
 
-__all__ = ["MODES", "compile_attack_model", "compiled_forward", "graphs_blocker",
-           "in_eager_region", "outside_graphs", "resolve", "set_mode", "step_begin", "uncompile"]
+__all__ = ["MODES", "compile_attack_model", "compiled_forward", "each_call_a_step",
+           "graphs_blocker", "in_eager_region", "new_step", "outside_graphs", "resolve",
+           "set_mode", "step_begin", "uncompile"]
 
 #: ``base.compile`` values -> ``torch.compile``'s mode (None: eager)
 MODES = {"off": None, "compile": "default", "graphs": "reduce-overhead", "auto": None}
@@ -49,28 +52,25 @@ def set_mode(mode: str) -> None:
     runtime.set_compile_mode(mode)
 
 
-def graphs_blocker(model: nn.Module | None = None, config: object = None) -> str | None:
-    """Why a training run of ``model`` with ``config`` cannot replay CUDA graphs, or None.
+def graphs_blocker(model: nn.Module | None = None) -> str | None:
+    """Why a training run of ``model`` cannot replay CUDA graphs, or None.
 
     A model says so with a ``cuda_graphs_blocker`` attribute (none does: the OLSA models'
     capture failed on an H200 on 2026-11-28 on an SVD in the forward pass, now a closed form or
     run between the graphs, :func:`outside_graphs`; ``tests/test_capture.py`` checks every
-    kind); PGD adversarial training runs the model several times a step, each pass's outputs
-    still needed when the next one replays."""
+    kind). No training recipe blocks it: PGD adversarial training's passes are graph steps of
+    their own (:func:`each_call_a_step`)."""
     reason = getattr(model, "cuda_graphs_blocker", None)
     if reason:
         return f"{type(model).__name__}: {reason}"
-    if getattr(config, "adversarial", "none") != "none":
-        return "PGD adversarial training (several forward passes a step)"
     return None
 
 
-def resolve(dev: torch.device, mode: str | None = None, model: nn.Module | None = None,
-            config: object = None) -> str:
+def resolve(dev: torch.device, mode: str | None = None, model: nn.Module | None = None) -> str:
     """``mode`` (default: the process's) for a run on ``dev``: ``auto`` becomes ``graphs`` on
     CUDA and ``off`` elsewhere; ``graphs`` on a device without CUDA graphs is ``compile``;
-    ``graphs`` for a run that cannot be captured (:func:`graphs_blocker` of ``model`` and
-    ``config``) is ``off``, eager, named on the console."""
+    ``graphs`` for a model that cannot be captured (:func:`graphs_blocker`) is ``off``, eager,
+    named on the console."""
     mode = runtime.compile_mode() if mode is None else mode
     if mode not in MODES:
         raise ValueError(f"compile mode {mode!r}; one of {', '.join(MODES)}")
@@ -78,10 +78,14 @@ def resolve(dev: torch.device, mode: str | None = None, model: nn.Module | None 
         mode = "graphs" if dev.type == "cuda" else "off"
     if mode == "graphs" and dev.type != "cuda":
         return "compile"
-    if mode == "graphs" and (why := graphs_blocker(model, config)):
+    if mode == "graphs" and (why := graphs_blocker(model)):
         print(f"base.compile: eager, not CUDA graphs, for this run: {why}", flush=True)
         return "off"
     return mode
+
+
+#: set on a model while :func:`compiled_forward` holds it: whether its forward replays graphs
+_GRAPHS = "_attncert_graphs"
 
 
 @contextlib.contextmanager
@@ -94,10 +98,35 @@ def compiled_forward(model: nn.Module, mode: str) -> Iterator[None]:
     if "forward" in vars(model):
         raise ValueError(f"{type(model).__name__}.forward is already replaced on the instance")
     model.forward = torch.compile(model.forward, mode=MODES[mode])
+    setattr(model, _GRAPHS, mode == "graphs")
     try:
         yield
     finally:
         del model.forward
+        delattr(model, _GRAPHS)
+
+
+def new_step(model: nn.Module) -> None:
+    """Mark a new CUDA-graph step when ``model``'s forward replays graphs
+    (:func:`compiled_forward` in ``graphs``): the outputs of its earlier replays may be
+    overwritten from here on. Otherwise nothing."""
+    if getattr(model, _GRAPHS, False):
+        torch.compiler.cudagraph_mark_step_begin()
+
+
+def each_call_a_step(model: nn.Module) -> Callable:
+    """``model`` as a function whose every call is a new CUDA-graph step (:func:`new_step`):
+    for a loop of forward passes, each of whose outputs (and input gradients) is read before
+    the next call, such as PGD's steps inside adversarial training. A model that does not
+    replay graphs is returned as it is."""
+    if not getattr(model, _GRAPHS, False):
+        return model
+
+    def call(*args, **kwargs):
+        new_step(model)
+        return model(*args, **kwargs)
+
+    return call
 
 
 _eager_depth = 0

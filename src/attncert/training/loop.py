@@ -166,7 +166,7 @@ def run_epochs(model: nn.Module, steps: Steps, eval_data: Any, config: Any, ckpt
     cfg_dict = dataclasses.asdict(config)
     states = {"model": model, "optimizer": opt, "scheduler": sched, **steps.states}
     metrics, start, _ = load_checkpoint(ckpt_path, cfg_dict, states)
-    mode = compiled.resolve(dev, model=model, config=config)
+    mode = compiled.resolve(dev, model=model)
     with compiled.compiled_forward(model, mode):
         for epoch in range(start + 1, config.epochs + 1):
             t0 = time.perf_counter()

@@ -9,6 +9,9 @@ term). Optional terms, off by default:
           Table 2): every batch is replaced by CE-PGD examples, ||x' - x||_inf <= adv_eps,
           adv_steps steps of 2.5 adv_eps / adv_steps from a random start drawn from the
           epoch's generator (resume stays exact); train_acc is then the adversarial accuracy.
+          The attack differentiates the input only (the parameters' gradients are off while
+          it runs), and under CUDA graphs each of its passes is a graph step of its own
+          (:func:`attncert.training.compiled.each_call_a_step`).
   attn_entropy > 0: + attn_entropy x the attention rows' mean entropy / log n
           (:func:`attncert.training.certified_training.attention_entropy`).
 Mixup / CutMix (:mod:`attncert.training.mix`, off by default): with probability mix_prob a batch is
@@ -27,8 +30,9 @@ models) is :mod:`attncert.training.loop`; :func:`train_resumable` adds the finge
 
 from __future__ import annotations
 
+import contextlib
 import math
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, NamedTuple
@@ -43,7 +47,7 @@ from attncert.msvp import MSVP
 from attncert.pipeline import rng
 from attncert.pipeline.device import resolve_device, resolve_precision
 from attncert.pipeline.params import dataclass_from_mapping
-from attncert.training import certified_training
+from attncert.training import certified_training, compiled
 from attncert.training import mix as mixing
 from attncert.training.checkpoint import CHECKPOINT, FINGERPRINT, METRICS, prepare_checkpoint_dir
 from attncert.training.loop import OPTIMIZERS, Steps, run_epochs, sum_dtype
@@ -202,6 +206,22 @@ def augment_batch(x: Tensor, mode: str, g: torch.Generator, pad: int = 4) -> Ten
 # -- loss and evaluation ---------------------------------------------------------------------
 
 
+@contextlib.contextmanager
+def input_gradients_only(model: nn.Module) -> Iterator[None]:
+    """Within the block no parameter of ``model`` requires a gradient (each one's flag is
+    restored afterwards): an attack's backward passes then compute the input's gradient alone,
+    compiled as eager (a compiled backward would otherwise compute every weight's gradient
+    too). The values of every pass are unchanged."""
+    flags = [(p, p.requires_grad) for p in model.parameters()]
+    for p, _ in flags:
+        p.requires_grad_(False)
+    try:
+        yield
+    finally:
+        for p, flag in flags:
+            p.requires_grad_(flag)
+
+
 def step_loss(model: nn.Module, xb: Tensor, yb: Tensor, cfg: TrainConfig,
               msvp: MSVP | None = None, generator: torch.Generator | None = None,
               partner: tuple[Tensor, float] | None = None,
@@ -211,7 +231,10 @@ def step_loss(model: nn.Module, xb: Tensor, yb: Tensor, cfg: TrainConfig,
     = (y_rev, lam) for a mixed batch (:mod:`attncert.training.mix`): lam of the loss on ``yb``,
     1 - lam on y_rev. ``progress`` = (step, total steps): the ``lofast`` margin's radius ramp."""
     if cfg.adversarial == "pgd_linf":
-        xb, _ = pgd_linf(model, xb, yb, cfg.adv_eps, cfg.adv_steps, generator=generator)
+        with input_gradients_only(model):
+            xb, _ = pgd_linf(compiled.each_call_a_step(model), xb, yb, cfg.adv_eps,
+                             cfg.adv_steps, generator=generator)
+        compiled.new_step(model)  # the training pass reads none of the attack's outputs
     if cfg.margin == "lofast":
         eps = certified_training.margin_eps(cfg.lofast_eps, cfg.lofast_ramp, *progress,
                                             start=cfg.lofast_start)
