@@ -80,8 +80,8 @@ gpu-check: env
 	  tests/test_compiled.py tests/test_compiled_attacks.py
 	ATTNCERT_DRYRUN_DEVICE=cuda $(PY) -m pytest -q tests/test_paper_dryrun.py
 
-# on a GPU box (about 12 minutes on an H200): eager against CUDA graphs per model kind and training
-# margin, then K = 1 and 4 units at once per kind, merged into the records the cost table and the
+# on a GPU box (about 12 minutes on an H200): eager against CUDA graphs per model kind (SpecFormer's
+# two under PGD training, the image kinds' PGD audit step) and training margin, then K = 1 and 4 units at once per kind, merged into the records the cost table and the
 # plan read (docs/compile_bench.json, docs/concurrency_bench.json; docs/gpus.md)
 gpu-bench: env
 	$(PY) -m attncert.cost bench --device cuda --batch 128 --steps 10 --modes eager graphs \

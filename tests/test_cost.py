@@ -124,6 +124,17 @@ def test_bench_times_a_training_step_of_every_model_kind(smoke):
     assert all(ms[graphs_key(k, adversarial=True)] > ms[k] for k in ADVERSARIAL_KINDS)
 
 
+def test_bench_times_the_audit_step_of_each_image_kind(smoke):
+    from attncert.cost.bench import AUDIT_KINDS, bench_audits
+    from attncert.cost.graphs import graphs_key
+
+    rows = bench_audits(load_params(smoke), batch=2, steps=1, device="cpu")
+    assert [r["model"] for r in rows] == [graphs_key(k, audit=True) for k in AUDIT_KINDS]
+    assert all(r["status"] == "ok" and r["ms_per_step"] > 0 for r in rows)
+    with pytest.raises(ValueError, match="mode"):
+        bench_audits(load_params(smoke), batch=2, mode="fast")
+
+
 def test_text_work_counts_every_model_the_stage_trains(smoke):
     """The text estimate trains exactly the stage's models (attncert.text.jobs.dataset_jobs):
     the frozen encoder's forward once per sentence, its head for the head's own epochs."""

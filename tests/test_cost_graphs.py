@@ -56,12 +56,35 @@ def test_only_a_training_runs_kernels_get_faster():
     assert adversarial[0].seconds(gpu, 0.3) == pytest.approx(2 * 40 * 1e-5)  # 2 steps, eager
 
 
+def test_audits_take_their_kinds_measured_step(smoke):
+    """A PGD audit on a compiled attack copy is the audit step kind of its model's kind;
+    SpecFormer's table attacks (the float32 model itself, eager) and the text models' audits
+    (not timed by the bench) count eager."""
+    from attncert.cost.table import stage_work
+
+    work = stage_work(load_params(smoke), ("certify_vit", "frontier", "specformer", "text"))[0]
+    audits = {w.stage: set() for w in work}
+    for w in work:
+        if w.kind == "tf32":
+            audits[w.stage].add(w.graphs)
+    assert audits["certify_vit"] == {"lipschitz ViT (train_vit), PGD audit"}
+    assert audits["frontier"] == {"lipschitz ViT (train_vit), PGD audit",
+                                  "standard ViT (specformer vanilla), PGD audit", ""}  # linear
+    assert "" in audits["specformer"] and audits["text"] == {""}
+    gpu = dataclasses.replace(GPUS["h100"], kernel_seconds=1e-5, graphs_speedup=(
+        ("lipschitz ViT (train_vit), PGD audit", 4.0),))
+    audit = next(w for w in work if w.stage == "certify_vit" and w.kind == "tf32")
+    assert audit.kernel_seconds(gpu) == pytest.approx(audit.kernels * 1e-5 / 4)
+
+
 def test_graphs_keys():
     assert graphs_key("lipschitz ViT (train_vit)") == "lipschitz ViT (train_vit)"
     assert graphs_key("lipschitz ViT (train_vit)", "lofast", True) == \
         "lipschitz ViT (train_vit), margin lofast, MSVP"
     assert graphs_key("SpecFormer (MSVP)", msvp=True) == "SpecFormer (MSVP)"
     assert graphs_key("SpecFormer (MSVP)", adversarial=True) == "SpecFormer (MSVP), PGD training"
+    assert graphs_key("lipschitz ViT (train_vit)", "lmt", audit=True) == \
+        "lipschitz ViT (train_vit), PGD audit"
 
 
 def test_the_pilot_calibrates_the_stages_of_each_finished_unit_kind(tmp_path):
@@ -133,7 +156,13 @@ def test_the_gpu_bench_commands_write_their_records(smoke, tmp_path, monkeypatch
         return [{"kind": kind, "k": k, "mode": mode, "batch": batch, "ms_per_step": 1.0 + k,
                  "steps_per_s": 1.0, "speedup": 1.0} for k in ks]
 
+    def audits(params, batch, steps, device, mode="eager", only=()):
+        return [{"model": "lipschitz ViT (train_vit), PGD audit", "status": "ok",
+                 "ms_per_step": 6.0 if mode == "eager" else 1.5, "first_step_s": 0.0,
+                 "parameters": 1, "shape": "", "device": "cpu", "precision": "fp32"}]
+
     monkeypatch.setattr(cli, "bench_training", training)
+    monkeypatch.setattr(cli, "bench_audits", audits)
     monkeypatch.setattr(cli, "bench_margins", margins)
     monkeypatch.setattr(cli, "bench_concurrency", concurrent)
     monkeypatch.setattr(cli, "cuda_name", lambda device: "a GPU")
@@ -143,6 +172,7 @@ def test_the_gpu_bench_commands_write_their_records(smoke, tmp_path, monkeypatch
     steps = {r["key"]: r for r in json.loads(compile_path.read_text())["steps"]}
     assert steps["OLSA text"]["graphs_ms"] == 2.0
     assert steps["lipschitz ViT (train_vit), margin lmt"]["graphs_ms"] == 4.0
+    assert steps["lipschitz ViT (train_vit), PGD audit"]["graphs_ms"] == 1.5
     cli.main(["bench", "--params", str(smoke), "--device", "cpu", "--modes", "graphs",
               "--concurrent", "1", "4", "--kinds", "all", "--concurrent-only",
               "--write-concurrency", str(conc_path)])

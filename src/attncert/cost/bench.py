@@ -164,6 +164,66 @@ def bench_training(params, batch: int, steps: int = 5, device: str = "auto",
     return rows
 
 
+#: the bench's image kinds whose PGD audits are timed (:func:`bench_audits`)
+AUDIT_KINDS = ("lipschitz ViT (train_vit)", "standard ViT (specformer vanilla)")
+#: attack steps per timed audit
+AUDIT_STEPS = 10
+
+
+def bench_audits(params, batch: int, steps: int = 5, device: str = "auto", mode: str = "eager",
+                 only: tuple[str, ...] = ()) -> list[dict[str, Any]]:
+    """Seconds per attack step of a PGD audit (L2 PGD, :data:`AUDIT_STEPS` steps, one restart)
+    of a float64 model of each kind of :data:`AUDIT_KINDS` (``only``: these audit keys), run
+    as the audits run it: on its float32 attack copy (:func:`attncert.attacks.attack_copy`,
+    compiled in ``mode``: one of :data:`COMPILE_MODES`), TF32 matmuls on CUDA. Median of
+    ``steps`` attacks after the warm-up (one eager, three compiled); an attack's clean and
+    final forward passes count in its steps. Rows as :func:`bench_training`'s, ``model`` the
+    audit's step kind (:func:`attncert.cost.graphs.graphs_key` with ``audit``)."""
+    from attncert.attacks import attack_copy, pgd_l2
+    from attncert.cost.graphs import graphs_key
+    from attncert.pipeline import rng
+    from attncert.pipeline.device import resolve_device
+    from attncert.training.precision import attack_matmuls
+
+    if mode not in COMPILE_MODES:
+        raise ValueError(f"mode {mode!r}; one of {', '.join(COMPILE_MODES)}")
+    dev = resolve_device(device)
+    warm = 1 if mode == "eager" else 3
+    models = bench_models(params)
+    rows = []
+    for kind in AUDIT_KINDS:
+        key = graphs_key(kind, audit=True)
+        if only and key not in only:
+            continue
+        model, make_batch, shape = models[kind]
+        model = model.to(dev, torch.float64).eval()
+        attacker = attack_copy(model, mode="off" if mode == "eager" else mode)
+        x, y = (a.to(dev) for a in make_batch(batch))
+        gen = rng.generator(0, dev)
+        times, status = [], "ok"
+        try:
+            with attack_matmuls(dev):
+                for _ in range(steps + warm):
+                    _sync(dev)
+                    t0 = time.perf_counter()
+                    pgd_l2(attacker, x, y, 0.5, AUDIT_STEPS, 1, generator=gen)
+                    _sync(dev)
+                    times.append((time.perf_counter() - t0) / AUDIT_STEPS)
+        except Exception as exc:  # noqa: BLE001 (a kind whose attack does not compile is a result)
+            status = f"{type(exc).__name__}: {(str(exc).strip().splitlines() or [''])[0]}"[:200]
+        timed = sorted(times[warm:])
+        rows.append({"model": key, "shape": f"{shape}, L2 PGD-{AUDIT_STEPS}", "batch": batch,
+                     "device": str(dev), "precision": "tf32" if dev.type == "cuda" else "fp32",
+                     "mode": mode, "status": status,
+                     "ms_per_step": 1e3 * timed[len(timed) // 2] if timed else float("nan"),
+                     "first_step_s": times[0] * AUDIT_STEPS if times else float("nan"),
+                     "parameters": sum(p.numel() for p in model.parameters())})
+        del attacker
+        model.to("cpu", torch.float32)
+        torch._dynamo.reset()
+    return rows
+
+
 #: the model kind timed by default with K processes at once (the study's most common unit)
 CONCURRENCY_KIND = "lipschitz ViT (train_vit)"
 

@@ -16,6 +16,7 @@ import torch
 from attncert.cost.bench import (
     COMPILE_MODES,
     CONCURRENCY_KIND,
+    bench_audits,
     bench_concurrency,
     bench_crown,
     bench_margins,
@@ -168,14 +169,16 @@ def main(argv: list[str] | None = None) -> int:
             ap.error(f"--kinds: {unknown[0]!r}; one of {', '.join(bench_models(params))}, all")
         trained, margins = {}, {}
         for mode in () if args.concurrent_only else args.modes:
-            rows = trained[mode] = bench_training(params, args.batch, args.steps, args.device,
-                                                  mode=mode)
-            print(f"training step (forward, backward, AdamW), batch {args.batch}, "
+            rows = trained[mode] = [
+                *bench_training(params, args.batch, args.steps, args.device, mode=mode),
+                *bench_audits(params, args.batch, args.steps, args.device, mode=mode)]
+            print(f"training step (forward, backward, AdamW; PGD training: its attack too; a PGD "
+                  f"audit: one attack step of its float32 copy), batch {args.batch}, "
                   f"device {rows[0]['device']}, precision {rows[0]['precision']}, "
                   f"threads {torch.get_num_threads()}, {mode}")
-            print(f"{'model':>34} {'ms/step':>9} {'first s':>8} {'params':>11}  shape")
+            print(f"{'model':>48} {'ms/step':>9} {'first s':>8} {'params':>11}  shape")
             for r in rows:
-                print(f"{r['model']:>34} {r['ms_per_step']:9.1f} {r['first_step_s']:8.1f} "
+                print(f"{r['model']:>48} {r['ms_per_step']:9.1f} {r['first_step_s']:8.1f} "
                       f"{r['parameters']:11,}  {r['shape']}"
                       + (f"  {r['status']}" if r["status"] != "ok" else ""), flush=True)
         for mode in args.modes if args.concurrent else ():

@@ -8,7 +8,8 @@ graphs`` on a GPU; docs/gpus.md). When the params train under CUDA graphs (``bas
 each measured kind's ratio, and a training work item's kernels (:class:`attncert.cost.work.
 Work`, its ``graphs`` key from :func:`graphs_key`) take that much less time. Its FLOPs are
 unchanged; a kind without a measurement (PGD adversarial training is a kind of its own,
-:func:`graphs_key`), certificates and audits count eager.
+:func:`graphs_key`) and certificates count eager. The PGD audits of the image models, whose
+attack copy compiles in the same mode, take their kind's measured audit step the same way.
 """
 
 from __future__ import annotations
@@ -28,13 +29,18 @@ STANDARD_VIT = "standard ViT (specformer vanilla)"
 MSVP_VIT = "SpecFormer (MSVP)"
 #: the step kind's suffix for PGD adversarial training (:func:`graphs_key`)
 ADVERSARIAL = "PGD training"
+#: the step kind's suffix for a PGD audit's attack step (:func:`graphs_key`)
+AUDIT = "PGD audit"
 
 
 def graphs_key(kind: str, margin: str = "none", msvp: bool = False,
-               adversarial: bool = False) -> str:
+               adversarial: bool = False, audit: bool = False) -> str:
     """The step kind of a training run: the bench's model ``kind`` (a Lipschitz ViT with its
     training ``margin``; an MSVP penalty on a Lipschitz ViT is a kind of its own; PGD
-    adversarial training, its attack's passes and the training pass, another)."""
+    adversarial training, its attack's passes and the training pass, another), or with
+    ``audit`` the step of a PGD audit of a model of ``kind`` (its compiled attack copy)."""
+    if audit:
+        return f"{kind}, {AUDIT}"
     key = kind
     if margin != "none":
         key += f", margin {margin}"

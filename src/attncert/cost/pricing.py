@@ -81,6 +81,16 @@ def graphs(model: J.Model) -> str:
     return graphs_key(VIT_KINDS[model.family], model.margin, any(model.msvp or ()))
 
 
+def audit_graphs(model: J.Model) -> str:
+    """The step kind a PGD audit of ``model`` is measured under graphs as: an image model's
+    (its compiled attack copy, :func:`attncert.cost.bench.bench_audits`; "": eager, the
+    text models' audits among them, which the bench does not time)."""
+    if model.kind != "vit" or model.family not in VIT_KINDS:
+        return ""
+    kind = STANDARD_VIT if model.family == "msvp" else VIT_KINDS[model.family]  # MSVP: training
+    return graphs_key(kind, audit=True)
+
+
 def counts(model: J.Model) -> dict[str, Counts]:
     """Train step, forward and attack step of ``model`` (cached per shape)."""
     if model.kind == "vit":
@@ -128,7 +138,7 @@ def job_work(job: J.Job) -> list[Work]:
             out += certify_work(s, ph.what, m.config, ph.n, ph.variants, ph.tests, ph.batch)
         elif isinstance(ph, J.Audit):
             out.append(audit_work(s, ph.what, c()["attack"], ph.n, ph.eps, ph.steps,
-                                  ph.restarts, ph.batch))
+                                  ph.restarts, ph.batch, audit_graphs(m) if ph.copy else ""))
         elif isinstance(ph, J.Diagnostics | J.Forwards):
             diag = isinstance(ph, J.Diagnostics)  # trained, uniform and identity attention
             f = vit_forward64(m.config) if ph.fp64 else c()["forward"]

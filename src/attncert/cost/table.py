@@ -46,7 +46,7 @@ def _graphs_note(gpu: GPU, work: list[Work]) -> str:
     return (f"training steps replayed as CUDA graphs (`base.compile`), each kind's kernels at "
             f"its measured speed-up ({per}; measured: {gpu.graphs_source}); the rest eager: "
             f"the kinds not yet measured under graphs ({'; '.join(eager) or 'none'}), "
-            f"training runs of no bench kind, evaluations, certificates and audits")
+            f"training runs and audits of no bench kind, evaluations and certificates")
 
 
 def _pilot_note(gpu: GPU) -> str:

@@ -27,8 +27,9 @@ class Work:
     kernels: float
     unit: str = ""  # the DVC stage it runs in, when the stage is split into units
     fixed_seconds: float = 0.0  # time not from counts (CROWN's bounds: their time budget)
-    #: a training run's step kind (:func:`attncert.cost.graphs.graphs_key`): its kernels run
-    #: at the measured CUDA-graph speed-up when the params train under graphs ("": eager)
+    #: a training run's or an audit's step kind (:func:`attncert.cost.graphs.graphs_key`): its
+    #: kernels run at the measured CUDA-graph speed-up when the params train under graphs
+    #: ("": eager)
     graphs: str = ""
 
     def kernel_seconds(self, gpu: GPU, slowdown: float = 1.0) -> float:
@@ -73,10 +74,12 @@ def training_work(stage: str, what: str, c: Mapping[str, Counts], n_train: int, 
 
 
 def audit_work(stage: str, what: str, c: Counts, n: int, eps: int, steps: int, restarts: int,
-               batch: int) -> Work:
-    """L2 PGD on every point at every eps (no early stop: an upper bound), float32 + TF32."""
+               batch: int, graphs: str = "") -> Work:
+    """L2 PGD on every point at every eps (no early stop: an upper bound), float32 + TF32;
+    ``graphs``: its attack step's kind (:func:`attncert.cost.graphs.graphs_key` with
+    ``audit``; "": eager)."""
     calls = eps * steps * restarts * n_steps(n, batch)
-    return Work(stage, what, "tf32", calls * c.flops(batch), calls * c.kernels)
+    return Work(stage, what, "tf32", calls * c.flops(batch), calls * c.kernels, graphs=graphs)
 
 
 def certify_work(stage: str, name: str, cfg, n: int, variants, tests: int, batch: int

@@ -96,7 +96,10 @@ class LayerCertify:
 
 @dataclass(frozen=True)
 class Audit:
-    """L2 PGD on ``n`` points at ``eps`` radii, ``steps`` x ``restarts``, ``batch`` at a time."""
+    """L2 PGD on ``n`` points at ``eps`` radii, ``steps`` x ``restarts``, ``batch`` at a time;
+    ``copy``: on the float32 attack copy of the model, compiled in ``base.compile``'s mode
+    (:func:`attncert.attacks.attack_copy`), else on the model itself, eager (SpecFormer's
+    tables)."""
 
     what: str
     n: int
@@ -104,6 +107,7 @@ class Audit:
     steps: int
     restarts: int
     batch: int
+    copy: bool = True
 
 
 @dataclass(frozen=True)

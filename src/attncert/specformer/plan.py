@@ -65,7 +65,7 @@ def jobs(p: StudyParams) -> list[Job]:
                           family={"vanilla": "standard", "specformer": "msvp"}.get(m, m))
             adv = t.adv_steps if t.adversarial != "none" else 0
             train = Train("", n_tr, n_te, t.epochs, t.batch_size, t.eval_batch_size, adv)
-            attack = Audit("", n_eval, 1, steps, 1, s.attack_batch_size)
+            attack = Audit("", n_eval, 1, steps, 1, s.attack_batch_size, copy=False)
             what = f"{run} {training} {m}"
             phases = [*_named(what, train, attack),
                       Diagnostics(n_eval, s.attack_batch_size, fp64=False)]
