@@ -343,16 +343,16 @@ def test_a_gpu_calibration_sets_the_per_kernel_constant(smoke, tmp_path):
 def test_crown_bounds_are_costed_from_the_measured_seconds(tmp_path, monkeypatch):
     """A bound measured on CUDA counts as measured; one measured on the CPU only is scaled
     by the CUDA / CPU ratio of the bounds measured on both; none measured: NaN."""
-    from attncert.cost import bench, pricing
+    from attncert.cost import crown_bench, pricing
 
     path = tmp_path / "crown.json"
     rows = [{"device": "cpu", "depth": 3, "method": "crown", "seconds_per_bound": 4.0},
             {"device": "cpu", "depth": 3, "method": "alpha_crown", "seconds_per_bound": 40.0},
             {"device": "cuda:0", "depth": 3, "method": "crown", "seconds_per_bound": 6.0,
              "machine": "NVIDIA X", "date": "2026-11-26"}]
-    bench.merge_crown_bench(path, rows[:2])
-    bench.merge_crown_bench(path, rows[2:])  # another device type: the CPU rows stay
-    bench.merge_crown_bench(path, rows[:2])  # the same device type: replaced, not doubled
+    crown_bench.merge_crown_bench(path, rows[:2])
+    crown_bench.merge_crown_bench(path, rows[2:])  # another device type: the CPU rows stay
+    crown_bench.merge_crown_bench(path, rows[:2])  # the same device type: replaced, not doubled
     assert len(json.loads(path.read_text())["rows"]) == 3
     assert pricing.crown_bound_seconds(3, "crown", path) == (6.0, "measured on CUDA")
     sec, how = pricing.crown_bound_seconds(3, "alpha_crown", path)

@@ -143,13 +143,14 @@ def test_the_gpu_bench_commands_write_their_records(smoke, tmp_path, monkeypatch
     and a flag without what it needs stops with one line."""
     from attncert.cost import cli, plan
 
-    def training(params, batch, steps, device, mode="eager", only=()):
+    def training(params, batch, steps, device, mode="eager", only=(), adversarial=False):
+        timed.append((only, mode))
         return [{"model": m, "ms_per_step": 10.0 if mode == "eager" else 2.0, "status": "ok",
                  "first_step_s": 0.0, "parameters": 1, "shape": "", "device": "cpu",
-                 "precision": "fp32"} for m in ("OLSA text", "standard text")]
+                 "precision": "fp32"} for m in ("OLSA text", "standard text") if m in only]
 
     def margins(params, batch, steps, device, mode="eager"):
-        return [{"margin": "lmt", "ms_per_step": 8.0 if mode == "eager" else 4.0,
+        return [{"margin": "lmt", "ms_per_step": 8.0 if mode == "eager" else 4.0, "first_step_s": 0,
                  "status": "ok", "vs_lmt": 1.0}]
 
     def concurrent(params, batch, ks, steps, device, mode, kind):
@@ -157,9 +158,12 @@ def test_the_gpu_bench_commands_write_their_records(smoke, tmp_path, monkeypatch
                  "steps_per_s": 1.0, "speedup": 1.0} for k in ks]
 
     def audits(params, batch, steps, device, mode="eager", only=()):
-        return [{"model": "lipschitz ViT (train_vit), PGD audit", "status": "ok",
-                 "ms_per_step": 6.0 if mode == "eager" else 1.5, "first_step_s": 0.0,
-                 "parameters": 1, "shape": "", "device": "cpu", "precision": "fp32"}]
+        key = "lipschitz ViT (train_vit), PGD audit"
+        return [{"model": key, "status": "ok", "ms_per_step": 6.0 if mode == "eager" else 1.5,
+                 "first_step_s": 0.0, "parameters": 1, "shape": "", "device": "cpu",
+                 "precision": "fp32"}] if key in only else []
+
+    timed = []
 
     monkeypatch.setattr(cli, "bench_training", training)
     monkeypatch.setattr(cli, "bench_audits", audits)
@@ -171,6 +175,8 @@ def test_the_gpu_bench_commands_write_their_records(smoke, tmp_path, monkeypatch
               "--write-compile", str(compile_path)])
     steps = {r["key"]: r for r in json.loads(compile_path.read_text())["steps"]}
     assert steps["OLSA text"]["graphs_ms"] == 2.0
+    assert timed[:2] == [(("lipschitz ViT (train_vit)",), "eager"),
+                         (("lipschitz ViT (train_vit)",), "graphs")]  # kind by kind
     assert steps["lipschitz ViT (train_vit), margin lmt"]["graphs_ms"] == 4.0
     assert steps["lipschitz ViT (train_vit), PGD audit"]["graphs_ms"] == 1.5
     cli.main(["bench", "--params", str(smoke), "--device", "cpu", "--modes", "graphs",
@@ -183,7 +189,8 @@ def test_the_gpu_bench_commands_write_their_records(smoke, tmp_path, monkeypatch
                          "needs --modes eager graphs"),
                         (["--concurrent-only"], "needs --concurrent"),
                         (["--write-concurrency"], "needs --concurrent"),
-                        (["--kinds", "all"], "needs --concurrent"),
+                        (["--kinds", "a ViT"], "--kinds"),
+                        (["--concurrent", "1", "--kinds", "margins"], "no model kind"),
                         (["--concurrent", "1", "--kinds", "a ViT"], "--kinds")):
         with pytest.raises(SystemExit):
             cli.main(["bench", "--params", str(smoke), "--device", "cpu", *argv])

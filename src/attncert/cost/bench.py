@@ -76,20 +76,23 @@ COMPILE_MODES = ("eager", "compile", "graphs")
 ADVERSARIAL_KINDS = ("standard ViT (specformer vanilla)", "SpecFormer (MSVP)")
 
 
-def _bench_kinds(params, only: tuple[str, ...]) -> Iterator[tuple[str, nn.Module, Any, str, Any]]:
+def _bench_kinds(params, only: tuple[str, ...], adversarial: bool
+                 ) -> Iterator[tuple[str, nn.Module, Any, str, Any]]:
     """(name, model, batch(b), shape, adversarial recipe or None) of every bench kind
-    (``only``: these), then each kind of :data:`ADVERSARIAL_KINDS` under PGD training at
-    ``specformer.finetune``'s radius and steps."""
+    (``only``: these), or with ``adversarial`` each kind of :data:`ADVERSARIAL_KINDS` under PGD
+    training at ``specformer.finetune``'s radius and steps, named by its step kind."""
     from attncert.cost.graphs import graphs_key
     from attncert.training.train import TrainConfig
 
     models = bench_models(params)
+    if not adversarial:
+        for name, (model, make_batch, shape) in models.items():
+            if not only or name in only:
+                yield name, model, make_batch, shape, None
+        return
     ft = params["specformer"].finetune
     pgd = TrainConfig(epochs=1, adversarial="pgd_linf", adv_eps=ft.adv_eps_255 / 255,
                       adv_steps=ft.adv_steps)
-    for name, (model, make_batch, shape) in models.items():
-        if not only or name in only:
-            yield name, model, make_batch, shape, None
     for name in ADVERSARIAL_KINDS:
         key = graphs_key(name, adversarial=True)
         if not only or key in only:
@@ -98,14 +101,14 @@ def _bench_kinds(params, only: tuple[str, ...]) -> Iterator[tuple[str, nn.Module
 
 
 def bench_training(params, batch: int, steps: int = 5, device: str = "auto",
-                   precision: str = "auto", mode: str = "eager",
-                   only: tuple[str, ...] = ()) -> list[dict[str, Any]]:
+                   precision: str = "auto", mode: str = "eager", only: tuple[str, ...] = (),
+                   adversarial: bool = False) -> list[dict[str, Any]]:
     """Seconds per training step (median of ``steps`` after the warm-up: one step eager, three
-    compiled, whose first is reported as ``first_step_s``) per model kind (``only``: these),
-    and of SpecFormer's kinds under PGD adversarial training (:data:`ADVERSARIAL_KINDS`: the
-    attack's passes and the training pass, as :func:`attncert.training.train.step_loss` runs
-    them). ``mode``: one of :data:`COMPILE_MODES` (the forward and backward compiled as in
-    training, AdamW eager)."""
+    compiled, whose first is reported as ``first_step_s``) per model kind (``only``: these);
+    with ``adversarial``, of SpecFormer's kinds under PGD adversarial training instead
+    (:data:`ADVERSARIAL_KINDS`: the attack's passes and the training pass, as
+    :func:`attncert.training.train.step_loss` runs them). ``mode``: one of
+    :data:`COMPILE_MODES` (the forward and backward compiled as in training, AdamW eager)."""
     from attncert.msvp import MSVP
     from attncert.pipeline import rng
     from attncert.pipeline.device import resolve_device, resolve_precision
@@ -120,18 +123,18 @@ def bench_training(params, batch: int, steps: int = 5, device: str = "auto",
     how = compiled.resolve(dev, "off" if mode == "eager" else mode)
     warm = 1 if mode == "eager" else 3
     rows = []
-    for name, model, make_batch, shape, adversarial in _bench_kinds(params, only):
+    for name, model, make_batch, shape, pgd in _bench_kinds(params, only, adversarial):
         model.to(dev).train()
         args = [a.to(dev) for a in make_batch(batch)]
         msvp = (MSVP(model, *params["specformer"].msvp_lambda) if "MSVP" in name else None)
         opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-4)
         gen = rng.generator(0, dev)
 
-        def step(model=model, args=args, msvp=msvp, opt=opt, adversarial=adversarial, gen=gen):
+        def step(model=model, args=args, msvp=msvp, opt=opt, pgd=pgd, gen=gen):
             compiled.step_begin(how, dev)
             with autocast(prec, dev):
-                if adversarial is not None:  # images only: (x, y)
-                    _, loss = step_loss(model, *args, adversarial, msvp, gen)
+                if pgd is not None:  # images only: (x, y)
+                    _, loss = step_loss(model, *args, pgd, msvp, gen)
                 else:
                     loss = nn.functional.cross_entropy(model(*args[:-1]), args[-1])
                     if msvp is not None:
@@ -351,79 +354,3 @@ def bench_margins(params, batch: int, steps: int = 5, device: str = "auto",
     for r in rows:
         r["vs_lmt"] = r["ms_per_step"] / lmt
     return rows
-
-
-def bench_crown(params, device: str = "auto", points: int = 2,
-                methods: list[str] | None = None, depths: list[int] | None = None
-                ) -> Iterator[dict[str, Any]]:
-    """Seconds per CROWN bound of the crown stage's ViT at its paper shape (every depth, every
-    method of ``crown.methods``, the smallest ``cert_eps``, ``crown.bound_dtype``), on
-    ``points`` random images of the first dataset's shape. The weights are the untrained
-    initialisation: a bound's cost follows the graph's shape, not the weights' values. Build
-    time (once per model) is reported apart; a bound that fails (a domain error of loose
-    intermediate bounds, the time limit) counts with the seconds it ran, and its status shows.
-    ``methods``, ``depths``: subsets of ``crown.methods``, ``crown.depths`` (None: all). Yields
-    a row as each (depth, method) ends, so a caller keeps what finished before an
-    out-of-memory kill; ``peak_gb``: the device's peak allocation during the bounds (CUDA) or
-    the process's peak resident memory so far (CPU)."""
-    from attncert.crown.bridge import CrownCertifier, certify_points
-    from attncert.crown.study import vit_config
-    from attncert.models import build_vit
-    from attncert.pipeline.device import resolve_device
-
-    c = params["crown"]
-    dev = resolve_device(device)
-    dtype = getattr(torch, c.bound_dtype)
-    for depth in depths or c.depths:
-        cfg = vit_config(stand_in(c.datasets[0]), c, depth)
-        torch.manual_seed(0)
-        model = build_vit(cfg).to(device=dev, dtype=dtype).eval()
-        x, _ = random_images(cfg, points, dtype)
-        x = x.to(dev)
-        with torch.no_grad():
-            y = model(x).argmax(-1)
-        cert = CrownCertifier.from_vit(model, x.shape[1:], dtype)
-        for method in methods or c.methods:
-            if dev.type == "cuda":
-                torch.cuda.reset_peak_memory_stats(dev)
-            _sync(dev)
-            out = certify_points(cert, x, y, [min(c.cert_eps)], method, c.time_limit,
-                                 c.alpha_iterations)
-            _sync(dev)
-            yield {"depth": depth, "method": method, "device": str(dev),
-                   "dtype": c.bound_dtype, "tokens": (cfg.image_size // cfg.patch) ** 2,
-                   "build_seconds": cert.build_seconds,
-                   "seconds_per_bound": sum(r["seconds"] for r in out) / len(out),
-                   "status": ",".join(sorted({r["status"] for r in out})),
-                   "peak_gb": _peak_gb(dev)}
-        del cert, model
-
-
-def _peak_gb(dev: torch.device) -> float:
-    if dev.type == "cuda":
-        return torch.cuda.max_memory_allocated(dev) / 2**30
-    import resource
-
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20  # KiB on Linux
-
-
-def merge_crown_bench(path, rows: list[dict[str, Any]]) -> dict[str, Any]:
-    """Merge :func:`bench_crown` ``rows`` into the JSON file at ``path`` (a row replaces the
-    row of the same device type, depth and method; others are kept), each row dated (a row's
-    own date, machine and torch, when it has them, are kept); written atomically."""
-    import datetime
-    import platform
-
-    from attncert.pipeline.io import merge_rows
-
-    types = {r["device"].split(":")[0] for r in rows}
-    date = datetime.date.today().isoformat()
-    if all("machine" in r for r in rows):  # measured elsewhere: as recorded there
-        machine = ""
-    elif "cuda" in types:
-        machine = torch.cuda.get_device_name() if torch.cuda.is_available() else "cuda"
-    else:
-        machine = f"{platform.processor() or platform.machine()}, {torch.get_num_threads()} threads"
-    new = [{"date": date, "machine": machine, "torch": torch.__version__} | r for r in rows]
-    return merge_rows(path, new, lambda r: (r["device"].split(":")[0], r["depth"], r["method"]),
-                      ordered=True)

@@ -18,7 +18,6 @@ from attncert.cost.bench import (
     CONCURRENCY_KIND,
     bench_audits,
     bench_concurrency,
-    bench_crown,
     bench_margins,
     bench_models,
     bench_training,
@@ -72,6 +71,62 @@ def cuda_name(device: str) -> str | None:
     return torch.cuda.get_device_name(dev) if dev.type == "cuda" else None
 
 
+#: ``bench --kinds``'s name for the grid's Lipschitz ViT timed under each training margin
+MARGINS = "margins"
+
+
+def step_kinds(params) -> list[str]:
+    """The single-step bench's kinds in the order it times them: every model kind, SpecFormer's
+    two under PGD training, the image kinds' PGD audit step (then :data:`MARGINS`)."""
+    from attncert.cost.bench import ADVERSARIAL_KINDS, AUDIT_KINDS
+    from attncert.cost.graphs import graphs_key
+
+    return [*bench_models(params), *(graphs_key(k, adversarial=True) for k in ADVERSARIAL_KINDS),
+            *(graphs_key(k, audit=True) for k in AUDIT_KINDS)]
+
+
+def _bench_steps(params, args, kinds: list[str], gpu_name: str | None) -> None:
+    """Time each of ``kinds`` in every mode of ``args.modes``, one kind after another, and
+    with ``--write-compile`` merge each kind's eager and CUDA-graph times as soon as both are
+    measured, so a run stopped part-way keeps the kinds that finished."""
+    from attncert.cost.bench import ADVERSARIAL_KINDS, AUDIT_KINDS
+    from attncert.cost.graphs import graphs_key
+    from attncert.pipeline.device import resolve_device, resolve_precision
+
+    adversarial = {graphs_key(k, adversarial=True) for k in ADVERSARIAL_KINDS}
+    audits = {graphs_key(k, audit=True) for k in AUDIT_KINDS}
+    b, dev = args.batch, args.device
+    print(f"one step at batch {b} per kind and mode, {torch.get_num_threads()} threads: a "
+          f"training step (forward, backward, AdamW; under PGD training its attack too), an "
+          f"audit's attack step (its float32 copy), the grid's Lipschitz ViT per margin")
+    print(f"{'kind':>48} {'mode':>7} {'ms/step':>9} {'first s':>8} {'params':>11}  shape")
+    for kind in kinds:
+        rows, margins = {}, {}
+        for mode in args.modes:
+            if kind == MARGINS:
+                margins[mode] = bench_margins(params, b, args.steps, dev, mode=mode)
+                for r in margins[mode]:
+                    name = f"margin {r['margin']}"
+                    print(f"{name:>48} {mode:>7} {r['ms_per_step']:9.1f} "
+                          f"{r['first_step_s']:8.1f} {'':>11}  {r['vs_lmt']:.2f}x LMT's step"
+                          + (f"  {r['status']}" if r["status"] != "ok" else ""), flush=True)
+                continue
+            if kind in audits:
+                rows[mode] = bench_audits(params, b, args.steps, dev, mode=mode, only=(kind,))
+            else:
+                rows[mode] = bench_training(params, b, args.steps, dev, mode=mode, only=(kind,),
+                                            adversarial=kind in adversarial)
+            for r in rows[mode]:
+                print(f"{r['model']:>48} {mode:>7} {r['ms_per_step']:9.1f} "
+                      f"{r['first_step_s']:8.1f} {r['parameters']:11,}  {r['shape']}, "
+                      f"{r['device']}, {r['precision']}"
+                      + (f"  {r['status']}" if r["status"] != "ok" else ""), flush=True)
+        if args.write_compile and (measured := compile_rows(rows, margins)):
+            merge_compile_bench(args.write_compile, measured, gpu_name,
+                                datetime.date.today().isoformat(), torch.__version__, b,
+                                resolve_precision("auto", resolve_device(dev)))
+
+
 def main(argv: list[str] | None = None) -> int:
     from attncert.pipeline.params import ParamsError
     from attncert.stages.registry import load_params
@@ -100,8 +155,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--concurrent-only", action="store_true",
                     help="bench --concurrent: only the K-process runs (no single-step tables)")
     ap.add_argument("--kinds", nargs="+", default=None, metavar="KIND",
-                    help="bench --concurrent: these model kinds (the bench's names, or 'all'; "
-                         "default: the grid's Lipschitz ViT)")
+                    help="bench: these kinds (the bench's names, 'margins', or 'all'; default: "
+                         "all); with --concurrent the model kinds run K at once (default: the "
+                         "grid's Lipschitz ViT)")
     ap.add_argument("--write-compile", metavar="PATH", nargs="?", const=COMPILE_BENCH,
                     default=None,
                     help=f"bench with --modes eager graphs: merge each step kind's eager and "
@@ -152,7 +208,7 @@ def main(argv: list[str] | None = None) -> int:
             not {"eager", "graphs"} <= set(args.modes) or args.concurrent_only):
         ap.error("--write-compile: needs --modes eager graphs (and the single-step tables)")
     for flag, given in (("--concurrent-only", args.concurrent_only),
-                        ("--write-concurrency", args.write_concurrency), ("--kinds", args.kinds)):
+                        ("--write-concurrency", args.write_concurrency)):
         if args.command == "bench" and given and not args.concurrent:
             ap.error(f"{flag}: needs --concurrent K ...")
     gpu_name = None
@@ -162,27 +218,19 @@ def main(argv: list[str] | None = None) -> int:
             ap.error("--write-compile, --write-concurrency: the records hold CUDA measurements; "
                      f"--device {args.device} is not a GPU")
     if args.command == "bench":
-        kinds = (list(bench_models(params)) if args.kinds == ["all"]
-                 else args.kinds or [CONCURRENCY_KIND])
-        unknown = [k for k in kinds if k not in bench_models(params)]
-        if unknown:
-            ap.error(f"--kinds: {unknown[0]!r}; one of {', '.join(bench_models(params))}, all")
-        trained, margins = {}, {}
-        for mode in () if args.concurrent_only else args.modes:
-            rows = trained[mode] = [
-                *bench_training(params, args.batch, args.steps, args.device, mode=mode),
-                *bench_audits(params, args.batch, args.steps, args.device, mode=mode)]
-            print(f"training step (forward, backward, AdamW; PGD training: its attack too; a PGD "
-                  f"audit: one attack step of its float32 copy), batch {args.batch}, "
-                  f"device {rows[0]['device']}, precision {rows[0]['precision']}, "
-                  f"threads {torch.get_num_threads()}, {mode}")
-            print(f"{'model':>48} {'ms/step':>9} {'first s':>8} {'params':>11}  shape")
-            for r in rows:
-                print(f"{r['model']:>48} {r['ms_per_step']:9.1f} {r['first_step_s']:8.1f} "
-                      f"{r['parameters']:11,}  {r['shape']}"
-                      + (f"  {r['status']}" if r["status"] != "ok" else ""), flush=True)
+        models, steps = list(bench_models(params)), step_kinds(params)
+        every = [*steps, MARGINS]
+        chosen = every if args.kinds in (None, ["all"]) else args.kinds
+        if unknown := [k for k in chosen if k not in every]:
+            ap.error(f"--kinds: {unknown[0]!r}; one of {', '.join(every)}, all")
+        concurrent = (models if args.kinds == ["all"] else args.kinds or [CONCURRENCY_KIND])
+        if args.concurrent and (unknown := [k for k in concurrent if k not in models]):
+            ap.error(f"--kinds with --concurrent: {unknown[0]!r} is no model kind; one of "
+                     f"{', '.join(models)}, all")
+        if not args.concurrent_only:
+            _bench_steps(params, args, chosen, gpu_name)
         for mode in args.modes if args.concurrent else ():
-            for kind in kinds:
+            for kind in concurrent:
                 print(f"\nK processes training {kind} at once, {mode}")
                 print(f"{'K':>3} {'ms/step':>9} {'steps/s':>8} {'x K=1':>6}")
                 rows = bench_concurrency(params, args.batch, tuple(args.concurrent),
@@ -194,24 +242,12 @@ def main(argv: list[str] | None = None) -> int:
                     merge_concurrency_bench(args.write_concurrency, rows, gpu_name,
                                             datetime.date.today().isoformat(),
                                             torch.__version__)
-        for mode in () if args.concurrent_only else args.modes:
-            print(f"\nthe grid's Lipschitz ViT by training margin (train_vit), batch "
-                  f"{args.batch}, {mode}")
-            print(f"{'margin':>10} {'ms/step':>9} {'x LMT':>7}")
-            margins[mode] = bench_margins(params, args.batch, args.steps, args.device, mode=mode)
-            for r in margins[mode]:
-                print(f"{r['margin']:>10} {r['ms_per_step']:9.1f} {r['vs_lmt']:7.2f}"
-                      + (f"  {r['status']}" if r["status"] != "ok" else ""), flush=True)
-        if args.write_compile:
-            merge_compile_bench(args.write_compile, compile_rows(trained, margins), gpu_name,
-                                datetime.date.today().isoformat(), torch.__version__,
-                                args.batch, trained["eager"][0]["precision"])
         return 0
     if args.command == "crown":
         print(f"one CROWN bound (point x eps) of the crown stage's ViT, {args.points} points")
         print(f"{'depth':>5} {'method':>12} {'tokens':>6} {'build s':>8} {'s/bound':>8} "
               f"{'peak GB':>7}  status")
-        from attncert.cost.bench import merge_crown_bench
+        from attncert.cost.crown_bench import bench_crown, merge_crown_bench
 
         for r in bench_crown(params, args.device, args.points, args.methods, args.depths):
             print(f"{r['depth']:>5} {r['method']:>12} {r['tokens']:>6} "

@@ -38,7 +38,7 @@ from attncert.pipeline import jobs as J
 from attncert.text.tokenize import ENCODERS, VOCAB
 
 #: seconds per CROWN bound measured at the paper shape (``python -m attncert.cost crown
-#: --device D --write``): rows of :func:`attncert.cost.bench.bench_crown`, per device type
+#: --device D --write``): rows of :func:`attncert.cost.crown_bench.bench_crown`, per device type
 CROWN_BENCH = "docs/crown_bench.json"
 #: the text models' step kinds for the CUDA-graph speed-up (attncert.cost.graphs); OLSA's has
 #: no measurement under graphs yet (its capture failed before its head's closed-form norm),
