@@ -80,9 +80,10 @@ gpu-check: env
 	  tests/test_compiled.py tests/test_compiled_attacks.py
 	ATTNCERT_DRYRUN_DEVICE=cuda $(PY) -m pytest -q tests/test_paper_dryrun.py
 
-# on a GPU box (about 12 minutes on an H200): eager against CUDA graphs per model kind (SpecFormer's
-# two under PGD training, the image kinds' PGD audit step) and training margin, then K = 1 and 4 units at once per kind, merged into the records the cost table and the
-# plan read (docs/compile_bench.json, docs/concurrency_bench.json; docs/gpus.md)
+# on a GPU box (about 15 minutes on an H200, estimated): eager against CUDA graphs per model kind
+# (SpecFormer's two under PGD training too), per kind's PGD audit step and per training margin, each
+# kind merged as it finishes; then K = 1 and 4 units at once per kind; into the records the cost
+# table and the plan read (docs/compile_bench.json, docs/concurrency_bench.json; docs/gpus.md)
 gpu-bench: env
 	$(PY) -m attncert.cost bench --device cuda --batch 128 --steps 10 --modes eager graphs \
 	  --write-compile

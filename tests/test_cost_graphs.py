@@ -58,8 +58,8 @@ def test_only_a_training_runs_kernels_get_faster():
 
 def test_audits_take_their_kinds_measured_step(smoke):
     """A PGD audit on a compiled attack copy is the audit step kind of its model's kind;
-    SpecFormer's table attacks (the float32 model itself, eager) and the text models' audits
-    (not timed by the bench) count eager."""
+    SpecFormer's table attacks (the float32 model itself, eager) and the frozen-encoder head's
+    audits (no bench kind) count eager."""
     from attncert.cost.table import stage_work
 
     work = stage_work(load_params(smoke), ("certify_vit", "frontier", "specformer", "text"))[0]
@@ -70,7 +70,9 @@ def test_audits_take_their_kinds_measured_step(smoke):
     assert audits["certify_vit"] == {"lipschitz ViT (train_vit), PGD audit"}
     assert audits["frontier"] == {"lipschitz ViT (train_vit), PGD audit",
                                   "standard ViT (specformer vanilla), PGD audit", ""}  # linear
-    assert "" in audits["specformer"] and audits["text"] == {""}
+    assert "" in audits["specformer"]
+    assert audits["text"] == {"", "OLSA text, PGD audit", "LoFAST text, PGD audit",
+                              "standard text, PGD audit"}  # "": the frozen-encoder head's
     gpu = dataclasses.replace(GPUS["h100"], kernel_seconds=1e-5, graphs_speedup=(
         ("lipschitz ViT (train_vit), PGD audit", 4.0),))
     audit = next(w for w in work if w.stage == "certify_vit" and w.kind == "tf32")

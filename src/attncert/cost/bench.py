@@ -167,8 +167,10 @@ def bench_training(params, batch: int, steps: int = 5, device: str = "auto",
     return rows
 
 
-#: the bench's image kinds whose PGD audits are timed (:func:`bench_audits`)
-AUDIT_KINDS = ("lipschitz ViT (train_vit)", "standard ViT (specformer vanilla)")
+#: the bench's kinds whose PGD audits are timed (:func:`bench_audits`): the image models' in
+#: pixel space, the text models' on their embeddings (:mod:`attncert.text.attacks`)
+AUDIT_KINDS = ("lipschitz ViT (train_vit)", "standard ViT (specformer vanilla)", "OLSA text",
+               "LoFAST text", "standard text")
 #: attack steps per timed audit
 AUDIT_STEPS = 10
 
@@ -177,7 +179,9 @@ def bench_audits(params, batch: int, steps: int = 5, device: str = "auto", mode:
                  only: tuple[str, ...] = ()) -> list[dict[str, Any]]:
     """Seconds per attack step of a PGD audit (L2 PGD, :data:`AUDIT_STEPS` steps, one restart)
     of a float64 model of each kind of :data:`AUDIT_KINDS` (``only``: these audit keys), run
-    as the audits run it: on its float32 attack copy (:func:`attncert.attacks.attack_copy`,
+    as the audits run it (a text model's on its embeddings,
+    :func:`attncert.text.attacks.pgd_embeddings`): on its float32 attack copy
+    (:func:`attncert.attacks.attack_copy`,
     compiled in ``mode``: one of :data:`COMPILE_MODES`), TF32 matmuls on CUDA. Median of
     ``steps`` attacks after the warm-up (one eager, three compiled); an attack's clean and
     final forward passes count in its steps. Rows as :func:`bench_training`'s, ``model`` the
@@ -186,6 +190,7 @@ def bench_audits(params, batch: int, steps: int = 5, device: str = "auto", mode:
     from attncert.cost.graphs import graphs_key
     from attncert.pipeline import rng
     from attncert.pipeline.device import resolve_device
+    from attncert.text.attacks import pgd_embeddings
     from attncert.training.precision import attack_matmuls
 
     if mode not in COMPILE_MODES:
@@ -193,6 +198,15 @@ def bench_audits(params, batch: int, steps: int = 5, device: str = "auto", mode:
     dev = resolve_device(device)
     warm = 1 if mode == "eager" else 3
     models = bench_models(params)
+
+    def attack(attacker, model, batch, gen):
+        if len(batch) == 2:  # images (x, y)
+            return pgd_l2(attacker, *batch, 0.5, AUDIT_STEPS, 1, generator=gen)
+        ids, mask, y = batch  # text: its embeddings, float32 as the audit attacks them
+        e = model.embed(ids, mask).float()
+        return pgd_embeddings(lambda z: attacker(z, mask), e, y, 0.5, AUDIT_STEPS, 1,
+                              generator=gen)
+
     rows = []
     for kind in AUDIT_KINDS:
         key = graphs_key(kind, audit=True)
@@ -201,15 +215,15 @@ def bench_audits(params, batch: int, steps: int = 5, device: str = "auto", mode:
         model, make_batch, shape = models[kind]
         model = model.to(dev, torch.float64).eval()
         attacker = attack_copy(model, mode="off" if mode == "eager" else mode)
-        x, y = (a.to(dev) for a in make_batch(batch))
+        args = [a.to(dev) for a in make_batch(batch)]
         gen = rng.generator(0, dev)
         times, status = [], "ok"
         try:
-            with attack_matmuls(dev):
+            with attack_matmuls(dev), torch.enable_grad():
                 for _ in range(steps + warm):
                     _sync(dev)
                     t0 = time.perf_counter()
-                    pgd_l2(attacker, x, y, 0.5, AUDIT_STEPS, 1, generator=gen)
+                    attack(attacker, model, args, gen)
                     _sync(dev)
                     times.append((time.perf_counter() - t0) / AUDIT_STEPS)
         except Exception as exc:  # noqa: BLE001 (a kind whose attack does not compile is a result)

@@ -77,7 +77,8 @@ MARGINS = "margins"
 
 def step_kinds(params) -> list[str]:
     """The single-step bench's kinds in the order it times them: every model kind, SpecFormer's
-    two under PGD training, the image kinds' PGD audit step (then :data:`MARGINS`)."""
+    two under PGD training, the PGD audit step of each kind of
+    :data:`attncert.cost.bench.AUDIT_KINDS` (then :data:`MARGINS`)."""
     from attncert.cost.bench import ADVERSARIAL_KINDS, AUDIT_KINDS
     from attncert.cost.graphs import graphs_key
 

@@ -82,9 +82,11 @@ def graphs(model: J.Model) -> str:
 
 
 def audit_graphs(model: J.Model) -> str:
-    """The step kind a PGD audit of ``model`` is measured under graphs as: an image model's
-    (its compiled attack copy, :func:`attncert.cost.bench.bench_audits`; "": eager, the
-    text models' audits among them, which the bench does not time)."""
+    """The step kind a PGD audit of ``model`` is measured under graphs as (its compiled
+    attack copy, :func:`attncert.cost.bench.bench_audits`), "" for a model of no bench kind
+    (eager)."""
+    if model.kind == "text" and model.family in TEXT_KINDS:
+        return graphs_key(TEXT_KINDS[model.family], audit=True)
     if model.kind != "vit" or model.family not in VIT_KINDS:
         return ""
     kind = STANDARD_VIT if model.family == "msvp" else VIT_KINDS[model.family]  # MSVP: training
