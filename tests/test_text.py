@@ -113,6 +113,36 @@ def test_orthogonal_linear_stays_orthogonal_after_steps():
     assert (w @ w.T - torch.eye(32)).abs().max() < 1e-5
 
 
+def test_the_reprojection_batches_the_maps_of_a_shape():
+    """reproject_orthogonal_ gives every map its own polar retraction (as reproject_ does, to
+    rounding), the maps of one shape in one batch: a few dozen kernels for a deep model, not
+    a few dozen per map (it runs eagerly after every step, outside any CUDA graph)."""
+    from attncert.cost.counting import count
+    from attncert.text.orthogonal import reproject_orthogonal_
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(*(OrthogonalLinear(d) for d in (8, 8, 8, 4, 8, 4)),
+                                torch.nn.Linear(4, 4))
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(0.05 * torch.randn_like(p))
+    before = [p.clone() for p in model.parameters()]
+    expected = []
+    for m in model:
+        if isinstance(m, OrthogonalLinear):
+            m.reproject_()
+        expected += [p.clone() for p in m.parameters()]
+    with torch.no_grad():
+        for p, b in zip(model.parameters(), before, strict=True):
+            p.copy_(b)
+    _, kernels = count(lambda: reproject_orthogonal_(model))
+    for p, want, b in zip(model.parameters(), expected, before, strict=True):
+        assert torch.allclose(p, want, rtol=1e-6, atol=1e-6)
+        assert p.shape != (8, 8) or not torch.equal(p, b)  # every map moved
+    assert kernels < 2 * 40  # two batches (8 x 8 and 4 x 4) of five iterations each
+    assert torch.equal(model[-1].weight, before[-2])  # a plain layer is left alone
+
+
 @pytest.mark.parametrize("group_size", [2, 4])
 def test_groupsort_permutes_groups_and_is_1_lipschitz(group_size):
     gs = GroupSort(group_size)

@@ -66,6 +66,20 @@ def bench_models(params) -> dict[str, tuple[nn.Module, Callable[[int], tuple], s
     }
 
 
+def step_terms(params, kind: str, model: nn.Module
+               ) -> tuple[Callable[..., Any] | None, Callable[[], None] | None]:
+    """(loss(logits, y), after()) of a training step of the bench's ``kind`` beyond
+    cross-entropy and AdamW, or (None, None): a text model's as its runs take it
+    (:func:`attncert.text.train_text.step_terms`; OLSA's with the certificate regulariser at
+    ``text.gamma``, then every kind's re-projection of its orthogonal maps). The bench times
+    and the GPU calibration counts the same step."""
+    if kind not in ("OLSA text", "LoFAST text", "standard text"):
+        return None, None
+    from attncert.text.train_text import step_terms as text_step_terms
+
+    return text_step_terms(model, params["text"].gamma if kind == "OLSA text" else 0.0)
+
+
 #: how a bench step runs: eager, or compiled as training runs it in ``base.compile``'s modes
 #: (:mod:`attncert.training.compiled`: ``compile``, ``graphs`` with CUDA graphs on CUDA)
 COMPILE_MODES = ("eager", "compile", "graphs")
@@ -129,19 +143,24 @@ def bench_training(params, batch: int, steps: int = 5, device: str = "auto",
         msvp = (MSVP(model, *params["specformer"].msvp_lambda) if "MSVP" in name else None)
         opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-4)
         gen = rng.generator(0, dev)
+        loss_fn, after = step_terms(params, name, model)
+        loss_fn = loss_fn or nn.functional.cross_entropy
 
-        def step(model=model, args=args, msvp=msvp, opt=opt, pgd=pgd, gen=gen):
+        def step(model=model, args=args, msvp=msvp, opt=opt, pgd=pgd, gen=gen,
+                 loss_fn=loss_fn, after=after):
             compiled.step_begin(how, dev)
             with autocast(prec, dev):
                 if pgd is not None:  # images only: (x, y)
                     _, loss = step_loss(model, *args, pgd, msvp, gen)
                 else:
-                    loss = nn.functional.cross_entropy(model(*args[:-1]), args[-1])
+                    loss = loss_fn(model(*args[:-1]), args[-1])
                     if msvp is not None:
                         loss = loss + msvp()
             opt.zero_grad(set_to_none=True)
             loss.backward()
             opt.step()
+            if after is not None:
+                after()
 
         times = []
         try:

@@ -41,7 +41,7 @@ COMMITTED_CALIBRATION = "docs/gpu_check.json"
 def kernel_seconds(rows: list[dict[str, Any]], params, batch: int) -> dict[str, float]:
     """Seconds per kernel of every measured model kind: its measured step time (``rows`` of
     :func:`attncert.cost.bench.bench_training` at ``batch``) over the kernels of one step."""
-    from attncert.cost.bench import bench_models
+    from attncert.cost.bench import bench_models, step_terms
     from attncert.cost.counting import count, train_step
     from attncert.msvp import MSVP
 
@@ -50,7 +50,8 @@ def kernel_seconds(rows: list[dict[str, Any]], params, batch: int) -> dict[str, 
     for r in rows:
         model, make_batch, _ = models[r["model"]]
         msvp = MSVP(model, *params["specformer"].msvp_lambda) if "MSVP" in r["model"] else None
-        _, kernels = count(train_step(model, make_batch, msvp=msvp)(batch))
+        loss_fn, after = step_terms(params, r["model"], model)  # the step the bench timed
+        _, kernels = count(train_step(model, make_batch, loss_fn, msvp, after)(batch))
         out[r["model"]] = r["ms_per_step"] / 1e3 / max(kernels, 1)
     return out
 

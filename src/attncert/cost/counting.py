@@ -133,9 +133,10 @@ def random_images(cfg, b: int, dtype=torch.float32) -> tuple[Tensor, Tensor]:
     return x, torch.zeros(b, dtype=torch.long)
 
 
-def train_step(model: nn.Module, batch: Callable[[int], tuple], loss_fn=None, msvp=None
-               ) -> Callable[[int], Callable[[], None]]:
-    """make(b): one training step (forward, loss, backward, AdamW) at batch b."""
+def train_step(model: nn.Module, batch: Callable[[int], tuple], loss_fn=None, msvp=None,
+               after: Callable[[], None] | None = None) -> Callable[[int], Callable[[], None]]:
+    """make(b): one training step (forward, loss, backward, AdamW, then ``after()``: the
+    step's work after the optimiser, such as OLSA's re-projection) at batch b."""
     opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-4)
     loss_fn = loss_fn or (lambda out, y: nn.functional.cross_entropy(out, y))
 
@@ -150,6 +151,8 @@ def train_step(model: nn.Module, batch: Callable[[int], tuple], loss_fn=None, ms
             opt.zero_grad(set_to_none=True)
             loss.backward()
             opt.step()
+            if after is not None:
+                after()
         return step
     return make
 

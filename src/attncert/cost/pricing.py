@@ -101,11 +101,11 @@ def counts(model: J.Model) -> dict[str, Counts]:
         return pixel_linear_counts(*model.config)
     if model.kind == "text":
         torch.manual_seed(0)
-        return _text_counts(model.build(), model.max_len)
+        return _text_counts(model.build(), model.max_len, model.margin == "olsa")
     if model.kind == "frozen_head":
         torch.manual_seed(0)
         return _frozen_head_counts(model.build(encoder=_StandInEncoder(model.width)),
-                                   model.width, model.max_len)
+                                   model.width, model.max_len, model.margin == "olsa")
     raise ValueError(f"a {model.kind!r} model has no counts")
 
 
@@ -189,8 +189,13 @@ def _layer_study(stage: str, ph: J.LayerStudy) -> Work:
 _TEXT_COUNTS: dict[tuple, dict[str, Counts]] = {}
 
 
-def _text_counts(model: torch.nn.Module, max_len: int) -> dict[str, Counts]:
-    """A text model's train / forward / attack counts on token ids of ``max_len``."""
+def _text_counts(model: torch.nn.Module, max_len: int, regulariser: bool = False
+                 ) -> dict[str, Counts]:
+    """A text model's train / forward / attack counts on token ids of ``max_len``; its step as
+    the text runs take it (:func:`attncert.text.train_text.step_terms`: with OLSA's
+    certificate ``regulariser``, then the orthogonal maps' re-projection)."""
+    from attncert.text.train_text import step_terms
+
     def batch(b):
         return (torch.randint(1, VOCAB, (b, max_len)),
                 torch.ones(b, max_len, dtype=torch.bool), torch.zeros(b, dtype=torch.long))
@@ -200,9 +205,10 @@ def _text_counts(model: torch.nn.Module, max_len: int) -> dict[str, Counts]:
         with torch.no_grad():
             return model.embed(ids, mask), mask, y
 
-    key = (repr(model), max_len)
+    key = (repr(model), max_len, regulariser)
     if key not in _TEXT_COUNTS:
-        _TEXT_COUNTS[key] = {"train": fit(train_step(model, batch)),
+        loss, after = step_terms(model, 1.0 if regulariser else 0.0)
+        _TEXT_COUNTS[key] = {"train": fit(train_step(model, batch, loss, after=after)),
                              "forward": fit(forward(model, batch)),
                              "attack": fit(attack_step(model, emb_batch))}
     return _TEXT_COUNTS[key]
@@ -217,13 +223,19 @@ class _StandInEncoder(torch.nn.Module):
         self.config = type("Config", (), {"hidden_size": hidden})()
 
 
-def _frozen_head_counts(head, hidden: int, max_len: int) -> dict[str, Counts]:
-    """The frozen head's train / forward / attack counts on cached (B, L, hidden) states."""
+def _frozen_head_counts(head, hidden: int, max_len: int, regulariser: bool = False
+                        ) -> dict[str, Counts]:
+    """The frozen head's train / forward / attack counts on cached (B, L, hidden) states (its
+    step as :func:`_text_counts` counts a text model's)."""
     def states(b):
         return (torch.randn(b, max_len, hidden), torch.ones(b, max_len, dtype=torch.bool),
                 torch.zeros(b, dtype=torch.long))
+    from attncert.text.train_text import step_terms
+
     torch.manual_seed(0)
-    return {"train": fit(train_step(head, states)), "forward": fit(forward(head, states)),
+    loss, after = step_terms(head, 1.0 if regulariser else 0.0)
+    return {"train": fit(train_step(head, states, loss, after=after)),
+            "forward": fit(forward(head, states)),
             "attack": fit(attack_step(head, states))}
 
 

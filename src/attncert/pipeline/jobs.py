@@ -32,8 +32,9 @@ class Model:
     -> the module, on token ids of ``max_len``), ``frozen_head`` (``build()`` -> the head over
     a frozen encoder of width ``width``, on its cached states) or ``none``. ``msvp``: the MSVP
     penalty's lambdas when it trains with one; ``margin``: the training margin (``lofast``
-    changes a step's work); ``family``: the step kind the CUDA-graph speed-up is measured for
-    (``lipschitz``, ``standard``, ``msvp``, a SpecFormer method, a text model's class; "" eager).
+    changes a step's work; a text model's ``olsa``: OLSA's certificate regulariser, gamma >
+    0); ``family``: the step kind the CUDA-graph speed-up is measured for (``lipschitz``,
+    ``standard``, ``msvp``, a SpecFormer method, a text model's class; "" eager).
     """
 
     kind: str

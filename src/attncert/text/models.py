@@ -52,6 +52,7 @@ from .olsa import (
     normalize_tokens,
     sqrt_mean_pool,
 )
+from .orthogonal import head_norm
 from .tokenize import PACKAGE_SOURCE, load_encoder, segments
 
 
@@ -100,8 +101,10 @@ class _OLSAStack(nn.Module):
         return self.head(sqrt_mean_pool(self.norm(t), mask))
 
     def head_lipschitz(self) -> Tensor:
-        """||W_head||_2 of the applied head (1 up to rounding), differentiable (regulariser)."""
-        return torch.linalg.matrix_norm(self.head.weight_effective(), 2)
+        """||W_head||_2 of the applied head (1 up to rounding), differentiable (regulariser):
+        :func:`~attncert.text.orthogonal.head_norm`, a closed form for two classes (no SVD, no
+        host round trip in the training step), the SVD for more."""
+        return head_norm(self.head.weight_effective())
 
     @torch.no_grad()
     def lipschitz(self, mask: Tensor) -> Tensor:

@@ -81,11 +81,20 @@ class OrthogonalLinear(nn.Module):
             self.v.copy_(newton_orthogonalize(_at_least_float32(self.v), iters))
 
 
-def reproject_orthogonal_(model: nn.Module) -> None:
-    """:meth:`OrthogonalLinear.reproject_` on every orthogonal map of ``model`` (after a step)."""
+@torch.no_grad()
+def reproject_orthogonal_(model: nn.Module, iters: int = 5) -> None:
+    """:meth:`OrthogonalLinear.reproject_` on every orthogonal map of ``model`` (after a step),
+    the maps of one shape, dtype and device as one batch: one Newton-Schulz iteration of
+    batched products for all of them, not one per map (a deep model has 30 maps, and a
+    training step runs this eagerly, outside any compiled graph)."""
+    groups: dict[tuple, list[Tensor]] = {}
     for m in model.modules():
         if isinstance(m, OrthogonalLinear):
-            m.reproject_()
+            groups.setdefault((m.v.shape, m.v.dtype, m.v.device), []).append(m.v)
+    for (_, _, device), vs in groups.items():
+        with full_precision(device):
+            polar = newton_orthogonalize(_at_least_float32(torch.stack(vs)), iters)
+        torch._foreach_copy_(vs, list(polar.unbind()))
 
 
 @outside_graphs

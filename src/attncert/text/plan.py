@@ -73,7 +73,7 @@ def jobs(p: StudyParams) -> list[Job]:
             if job.cls is FrozenEncoderOLSA:
                 frozen = [Job("text", unit, what, Model(
                     "frozen_head", build=_builder(job.cls, job.kwargs), max_len=t.max_len,
-                    width=width), (
+                    width=width, margin="olsa" if job.train.get("gamma") else "none"), (
                     EncoderForward(f"{what} ({t.frozen.source} encoder forward, once)",
                                    t.frozen.source, n["frozen_train"] + final,
                                    t.cert_batch_size, t.max_len),
@@ -93,6 +93,7 @@ def jobs(p: StudyParams) -> list[Job]:
             phases += [replace(audit, what=f"{what}: PGD audit"), *diagnosed]
             out.append(Job("text", unit, what, Model(
                 "text", build=_builder(job.cls, job.kwargs), max_len=t.max_len,
-                family=job.cls.__name__), tuple(phases)))
+                family=job.cls.__name__, margin="olsa" if job.train.get("gamma") else "none"),
+                tuple(phases)))
         out += frozen
     return out

@@ -29,7 +29,7 @@ import dataclasses
 import hashlib
 import math
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -209,6 +209,15 @@ def text_loss(model: nn.Module, logits: Tensor, y: Tensor, gamma: float,
     if gamma > 0:
         loss = loss + certificate_regulariser(logits, y, model.head_lipschitz(), gamma)
     return loss
+
+
+def step_terms(model: nn.Module, gamma: float
+               ) -> tuple[Callable[[Tensor, Tensor], Tensor], Callable[[], None]]:
+    """(loss(logits, y), after()) of a training step of ``model`` as :class:`TextSteps` runs it
+    at a fixed ``gamma``: :func:`text_loss`, then the orthogonal maps' re-projection (none for
+    a model without them). The cost model counts and the bench times a text step by them."""
+    return ((lambda logits, y: text_loss(model, logits, y, gamma)),
+            (lambda: reproject_orthogonal_(model)))
 
 
 @torch.no_grad()
