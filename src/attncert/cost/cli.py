@@ -86,10 +86,47 @@ def step_kinds(params) -> list[str]:
             *(graphs_key(k, audit=True) for k in AUDIT_KINDS)]
 
 
+def _child(params_path: str, fn: str, args: tuple, kwargs: dict, queue) -> None:
+    """In a process of its own: ``attncert.cost.bench.<fn>(params, *args, **kwargs)``."""
+    from attncert.cost import bench
+    from attncert.stages.registry import load_params
+
+    try:
+        queue.put(("ok", getattr(bench, fn)(load_params(params_path), *args, **kwargs)))
+    except BaseException as exc:  # noqa: BLE001 (reported to the parent, which goes on)
+        queue.put(("error", f"{type(exc).__name__}: {exc}"[:200]))
+
+
+def isolated(params_path: str, fn: str, *args, **kwargs) -> tuple[list[dict] | None, str]:
+    """(``attncert.cost.bench.<fn>``'s rows, "") run in a fresh process, or (None, why) when
+    it failed or its process died: a CUDA-graph capture that fails leaves the process's CUDA
+    state (its random-number offsets) broken for every later kind."""
+    import multiprocessing as mp
+    import queue as queues
+
+    ctx = mp.get_context("spawn")
+    q = ctx.Queue()
+    proc = ctx.Process(target=_child, args=(params_path, fn, args, kwargs, q))
+    proc.start()
+    try:
+        while True:  # read before joining: a large result would block the child's exit
+            try:
+                status, value = q.get(timeout=5)
+                break
+            except queues.Empty:
+                if not proc.is_alive():
+                    proc.join()
+                    return None, f"its process exited with code {proc.exitcode}"
+    finally:
+        proc.join()
+    return (value, "") if status == "ok" else (None, value)
+
+
 def _bench_steps(params, args, kinds: list[str], gpu_name: str | None) -> None:
     """Time each of ``kinds`` in every mode of ``args.modes``, one kind after another, and
     with ``--write-compile`` merge each kind's eager and CUDA-graph times as soon as both are
-    measured, so a run stopped part-way keeps the kinds that finished."""
+    measured, so a run stopped part-way keeps the kinds that finished. On CUDA (or with
+    ``--isolate``) each kind and mode runs in a process of its own (:func:`isolated`)."""
     from attncert.cost.bench import ADVERSARIAL_KINDS, AUDIT_KINDS
     from attncert.cost.graphs import graphs_key
     from attncert.pipeline.device import resolve_device, resolve_precision
@@ -97,6 +134,23 @@ def _bench_steps(params, args, kinds: list[str], gpu_name: str | None) -> None:
     adversarial = {graphs_key(k, adversarial=True) for k in ADVERSARIAL_KINDS}
     audits = {graphs_key(k, audit=True) for k in AUDIT_KINDS}
     b, dev = args.batch, args.device
+    alone = args.isolate or resolve_device(dev).type == "cuda"
+    local = {"bench_margins": bench_margins, "bench_audits": bench_audits,
+             "bench_training": bench_training}
+
+    def run(kind: str, fn: str, **kwargs) -> list[dict]:
+        if not alone:
+            return local[fn](params, b, args.steps, dev, **kwargs)
+        rows, why = isolated(args.params, fn, b, args.steps, dev, **kwargs)
+        if rows is not None:
+            return rows
+        if kind == MARGINS:
+            print(f"{kind:>48} {kwargs['mode']:>7} failed: {why}", flush=True)
+            return []
+        nan = float("nan")  # the kind's row with the failure: it counts no speed-up
+        return [{"model": kind, "status": why, "ms_per_step": nan, "first_step_s": nan,
+                 "parameters": 0, "shape": "-", "device": dev, "precision": "-"}]
+
     print(f"one step at batch {b} per kind and mode, {torch.get_num_threads()} threads: a "
           f"training step (forward, backward, AdamW; under PGD training its attack too), an "
           f"audit's attack step (its float32 copy), the grid's Lipschitz ViT per margin")
@@ -105,7 +159,7 @@ def _bench_steps(params, args, kinds: list[str], gpu_name: str | None) -> None:
         rows, margins = {}, {}
         for mode in args.modes:
             if kind == MARGINS:
-                margins[mode] = bench_margins(params, b, args.steps, dev, mode=mode)
+                margins[mode] = run(kind, "bench_margins", mode=mode)
                 for r in margins[mode]:
                     name = f"margin {r['margin']}"
                     print(f"{name:>48} {mode:>7} {r['ms_per_step']:9.1f} "
@@ -113,10 +167,10 @@ def _bench_steps(params, args, kinds: list[str], gpu_name: str | None) -> None:
                           + (f"  {r['status']}" if r["status"] != "ok" else ""), flush=True)
                 continue
             if kind in audits:
-                rows[mode] = bench_audits(params, b, args.steps, dev, mode=mode, only=(kind,))
+                rows[mode] = run(kind, "bench_audits", mode=mode, only=(kind,))
             else:
-                rows[mode] = bench_training(params, b, args.steps, dev, mode=mode, only=(kind,),
-                                            adversarial=kind in adversarial)
+                rows[mode] = run(kind, "bench_training", mode=mode, only=(kind,),
+                                 adversarial=kind in adversarial)
             for r in rows[mode]:
                 print(f"{r['model']:>48} {mode:>7} {r['ms_per_step']:9.1f} "
                       f"{r['first_step_s']:8.1f} {r['parameters']:11,}  {r['shape']}, "
@@ -159,6 +213,8 @@ def main(argv: list[str] | None = None) -> int:
                     help="bench: these kinds (the bench's names, 'margins', or 'all'; default: "
                          "all); with --concurrent the model kinds run K at once (default: the "
                          "grid's Lipschitz ViT)")
+    ap.add_argument("--isolate", action="store_true",
+                    help="bench: each kind and mode in a process of its own (always on CUDA)")
     ap.add_argument("--write-compile", metavar="PATH", nargs="?", const=COMPILE_BENCH,
                     default=None,
                     help=f"bench with --modes eager graphs: merge each step kind's eager and "
