@@ -27,7 +27,7 @@ GPUS ?=
 WORKERS ?=
 export PATH := $(abspath $(VENV))/bin:$(PATH)
 
-.PHONY: env pipeline test lint bench rehearse pilot gpu-check gpu-bench clean-env
+.PHONY: env pipeline test lint bench rehearse pilot gpu-check gpu-bench gpu-wheels clean-env
 
 env: $(VENV)/.installed
 
@@ -89,6 +89,12 @@ gpu-bench: env
 	  --write-compile
 	$(PY) -m attncert.cost bench --device cuda --batch 128 --steps 20 --modes graphs \
 	  --concurrent 1 4 --kinds all --concurrent-only --write-concurrency
+
+# here, before a short GPU lease on a box without a registry: the pure-Python dependencies its
+# image may lack, as wheels for scripts/gpu-session (carry .wheels; docs/gpus.md)
+gpu-wheels: env
+	$(PY) -m pip download -q --no-deps -d .wheels $$(grep -hoE '^(ruamel\.yaml|auto_LiRPA)==[^ ]+' \
+	  requirements.txt requirements-nodeps.txt)
 
 clean-env:
 	rm -rf $(VENV)
