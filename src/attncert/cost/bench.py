@@ -94,9 +94,8 @@ def _bench_kinds(params, only: tuple[str, ...], adversarial: bool
                  ) -> Iterator[tuple[str, nn.Module, Any, str, Any]]:
     """(name, model, batch(b), shape, adversarial recipe or None) of every bench kind
     (``only``: these), or with ``adversarial`` each kind of :data:`ADVERSARIAL_KINDS` under PGD
-    training at ``specformer.finetune``'s radius and steps, named by its step kind."""
+    training as ``specformer.finetune``'s adversarial twin, named by its step kind."""
     from attncert.cost.graphs import graphs_key
-    from attncert.training.train import TrainConfig
 
     models = bench_models(params)
     if not adversarial:
@@ -104,9 +103,7 @@ def _bench_kinds(params, only: tuple[str, ...], adversarial: bool
             if not only or name in only:
                 yield name, model, make_batch, shape, None
         return
-    ft = params["specformer"].finetune
-    pgd = TrainConfig(epochs=1, adversarial="pgd_linf", adv_eps=ft.adv_eps_255 / 255,
-                      adv_steps=ft.adv_steps)
+    _, pgd = params["specformer"].finetune.configs(0)  # the fine-tunes' PGD twin
     for name in ADVERSARIAL_KINDS:
         key = graphs_key(name, adversarial=True)
         if not only or key in only:
