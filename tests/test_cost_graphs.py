@@ -216,12 +216,14 @@ def test_a_failed_eager_time_counts_no_speed_up():
 
 
 def test_an_isolated_bench_run_returns_its_rows_or_why_it_failed(smoke):
-    """On CUDA each kind and mode is timed in a process of its own (a failed capture breaks
-    its process's CUDA state for the kinds after it): the rows come back, or the failure."""
+    """On CUDA each kind is timed in a process of its own (a failed capture breaks its
+    process's CUDA state for the kinds after it): per mode its rows come back, or the
+    failure."""
     from attncert.cost.cli import isolated
 
-    rows, why = isolated(str(smoke), "bench_training", 2, 1, "cpu", mode="eager",
-                         only=("LoFAST text",))
+    out = isolated(str(smoke), "bench_training", (2, 1, "cpu"), ["eager", "fast"],
+                   only=("LoFAST text",))
+    rows, why = out["eager"]
     assert why == "" and [(r["model"], r["status"]) for r in rows] == [("LoFAST text", "ok")]
-    rows, why = isolated(str(smoke), "bench_training", 2, 1, "cpu", mode="fast")
+    rows, why = out["fast"]
     assert rows is None and why.startswith("ValueError: mode 'fast'")

@@ -86,47 +86,55 @@ def step_kinds(params) -> list[str]:
             *(graphs_key(k, audit=True) for k in AUDIT_KINDS)]
 
 
-def _child(params_path: str, fn: str, args: tuple, kwargs: dict, queue) -> None:
-    """In a process of its own: ``attncert.cost.bench.<fn>(params, *args, **kwargs)``."""
+def _child(params_path: str, fn: str, args: tuple, modes: list[str], kwargs: dict,
+           queue) -> None:
+    """In a process of its own: ``attncert.cost.bench.<fn>(params, *args, mode=m, **kwargs)``
+    for each mode ``m`` of ``modes``, each result sent as it is in."""
     from attncert.cost import bench
     from attncert.stages.registry import load_params
 
-    try:
-        queue.put(("ok", getattr(bench, fn)(load_params(params_path), *args, **kwargs)))
-    except BaseException as exc:  # noqa: BLE001 (reported to the parent, which goes on)
-        queue.put(("error", f"{type(exc).__name__}: {exc}"[:200]))
+    params = load_params(params_path)
+    for mode in modes:
+        try:
+            queue.put((mode, getattr(bench, fn)(params, *args, mode=mode, **kwargs), ""))
+        except BaseException as exc:  # noqa: BLE001 (reported to the parent, which goes on)
+            queue.put((mode, None, f"{type(exc).__name__}: {exc}"[:200]))
 
 
-def isolated(params_path: str, fn: str, *args, **kwargs) -> tuple[list[dict] | None, str]:
-    """(``attncert.cost.bench.<fn>``'s rows, "") run in a fresh process, or (None, why) when
-    it failed or its process died: a CUDA-graph capture that fails leaves the process's CUDA
-    state (its random-number offsets) broken for every later kind."""
+def isolated(params_path: str, fn: str, args: tuple, modes: list[str], **kwargs
+             ) -> dict[str, tuple[list[dict] | None, str]]:
+    """Per mode of ``modes``: (``attncert.cost.bench.<fn>``'s rows, "") or (None, why it
+    failed), all modes in one fresh process: a CUDA-graph capture that fails leaves the
+    process's CUDA state (its random-number offsets) broken for every kind after it. A mode not
+    reached when the process dies gets (None, its exit code)."""
     import multiprocessing as mp
     import queue as queues
 
     ctx = mp.get_context("spawn")
     q = ctx.Queue()
-    proc = ctx.Process(target=_child, args=(params_path, fn, args, kwargs, q))
+    proc = ctx.Process(target=_child, args=(params_path, fn, args, list(modes), kwargs, q))
     proc.start()
+    out: dict[str, tuple[list[dict] | None, str]] = {}
     try:
-        while True:  # read before joining: a large result would block the child's exit
+        while len(out) < len(modes):  # read before joining: a large result blocks the child
             try:
-                status, value = q.get(timeout=5)
-                break
+                mode, rows, why = q.get(timeout=5)
+                out[mode] = (rows, why)
             except queues.Empty:
                 if not proc.is_alive():
                     proc.join()
-                    return None, f"its process exited with code {proc.exitcode}"
+                    why = f"its process exited with code {proc.exitcode}"
+                    return out | {m: (None, why) for m in modes if m not in out}
     finally:
         proc.join()
-    return (value, "") if status == "ok" else (None, value)
+    return out
 
 
 def _bench_steps(params, args, kinds: list[str], gpu_name: str | None) -> None:
     """Time each of ``kinds`` in every mode of ``args.modes``, one kind after another, and
     with ``--write-compile`` merge each kind's eager and CUDA-graph times as soon as both are
     measured, so a run stopped part-way keeps the kinds that finished. On CUDA (or with
-    ``--isolate``) each kind and mode runs in a process of its own (:func:`isolated`)."""
+    ``--isolate``) each kind runs in a process of its own (:func:`isolated`)."""
     from attncert.cost.bench import ADVERSARIAL_KINDS, AUDIT_KINDS
     from attncert.cost.graphs import graphs_key
     from attncert.pipeline.device import resolve_device, resolve_precision
@@ -138,18 +146,21 @@ def _bench_steps(params, args, kinds: list[str], gpu_name: str | None) -> None:
     local = {"bench_margins": bench_margins, "bench_audits": bench_audits,
              "bench_training": bench_training}
 
-    def run(kind: str, fn: str, **kwargs) -> list[dict]:
+    def run(kind: str, fn: str, **kwargs) -> dict[str, list[dict]]:
+        """Per mode, the rows of ``fn`` (a failure: the kind's row with why, no speed-up)."""
         if not alone:
-            return local[fn](params, b, args.steps, dev, **kwargs)
-        rows, why = isolated(args.params, fn, b, args.steps, dev, **kwargs)
-        if rows is not None:
-            return rows
-        if kind == MARGINS:
-            print(f"{kind:>48} {kwargs['mode']:>7} failed: {why}", flush=True)
-            return []
-        nan = float("nan")  # the kind's row with the failure: it counts no speed-up
-        return [{"model": kind, "status": why, "ms_per_step": nan, "first_step_s": nan,
+            return {m: local[fn](params, b, args.steps, dev, mode=m, **kwargs)
+                    for m in args.modes}
+        out = {}
+        for mode, (rows, why) in isolated(args.params, fn, (b, args.steps, dev), args.modes,
+                                          **kwargs).items():
+            if rows is None and kind == MARGINS:
+                print(f"{kind:>48} {mode:>7} failed: {why}", flush=True)
+            nan = float("nan")
+            out[mode] = rows if rows is not None else [] if kind == MARGINS else [
+                {"model": kind, "status": why, "ms_per_step": nan, "first_step_s": nan,
                  "parameters": 0, "shape": "-", "device": dev, "precision": "-"}]
+        return out
 
     print(f"one step at batch {b} per kind and mode, {torch.get_num_threads()} threads: a "
           f"training step (forward, backward, AdamW; under PGD training its attack too), an "
@@ -157,21 +168,20 @@ def _bench_steps(params, args, kinds: list[str], gpu_name: str | None) -> None:
     print(f"{'kind':>48} {'mode':>7} {'ms/step':>9} {'first s':>8} {'params':>11}  shape")
     for kind in kinds:
         rows, margins = {}, {}
-        for mode in args.modes:
-            if kind == MARGINS:
-                margins[mode] = run(kind, "bench_margins", mode=mode)
-                for r in margins[mode]:
-                    name = f"margin {r['margin']}"
-                    print(f"{name:>48} {mode:>7} {r['ms_per_step']:9.1f} "
-                          f"{r['first_step_s']:8.1f} {'':>11}  {r['vs_lmt']:.2f}x LMT's step"
-                          + (f"  {r['status']}" if r["status"] != "ok" else ""), flush=True)
-                continue
-            if kind in audits:
-                rows[mode] = run(kind, "bench_audits", mode=mode, only=(kind,))
-            else:
-                rows[mode] = run(kind, "bench_training", mode=mode, only=(kind,),
-                                 adversarial=kind in adversarial)
-            for r in rows[mode]:
+        if kind == MARGINS:
+            margins = run(kind, "bench_margins")
+        elif kind in audits:
+            rows = run(kind, "bench_audits", only=(kind,))
+        else:
+            rows = run(kind, "bench_training", only=(kind,), adversarial=kind in adversarial)
+        for mode, ms in margins.items():
+            for r in ms:
+                name = f"margin {r['margin']}"
+                print(f"{name:>48} {mode:>7} {r['ms_per_step']:9.1f} "
+                      f"{r['first_step_s']:8.1f} {'':>11}  {r['vs_lmt']:.2f}x LMT's step"
+                      + (f"  {r['status']}" if r["status"] != "ok" else ""), flush=True)
+        for mode, rs in rows.items():
+            for r in rs:
                 print(f"{r['model']:>48} {mode:>7} {r['ms_per_step']:9.1f} "
                       f"{r['first_step_s']:8.1f} {r['parameters']:11,}  {r['shape']}, "
                       f"{r['device']}, {r['precision']}"
@@ -214,7 +224,7 @@ def main(argv: list[str] | None = None) -> int:
                          "all); with --concurrent the model kinds run K at once (default: the "
                          "grid's Lipschitz ViT)")
     ap.add_argument("--isolate", action="store_true",
-                    help="bench: each kind and mode in a process of its own (always on CUDA)")
+                    help="bench: each kind in a process of its own (always on CUDA)")
     ap.add_argument("--write-compile", metavar="PATH", nargs="?", const=COMPILE_BENCH,
                     default=None,
                     help=f"bench with --modes eager graphs: merge each step kind's eager and "
