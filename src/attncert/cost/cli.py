@@ -90,7 +90,7 @@ def _child(params_path: str, fn: str, args: tuple, modes: list[str], kwargs: dic
            queue) -> None:
     """In a process of its own: ``attncert.cost.bench.<fn>(params, *args, mode=m, **kwargs)``
     for each mode ``m`` of ``modes``, each result sent as it is in."""
-    from attncert.cost import bench
+    import attncert.cost.bench as bench
     from attncert.stages.registry import load_params
 
     params = load_params(params_path)
