@@ -12,6 +12,7 @@ import torch
 from torch import nn
 
 from attncert.cost.counting import random_images
+from attncert.cost.graphs import graphs_key
 from attncert.pipeline.datasets import stand_in
 from attncert.text.tokenize import VOCAB
 
@@ -66,6 +67,10 @@ def bench_models(params) -> dict[str, tuple[nn.Module, Callable[[int], tuple], s
     }
 
 
+#: the bench's text model kinds (:func:`bench_models`)
+TEXT_BENCH_KINDS = ("OLSA text", "LoFAST text", "standard text")
+
+
 def step_terms(params, kind: str, model: nn.Module
                ) -> tuple[Callable[..., Any] | None, Callable[[], None] | None]:
     """(loss(logits, y), after()) of a training step of the bench's ``kind`` beyond
@@ -73,7 +78,7 @@ def step_terms(params, kind: str, model: nn.Module
     (:func:`attncert.text.train_text.step_terms`; OLSA's with the certificate regulariser at
     ``text.gamma``, then every kind's re-projection of its orthogonal maps). The bench times
     and the GPU calibration counts the same step."""
-    if kind not in ("OLSA text", "LoFAST text", "standard text"):
+    if kind not in TEXT_BENCH_KINDS:
         return None, None
     from attncert.text.train_text import step_terms as text_step_terms
 
@@ -88,6 +93,8 @@ COMPILE_MODES = ("eager", "compile", "graphs")
 #: the bench's kinds that also train adversarially (SpecFormer's PGD twins): each times a PGD
 #: training step too, as the step kind :func:`attncert.cost.graphs.graphs_key` names
 ADVERSARIAL_KINDS = ("standard ViT (specformer vanilla)", "SpecFormer (MSVP)")
+#: their step kinds under PGD training -> the kind
+ADVERSARIAL_KEYS = {graphs_key(k, adversarial=True): k for k in ADVERSARIAL_KINDS}
 
 
 def _bench_kinds(params, only: tuple[str, ...], adversarial: bool
@@ -95,8 +102,6 @@ def _bench_kinds(params, only: tuple[str, ...], adversarial: bool
     """(name, model, batch(b), shape, adversarial recipe or None) of every bench kind
     (``only``: these), or with ``adversarial`` each kind of :data:`ADVERSARIAL_KINDS` under PGD
     training as ``specformer.finetune``'s adversarial twin, named by its step kind."""
-    from attncert.cost.graphs import graphs_key
-
     models = bench_models(params)
     if not adversarial:
         for name, (model, make_batch, shape) in models.items():
@@ -104,8 +109,7 @@ def _bench_kinds(params, only: tuple[str, ...], adversarial: bool
                 yield name, model, make_batch, shape, None
         return
     _, pgd = params["specformer"].finetune.configs(0)  # the fine-tunes' PGD twin
-    for name in ADVERSARIAL_KINDS:
-        key = graphs_key(name, adversarial=True)
+    for key, name in ADVERSARIAL_KEYS.items():
         if not only or key in only:
             model, make_batch, shape = models[name]
             yield key, model, make_batch, f"{shape}, PGD-{pgd.adv_steps}", pgd
@@ -185,8 +189,10 @@ def bench_training(params, batch: int, steps: int = 5, device: str = "auto",
 
 #: the bench's kinds whose PGD audits are timed (:func:`bench_audits`): the image models' in
 #: pixel space, the text models' on their embeddings (:mod:`attncert.text.attacks`)
-AUDIT_KINDS = ("lipschitz ViT (train_vit)", "standard ViT (specformer vanilla)", "OLSA text",
-               "LoFAST text", "standard text")
+AUDIT_KINDS = ("lipschitz ViT (train_vit)", "standard ViT (specformer vanilla)",
+               *TEXT_BENCH_KINDS)
+#: their audits' step kinds -> the kind
+AUDIT_KEYS = {graphs_key(k, audit=True): k for k in AUDIT_KINDS}
 #: attack steps per timed audit
 AUDIT_STEPS = 10
 
@@ -203,7 +209,6 @@ def bench_audits(params, batch: int, steps: int = 5, device: str = "auto", mode:
     final forward passes count in its steps. Rows as :func:`bench_training`'s, ``model`` the
     audit's step kind (:func:`attncert.cost.graphs.graphs_key` with ``audit``)."""
     from attncert.attacks import attack_copy, pgd_l2
-    from attncert.cost.graphs import graphs_key
     from attncert.pipeline import rng
     from attncert.pipeline.device import resolve_device
     from attncert.text.attacks import pgd_embeddings
@@ -224,8 +229,7 @@ def bench_audits(params, batch: int, steps: int = 5, device: str = "auto", mode:
                               generator=gen)
 
     rows = []
-    for kind in AUDIT_KINDS:
-        key = graphs_key(kind, audit=True)
+    for key, kind in AUDIT_KEYS.items():
         if only and key not in only:
             continue
         model, make_batch, shape = models[kind]

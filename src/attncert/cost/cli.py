@@ -79,11 +79,9 @@ def step_kinds(params) -> list[str]:
     """The single-step bench's kinds in the order it times them: every model kind, SpecFormer's
     two under PGD training, the PGD audit step of each kind of
     :data:`attncert.cost.bench.AUDIT_KINDS` (then :data:`MARGINS`)."""
-    from attncert.cost.bench import ADVERSARIAL_KINDS, AUDIT_KINDS
-    from attncert.cost.graphs import graphs_key
+    from attncert.cost.bench import ADVERSARIAL_KEYS, AUDIT_KEYS
 
-    return [*bench_models(params), *(graphs_key(k, adversarial=True) for k in ADVERSARIAL_KINDS),
-            *(graphs_key(k, audit=True) for k in AUDIT_KINDS)]
+    return [*bench_models(params), *ADVERSARIAL_KEYS, *AUDIT_KEYS]
 
 
 def _child(params_path: str, fn: str, args: tuple, modes: list[str], kwargs: dict,
@@ -135,12 +133,9 @@ def _bench_steps(params, args, kinds: list[str], gpu_name: str | None) -> None:
     with ``--write-compile`` merge each kind's eager and CUDA-graph times as soon as both are
     measured, so a run stopped part-way keeps the kinds that finished. On CUDA (or with
     ``--isolate``) each kind runs in a process of its own (:func:`isolated`)."""
-    from attncert.cost.bench import ADVERSARIAL_KINDS, AUDIT_KINDS
-    from attncert.cost.graphs import graphs_key
+    from attncert.cost.bench import ADVERSARIAL_KEYS, AUDIT_KEYS
     from attncert.pipeline.device import resolve_device, resolve_precision
 
-    adversarial = {graphs_key(k, adversarial=True) for k in ADVERSARIAL_KINDS}
-    audits = {graphs_key(k, audit=True) for k in AUDIT_KINDS}
     b, dev = args.batch, args.device
     alone = args.isolate or resolve_device(dev).type == "cuda"
     local = {"bench_margins": bench_margins, "bench_audits": bench_audits,
@@ -170,10 +165,10 @@ def _bench_steps(params, args, kinds: list[str], gpu_name: str | None) -> None:
         rows, margins = {}, {}
         if kind == MARGINS:
             margins = run(kind, "bench_margins")
-        elif kind in audits:
+        elif kind in AUDIT_KEYS:
             rows = run(kind, "bench_audits", only=(kind,))
         else:
-            rows = run(kind, "bench_training", only=(kind,), adversarial=kind in adversarial)
+            rows = run(kind, "bench_training", only=(kind,), adversarial=kind in ADVERSARIAL_KEYS)
         for mode, ms in margins.items():
             for r in ms:
                 name = f"margin {r['margin']}"
