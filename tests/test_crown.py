@@ -307,7 +307,7 @@ def test_misclassified_points_are_not_bounded_and_rows_survive_a_crash(tmp_path,
         study.crown_frame(model, x, y, eps, "crown", 0.0, 5, correct=correct[:2])
 
     path, key = tmp_path / "crown-crown.jsonl", {"unit": "u", "seed": 0}
-    real, bounded = crown_study.certify_points, []
+    real, bounded = crown_study.certify_batch, []
 
     def crash_at_point_2(cert, xi, yi, *args, **kwargs):
         if torch.equal(xi, x[2:3]):
@@ -315,16 +315,16 @@ def test_misclassified_points_are_not_bounded_and_rows_survive_a_crash(tmp_path,
         bounded.append(xi)
         return real(cert, xi, yi, *args, **kwargs)
 
-    monkeypatch.setattr(crown_study, "certify_points", crash_at_point_2)
+    monkeypatch.setattr(crown_study, "certify_batch", crash_at_point_2)
     with pytest.raises(KeyboardInterrupt):
         study.crown_frame(model, x, y, eps, "crown", 0.0, 5, correct=correct,
                           journal=study.Journal(path, key))
     assert len(path.read_text().splitlines()) == 3  # the key and points 0 and 1
-    monkeypatch.setattr(crown_study, "certify_points", real)
+    monkeypatch.setattr(crown_study, "certify_batch", real)
     journal = study.Journal(path, key)
     assert sorted(journal.done) == [0, 1]
     calls = []
-    monkeypatch.setattr(crown_study, "certify_points",
+    monkeypatch.setattr(crown_study, "certify_batch",
                         lambda *a, **k: calls.append(a[1]) or real(*a, **k))
     budget = study.Budget(1e6)
     resumed, _ = study.crown_frame(model, x, y, eps, "crown", 0.0, 5, correct=correct,
@@ -366,7 +366,7 @@ def test_units_then_gather(tmp_path):
                             vit=VitShape(patch=8, dim=8, depth=None, heads=2, mlp_hidden=8),
                             train=dataclasses.replace(paper.train, epochs=1, batch_size=8,
                                                       warmup_steps=1), n_test=3,
-                            cert_eps=[0.02], methods=["crown"], time_limit=0.0,
+                            cert_eps=[0.02], methods=["crown"], time_limit=0.0, batch_size=2,
                             audit=Audit(n=0, steps=2, restarts=1, batch_size=100),
                             results_dir=str(tmp_path / "w"),
                             metrics=str(tmp_path / "crown.json"))
@@ -380,6 +380,7 @@ def test_units_then_gather(tmp_path):
         rec = stage.run(p, make_context(base, item=unit,
                                         processed_dir=str(tmp_path / "processed"))).record
         assert rec["n"] == 3 and (tmp_path / "w" / "ckpt" / "mnist" / unit[-2:]).is_dir()
+        assert {r["batch"] for r in rec["crown"]} <= {0, 1, 2}  # crown.batch_size at most
         # the attention diagnostics cover the whole test split, not only the certified points
         assert rec["attention"]["n"] > rec["n"] and 0 <= rec["attention"]["entropy_mean"] <= 1
     res = stage.run(p, make_context(base, device=False)).result

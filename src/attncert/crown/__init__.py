@@ -1,8 +1,8 @@
 """CROWN / alpha-CROWN (auto_LiRPA 0.3) on the Lipschitz ViT, and its combination with LoFAST.
 
 Importing the package applies the compatibility patches of :mod:`attncert.crown.patches`
-(idempotent). :mod:`attncert.crown.bridge` builds the bounded graph and certifies points one at
-a time; :mod:`attncert.crown.study` trains the crown stage's ViTs (:mod:`attncert.stages.crown`)
+(idempotent). :mod:`attncert.crown.bridge` builds the bounded graph and certifies points in
+batches or one at a time; :mod:`attncert.crown.study` trains the crown stage's ViTs (:mod:`attncert.stages.crown`)
 and gives its rows, :mod:`attncert.crown.tables` assembles LoFAST's Tables 1-2 from them.
 """
 
@@ -14,9 +14,10 @@ from attncert.crown.bridge import (  # noqa: E402
     METHODS,
     CrownCertifier,
     CrownViT,
+    certify_batch,
     certify_points,
     margin_spec,
 )
 
 __all__ = ["METHODS", "PATCHES", "CrownCertifier", "CrownViT", "apply_patches",
-           "certify_points", "margin_spec"]
+           "certify_batch", "certify_points", "margin_spec"]

@@ -10,10 +10,12 @@ weights, materialised once as plain tensors) with operators auto_LiRPA bounds so
   (shift-free: see :mod:`attncert.crown.patches`, patch 5);
 - SLL with its t = diag(...) a constant, the norm-constrained maps as their effective matrices.
 
-:func:`certify_points` runs one point at a time (the paper's "per sample" cost) and returns one
-row per point and eps: certified or not, the worst margin lower bound, the seconds, and a status
-that names a failure ("overflow", "domain", "out_of_memory", "unsupported", "time_limit",
-"error") without stopping the loop. LoFAST's "-" marks overflow failures only (its sec. 5.2);
+:func:`certify_batch` bounds a batch of points at one radius in one call (the study's batches:
+the model is small, so one point leaves a GPU idle between kernel launches), and
+:func:`certify_points` one point at a time (the paper's "per sample" cost); both return one
+row per point and eps: certified or not, the worst margin lower bound, the seconds (a batch's
+shared among its points), and a status that names a failure ("overflow", "domain",
+"out_of_memory", "unsupported", "time_limit", "error") without stopping the loop. LoFAST's "-" marks overflow failures only (its sec. 5.2);
 ours are counted by status.
 """
 
@@ -304,14 +306,67 @@ class CrownCertifier:
         return lower.detach(), upper.detach()
 
 
+def _row(index: int, eps: float, method: str, status: str, seconds: float = 0.0,
+         batch: int = 1, worst: float = math.nan, error: str = "") -> dict:
+    row = {"index": index, "eps": float(eps), "method": method,
+           "certified": status == "ok" and worst > 0, "margin_lower": worst,
+           "seconds": seconds, "status": status, "batch": batch}
+    if error:
+        row["error"] = error
+    return row
+
+
+def certify_batch(cert: CrownCertifier, x: Tensor, y: Tensor, eps: float,
+                  method: str = "crown", time_limit_s: float = 0.0,
+                  alpha_iterations: int = 20) -> list[dict]:
+    """One row per point of ``x`` (B, C, H, W): its CROWN bound at ``eps``, the B points bounded
+    by one call of auto_LiRPA (every relaxation is per point: a point's bound does not depend
+    on the others in its batch). Rows as :func:`certify_points`'s (``index`` 0..B-1), with
+    ``seconds`` the batch's seconds / B and ``batch`` B.
+
+    The time limit is ``time_limit_s`` per bound, B times it for the batch; past it every row
+    is "time_limit". Another failure of a batch of several points reruns them one at a time
+    (each failure is then its own point's; the failed call's seconds are shared among them),
+    except an out-of-memory error, which is raised for the caller to halve the batch; for a
+    single point every failure is its row."""
+    if method not in METHODS:
+        raise ValueError(f"unknown method {method!r}; choose from {', '.join(METHODS)}")
+    b = len(y)
+    t0 = time.perf_counter()
+    alarm = Alarm()
+    try:
+        with time_limit(time_limit_s * b) as alarm:
+            lower = cert.margin_lower(x, y, eps, method, alpha_iterations)
+            worst = lower.min(dim=1).values.tolist()  # one host read for the batch
+    except Exception as exc:  # noqa: BLE001 (a failed point is a result, with its status)
+        seconds = time.perf_counter() - t0
+        status = "time_limit" if alarm.fired else failure_status(exc)
+        if status == "out_of_memory" and x.is_cuda:
+            torch.cuda.empty_cache()  # the next bounds start from a clean allocator
+        if b > 1 and status == "out_of_memory" and isinstance(exc, torch.OutOfMemoryError):
+            raise
+        if b > 1 and status != "time_limit":
+            rows = [dict(r, index=i) for i in range(b)
+                    for r in certify_batch(cert, x[i:i + 1], y[i:i + 1], eps, method,
+                                           time_limit_s, alpha_iterations)]
+            return [dict(r, seconds=r["seconds"] + seconds / b) for r in rows]
+        error = f"{type(exc).__name__}: {exc}"[:200]
+        return [_row(i, eps, method, status, seconds / b, b, error=error) for i in range(b)]
+    seconds = time.perf_counter() - t0
+    return [_row(i, eps, method, "ok" if math.isfinite(w) else "overflow", seconds / b, b,
+                 w if math.isfinite(w) else math.nan) for i, w in enumerate(worst)]
+
+
 def certify_points(cert: CrownCertifier, x: Tensor, y: Tensor, eps_grid: Sequence[float],
                    method: str = "crown", time_limit_s: float = 0.0,
                    alpha_iterations: int = 20, skip: Tensor | None = None,
                    progress: bool = False) -> list[dict]:
-    """One row per (point, eps): index, eps, method, certified, margin_lower (the worst
-    pairwise lower bound), seconds, status. ``skip`` (N, len(eps_grid)) bool: pairs not run
-    (recorded as status "skipped", 0 s). A failure (including non-finite bounds: "overflow")
-    is a row, never an exception; certified is then False.
+    """One row per (point, eps), each bound alone (batch 1): index, eps, method, certified,
+    margin_lower (the worst pairwise lower bound), seconds, status, batch (the bounds computed
+    together; 0: none ran). ``skip`` (N,
+    len(eps_grid)) bool: pairs not run (recorded as status "skipped", 0 s). A failure
+    (including non-finite bounds: "overflow") is a row, never an exception; certified is then
+    False.
     """
     from attncert.pipeline.progress import bar
 
@@ -320,27 +375,10 @@ def certify_points(cert: CrownCertifier, x: Tensor, y: Tensor, eps_grid: Sequenc
     rows = []
     pairs = [(i, j) for i in range(len(y)) for j in range(len(eps_grid))]
     for i, j in bar(pairs, desc=method, enabled=progress):
-        row = {"index": i, "eps": float(eps_grid[j]), "method": method, "certified": False,
-               "margin_lower": math.nan, "seconds": 0.0, "status": "skipped"}
         if skip is not None and bool(skip[i, j]):
-            rows.append(row)
+            rows.append(_row(i, eps_grid[j], method, "skipped", batch=0))
             continue
-        t0 = time.perf_counter()
-        alarm = Alarm()
-        try:
-            with time_limit(time_limit_s) as alarm:
-                lower = cert.margin_lower(x[i:i + 1], y[i:i + 1], eps_grid[j], method,
-                                          alpha_iterations)
-            worst = float(lower.min())
-            if not math.isfinite(worst):
-                row.update(status="overflow")
-            else:
-                row.update(status="ok", margin_lower=worst, certified=worst > 0)
-        except Exception as exc:  # noqa: BLE001 (a failed point is a result, with its status)
-            status = "time_limit" if alarm.fired else failure_status(exc)
-            row.update(status=status, error=f"{type(exc).__name__}: {exc}"[:200])
-            if status == "out_of_memory" and x.is_cuda:
-                torch.cuda.empty_cache()  # the next point starts from a clean allocator
-        row["seconds"] = time.perf_counter() - t0
-        rows.append(row)
+        (row,) = certify_batch(cert, x[i:i + 1], y[i:i + 1], eps_grid[j], method,
+                               time_limit_s, alpha_iterations)
+        rows.append(dict(row, index=i))
     return rows

@@ -60,6 +60,9 @@ class Params:
                              doc="CROWN's arithmetic: float64 for a certificate")
     alpha_iterations: int = param(positive)
     time_limit: float = param(nonneg, doc="seconds per (point, eps) bound; 0 = none")
+    batch_size: int = param(positive, doc="points bounded together by one call of auto_LiRPA "
+                                          "(their seconds shared; on a CUDA device grown to "
+                                          "base.batch_memory, halved on out-of-memory)")
     skip_lofast_certified: bool = param(
         doc="CROWN runs only where LoFAST did not certify (all LoFAST Table 2's combination "
             "needs), except on the first alone_points test points")

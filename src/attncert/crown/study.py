@@ -17,10 +17,11 @@ import torch
 from torch import Tensor
 
 from attncert import certify
-from attncert.crown.bridge import CrownCertifier, certify_points
+from attncert.crown.bridge import CrownCertifier, certify_batch
 from attncert.models import ViTConfig, build_vit
 from attncert.models.config import dataset_vit_config
 from attncert.pipeline.device import resolve_device, resolve_precision
+from attncert.pipeline.batching import BatchSize
 from attncert.pipeline.io import atomic_path
 from attncert.training.checkpoint import fingerprint
 from attncert.training.train import evaluate, train_resumable
@@ -98,7 +99,7 @@ class Budget:
 
 class Journal:
     """A unit's CROWN rows of one method, appended to a JSON-lines file as each point finishes,
-    so that a crash, a preemption or a failed check loses at most the point in progress; a
+    so that a crash, a preemption or a failed check loses at most the batch in progress; a
     rerun with the same ``key`` reads the finished points back, a file with another key is
     started afresh. Line 1 is ``{"key": key}``; every other line is one point's rows."""
 
@@ -136,7 +137,8 @@ def crown_frame(model, x: Tensor, y: Tensor, eps_grid: Sequence[float], method: 
                 time_limit_s: float, alpha_iterations: int, dtype: torch.dtype = torch.float64,
                 progress: bool = False, lofast: Tensor | None = None,
                 budget: Budget | None = None, correct: Tensor | None = None,
-                journal: Journal | None = None) -> tuple[pd.DataFrame, float]:
+                journal: Journal | None = None, batch_size: int = 1
+                ) -> tuple[pd.DataFrame, float]:
     """One row per (point, eps), smallest eps first, skipping the larger eps of a point that
     was not certified; returns (rows, seconds to build the bounded graph). ``lofast`` (n,
     len(eps)) bool, eps ascending: pairs LoFAST certified, not run (status "lofast");
@@ -144,6 +146,12 @@ def crown_frame(model, x: Tensor, y: Tensor, eps_grid: Sequence[float], method: 
     the model misclassifies is not bounded (status "misclassified": no bound certifies a
     label the model does not predict); ``journal``: each point's rows appended as it finishes,
     and the points it holds already taken from it (their seconds charged to ``budget``).
+
+    The points are bounded ``batch_size`` at a time (:func:`attncert.crown.bridge.certify_batch`:
+    a batch's bounds are its points' bounds alone, its seconds shared among them): the next
+    points with a bound to run, radius by radius; on a CUDA device the batch grows to
+    ``base.batch_memory`` of its memory and halves on an out-of-memory error
+    (:class:`attncert.pipeline.batching.BatchSize`). The budget is checked before each batch.
 
     CROWN runs where the points are (``x.device``: the model is moved there, in place) in
     ``dtype``: float64 for a certificate; float32 halves time and memory, with rounding in
@@ -156,42 +164,83 @@ def crown_frame(model, x: Tensor, y: Tensor, eps_grid: Sequence[float], method: 
                          f"{tuple(lofast.shape)}")
     if correct is not None and tuple(correct.shape) != (len(y),):
         raise ValueError(f"correct: expected shape {(len(y),)}, got {tuple(correct.shape)}")
+    size = BatchSize(batch_size, f"{method} bounds", x.device)
     model = model.to(device=x.device, dtype=dtype)
-    cert = None
-    rows = []
-    for i in range(len(y)):
-        if journal is not None and i in journal.done:
-            point = journal.done[i]
-            if budget is not None:
-                budget.charge(sum(r["seconds"] for r in point))
-            rows += point
-            continue
-        point, alive = [], True
-        for j, e in enumerate(eps_sorted):
-            status = ("misclassified" if correct is not None and not bool(correct[i]) else
-                      "skipped" if not alive else
-                      "lofast" if lofast is not None and bool(lofast[i, j]) else
-                      "budget" if budget is not None and budget.spent() else None)
-            if status is not None:
-                point.append({"index": i, "eps": float(e), "method": method,
-                              "certified": False, "margin_lower": float("nan"),
-                              "seconds": 0.0, "status": status})
+    lofast = lofast.tolist() if lofast is not None else None  # host lists: read per point
+    correct = correct.tolist() if correct is not None else None
+    done = journal.done if journal is not None else {}
+    cert: list[CrownCertifier] = []  # built once, and only when a bound runs
+
+    def bounds(idx: list[int], e: float) -> list[dict[str, Any]]:
+        if not cert:
+            cert.append(CrownCertifier.from_vit(model, x.shape[1:], dtype))
+        out, s = [], 0
+        while s < len(idx):
+            part = idx[s:s + size.size]
+            size.begin()
+            try:
+                rows_ = certify_batch(cert[0], x[part].to(dtype), y[part], e, method,
+                                      time_limit_s, alpha_iterations)
+            except torch.OutOfMemoryError:
+                if not size.halve(len(part)):
+                    raise
                 continue
-            if cert is None:  # built once, and only when a bound runs
-                cert = CrownCertifier.from_vit(model, x.shape[1:], dtype)
-            (row_,) = certify_points(cert, x[i:i + 1].to(dtype), y[i:i + 1], [e], method,
-                                     time_limit_s, alpha_iterations)
-            row_["index"] = i
+            size.ran(len(part))
             if budget is not None:
-                budget.charge(row_["seconds"])
-            alive = bool(row_["certified"])
-            point.append(row_)
-        if journal is not None:
-            journal.append(point)
-        rows += point
+                budget.charge(sum(r["seconds"] for r in rows_))
+            out += [dict(r, index=i) for r, i in zip(rows_, part, strict=True)]
+            s += len(part)
+        return out
+
+    rows, i, n = [], 0, len(y)
+    while i < n:
+        if i in done:
+            if budget is not None:
+                budget.charge(sum(r["seconds"] for r in done[i]))
+            rows += done[i]
+            i += 1
+            continue
+        # the next points, from one with a bound to run up to a batch of them (a point with
+        # none before it is a chunk of its own: its rows are journaled at once)
+        chunk, runs = [], 0
+        while i < n and i not in done and runs < size.size:
+            chunk.append(i)
+            runs += _has_bound(i, correct, lofast, len(eps_sorted))
+            i += 1
+            if not runs:
+                break
+        point = {k: [] for k in chunk}
+        alive = dict.fromkeys(chunk, True)
+        for j, e in enumerate(eps_sorted):
+            run = []
+            for k in chunk:
+                status = ("misclassified" if correct is not None and not correct[k] else
+                          "skipped" if not alive[k] else
+                          "lofast" if lofast is not None and lofast[k][j] else
+                          "budget" if budget is not None and budget.spent() else None)
+                if status is None:
+                    run.append(k)
+                else:
+                    point[k].append({"index": k, "eps": float(e), "method": method,
+                                     "certified": False, "margin_lower": float("nan"),
+                                     "seconds": 0.0, "status": status, "batch": 0})
+            for row in bounds(run, e) if run else []:
+                alive[row["index"]] = bool(row["certified"])
+                point[row["index"]].append(row)
+        for k in chunk:
+            if journal is not None:
+                journal.append(point[k])
+            rows += point[k]
         if progress:
-            print(f"{method}: point {i + 1}/{len(y)}", flush=True)
-    return pd.DataFrame(rows), (cert.build_seconds if cert is not None else 0.0)
+            print(f"{method}: point {i}/{n}", flush=True)
+    return pd.DataFrame(rows), (cert[0].build_seconds if cert else 0.0)
+
+
+def _has_bound(i: int, correct: list | None, lofast: list | None, n_eps: int) -> bool:
+    """Whether point ``i`` has a bound to run at some radius (before any budget)."""
+    if correct is not None and not correct[i]:
+        return False
+    return lofast is None or not all(lofast[i][:n_eps])
 
 
 def require_few_errors(crown: pd.DataFrame, max_share: float, where: str) -> None:

@@ -24,7 +24,7 @@ from typing import TypeVar
 
 import torch
 
-__all__ = ["in_batches", "set_memory_share", "memory_share", "device_peak"]
+__all__ = ["BatchSize", "in_batches", "set_memory_share", "memory_share", "device_peak"]
 
 T = TypeVar("T")
 
@@ -69,37 +69,67 @@ def _reset_peak(index: int) -> int:
     return torch.cuda.memory_allocated(index)
 
 
+class BatchSize:
+    """The batch size of a loop on ``device``, as :func:`in_batches` sizes it: call
+    :meth:`begin` before a batch, :meth:`ran` after one that ran (on a CUDA device a full batch
+    doubles the size while twice its peak fits in :func:`memory_share` of the device) and
+    :meth:`halve` after ``torch.OutOfMemoryError`` (kept halved, growth stopped). For loops
+    whose batches are not consecutive ranges (CROWN's bounds, by radius)."""
+
+    def __init__(self, batch_size: int, what: str = "batch",
+                 device: torch.device | str | None = None) -> None:
+        if isinstance(batch_size, bool) or batch_size < 1:
+            raise ValueError(f"{what}: batch size must be >= 1, got {batch_size}")
+        self.size, self.what = int(batch_size), what
+        self._index, self._base = _cuda_index(device), 0
+
+    def begin(self) -> None:
+        """Before a batch: its peak memory is measured from here."""
+        if self._index is not None:
+            self._base = _reset_peak(self._index)
+
+    def ran(self, k: int) -> None:
+        """After a batch of ``k`` items ran: a full one grows the size when twice it fits."""
+        if self._index is None or k != self.size:
+            return
+        used = torch.cuda.max_memory_allocated(self._index) - self._base
+        total = torch.cuda.get_device_properties(self._index).total_memory
+        if self._base + 2 * used <= _share * total:
+            self.size *= 2
+
+    def halve(self, k: int) -> bool:
+        """After a batch of ``k`` items ran out of device memory: False when ``k`` is 1 (the
+        error stands), else the cached memory freed, the size halved and kept (printed)."""
+        if k <= 1:
+            return False
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
+        self.size, self._index = max(1, k // 2), None
+        print(f"{self.what}: out of device memory at batch {k}; retrying with {self.size}")
+        return True
+
+
 def in_batches(n: int, batch_size: int, run: Callable[[int, int], T], what: str = "batch",
                device: torch.device | str | None = None,
                done: Callable[[int], object] | None = None) -> list[T]:
     """``[run(start, stop) for consecutive [start, stop) covering range(n)]``, in batches of
     ``batch_size``: on a CUDA ``device`` doubled while twice a batch's peak fits in
     :func:`memory_share` of the device, halved (and kept halved) on
-    ``torch.OutOfMemoryError``. ``done(k)`` is called after each batch of k items (a
-    progress bar's update)."""
-    if batch_size < 1:
-        raise ValueError(f"{what}: batch size must be >= 1, got {batch_size}")
-    index = _cuda_index(device)
+    ``torch.OutOfMemoryError`` (:class:`BatchSize`). ``done(k)`` is called after each batch of
+    k items (a progress bar's update)."""
+    size = BatchSize(batch_size, what, device)
     out, start = [], 0
     while start < n:
-        stop = min(start + batch_size, n)
-        base = _reset_peak(index) if index is not None else 0
+        stop = min(start + size.size, n)
+        size.begin()
         try:
             out.append(run(start, stop))
         except torch.OutOfMemoryError:
-            if stop - start == 1:
+            if not size.halve(stop - start):
                 raise
-            if torch.cuda.is_available():
-                torch.cuda.empty_cache()
-            batch_size, index = max(1, (stop - start) // 2), None
-            print(f"{what}: out of device memory at batch {stop - start}; retrying with "
-                  f"{batch_size}")
             continue
-        if index is not None and stop - start == batch_size and stop < n:
-            used = torch.cuda.max_memory_allocated(index) - base
-            total = torch.cuda.get_device_properties(index).total_memory
-            if base + 2 * used <= _share * total:
-                batch_size *= 2
+        if stop < n:
+            size.ran(stop - start)
         if done is not None:
             done(stop - start)
         start = stop

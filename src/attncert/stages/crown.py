@@ -145,7 +145,7 @@ def _run_unit(p: Params, ctx: Context, unit: str) -> dict[str, Any]:
         rows, _ = crown_frame(model, x, y, p.cert_eps, method, p.time_limit,
                               p.alpha_iterations, getattr(torch, p.bound_dtype),
                               progress=True, lofast=lofast_done, budget=Budget(p.time_budget),
-                              correct=correct, journal=journal)
+                              correct=correct, journal=journal, batch_size=p.batch_size)
         crown_rows.append(rows)
         a, b = tables(lo, rows, p.cert_eps, depth, METHODS[method], alone)
         t1 += a if method == p.methods[0] else a[1:]
