@@ -9,12 +9,11 @@ import time
 import pandas as pd
 import pytest
 import torch
+from test_crown import sample_ball, tiny_vit
 
 from attncert.attacks import pgd_l2
 from attncert.crown import CrownCertifier, certify_batch, certify_points, study
-from attncert.crown import study as crown_study
 from attncert.crown.patches import DomainError
-from test_crown import sample_ball, tiny_vit
 
 COLS = ["index", "eps", "method", "certified", "status"]
 

@@ -15,8 +15,8 @@ the model is small, so one point leaves a GPU idle between kernel launches), and
 :func:`certify_points` one point at a time (the paper's "per sample" cost); both return one
 row per point and eps: certified or not, the worst margin lower bound, the seconds (a batch's
 shared among its points), and a status that names a failure ("overflow", "domain",
-"out_of_memory", "unsupported", "time_limit", "error") without stopping the loop. LoFAST's "-" marks overflow failures only (its sec. 5.2);
-ours are counted by status.
+"out_of_memory", "unsupported", "time_limit", "error") without stopping the loop. LoFAST's "-"
+marks overflow failures only (its sec. 5.2); ours are counted by status.
 """
 
 from __future__ import annotations

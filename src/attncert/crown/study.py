@@ -20,8 +20,8 @@ from attncert import certify
 from attncert.crown.bridge import CrownCertifier, certify_batch
 from attncert.models import ViTConfig, build_vit
 from attncert.models.config import dataset_vit_config
-from attncert.pipeline.device import resolve_device, resolve_precision
 from attncert.pipeline.batching import BatchSize
+from attncert.pipeline.device import resolve_device, resolve_precision
 from attncert.pipeline.io import atomic_path
 from attncert.training.checkpoint import fingerprint
 from attncert.training.train import evaluate, train_resumable
