@@ -3,6 +3,7 @@ the stage's rows do not depend on the batch, and a batch that fails degrades to 
 points would record (out of memory: halved; another error: rerun one at a time; the time
 limit: B times a bound's)."""
 
+import json
 import math
 import time
 
@@ -157,3 +158,35 @@ def test_a_failing_point_fails_alone_and_a_slow_batch_times_out(monkeypatch):
     assert all(0.1 <= r["seconds"] < 0.3 for r in rows)  # 0.4 s of limit, shared by 4
     rows = certify_batch(cert, x, y, 0.05, time_limit_s=2.0)  # 8 s for the batch of 4
     assert {r["status"] for r in rows} == {"ok"}
+
+
+def test_the_bench_times_batches_and_the_cost_model_takes_the_params_batch(tmp_path):
+    """`python -m attncert.cost crown --bound-batch B` rows carry their batch and are merged
+    apart from batch 1's; the cost model prices crown.batch_size at the largest batch measured
+    on CUDA up to it (none larger: batch 1's seconds, no gain assumed)."""
+    import dataclasses
+
+    from attncert.cost import crown_bench, pricing
+    from attncert.pipeline.shapes import VitShape
+    from attncert.stages.registry import load_params
+
+    params = dict(load_params().sections)
+    params["crown"] = dataclasses.replace(
+        params["crown"], depths=[1], methods=["crown"],
+        vit=VitShape(patch=16, dim=8, depth=None, heads=2, mlp_hidden=8))
+    rows = [next(crown_bench.bench_crown(params, "cpu", points=3, batch=b)) for b in (1, 2)]
+    assert [r["batch"] for r in rows] == [1, 2] and {r["status"] for r in rows} == {"ok"}
+    assert all(r["seconds_per_bound"] > 0 for r in rows)
+    with pytest.raises(ValueError, match="batch"):
+        next(crown_bench.bench_crown(params, "cpu", points=2, batch=0))
+    path = tmp_path / "crown.json"
+    cuda = [{"device": "cuda:0", "depth": 3, "method": "crown", "seconds_per_bound": s,
+             "machine": "NVIDIA X", "date": "2026-11-29", **({"batch": b} if b else {})}
+            for b, s in ((0, 8.0), (4, 2.5), (16, 1.0))]  # 0: a row from before batches
+    crown_bench.merge_crown_bench(path, rows)
+    crown_bench.merge_crown_bench(path, cuda)
+    assert len(json.loads(path.read_text())["rows"]) == 5
+    assert pricing.crown_bound_seconds(3, "crown", path) == (8.0, "measured on CUDA")
+    assert pricing.crown_bound_seconds(3, "crown", path, batch=8) == (
+        2.5, "measured on CUDA at batch 4")
+    assert pricing.crown_bound_seconds(3, "crown", path, batch=16)[0] == 1.0

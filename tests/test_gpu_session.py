@@ -32,19 +32,21 @@ def _session(tmp_path, budget, **env):
 def test_every_step_runs_within_a_budget_that_holds_them(tmp_path):
     proc, calls, summary = _session(tmp_path, 600)
     assert proc.returncode == 0, proc.stderr
-    assert [c.split()[1] for c in calls] == ["attncert.pipeline.doctor", "pytest",
-                                             "attncert.cost"]
-    bench = calls[2]
+    assert [c.split()[1] for c in calls] == ["attncert.cost", "pytest", "attncert.cost",
+                                             "attncert.pipeline.doctor"]
+    crown, bench = calls[0], calls[2]
+    assert crown.split()[2] == "crown" and "--bound-batch 8" in crown and "--write" in crown
     assert "--write-compile" in bench and "--kinds" in bench
     assert bench.index("PGD training") < bench.index("OLSA text") < bench.index("PGD audit")
-    assert summary.count("exit 0") == 3
+    assert summary.count("exit 0") == 4
 
 
 def test_a_short_budget_skips_the_steps_it_cannot_hold(tmp_path):
     proc, calls, summary = _session(tmp_path, 100)
     assert proc.returncode == 0
     assert [c.split()[1] for c in calls] == ["attncert.pipeline.doctor"]
-    assert "tests: skipped" in summary and "bench: skipped" in summary
+    assert "crown: skipped" in summary and "tests: skipped" in summary
+    assert "bench: skipped" in summary
 
 
 def test_without_cuda_it_stops_before_any_step(tmp_path):
@@ -52,4 +54,4 @@ def test_without_cuda_it_stops_before_any_step(tmp_path):
                           env={**os.environ, "PYTHON": sys.executable}, capture_output=True,
                           text=True, timeout=120)
     assert proc.returncode == 2 and "no CUDA device" in proc.stderr
-    assert not (tmp_path / "out" / "calibrate.log").exists()
+    assert not (tmp_path / "out" / "crown.log").exists()

@@ -230,14 +230,16 @@ def main(argv: list[str] | None = None) -> int:
                     help=f"bench --concurrent: merge the rows into PATH (default "
                          f"{CONCURRENCY_BENCH}, which the plan reads per model kind)")
     ap.add_argument("--points", type=int, default=2, help="crown: points bounded per method")
+    ap.add_argument("--bound-batch", type=int, default=1, metavar="B",
+                    help="crown: points bounded together by one call (crown.batch_size)")
     ap.add_argument("--methods", nargs="+", default=None,
                     help="crown: these of crown.methods (default: all)")
     ap.add_argument("--depths", type=int, nargs="+", default=None,
                     help="crown: these of crown.depths (default: all)")
     ap.add_argument("--write", metavar="PATH", nargs="?", const=CROWN_BENCH, default=None,
                     help=f"crown: merge the rows into PATH (default {CROWN_BENCH}, which the "
-                         "cost table reads), each replacing the row of its device type, depth "
-                         "and method")
+                         "cost table reads), each replacing the row of its device type, depth, "
+                         "method and batch")
     ap.add_argument("--gpus", type=int, nargs="+", default=[1, 2, 4, 8],
                     help="plan: GPU counts to schedule the units on")
     ap.add_argument("--per-gpu", type=int, default=1, metavar="K",
@@ -306,12 +308,14 @@ def main(argv: list[str] | None = None) -> int:
                                             torch.__version__)
         return 0
     if args.command == "crown":
-        print(f"one CROWN bound (point x eps) of the crown stage's ViT, {args.points} points")
+        print(f"one CROWN bound (point x eps) of the crown stage's ViT, {args.points} points, "
+              f"{args.bound_batch} a call")
         print(f"{'depth':>5} {'method':>12} {'tokens':>6} {'build s':>8} {'s/bound':>8} "
               f"{'peak GB':>7}  status")
         from attncert.cost.crown_bench import bench_crown, merge_crown_bench
 
-        for r in bench_crown(params, args.device, args.points, args.methods, args.depths):
+        for r in bench_crown(params, args.device, args.points, args.methods, args.depths,
+                             args.bound_batch):
             print(f"{r['depth']:>5} {r['method']:>12} {r['tokens']:>6} "
                   f"{r['build_seconds']:8.2f} {r['seconds_per_bound']:8.2f} "
                   f"{r['peak_gb']:7.1f}  {r['status']}", flush=True)

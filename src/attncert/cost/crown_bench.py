@@ -15,23 +15,28 @@ from attncert.pipeline.datasets import stand_in
 
 
 def bench_crown(params, device: str = "auto", points: int = 2,
-                methods: list[str] | None = None, depths: list[int] | None = None
-                ) -> Iterator[dict[str, Any]]:
+                methods: list[str] | None = None, depths: list[int] | None = None,
+                batch: int = 1) -> Iterator[dict[str, Any]]:
     """Seconds per CROWN bound of the crown stage's ViT at its paper shape (every depth, every
     method of ``crown.methods``, the smallest ``cert_eps``, ``crown.bound_dtype``), on
-    ``points`` random images of the first dataset's shape. The weights are the untrained
-    initialisation: a bound's cost follows the graph's shape, not the weights' values. Build
-    time (once per model) is reported apart; a bound that fails (a domain error of loose
-    intermediate bounds, the time limit) counts with the seconds it ran, and its status shows.
+    ``points`` random images of the first dataset's shape, ``batch`` of them bounded by one
+    call (:func:`attncert.crown.bridge.certify_batch`; the row's ``batch``). The weights are
+    the untrained initialisation: a bound's cost follows the graph's shape, not the weights'
+    values. Build time (once per model) is reported apart; a bound that fails (a domain error
+    of loose intermediate bounds, the time limit) counts with the seconds it ran, and its
+    status shows; a batch that does not fit in the device's memory is a row of NaN seconds,
+    "out_of_memory".
     ``methods``, ``depths``: subsets of ``crown.methods``, ``crown.depths`` (None: all). Yields
     a row as each (depth, method) ends, so a caller keeps what finished before an
     out-of-memory kill; ``peak_gb``: the device's peak allocation during the bounds (CUDA) or
     the process's peak resident memory so far (CPU)."""
-    from attncert.crown.bridge import CrownCertifier, certify_points
+    from attncert.crown.bridge import CrownCertifier, certify_batch
     from attncert.crown.study import vit_config
     from attncert.models import build_vit
     from attncert.pipeline.device import resolve_device
 
+    if batch < 1 or points < 1:
+        raise ValueError(f"crown bench: points and batch must be >= 1, got {points}, {batch}")
     c = params["crown"]
     dev = resolve_device(device)
     dtype = getattr(torch, c.bound_dtype)
@@ -48,10 +53,16 @@ def bench_crown(params, device: str = "auto", points: int = 2,
             if dev.type == "cuda":
                 torch.cuda.reset_peak_memory_stats(dev)
             _sync(dev)
-            out = certify_points(cert, x, y, [min(c.cert_eps)], method, c.time_limit,
-                                 c.alpha_iterations)
+            try:
+                out = [r for s in range(0, points, batch)
+                       for r in certify_batch(cert, x[s:s + batch], y[s:s + batch],
+                                              min(c.cert_eps), method, c.time_limit,
+                                              c.alpha_iterations)]
+            except torch.OutOfMemoryError:  # a batch of several points: the row says so
+                torch.cuda.empty_cache()
+                out = [{"seconds": float("nan"), "status": "out_of_memory"}]
             _sync(dev)
-            yield {"depth": depth, "method": method, "device": str(dev),
+            yield {"depth": depth, "method": method, "batch": batch, "device": str(dev),
                    "dtype": c.bound_dtype, "tokens": (cfg.image_size // cfg.patch) ** 2,
                    "build_seconds": cert.build_seconds,
                    "seconds_per_bound": sum(r["seconds"] for r in out) / len(out),
@@ -70,7 +81,7 @@ def _peak_gb(dev: torch.device) -> float:
 
 def merge_crown_bench(path, rows: list[dict[str, Any]]) -> dict[str, Any]:
     """Merge :func:`bench_crown` ``rows`` into the JSON file at ``path`` (a row replaces the
-    row of the same device type, depth and method; others are kept), each row dated (a row's
+    row of the same device type, depth, method and batch; others are kept), each row dated (a row's
     own date, machine and torch, when it has them, are kept); written atomically."""
     import datetime
     import platform
@@ -86,5 +97,5 @@ def merge_crown_bench(path, rows: list[dict[str, Any]]) -> dict[str, Any]:
     else:
         machine = f"{platform.processor() or platform.machine()}, {torch.get_num_threads()} threads"
     new = [{"date": date, "machine": machine, "torch": torch.__version__} | r for r in rows]
-    return merge_rows(path, new, lambda r: (r["device"].split(":")[0], r["depth"], r["method"]),
-                      ordered=True)
+    return merge_rows(path, new, lambda r: (r["device"].split(":")[0], r["depth"], r["method"],
+                                            r.get("batch", 1)), ordered=True)

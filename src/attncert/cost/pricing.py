@@ -49,25 +49,30 @@ TEXT_KINDS = {"OLSAClassifier": "OLSA text", "LipschitzTextTransformer": "LoFAST
 VIT_KINDS = {"lipschitz": LIPSCHITZ_VIT, "standard": STANDARD_VIT, "msvp": MSVP_VIT}
 
 
-def crown_bound_seconds(depth: int, method: str, path: str | Path = CROWN_BENCH
-                        ) -> tuple[float, str]:
-    """(seconds, how) of one CROWN bound of the crown ViT of ``depth`` on a GPU: measured on
-    CUDA where :data:`CROWN_BENCH` has it; else the CPU's measurement times the median
+def crown_bound_seconds(depth: int, method: str, path: str | Path = CROWN_BENCH,
+                        batch: int = 1) -> tuple[float, str]:
+    """(seconds, how) of one CROWN bound of the crown ViT of ``depth`` on a GPU, its points
+    bounded ``batch`` at a time (``crown.batch_size``): measured on CUDA where
+    :data:`CROWN_BENCH` has it, at the largest measured batch up to ``batch`` (a batch not
+    measured gains nothing); else the CPU's measurement (one point a call) times the median
     CUDA / CPU ratio of the bounds measured on both ("scaled"); else NaN ("not measured")."""
     path = Path(path)
     rows = json.loads(path.read_text())["rows"] if path.is_file() else []
-    by = {(r["device"].split(":")[0], r["depth"], r["method"]): r["seconds_per_bound"]
-          for r in rows if math.isfinite(r["seconds_per_bound"])}
-    if ("cuda", depth, method) in by:
-        return by["cuda", depth, method], "measured on CUDA"
-    if ("cpu", depth, method) not in by:
+    by = {(r["device"].split(":")[0], r["depth"], r["method"], r.get("batch", 1)):
+          r["seconds_per_bound"] for r in rows if math.isfinite(r["seconds_per_bound"])}
+    on_cuda = [b for dev, d, m, b in by if (dev, d, m) == ("cuda", depth, method) and b <= batch]
+    if on_cuda:
+        b = max(on_cuda)
+        return by["cuda", depth, method, b], "measured on CUDA" + (f" at batch {b}" if b > 1
+                                                                   else "")
+    if ("cpu", depth, method, 1) not in by:
         return math.nan, "not measured"
-    ratios = [v / by["cpu", d, m] for (dev, d, m), v in by.items()
-              if dev == "cuda" and ("cpu", d, m) in by]
+    ratios = [v / by["cpu", d, m, 1] for (dev, d, m, b), v in by.items()
+              if dev == "cuda" and b == 1 and ("cpu", d, m, 1) in by]
     if not ratios:
-        return by["cpu", depth, method], "measured on the CPU, not scaled"
+        return by["cpu", depth, method, 1], "measured on the CPU, not scaled"
     ratio = statistics.median(ratios)
-    return by["cpu", depth, method] * ratio, f"the CPU's x {ratio:.2g} (CUDA / CPU)"
+    return by["cpu", depth, method, 1] * ratio, f"the CPU's x {ratio:.2g} (CUDA / CPU)"
 
 
 def graphs(model: J.Model) -> str:
@@ -115,7 +120,7 @@ def crown_seconds(phase: J.CrownBounds, path: str | Path = CROWN_BENCH) -> float
     unit's time budget."""
     worst = 0.0
     for method in phase.methods:
-        sec, _ = crown_bound_seconds(phase.depth, method, path)
+        sec, _ = crown_bound_seconds(phase.depth, method, path, phase.batch)
         limit = phase.time_limit or math.inf
         one = phase.n * phase.eps * (limit if math.isnan(sec) else min(sec, limit))
         worst += min(one, phase.time_budget) if phase.time_budget else one

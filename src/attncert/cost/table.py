@@ -99,7 +99,7 @@ def cost_table(params, gpu: GPU, utilisation: float = UTILISATION) -> str:
             if c.skip_lofast_certified else "")
     per = []
     for m in c.methods:
-        secs = [(d, *crown_bound_seconds(d, m)) for d in c.depths]
+        secs = [(d, *crown_bound_seconds(d, m, batch=c.batch_size)) for d in c.depths]
         per.append(f"{m} " + ", ".join(f"L{d} {'-' if math.isnan(v) else f'{v:.3g}'} s"
                                        for d, v, _ in secs)
                    + f" ({'; '.join(sorted({how for _, _, how in secs}))})")
@@ -107,7 +107,8 @@ def cost_table(params, gpu: GPU, utilisation: float = UTILISATION) -> str:
                  f"{crown_seconds / 3600:.3g} | bounds | in the crown row and the total, "
                  f"at their worst: {len(c.datasets)} datasets x {len(c.depths)} depths (one "
                  f"unit each) x {c.n_test} points x {len(c.cert_eps)} eps x {len(c.methods)} "
-                 f"methods, each bound at its seconds at the paper shape on a GPU "
+                 f"methods, each bound at its seconds at the paper shape on a GPU, "
+                 f"{c.batch_size} points a call (crown.batch_size) "
                  f"({'; '.join(per)}; `python -m attncert.cost crown`; unmeasured or past it: "
                  f"the time limit {c.time_limit:g} s){budget}{skip} |")
     head = (f"Scale `{params['base'].scale}`; one {gpu.name} at {utilisation:.0%} of its dense "

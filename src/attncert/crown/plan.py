@@ -40,6 +40,6 @@ def jobs(p: StudyParams) -> list[Job]:
                 Audit(f"{name}: PGD audit", c.audit.count(n), len(c.cert_eps), c.audit.steps,
                       c.audit.restarts, c.audit.batch_size),
                 CrownBounds(f"{name}: CROWN bounds (at most)", depth, tuple(c.methods), n,
-                            len(c.cert_eps), c.time_limit, c.time_budget),
+                            len(c.cert_eps), c.time_limit, c.time_budget, c.batch_size),
                 Diagnostics(n_te, diagnostics.BATCH))))  # on the whole test split
     return out

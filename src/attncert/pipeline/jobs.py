@@ -160,7 +160,8 @@ class EncoderForward:
 @dataclass(frozen=True)
 class CrownBounds:
     """CROWN's bounds on a crown ViT of ``depth``: ``n`` points x ``eps`` radii per method, each
-    bound at most ``time_limit`` s, each method's unit at most ``time_budget`` s (0: none)."""
+    bound at most ``time_limit`` s, each method's unit at most ``time_budget`` s (0: none),
+    ``batch`` points bounded together."""
 
     what: str
     depth: int
@@ -169,6 +170,7 @@ class CrownBounds:
     eps: int
     time_limit: float
     time_budget: float
+    batch: int = 1
 
 
 @dataclass(frozen=True)
