@@ -48,9 +48,12 @@ display(Markdown(f"**{b.scale} scale**: {', '.join(p.datasets)}, depths {p.depth
                  f"{', '.join(f'{k}: {r.n}' for k, r in parts.items())} test points, "
                  f"eps {p.cert_eps}; CROWN methods {p.methods} in {p.bound_dtype} on "
                  f"{res.device} (time limit {p.time_limit:g} s per bound; "
+                 f"{p.batch_size} points bounded per call at first (grown to the GPU's "
+                 f"memory there), their seconds shared; "
                  + (f"budget {p.time_budget:g} s of bounds per unit; " if p.time_budget else "")
-                 + ("points LoFAST certified skip CROWN, so CROWN alone is not measured"
-                    if p.skip_lofast_certified else "CROWN on every point") + ").  \n"
+                 + (f"points LoFAST certified skip CROWN, except the first {p.alone_points}, "
+                    "where CROWN alone is measured" if p.skip_lofast_certified
+                    else "CROWN on every point") + ").  \n"
                  f"**auto_LiRPA patches applied:** {', '.join(PATCHES)}"))
 
 # %% [markdown]
@@ -94,7 +97,8 @@ display(Markdown(note + " The combination certifies at least what either method 
 # One figure per dataset; the paper's numbers are CIFAR-10's. A dash (None): every CROWN bound at
 # that eps failed, for any reason (the statuses are counted above); the paper's "-" marks
 # overflow failures only. LoFAST's seconds cover its radius (every eps at once); CROWN's are
-# the mean of one (point, eps) bound.
+# the mean of one (point, eps) bound. Both are per point of a batch: a batch's seconds shared
+# among its points (LoFAST 100 a call; CROWN `crown.batch_size`, the `batch` column of its rows).
 
 # %%
 for k, r in parts.items():

@@ -187,6 +187,8 @@ def test_the_bench_times_batches_and_the_cost_model_takes_the_params_batch(tmp_p
     crown_bench.merge_crown_bench(path, cuda)
     assert len(json.loads(path.read_text())["rows"]) == 5
     assert pricing.crown_bound_seconds(3, "crown", path) == (8.0, "measured on CUDA")
+    assert pricing.crown_bound_seconds(3, "crown", path, batch=2) == (
+        8.0, "measured on CUDA, one point a call (no batch measured)")
     assert pricing.crown_bound_seconds(3, "crown", path, batch=8) == (
         2.5, "measured on CUDA at batch 4")
     assert pricing.crown_bound_seconds(3, "crown", path, batch=16)[0] == 1.0

@@ -35,7 +35,7 @@ def test_every_step_runs_within_a_budget_that_holds_them(tmp_path):
     assert [c.split()[1] for c in calls] == ["attncert.cost", "pytest", "attncert.cost",
                                              "attncert.pipeline.doctor"]
     crown, bench = calls[0], calls[2]
-    assert crown.split()[2] == "crown" and "--bound-batch 8" in crown and "--write" in crown
+    assert crown.split()[2] == "crown" and "--bound-batch 4" in crown and "--write" in crown
     assert "--write-compile" in bench and "--kinds" in bench
     assert bench.index("PGD training") < bench.index("OLSA text") < bench.index("PGD audit")
     assert summary.count("exit 0") == 4

@@ -63,8 +63,9 @@ def crown_bound_seconds(depth: int, method: str, path: str | Path = CROWN_BENCH,
     on_cuda = [b for dev, d, m, b in by if (dev, d, m) == ("cuda", depth, method) and b <= batch]
     if on_cuda:
         b = max(on_cuda)
-        return by["cuda", depth, method, b], "measured on CUDA" + (f" at batch {b}" if b > 1
-                                                                   else "")
+        at = (f" at batch {b}" if b > 1 else
+              ", one point a call (no batch measured)" if batch > 1 else "")
+        return by["cuda", depth, method, b], "measured on CUDA" + at
     if ("cpu", depth, method, 1) not in by:
         return math.nan, "not measured"
     ratios = [v / by["cpu", d, m, 1] for (dev, d, m, b), v in by.items()

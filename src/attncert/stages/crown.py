@@ -11,12 +11,14 @@ certified ("lofast"), except on the first ``alone_points`` test points, its own 
 CROWN alone is measured (:func:`attncert.crown.tables.tables`); a point the model
 misclassifies is not bounded ("misclassified"); past
 ``time_budget`` CROWN seconds of one method in a unit, that method runs no more bounds
-("budget"; each method has its own); each point's rows are appended to
+("budget"; each method has its own); ``batch_size`` points are bounded by one call (on a GPU
+the batch grows to ``base.batch_memory`` of its memory); each point's rows are appended to
 ``results_dir/ckpt/<dataset>/L<depth>/crown-<method>.jsonl`` as it finishes, and a rerun with the
 same params takes the finished points from there; more than ``max_error_share`` errors among
 the bounds that ran fail the stage (:func:`attncert.crown.study.require_few_errors`). Seconds
 per sample: LoFAST's certificate with its radius (valid for every eps at once), CROWN's mean
-time of one (point, eps) bound over the pairs it ran. Every certified point is then attacked
+time of one (point, eps) bound over the pairs it ran (a batch's seconds shared by its
+points, as LoFAST's). Every certified point is then attacked
 with L2 PGD: a broken certificate fails the stage.
 
 Each (dataset, depth) is an independent unit (:func:`units`, one DVC stage each: several GPUs
