@@ -12,7 +12,16 @@ import torch
 from torch import nn
 
 from attncert.cost.counting import random_images
-from attncert.cost.graphs import graphs_key
+from attncert.cost.graphs import (
+    LIPSCHITZ_VIT,
+    LOFAST_TEXT,
+    MSVP_VIT,
+    OLSA_TEXT,
+    STANDARD_TEXT,
+    STANDARD_VIT,
+    TEXT_KINDS,
+    graphs_key,
+)
 from attncert.pipeline.datasets import stand_in
 from attncert.text.tokenize import VOCAB
 
@@ -49,26 +58,26 @@ def bench_models(params) -> dict[str, tuple[nn.Module, Callable[[int], tuple], s
                                  mlp_hidden=t.lofast.mlp_hidden, radius_attn=t.lofast.radius_attn,
                                  gamma_qk=t.lofast.gamma_qk, gamma_vo=t.lofast.gamma_vo[0])
     return {
-        "lipschitz ViT (train_vit)": (build_vit(lip), images(lip),
+        LIPSCHITZ_VIT: (build_vit(lip), images(lip),
                                       f"{ds} {lip.image_size}px patch {lip.patch}, "
                                       f"{lip.dim}-d, depth {depth}, {heads} heads"),
-        "standard ViT (specformer vanilla)": (build_vit(base), images(base),
+        STANDARD_VIT: (build_vit(base), images(base),
                                               f"{base.dim}-d, depth {base.depth}, patch "
                                               f"{base.patch}"),
-        "SpecFormer (MSVP)": (build_vit(base), images(base), "as vanilla + MSVP"),
-        "OLSA text": (OLSAClassifier(vocab_size=VOCAB, max_len=t.max_len, dim=t.dim,
+        MSVP_VIT: (build_vit(base), images(base), "as vanilla + MSVP"),
+        OLSA_TEXT: (OLSAClassifier(vocab_size=VOCAB, max_len=t.max_len, dim=t.dim,
                                      depth=deep, heads=t.heads), tokens,
                       f"{t.max_len} tokens, {t.dim}-d, depth {deep}"),
-        "LoFAST text": (LipschitzTextTransformer(lcfg), tokens,
+        LOFAST_TEXT: (LipschitzTextTransformer(lcfg), tokens,
                         f"{t.max_len} tokens, {lcfg.dim}-d, depth {lcfg.depth}"),
-        "standard text": (StandardTextTransformer(VOCAB, t.max_len, t.dim, deep, t.heads,
+        STANDARD_TEXT: (StandardTextTransformer(VOCAB, t.max_len, t.dim, deep, t.heads,
                                                   2 * t.dim), tokens,
                           f"{t.max_len} tokens, {t.dim}-d, depth {deep}"),
     }
 
 
 #: the bench's text model kinds (:func:`bench_models`)
-TEXT_BENCH_KINDS = ("OLSA text", "LoFAST text", "standard text")
+TEXT_BENCH_KINDS = TEXT_KINDS
 
 
 def step_terms(params, kind: str, model: nn.Module
@@ -82,7 +91,7 @@ def step_terms(params, kind: str, model: nn.Module
         return None, None
     from attncert.text.train_text import step_terms as text_step_terms
 
-    return text_step_terms(model, params["text"].gamma if kind == "OLSA text" else 0.0)
+    return text_step_terms(model, params["text"].gamma if kind == OLSA_TEXT else 0.0)
 
 
 #: how a bench step runs: eager, or compiled as training runs it in ``base.compile``'s modes
@@ -92,7 +101,7 @@ COMPILE_MODES = ("eager", "compile", "graphs")
 
 #: the bench's kinds that also train adversarially (SpecFormer's PGD twins): each times a PGD
 #: training step too, as the step kind :func:`attncert.cost.graphs.graphs_key` names
-ADVERSARIAL_KINDS = ("standard ViT (specformer vanilla)", "SpecFormer (MSVP)")
+ADVERSARIAL_KINDS = (STANDARD_VIT, MSVP_VIT)
 #: their step kinds under PGD training -> the kind
 ADVERSARIAL_KEYS = {graphs_key(k, adversarial=True): k for k in ADVERSARIAL_KINDS}
 
@@ -189,7 +198,7 @@ def bench_training(params, batch: int, steps: int = 5, device: str = "auto",
 
 #: the bench's kinds whose PGD audits are timed (:func:`bench_audits`): the image models' in
 #: pixel space, the text models' on their embeddings (:mod:`attncert.text.attacks`)
-AUDIT_KINDS = ("lipschitz ViT (train_vit)", "standard ViT (specformer vanilla)",
+AUDIT_KINDS = (LIPSCHITZ_VIT, STANDARD_VIT,
                *TEXT_BENCH_KINDS)
 #: their audits' step kinds -> the kind
 AUDIT_KEYS = {graphs_key(k, audit=True): k for k in AUDIT_KINDS}
@@ -262,7 +271,7 @@ def bench_audits(params, batch: int, steps: int = 5, device: str = "auto", mode:
 
 
 #: the model kind timed by default with K processes at once (the study's most common unit)
-CONCURRENCY_KIND = "lipschitz ViT (train_vit)"
+CONCURRENCY_KIND = LIPSCHITZ_VIT
 
 
 def _concurrent_child(params, batch, steps, device, mode, kind, barrier, queue) -> None:

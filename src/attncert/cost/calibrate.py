@@ -21,15 +21,16 @@ from pathlib import Path
 from typing import Any
 
 from attncert.cost.counting import GPU
+from attncert.cost.graphs import LIPSCHITZ_VIT, MSVP_VIT, STANDARD_VIT, TEXT_KINDS
 from attncert.pipeline.io import write_json
 
 #: the bench model kind whose measured constant costs each stage's work (text: several)
 STAGE_MODELS = {
-    "tightness": ("lipschitz ViT (train_vit)",), "train_vit": ("lipschitz ViT (train_vit)",),
-    "certify_vit": ("lipschitz ViT (train_vit)",), "frontier": ("lipschitz ViT (train_vit)",),
-    "crown": ("lipschitz ViT (train_vit)",), "specformer": ("SpecFormer (MSVP)",),
-    "certvit": ("standard ViT (specformer vanilla)",),
-    "text": ("OLSA text", "LoFAST text", "standard text"),
+    "tightness": (LIPSCHITZ_VIT,), "train_vit": (LIPSCHITZ_VIT,),
+    "certify_vit": (LIPSCHITZ_VIT,), "frontier": (LIPSCHITZ_VIT,),
+    "crown": (LIPSCHITZ_VIT,), "specformer": (MSVP_VIT,),
+    "certvit": (STANDARD_VIT,),
+    "text": TEXT_KINDS,
 }
 #: written by ``python -m attncert.pipeline.doctor --calibrate`` (``make gpu-check``)
 CALIBRATION_FILE = "reports/gpu_check.json"

@@ -27,6 +27,11 @@ COMPILE_BENCH = "docs/compile_bench.json"
 LIPSCHITZ_VIT = "lipschitz ViT (train_vit)"
 STANDARD_VIT = "standard ViT (specformer vanilla)"
 MSVP_VIT = "SpecFormer (MSVP)"
+OLSA_TEXT = "OLSA text"
+LOFAST_TEXT = "LoFAST text"
+STANDARD_TEXT = "standard text"
+#: the bench's text model kinds
+TEXT_KINDS = (OLSA_TEXT, LOFAST_TEXT, STANDARD_TEXT)
 #: the step kind's suffix for PGD adversarial training (:func:`graphs_key`)
 ADVERSARIAL = "PGD training"
 #: the step kind's suffix for a PGD audit's attack step (:func:`graphs_key`)

@@ -26,7 +26,15 @@ from attncert.cost.counting import (
     vit_counts,
     vit_forward64,
 )
-from attncert.cost.graphs import LIPSCHITZ_VIT, MSVP_VIT, STANDARD_VIT, graphs_key
+from attncert.cost.graphs import (
+    LIPSCHITZ_VIT,
+    LOFAST_TEXT,
+    MSVP_VIT,
+    OLSA_TEXT,
+    STANDARD_TEXT,
+    STANDARD_VIT,
+    graphs_key,
+)
 from attncert.cost.work import (
     Work,
     audit_work,
@@ -43,8 +51,8 @@ CROWN_BENCH = "docs/crown_bench.json"
 #: the text models' step kinds for the CUDA-graph speed-up (attncert.cost.graphs); OLSA's has
 #: no measurement under graphs yet (its capture failed before its head's closed-form norm),
 #: so it counts eager, as every unmeasured kind
-TEXT_KINDS = {"OLSAClassifier": "OLSA text", "LipschitzTextTransformer": "LoFAST text",
-              "StandardTextTransformer": "standard text"}
+TEXT_KINDS = {"OLSAClassifier": OLSA_TEXT, "LipschitzTextTransformer": LOFAST_TEXT,
+              "StandardTextTransformer": STANDARD_TEXT}
 #: the image models' step kinds by :attr:`attncert.pipeline.jobs.Model.family`
 VIT_KINDS = {"lipschitz": LIPSCHITZ_VIT, "standard": STANDARD_VIT, "msvp": MSVP_VIT}
 
