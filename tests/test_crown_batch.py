@@ -192,3 +192,25 @@ def test_the_bench_times_batches_and_the_cost_model_takes_the_params_batch(tmp_p
     assert pricing.crown_bound_seconds(3, "crown", path, batch=8) == (
         2.5, "measured on CUDA at batch 4")
     assert pricing.crown_bound_seconds(3, "crown", path, batch=16)[0] == 1.0
+
+
+def test_the_rehearsal_bounds_the_stage_s_batch_in_one_call(monkeypatch):
+    """The true-size rehearsal's crown kinds bound crown.batch_size points in one call (the
+    batch the stage starts at), which its watchdog halves while it does not fit."""
+    import dataclasses
+
+    from attncert.pipeline import rehearse as rh
+    from attncert.pipeline.shapes import VitShape
+    from attncert.stages.registry import load_params
+
+    c = dataclasses.replace(load_params()["crown"], batch_size=3,
+                            vit=VitShape(patch=16, dim=8, depth=None, heads=2, mlp_hidden=8))
+    prep = rh.crown_kind(1, rh.Setup({"crown": c}, torch.device("cpu")))
+    assert prep.batch == 3 and prep.input_shape == [3, 32, 32]
+    seen = []
+    real = CrownCertifier.margin_lower
+    monkeypatch.setattr(CrownCertifier, "margin_lower",
+                        lambda self, xb, *a, **k: seen.append(len(xb)) or real(self, xb, *a, **k))
+    prep.make(3)()
+    prep.make(1)()
+    assert seen == [3, 1]

@@ -211,29 +211,33 @@ def grid_vit(s: Setup) -> Prepared:
 
 
 def crown_kind(depth: int, s: Setup) -> Prepared:
-    """crown: the stage's Lipschitz ViT at ``depth`` in ``crown.bound_dtype`` and one CROWN
-    bound at the smallest ``crown.cert_eps`` on one random point."""
-    from attncert.crown.bridge import CrownCertifier, certify_points
+    """crown: the stage's Lipschitz ViT at ``depth`` in ``crown.bound_dtype`` and the CROWN
+    bounds of one call at the smallest ``crown.cert_eps`` on ``crown.batch_size`` random
+    points (the batch the stage starts at; halved while it does not fit)."""
+    from attncert.crown.bridge import CrownCertifier, certify_batch
     from attncert.crown.study import vit_config
     c = s.params["crown"]
     dtype, data = getattr(torch, c.bound_dtype), stand_in(c.datasets[0])
     torch.manual_seed(s.seed)
     cfg = vit_config(data, c, depth)
     model = build_vit(cfg).to(device=s.dev, dtype=dtype).eval()
-    x = random_images(cfg, 1, dtype)[0].to(s.dev)
+    x = random_images(cfg, c.batch_size, dtype)[0].to(s.dev)
     with torch.no_grad():
         y = model(x).argmax(-1)
     cert = CrownCertifier.from_vit(model, x.shape[1:], dtype)
 
-    def step() -> None:
-        (row,) = certify_points(cert, x, y, [min(c.cert_eps)], "crown", c.time_limit,
-                                c.alpha_iterations)
-        if row["status"] == "out_of_memory":
-            raise MemoryError(row.get("error", "out of memory"))
-        if row["status"] not in ("ok", "overflow"):
-            raise RuntimeError(f"CROWN bound {row['status']}: {row.get('error', '')}")
-    return Prepared(sum(p.numel() for p in model.parameters()), list(x.shape[1:]), 1,
-                    lambda _b: step, steps=1)
+    def make(b: int) -> Callable[[], None]:
+        def step() -> None:
+            rows = certify_batch(cert, x[:b], y[:b], min(c.cert_eps), "crown", c.time_limit,
+                                 c.alpha_iterations)
+            bad = [r for r in rows if r["status"] not in ("ok", "overflow")]
+            if any(r["status"] == "out_of_memory" for r in bad):
+                raise MemoryError(bad[0].get("error", "out of memory"))
+            if bad:
+                raise RuntimeError(f"CROWN bound {bad[0]['status']}: {bad[0].get('error', '')}")
+        return step
+    return Prepared(sum(p.numel() for p in model.parameters()), list(x.shape[1:]),
+                    c.batch_size, make, steps=1)
 
 
 #: every kind of the rehearsal, in run order
