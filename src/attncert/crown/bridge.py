@@ -320,8 +320,10 @@ def certify_batch(cert: CrownCertifier, x: Tensor, y: Tensor, eps: float,
                   method: str = "crown", time_limit_s: float = 0.0,
                   alpha_iterations: int = 20) -> list[dict]:
     """One row per point of ``x`` (B, C, H, W): its CROWN bound at ``eps``, the B points bounded
-    by one call of auto_LiRPA (every relaxation is per point: a point's bound does not depend
-    on the others in its batch). Rows as :func:`certify_points`'s (``index`` 0..B-1), with
+    by one call of auto_LiRPA (CROWN's relaxations are per point, so a point's bound does not
+    depend on the others in its batch; alpha-CROWN optimises the batch's relaxations as one
+    loss with one schedule, so its bounds move with the batch by its optimiser's steps, each
+    still a sound bound). Rows as :func:`certify_points`'s (``index`` 0..B-1), with
     ``seconds`` the batch's seconds / B and ``batch`` B.
 
     The time limit is ``time_limit_s`` per bound, B times it for the batch; past it every row
@@ -338,6 +340,8 @@ def certify_batch(cert: CrownCertifier, x: Tensor, y: Tensor, eps: float,
         with time_limit(time_limit_s * b) as alarm:
             lower = cert.margin_lower(x, y, eps, method, alpha_iterations)
             worst = lower.min(dim=1).values.tolist()  # one host read for the batch
+        if len(worst) != b:
+            raise RuntimeError(f"{len(worst)} bounds for a batch of {b} points")
     except Exception as exc:  # noqa: BLE001 (a failed point is a result, with its status)
         seconds = time.perf_counter() - t0
         status = "time_limit" if alarm.fired else failure_status(exc)

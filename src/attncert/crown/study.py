@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -151,7 +152,9 @@ def crown_frame(model, x: Tensor, y: Tensor, eps_grid: Sequence[float], method: 
     a batch's bounds are its points' bounds alone, its seconds shared among them): the next
     points with a bound to run, radius by radius; on a CUDA device the batch grows to
     ``base.batch_memory`` of its memory and halves on an out-of-memory error
-    (:class:`attncert.pipeline.batching.BatchSize`). The budget is checked before each batch.
+    (:class:`attncert.pipeline.batching.BatchSize`). The budget is checked before each batch,
+    so once it is spent the points of the batches in progress get "budget" at their larger
+    eps (one point at a time: the later points at every eps).
 
     CROWN runs where the points are (``x.device``: the model is moved there, in place) in
     ``dtype``: float64 for a certificate; float32 halves time and memory, with rounding in
@@ -172,20 +175,31 @@ def crown_frame(model, x: Tensor, y: Tensor, eps_grid: Sequence[float], method: 
     cert: list[CrownCertifier] = []  # built once, and only when a bound runs
 
     def bounds(idx: list[int], e: float) -> list[dict[str, Any]]:
+        """Rows of the points ``idx`` at ``e``, in batches; each batch first checks the budget
+        (the points left when it is spent: "budget") and charges every second it ran, a
+        batch that ran out of memory included."""
         if not cert:
             cert.append(CrownCertifier.from_vit(model, x.shape[1:], dtype))
         out, s = [], 0
         while s < len(idx):
+            if budget is not None and budget.spent():
+                out += [_not_run(i, e, method, "budget") for i in idx[s:]]
+                break
             part = idx[s:s + size.size]
             size.begin()
+            t0 = time.perf_counter()
             try:
                 rows_ = certify_batch(cert[0], x[part].to(dtype), y[part], e, method,
                                       time_limit_s, alpha_iterations)
             except torch.OutOfMemoryError:
+                if budget is not None:
+                    budget.charge(time.perf_counter() - t0)
                 if not size.halve(len(part)):
                     raise
                 continue
-            size.ran(len(part))
+            if all(r["status"] in ("ok", "overflow") and r["batch"] == len(part)
+                   for r in rows_):  # a whole batch ran: its peak is a batch's
+                size.ran(len(part))
             if budget is not None:
                 budget.charge(sum(r["seconds"] for r in rows_))
             out += [dict(r, index=i) for r, i in zip(rows_, part, strict=True)]
@@ -221,11 +235,10 @@ def crown_frame(model, x: Tensor, y: Tensor, eps_grid: Sequence[float], method: 
                 if status is None:
                     run.append(k)
                 else:
-                    point[k].append({"index": k, "eps": float(e), "method": method,
-                                     "certified": False, "margin_lower": float("nan"),
-                                     "seconds": 0.0, "status": status, "batch": 0})
+                    point[k].append(_not_run(k, e, method, status))
             for row in bounds(run, e) if run else []:
-                alive[row["index"]] = bool(row["certified"])
+                if row["status"] not in NOT_RUN:  # "budget": its larger eps are "budget" too
+                    alive[row["index"]] = bool(row["certified"])
                 point[row["index"]].append(row)
         for k in chunk:
             if journal is not None:
@@ -234,6 +247,12 @@ def crown_frame(model, x: Tensor, y: Tensor, eps_grid: Sequence[float], method: 
         if progress:
             print(f"{method}: point {i}/{n}", flush=True)
     return pd.DataFrame(rows), (cert[0].build_seconds if cert else 0.0)
+
+
+def _not_run(i: int, eps: float, method: str, status: str) -> dict[str, Any]:
+    """The row of a (point, eps) whose bound did not run (a status of :data:`NOT_RUN`)."""
+    return {"index": i, "eps": float(eps), "method": method, "certified": False,
+            "margin_lower": float("nan"), "seconds": 0.0, "status": status, "batch": 0}
 
 
 def _has_bound(i: int, correct: list | None, lofast: list | None, n_eps: int) -> bool:

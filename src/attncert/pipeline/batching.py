@@ -19,6 +19,7 @@ reset is kept, and :func:`device_peak` (what a stage reports as its GPU peak) in
 
 from __future__ import annotations
 
+import numbers
 from collections.abc import Callable
 from typing import TypeVar
 
@@ -78,8 +79,9 @@ class BatchSize:
 
     def __init__(self, batch_size: int, what: str = "batch",
                  device: torch.device | str | None = None) -> None:
-        if isinstance(batch_size, bool) or batch_size < 1:
-            raise ValueError(f"{what}: batch size must be >= 1, got {batch_size}")
+        if isinstance(batch_size, bool) or not isinstance(batch_size, numbers.Integral) or (
+                batch_size < 1):
+            raise ValueError(f"{what}: batch size must be an integer >= 1, got {batch_size!r}")
         self.size, self.what = int(batch_size), what
         self._index, self._base = _cuda_index(device), 0
 
