@@ -175,3 +175,41 @@ def test_certificates_do_not_depend_on_the_grown_batch(monkeypatch):
     for c in (c for c in fixed if c.startswith("radius_")):
         assert torch.allclose(torch.tensor(grown[c].to_numpy()), torch.tensor(fixed[c].to_numpy()),
                               rtol=1e-3, atol=1e-9), c
+
+
+def test_an_audit_s_batch_grows_once_for_every_radius(monkeypatch):
+    """certify.audit sizes one batch for all its radii: the second radius starts at the size
+    the first reached (each radius used to start again from the params' size), and a
+    BatchSize passed to in_batches carries its size from one loop to the next."""
+    from test_certify import _model
+
+    from attncert import certify
+    from attncert.pipeline import batching
+
+    fake = _FakeCuda(monkeypatch, total=10 ** 6)
+    monkeypatch.setattr(batching, "_share", 0.5)
+    monkeypatch.setattr(batching, "_cuda_index", lambda device: 0)
+    size = batching.BatchSize(2, "shared", "cuda")
+    first = in_batches(20, size, fake.run)
+    assert [len(c) for c in first] == [2, 4, 8, 6] and size.size == 16
+    assert [len(c) for c in in_batches(20, size, fake.run)] == [16, 4]
+    with pytest.raises(ValueError, match="integer"):
+        batching.BatchSize(2.5)
+
+    model = _model()
+    x = torch.rand(12, 1, 8, 8, dtype=torch.float64, generator=torch.Generator().manual_seed(2))
+    y = model(x).argmax(1)
+    calls = []
+
+    def recorded(n, batch_size, run, *args, **kwargs):
+        sizes = []
+        calls.append(sizes)
+        return in_batches(n, batch_size, lambda a, b: sizes.append(b - a) or run(a, b),
+                          *args, **kwargs)
+
+    monkeypatch.setattr(certify, "in_batches", recorded)
+    rows, _ = certify.audit(model, x, y, {"r": torch.zeros(12, dtype=torch.float64)},
+                            [0.1, 0.2, 0.3], steps=2, restarts=1, batch_size=2)
+    forward, *radii = calls
+    assert forward == [2, 4, 6] and len(radii) == 3 and len(rows) == 3
+    assert radii == [[2, 4, 6], [8, 4], [12]]

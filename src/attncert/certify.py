@@ -35,7 +35,7 @@ from attncert.bounds.variants import TESTS, Layer, variant
 from attncert.bounds.variants import VARIANTS as BOUND_VARIANTS
 from attncert.models.vit import Component, propagate
 from attncert.pipeline import rng
-from attncert.pipeline.batching import in_batches
+from attncert.pipeline.batching import BatchSize, in_batches
 from attncert.training.precision import require_full_precision
 
 
@@ -278,6 +278,7 @@ def audit(model, x: Tensor, y: Tensor, radii: Mapping[str, Tensor], eps_grid: Se
             "audit forward", device=x.device)).cpu()
     idx = correct.nonzero().flatten()
     attacker = attack_copy(model)
+    size = BatchSize(batch_size, "PGD audit", x.device)  # grown once, for every radius
     rows, broken_all = [], []
     for e in bar(eps_grid, desc="PGD audit", enabled=progress):
         success = ~correct  # misclassified points count as attacked successfully
@@ -287,8 +288,7 @@ def audit(model, x: Tensor, y: Tensor, radii: Mapping[str, Tensor], eps_grid: Se
             return verified_pgd_l2(model, x[sub.to(x.device)], y[sub.to(y.device)], e, steps,
                                    restarts, generator=g, attack_model=attacker)[1].cpu()
 
-        broken = in_batches(len(idx), batch_size, attack, f"PGD audit at eps {e}",
-                            device=x.device)
+        broken = in_batches(len(idx), size, attack)
         if broken:
             success[idx] = torch.cat(broken)
         row = {"eps": float(e), "attacked": int(len(idx)),

@@ -111,15 +111,18 @@ class BatchSize:
         return True
 
 
-def in_batches(n: int, batch_size: int, run: Callable[[int, int], T], what: str = "batch",
-               device: torch.device | str | None = None,
+def in_batches(n: int, batch_size: int | BatchSize, run: Callable[[int, int], T],
+               what: str = "batch", device: torch.device | str | None = None,
                done: Callable[[int], object] | None = None) -> list[T]:
     """``[run(start, stop) for consecutive [start, stop) covering range(n)]``, in batches of
-    ``batch_size``: on a CUDA ``device`` doubled while twice a batch's peak fits in
-    :func:`memory_share` of the device, halved (and kept halved) on
-    ``torch.OutOfMemoryError`` (:class:`BatchSize`). ``done(k)`` is called after each batch of
-    k items (a progress bar's update)."""
-    size = BatchSize(batch_size, what, device)
+    ``batch_size``: on a CUDA ``device`` doubled after a full batch while twice its peak fits
+    in :func:`memory_share` of the device, halved (and kept halved) on
+    ``torch.OutOfMemoryError`` (:class:`BatchSize`). A :class:`BatchSize` passed as
+    ``batch_size`` carries its size from one loop to the next (an audit's radii: each starts
+    where the last left off; its own ``what`` and device then apply). ``done(k)`` is called
+    after each batch of k items (a progress bar's update)."""
+    size = (batch_size if isinstance(batch_size, BatchSize)
+            else BatchSize(batch_size, what, device))
     out, start = [], 0
     while start < n:
         stop = min(start + size.size, n)
@@ -130,8 +133,7 @@ def in_batches(n: int, batch_size: int, run: Callable[[int, int], T], what: str 
             if not size.halve(stop - start):
                 raise
             continue
-        if stop < n:
-            size.ran(stop - start)
+        size.ran(stop - start)
         if done is not None:
             done(stop - start)
         start = stop

@@ -47,7 +47,7 @@ from attncert.models import ViT, ViTConfig, build_vit
 from attncert.models.config import dataset_vit_config
 from attncert.msvp import MSVP, exact_head_sigma, sigma_rows
 from attncert.pipeline import rng
-from attncert.pipeline.batching import in_batches
+from attncert.pipeline.batching import BatchSize, in_batches
 from attncert.pipeline.device import resolve_device, resolve_precision
 from attncert.training.checkpoint import fingerprint
 from attncert.training.loop import optimizer
@@ -260,13 +260,13 @@ def robust_accuracy(model: nn.Module, x: Tensor, y: Tensor, specs: Sequence[Atta
     was_training = model.training
     model.eval()
     rows = []
+    size = BatchSize(batch_size, "attack", x.device)  # grown once, for every attack
     for spec in specs:
         g = rng.generator(seed, x.device)
         def attack(a: int, b: int, spec: AttackSpec = spec, g: torch.Generator = g) -> Tensor:
             return spec.run(model, x[a:b], y[a:b], g).cpu()
 
-        broken = torch.cat(in_batches(len(y), batch_size, attack, f"{spec.label} attack",
-                                      device=x.device))
+        broken = torch.cat(in_batches(len(y), size, attack))
         rows.append({"attack": spec.label, "kind": spec.attack, "eps": spec.eps,
                      "steps": spec.steps, "accuracy": 1.0 - float(broken.double().mean())})
     model.train(was_training)
