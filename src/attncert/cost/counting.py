@@ -15,6 +15,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_leaves
 from torch.utils.flop_counter import FlopCounterMode
 
 from attncert.pipeline import rng
@@ -88,21 +89,28 @@ class _KernelCounter(TorchDispatchMode):
     def __init__(self):
         super().__init__()
         self.kernels = 0
+        self.bytes = 0  # the bytes of every counted call's tensor outputs
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
         name = func.overloadpacket.__name__
         if name not in self.SKIP and not getattr(func, "is_view", False):
             self.kernels += 1
-        return func(*args, **(kwargs or {}))
+            self.bytes += sum(t.numel() * t.element_size() for t in tree_leaves(out)
+                              if isinstance(t, Tensor))
+        return out
 
 
 @dataclass(frozen=True)
 class Counts:
-    """FLOPs of one call = per_call + per_sample * batch; kernels of one call."""
+    """FLOPs of one call = per_call + per_sample * batch; kernels of one call;
+    ``bytes_per_sample``: what one more sample adds to the bytes the call's operations output
+    (every allocation the call makes: an upper bound of what it adds to the memory's peak)."""
 
     per_call: float
     per_sample: float
     kernels: float
+    bytes_per_sample: float = 0.0
 
     def flops(self, batch: int) -> float:
         return self.per_call + self.per_sample * batch
@@ -110,19 +118,25 @@ class Counts:
 
 def count(fn: Callable[[], Any]) -> tuple[float, int]:
     """(matmul FLOPs, kernels) of one call of ``fn`` (on the CPU)."""
+    f, k, _ = _count(fn)
+    return f, k
+
+
+def _count(fn: Callable[[], Any]) -> tuple[float, int, int]:
+    """(matmul FLOPs, kernels, bytes output by the kernels) of one call of ``fn``."""
     with FlopCounterMode(display=False) as flops, _KernelCounter() as kernels:
         fn()
-    return float(flops.get_total_flops()), kernels.kernels
+    return float(flops.get_total_flops()), kernels.kernels, kernels.bytes
 
 
 def fit(make: Callable[[int], Callable[[], Any]], per_call_cost: bool = True) -> Counts:
     """:class:`Counts` from calls at batch 1 and 2 (``make(b)`` returns the call); with
-    ``per_call_cost=False`` one call at batch 1, every FLOP taken as per sample."""
-    f1, k1 = count(make(1))
+    ``per_call_cost=False`` one call at batch 1, every FLOP and byte taken as per sample."""
+    f1, k1, b1 = _count(make(1))
     if not per_call_cost:
-        return Counts(0.0, f1, k1)
-    f2, _ = count(make(2))
-    return Counts(max(2 * f1 - f2, 0.0), max(f2 - f1, 0.0), k1)
+        return Counts(0.0, f1, k1, float(b1))
+    f2, _, b2 = _count(make(2))
+    return Counts(max(2 * f1 - f2, 0.0), max(f2 - f1, 0.0), k1, float(max(b2 - b1, 0)))
 
 
 # -- the models at the params' shapes ------------------------------------------------------

@@ -141,8 +141,15 @@ def passes(stage: str, what: str, kind: str, one: Counts, calls: int, batch: int
     return Work(stage, what, kind, calls * one.flops(batch), calls * one.kernels)
 
 
-def job_work(job: J.Job) -> list[Work]:
-    """The work items of ``job``'s phases, marked with its stage and unit."""
+#: the model kinds whose PGD audits grow their batch to the GPU's memory (through
+#: :func:`attncert.pipeline.batching.in_batches`; the text models' attacks keep theirs)
+GROWING_AUDITS = ("vit", "linear")
+
+
+def job_work(job: J.Job, share: float = 0.0) -> list[Work]:
+    """The work items of ``job``'s phases, marked with its stage and unit; ``share``:
+    ``base.batch_memory``, to which the image models' audit batches grow
+    (:func:`attncert.cost.work.grown_batches`; 0: the sections' sizes)."""
     m, s = job.model, job.stage
     c = functools.cache(lambda: counts(m))  # the model's counts, when a phase needs them
     out: list[Work] = []
@@ -154,7 +161,8 @@ def job_work(job: J.Job) -> list[Work]:
             out += certify_work(s, ph.what, m.config, ph.n, ph.variants, ph.tests, ph.batch)
         elif isinstance(ph, J.Audit):
             out.append(audit_work(s, ph.what, c()["attack"], ph.n, ph.eps, ph.steps,
-                                  ph.restarts, ph.batch, audit_graphs(m) if ph.copy else ""))
+                                  ph.restarts, ph.batch, audit_graphs(m) if ph.copy else "",
+                                  share if m.kind in GROWING_AUDITS else 0.0))
         elif isinstance(ph, J.Diagnostics | J.Forwards):
             diag = isinstance(ph, J.Diagnostics)  # trained, uniform and identity attention
             f = vit_forward64(m.config) if ph.fp64 else c()["forward"]
@@ -185,9 +193,9 @@ def job_work(job: J.Job) -> list[Work]:
     return out
 
 
-def priced(jobs: Iterable[J.Job]) -> list[Work]:
-    """Every job's work items, in order."""
-    return [w for job in jobs for w in job_work(job)]
+def priced(jobs: Iterable[J.Job], share: float = 0.0) -> list[Work]:
+    """Every job's work items, in order (``share``: :func:`job_work`'s)."""
+    return [w for job in jobs for w in job_work(job, share)]
 
 
 def _layer_study(stage: str, ph: J.LayerStudy) -> Work:

@@ -73,13 +73,49 @@ def training_work(stage: str, what: str, c: Mapping[str, Counts], n_train: int, 
                  ev * c["forward"].flops(eval_batch), ev * c["forward"].kernels)]
 
 
+#: the memory of the GPUs the cost model prices (H100 SXM, A100 SXM: 80 GB), to which an
+#: audit's batch grows (``base.batch_memory``: :func:`grown_batches`)
+GPU_MEMORY = 80e9
+#: what a loop holds before its batches (the model, its attack copy, the points): a bound for
+#: the study's models, which hold well under it
+LOOP_BASE_BYTES = 2**30
+#: the growth rule doubles a batch while twice its peak fits; twice again here, for the memory
+#: pools CUDA graphs keep per batch shape and the allocator's rounding
+GROWTH_MARGIN = 4
+
+
+def grown_batches(n: int, batch: int, loops: int, per_sample_bytes: float,
+                  share: float) -> int:
+    """The batches of ``loops`` loops over ``n`` points (an audit's radii) that start at
+    ``batch`` and share one size (:class:`attncert.pipeline.batching.BatchSize`), grown on a
+    GPU of :data:`GPU_MEMORY` to ``share`` of it: doubled after a full batch while
+    :data:`LOOP_BASE_BYTES` + :data:`GROWTH_MARGIN` x its bytes fit (``per_sample_bytes``: an
+    upper bound of a point's, so no fewer batches than the run makes). ``share`` 0: no growth."""
+    size, batches = batch, 0
+    for _ in range(loops):
+        start = 0
+        while start < n:
+            k = min(size, n - start)
+            batches += 1
+            if share > 0 and k == size and (LOOP_BASE_BYTES + GROWTH_MARGIN * k * per_sample_bytes
+                                            <= share * GPU_MEMORY):
+                size *= 2
+            start += k
+    return batches
+
+
 def audit_work(stage: str, what: str, c: Counts, n: int, eps: int, steps: int, restarts: int,
-               batch: int, graphs: str = "") -> Work:
+               batch: int, graphs: str = "", share: float = 0.0) -> Work:
     """L2 PGD on every point at every eps (no early stop: an upper bound), float32 + TF32;
     ``graphs``: its attack step's kind (:func:`attncert.cost.graphs.graphs_key` with
-    ``audit``; "": eager)."""
-    calls = eps * steps * restarts * n_steps(n, batch)
-    return Work(stage, what, "tf32", calls * c.flops(batch), calls * c.kernels, graphs=graphs)
+    ``audit``; "": eager); ``share``: its batch grows to that share of a GPU's memory
+    (``base.batch_memory``, :func:`grown_batches`; 0: ``batch`` throughout)."""
+    if share <= 0:
+        calls = eps * steps * restarts * n_steps(n, batch)
+        return Work(stage, what, "tf32", calls * c.flops(batch), calls * c.kernels, graphs=graphs)
+    calls = steps * restarts * grown_batches(n, batch, eps, c.bytes_per_sample, share)
+    flops = calls * c.per_call + steps * restarts * eps * n * c.per_sample
+    return Work(stage, what, "tf32", flops, calls * c.kernels, graphs=graphs)
 
 
 def certify_work(stage: str, name: str, cfg, n: int, variants, tests: int, batch: int

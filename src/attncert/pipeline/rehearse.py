@@ -226,18 +226,14 @@ def crown_kind(depth: int, s: Setup) -> Prepared:
         y = model(x).argmax(-1)
     cert = CrownCertifier.from_vit(model, x.shape[1:], dtype)
 
-    def make(b: int) -> Callable[[], None]:
-        def step() -> None:
-            rows = certify_batch(cert, x[:b], y[:b], min(c.cert_eps), "crown", c.time_limit,
-                                 c.alpha_iterations)
-            bad = [r for r in rows if r["status"] not in ("ok", "overflow")]
-            if any(r["status"] == "out_of_memory" for r in bad):
-                raise MemoryError(bad[0].get("error", "out of memory"))
-            if bad:
-                raise RuntimeError(f"CROWN bound {bad[0]['status']}: {bad[0].get('error', '')}")
-        return step
+    def step(b: int) -> None:
+        rows = certify_batch(cert, x[:b], y[:b], min(c.cert_eps), "crown", c.time_limit,
+                             c.alpha_iterations)
+        if bad := [r for r in rows if r["status"] not in ("ok", "overflow")]:
+            why = f"CROWN bound {bad[0]['status']}: {bad[0].get('error', '')}"
+            raise (MemoryError if bad[0]["status"] == "out_of_memory" else RuntimeError)(why)
     return Prepared(sum(p.numel() for p in model.parameters()), list(x.shape[1:]),
-                    c.batch_size, make, steps=1)
+                    c.batch_size, lambda b: ft.partial(step, b), steps=1)
 
 
 #: every kind of the rehearsal, in run order
