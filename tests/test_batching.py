@@ -213,3 +213,34 @@ def test_an_audit_s_batch_grows_once_for_every_radius(monkeypatch):
     forward, *radii = calls
     assert forward == [2, 4, 6] and len(radii) == 3 and len(rows) == 3
     assert radii == [[2, 4, 6], [8, 4], [12]]
+
+
+def test_the_text_audit_grows_one_batch_for_every_radius(monkeypatch):
+    """audit_embeddings attacks the sentences in batches grown once for all its radii (as
+    certify.audit does), every sentence at every radius."""
+    from test_device import _olsa_text
+
+    from attncert.pipeline import batching
+    from attncert.text import attacks
+
+    model, ids, mask, y = _olsa_text()
+    radius = torch.full((6,), 0.1, dtype=torch.float64)
+    fixed = attacks.audit_embeddings(model, ids, mask, y, radius, [0.05, 1.0], steps=2,
+                                     restarts=1, batch_size=2)
+    _FakeCuda(monkeypatch, total=10 ** 6)
+    monkeypatch.setattr(batching, "_share", 0.5)
+    monkeypatch.setattr(batching, "_cuda_index", lambda device: 0)
+    calls = []
+
+    def recorded(n, size, run, *args, **kwargs):
+        sizes = []
+        calls.append(sizes)
+        return in_batches(n, size, lambda a, b: sizes.append(b - a) or run(a, b),
+                          *args, **kwargs)
+
+    monkeypatch.setattr(attacks, "in_batches", recorded)
+    grown = attacks.audit_embeddings(model, ids, mask, y, radius, [0.05, 1.0], steps=2,
+                                     restarts=1, batch_size=2)
+    assert calls == [[2, 4], [6]]
+    assert [r["attacked"] for r in grown] == [r["attacked"] for r in fixed] == [6, 6]
+    assert [r["broken"] for r in grown] == [0, 0]

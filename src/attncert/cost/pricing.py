@@ -141,14 +141,9 @@ def passes(stage: str, what: str, kind: str, one: Counts, calls: int, batch: int
     return Work(stage, what, kind, calls * one.flops(batch), calls * one.kernels)
 
 
-#: the model kinds whose PGD audits grow their batch to the GPU's memory (through
-#: :func:`attncert.pipeline.batching.in_batches`; the text models' attacks keep theirs)
-GROWING_AUDITS = ("vit", "linear")
-
-
 def job_work(job: J.Job, share: float = 0.0) -> list[Work]:
     """The work items of ``job``'s phases, marked with its stage and unit; ``share``:
-    ``base.batch_memory``, to which the image models' audit batches grow
+    ``base.batch_memory``, to which the audits' batches grow
     (:func:`attncert.cost.work.grown_batches`; 0: the sections' sizes)."""
     m, s = job.model, job.stage
     c = functools.cache(lambda: counts(m))  # the model's counts, when a phase needs them
@@ -162,7 +157,7 @@ def job_work(job: J.Job, share: float = 0.0) -> list[Work]:
         elif isinstance(ph, J.Audit):
             out.append(audit_work(s, ph.what, c()["attack"], ph.n, ph.eps, ph.steps,
                                   ph.restarts, ph.batch, audit_graphs(m) if ph.copy else "",
-                                  share if m.kind in GROWING_AUDITS else 0.0))
+                                  share))
         elif isinstance(ph, J.Diagnostics | J.Forwards):
             diag = isinstance(ph, J.Diagnostics)  # trained, uniform and identity attention
             f = vit_forward64(m.config) if ph.fp64 else c()["forward"]

@@ -17,7 +17,7 @@ from attncert.stages import STAGES  # the pipeline's stages, one list
 def stage_work(params, stages=STAGES) -> tuple[list[Work], float]:
     """The work items of ``stages`` at ``params`` (a
     :class:`attncert.pipeline.params.StudyParams`): every stage's jobs
-    (:func:`attncert.stages.registry.stage_jobs`) priced, the image models' audit batches
+    (:func:`attncert.stages.registry.stage_jobs`) priced, the audits' batches
     grown to ``base.batch_memory`` of a GPU's memory; and CROWN's upper bound in seconds
     (bounds x time limit; 0 without the crown stage)."""
     from attncert.stages.registry import stage_jobs  # every stage's module: seconds
@@ -55,10 +55,10 @@ def _growth_note(params) -> str:
     share = params["base"].batch_memory
     if not share:
         return "; every batch at its section's size (`base.batch_memory` 0)"
-    return (f"; the image models' PGD audits in the batches `base.batch_memory` ({share:g}) "
-            f"grows on an {GPU_MEMORY / 1e9:.0f} GB GPU, one size for all radii, from the "
-            f"bytes their attack step's kernels output per point (an upper bound, so no fewer "
-            f"launches than a run makes; the text models' attacks keep their batch)")
+    return (f"; the PGD audits in the batches `base.batch_memory` ({share:g}) grows on an "
+            f"{GPU_MEMORY / 1e9:.0f} GB GPU, one size for all radii, from the bytes their "
+            f"attack step's kernels output per point (an upper bound, so no fewer launches "
+            f"than a run makes)")
 
 
 def _pilot_note(gpu: GPU) -> str:

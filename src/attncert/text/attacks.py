@@ -19,6 +19,7 @@ from torch import Tensor
 
 from attncert.attacks import attack_copy, confirm_l2, eager_fallback, pgd_l2
 from attncert.pipeline import rng
+from attncert.pipeline.batching import BatchSize, in_batches
 from attncert.training.precision import attack_matmuls
 
 
@@ -56,27 +57,30 @@ def audit_embeddings(model, ids: Tensor, mask: Tensor, y: Tensor, radius: Tensor
     misclassifies the candidate inside the eps-ball (:func:`attncert.attacks.confirm_l2`).
     One row per eps: ``robust_acc``
     (correct and not broken by PGD), ``certified_acc`` (correct and radius >= eps),
-    ``attacked`` and ``broken``.
+    ``attacked`` and ``broken``. The sentences are attacked ``batch_size`` at a time, a batch
+    grown on a GPU once for every eps (:class:`attncert.pipeline.batching.BatchSize`).
     """
     g = rng.generator(seed, ids.device)
     correct = torch.cat([model(ids[i:i + batch_size], mask[i:i + batch_size]).argmax(1).cpu()
                          for i in range(0, len(y), batch_size)]) == y.cpu()
     attacker = attack_copy(model)  # float32; every success is confirmed on ``model``
+    size = BatchSize(batch_size, "text PGD audit", ids.device)  # grown once, for every eps
     rows = []
     for eps in eps_grid:
-        success = torch.zeros(len(y), dtype=torch.bool)
-        for i in range(0, len(y), batch_size):
-            sl = slice(i, i + batch_size)
-            e, m = model.embed(ids[sl], mask[sl]), mask[sl]
-            def attack(e=e, m=m, sl=sl, eps=eps):
+        def run(a: int, b: int, eps: float = float(eps)) -> Tensor:
+            e, m, yb = model.embed(ids[a:b], mask[a:b]), mask[a:b], y[a:b]
+
+            def attack() -> Tensor:
                 with torch.enable_grad(), attack_matmuls(e.device):
-                    return pgd_embeddings(lambda z: attacker(z, m), e.float(), y[sl],
-                                          float(eps), steps, restarts, generator=g)[0]
+                    return pgd_embeddings(lambda z: attacker(z, m), e.float(), yb, eps, steps,
+                                          restarts, generator=g)[0]
 
             e_adv = eager_fallback(attack, attacker, g)
-            _, ok = confirm_l2(lambda z, m=m: model(z, m), e, e_adv, y[sl], float(eps),
-                               box=False)
-            success[sl] = ok.cpu()
+            _, ok = confirm_l2(lambda z: model(z, m), e, e_adv, yb, eps, box=False)
+            return ok.cpu()
+
+        success = (torch.cat(in_batches(len(y), size, run)) if len(y)
+                   else torch.zeros(0, dtype=torch.bool))
         cert = correct & (radius.cpu() >= eps)
         rows.append({"eps": float(eps), "attacked": len(y),
                      "robust_acc": float((~success).double().mean()),
