@@ -109,6 +109,30 @@ class _FakeCuda:
         return list(range(a, b))
 
 
+def _growing(monkeypatch) -> "_FakeCuda":
+    """Every loop on a simulated CUDA device of ample memory, its batch grown (share 0.5)."""
+    from attncert.pipeline import batching
+
+    fake = _FakeCuda(monkeypatch, total=10 ** 6)
+    monkeypatch.setattr(batching, "_share", 0.5)
+    monkeypatch.setattr(batching, "_cuda_index", lambda device: 0)
+    return fake
+
+
+def _record_loops(monkeypatch, module) -> list[list[int]]:
+    """``module``'s in_batches loops, each recorded as the sizes of its batches."""
+    calls: list[list[int]] = []
+
+    def recorded(n, batch_size, run, *args, **kwargs):
+        sizes: list[int] = []
+        calls.append(sizes)
+        return in_batches(n, batch_size, lambda a, b: sizes.append(b - a) or run(a, b),
+                          *args, **kwargs)
+
+    monkeypatch.setattr(module, "in_batches", recorded)
+    return calls
+
+
 def test_batches_grow_to_the_share_of_device_memory(monkeypatch):
     """On a CUDA device the batch doubles while twice its peak fits in base.batch_memory of
     the device (here 50 of 100 MB, 10 MB already allocated: 4 -> 8 -> 16 -> 32; 64 would
@@ -152,25 +176,16 @@ def test_certificates_do_not_depend_on_the_grown_batch(monkeypatch):
     from test_certify import _model
 
     from attncert import certify
-    from attncert.pipeline import batching
 
     model = _model()
     x = torch.rand(12, 1, 8, 8, dtype=torch.float64, generator=torch.Generator().manual_seed(2))
     y = torch.tensor([0, 1, 2] * 4)
     kw = {"variants": ("global", "lofast_M"), "tests": ("pairwise",), "progress": False}
     fixed = certify.certify_table(model, x, y, batch_size=2, **kw)
-    _FakeCuda(monkeypatch, total=10 ** 6)
-    monkeypatch.setattr(batching, "_share", 0.5)
-    monkeypatch.setattr(batching, "_cuda_index", lambda device: 0)
-    sizes = []
-
-    def recorded(n, batch_size, run, *args, **kwargs):
-        return in_batches(n, batch_size, lambda a, b: sizes.append(b - a) or run(a, b),
-                          *args, **kwargs)
-
-    monkeypatch.setattr(certify, "in_batches", recorded)
+    _growing(monkeypatch)
+    calls = _record_loops(monkeypatch, certify)
     grown = certify.certify_table(model, x, y, batch_size=2, **kw)
-    assert sizes == [2, 4, 6]
+    assert calls == [[2, 4, 6]]
     assert grown[["index", "prediction"]].equals(fixed[["index", "prediction"]])
     for c in (c for c in fixed if c.startswith("radius_")):
         assert torch.allclose(torch.tensor(grown[c].to_numpy()), torch.tensor(fixed[c].to_numpy()),
@@ -186,9 +201,7 @@ def test_an_audit_s_batch_grows_once_for_every_radius(monkeypatch):
     from attncert import certify
     from attncert.pipeline import batching
 
-    fake = _FakeCuda(monkeypatch, total=10 ** 6)
-    monkeypatch.setattr(batching, "_share", 0.5)
-    monkeypatch.setattr(batching, "_cuda_index", lambda device: 0)
+    fake = _growing(monkeypatch)
     size = batching.BatchSize(2, "shared", "cuda")
     first = in_batches(20, size, fake.run)
     assert [len(c) for c in first] == [2, 4, 8, 6] and size.size == 16
@@ -199,15 +212,7 @@ def test_an_audit_s_batch_grows_once_for_every_radius(monkeypatch):
     model = _model()
     x = torch.rand(12, 1, 8, 8, dtype=torch.float64, generator=torch.Generator().manual_seed(2))
     y = model(x).argmax(1)
-    calls = []
-
-    def recorded(n, batch_size, run, *args, **kwargs):
-        sizes = []
-        calls.append(sizes)
-        return in_batches(n, batch_size, lambda a, b: sizes.append(b - a) or run(a, b),
-                          *args, **kwargs)
-
-    monkeypatch.setattr(certify, "in_batches", recorded)
+    calls = _record_loops(monkeypatch, certify)
     rows, _ = certify.audit(model, x, y, {"r": torch.zeros(12, dtype=torch.float64)},
                             [0.1, 0.2, 0.3], steps=2, restarts=1, batch_size=2)
     forward, *radii = calls
@@ -220,25 +225,14 @@ def test_the_text_audit_grows_one_batch_for_every_radius(monkeypatch):
     certify.audit does), every sentence at every radius."""
     from test_device import _olsa_text
 
-    from attncert.pipeline import batching
     from attncert.text import attacks
 
     model, ids, mask, y = _olsa_text()
     radius = torch.full((6,), 0.1, dtype=torch.float64)
     fixed = attacks.audit_embeddings(model, ids, mask, y, radius, [0.05, 1.0], steps=2,
                                      restarts=1, batch_size=2)
-    _FakeCuda(monkeypatch, total=10 ** 6)
-    monkeypatch.setattr(batching, "_share", 0.5)
-    monkeypatch.setattr(batching, "_cuda_index", lambda device: 0)
-    calls = []
-
-    def recorded(n, size, run, *args, **kwargs):
-        sizes = []
-        calls.append(sizes)
-        return in_batches(n, size, lambda a, b: sizes.append(b - a) or run(a, b),
-                          *args, **kwargs)
-
-    monkeypatch.setattr(attacks, "in_batches", recorded)
+    _growing(monkeypatch)
+    calls = _record_loops(monkeypatch, attacks)
     grown = attacks.audit_embeddings(model, ids, mask, y, radius, [0.05, 1.0], steps=2,
                                      restarts=1, batch_size=2)
     assert calls == [[2, 4], [6]]

@@ -76,8 +76,6 @@ def bench_models(params) -> dict[str, tuple[nn.Module, Callable[[int], tuple], s
     }
 
 
-#: the bench's text model kinds (:func:`bench_models`)
-TEXT_BENCH_KINDS = TEXT_KINDS
 
 
 def step_terms(params, kind: str, model: nn.Module
@@ -87,7 +85,7 @@ def step_terms(params, kind: str, model: nn.Module
     (:func:`attncert.text.train_text.step_terms`; OLSA's with the certificate regulariser at
     ``text.gamma``, then every kind's re-projection of its orthogonal maps). The bench times
     and the GPU calibration counts the same step."""
-    if kind not in TEXT_BENCH_KINDS:
+    if kind not in TEXT_KINDS:
         return None, None
     from attncert.text.train_text import step_terms as text_step_terms
 
@@ -199,7 +197,7 @@ def bench_training(params, batch: int, steps: int = 5, device: str = "auto",
 #: the bench's kinds whose PGD audits are timed (:func:`bench_audits`): the image models' in
 #: pixel space, the text models' on their embeddings (:mod:`attncert.text.attacks`)
 AUDIT_KINDS = (LIPSCHITZ_VIT, STANDARD_VIT,
-               *TEXT_BENCH_KINDS)
+               *TEXT_KINDS)
 #: their audits' step kinds -> the kind
 AUDIT_KEYS = {graphs_key(k, audit=True): k for k in AUDIT_KINDS}
 #: attack steps per timed audit

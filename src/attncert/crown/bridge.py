@@ -306,8 +306,10 @@ class CrownCertifier:
         return lower.detach(), upper.detach()
 
 
-def _row(index: int, eps: float, method: str, status: str, seconds: float = 0.0,
-         batch: int = 1, worst: float = math.nan, error: str = "") -> dict:
+def bound_row(index: int, eps: float, method: str, status: str, seconds: float = 0.0,
+              batch: int = 1, worst: float = math.nan, error: str = "") -> dict:
+    """One (point, eps) row: certified only when the bound ran ("ok") with a positive worst
+    margin; ``batch`` 0: no bound ran (a status of :data:`attncert.crown.study.NOT_RUN`)."""
     row = {"index": index, "eps": float(eps), "method": method,
            "certified": status == "ok" and worst > 0, "margin_lower": worst,
            "seconds": seconds, "status": status, "batch": batch}
@@ -355,9 +357,9 @@ def certify_batch(cert: CrownCertifier, x: Tensor, y: Tensor, eps: float,
                                            time_limit_s, alpha_iterations)]
             return [dict(r, seconds=r["seconds"] + seconds / b) for r in rows]
         error = f"{type(exc).__name__}: {exc}"[:200]
-        return [_row(i, eps, method, status, seconds / b, b, error=error) for i in range(b)]
+        return [bound_row(i, eps, method, status, seconds / b, b, error=error) for i in range(b)]
     seconds = time.perf_counter() - t0
-    return [_row(i, eps, method, "ok" if math.isfinite(w) else "overflow", seconds / b, b,
+    return [bound_row(i, eps, method, "ok" if math.isfinite(w) else "overflow", seconds / b, b,
                  w if math.isfinite(w) else math.nan) for i, w in enumerate(worst)]
 
 
@@ -380,7 +382,7 @@ def certify_points(cert: CrownCertifier, x: Tensor, y: Tensor, eps_grid: Sequenc
     pairs = [(i, j) for i in range(len(y)) for j in range(len(eps_grid))]
     for i, j in bar(pairs, desc=method, enabled=progress):
         if skip is not None and bool(skip[i, j]):
-            rows.append(_row(i, eps_grid[j], method, "skipped", batch=0))
+            rows.append(bound_row(i, eps_grid[j], method, "skipped", batch=0))
             continue
         (row,) = certify_batch(cert, x[i:i + 1], y[i:i + 1], eps_grid[j], method,
                                time_limit_s, alpha_iterations)

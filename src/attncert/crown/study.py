@@ -18,7 +18,7 @@ import torch
 from torch import Tensor
 
 from attncert import certify
-from attncert.crown.bridge import CrownCertifier, certify_batch
+from attncert.crown.bridge import CrownCertifier, bound_row, certify_batch
 from attncert.models import ViTConfig, build_vit
 from attncert.models.config import dataset_vit_config
 from attncert.pipeline.batching import BatchSize
@@ -183,7 +183,7 @@ def crown_frame(model, x: Tensor, y: Tensor, eps_grid: Sequence[float], method: 
         out, s = [], 0
         while s < len(idx):
             if budget is not None and budget.spent():
-                out += [_not_run(i, e, method, "budget") for i in idx[s:]]
+                out += [bound_row(i, e, method, "budget", batch=0) for i in idx[s:]]
                 break
             part = idx[s:s + size.size]
             size.begin()
@@ -235,7 +235,7 @@ def crown_frame(model, x: Tensor, y: Tensor, eps_grid: Sequence[float], method: 
                 if status is None:
                     run.append(k)
                 else:
-                    point[k].append(_not_run(k, e, method, status))
+                    point[k].append(bound_row(k, e, method, status, batch=0))
             for row in bounds(run, e) if run else []:
                 if row["status"] not in NOT_RUN:  # "budget": its larger eps are "budget" too
                     alive[row["index"]] = bool(row["certified"])
@@ -247,12 +247,6 @@ def crown_frame(model, x: Tensor, y: Tensor, eps_grid: Sequence[float], method: 
         if progress:
             print(f"{method}: point {i}/{n}", flush=True)
     return pd.DataFrame(rows), (cert[0].build_seconds if cert else 0.0)
-
-
-def _not_run(i: int, eps: float, method: str, status: str) -> dict[str, Any]:
-    """The row of a (point, eps) whose bound did not run (a status of :data:`NOT_RUN`)."""
-    return {"index": i, "eps": float(eps), "method": method, "certified": False,
-            "margin_lower": float("nan"), "seconds": 0.0, "status": status, "batch": 0}
 
 
 def _has_bound(i: int, correct: list | None, lofast: list | None, n_eps: int) -> bool:
