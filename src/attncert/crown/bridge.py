@@ -1,14 +1,6 @@
-"""CROWN on the Lipschitz ViT through auto_LiRPA: an equivalent graph, l2 balls in pixel space,
-the pairwise margin specification, and per-point failures recorded instead of raised.
-
-:class:`CrownViT` computes exactly the function of :class:`attncert.models.vit.ViT` (same
-weights, materialised once as plain tensors) with operators auto_LiRPA bounds soundly:
-
-- normalisation and patch embedding folded into one strided convolution (both are affine);
-- LayerProject x min(1, R / ||x||) written as x (1 - relu(1 - R / sqrt(sum x^2)));
-- each head of the attention on its own (Q, K, V, O blocks), softmax as exp(s) / sum exp(s)
-  (shift-free: see :mod:`attncert.crown.patches`, patch 5);
-- SLL with its t = diag(...) a constant, the norm-constrained maps as their effective matrices.
+"""CROWN on the Lipschitz ViT through auto_LiRPA: l2 balls in pixel space, the pairwise margin
+specification, and per-point failures recorded instead of raised, on the equivalent graph of
+:mod:`attncert.crown.graph`.
 
 :func:`certify_batch` bounds a batch of points at one radius in one call (the study's batches:
 the model is small, so one point leaves a GPU idle between kernel launches), and
@@ -25,16 +17,15 @@ import contextlib
 import math
 import signal
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 
 import torch
 from torch import Tensor, nn
-from torch.nn import functional as F
 
+from attncert.crown.graph import CrownViT
 from attncert.crown.patches import DomainError
 from attncert.crown.patches import apply as _apply_patches
-from attncert.layers.attention import linear_weight
 
 _apply_patches()
 
@@ -49,128 +40,8 @@ METHODS = {"crown": "CROWN", "alpha_crown": "CROWN-Optimized"}
 #: (C, H, W) maps, not the ViT's (tokens, features) activations (its init raises): full alphas.
 BOUND_OPTS = {"conv_mode": "matrix", "fixed_reducemax_index": True,
               "sparse_features_alpha": False, "sparse_spec_alpha": False}
-_TINY = 1e-12
 STATUSES = ("ok", "overflow", "domain", "out_of_memory", "unsupported", "time_limit", "error",
             "skipped")
-
-
-def _constant(module: nn.Module, name: str, value: Tensor | None) -> None:
-    """A frozen tensor of the graph. A parameter, not a buffer: auto_LiRPA reads the graph's
-    dtype from its first parameter."""
-    if value is None:
-        module.register_parameter(name, None)
-    else:
-        module.register_parameter(name, nn.Parameter(value, requires_grad=False))
-
-
-class CrownProject(nn.Module):
-    """LayerProject(R): x min(1, R / ||x||) per token = x (1 - relu(1 - R / ||x||))."""
-
-    def __init__(self, radius: float):
-        super().__init__()
-        self.radius = float(radius)
-        # the graph's constants as tensors (a Python scalar would be traced as float32)
-        _constant(self, "one", torch.ones(1))
-        _constant(self, "radius_t", torch.full((1,), self.radius))
-        _constant(self, "tiny", torch.full((1,), _TINY * _TINY))  # sqrt stays finite at 0
-
-    def forward(self, x: Tensor) -> Tensor:
-        if math.isinf(self.radius):
-            return x
-        norm = torch.sqrt(torch.sum(x * x, dim=-1, keepdim=True) + self.tiny)
-        # R * (1 / norm), not R / norm: auto_LiRPA 0.3 evaluates a division by a sqrt as
-        # LayerNorm's (its BoundDiv.forward special case)
-        return x * (self.one - F.relu(self.one - self.radius_t * torch.reciprocal(norm)))
-
-
-class CrownAttention(nn.Module):
-    """sum_l softmax(X Q_l (X K_l)^T / sqrt(d_h)) X V_l O_l, one head at a time."""
-
-    def __init__(self, attn: nn.Module):
-        super().__init__()
-        h, dh = attn.heads, attn.d_head
-        wq, wk, wv, wo = (linear_weight(m).detach().clone() for m in
-                          (attn.q, attn.k, attn.v, attn.o))
-        self.heads, self.scale = h, 1.0 / math.sqrt(dh)
-        # head l: rows l*d_h:(l+1)*d_h of W^Q, W^K, W^V and the same columns of W^O
-        _constant(self, "wq", wq.reshape(h, dh, -1))
-        _constant(self, "wk", wk.reshape(h, dh, -1))
-        _constant(self, "wv", wv.reshape(h, dh, -1))
-        _constant(self, "wo", wo.reshape(wo.shape[0], h, dh).permute(1, 0, 2))
-
-    def forward(self, x: Tensor) -> Tensor:
-        out = None
-        for l in range(self.heads):  # noqa: E741 (the head index of the papers)
-            q, k, v = F.linear(x, self.wq[l]), F.linear(x, self.wk[l]), F.linear(x, self.wv[l])
-            e = torch.exp(torch.matmul(q, k.transpose(1, 2)) * self.scale)
-            p = e / torch.sum(e, dim=-1, keepdim=True)
-            head = F.linear(torch.matmul(p, v), self.wo[l])
-            out = head if out is None else out + head
-        return out
-
-
-class CrownSLL(nn.Module):
-    """z = x - 2 W^T diag(t) relu(W x + b) with t materialised."""
-
-    def __init__(self, sll: nn.Module):
-        super().__init__()
-        w = sll.weight.detach().clone()
-        _constant(self, "weight", w)
-        _constant(self, "bias", sll.bias.detach().clone())
-        # 2 diag(t) W as one (hidden, dim) matrix: the term is relu(W x + b) @ (2 diag(t) W)
-        _constant(self, "back", (2.0 * sll.compute_t().detach()[:, None] * w).T.clone())
-
-    def forward(self, x: Tensor) -> Tensor:
-        return x - F.linear(F.relu(F.linear(x, self.weight, self.bias)), self.back)
-
-
-class CrownViT(nn.Module):
-    """The Lipschitz ViT (stream blocks, dot-product attention) as an auto_LiRPA-friendly graph;
-    pixels (B, C, H, W) in [0, 1] -> logits, equal to the ViT's."""
-
-    def __init__(self, vit: nn.Module):
-        super().__init__()
-        cfg = vit.config
-        if cfg.kind != "lipschitz" or cfg.block != "stream":
-            raise ValueError(f"CrownViT covers the Lipschitz ViT with stream blocks, got kind "
-                             f"{cfg.kind!r}, block {cfg.block!r}")
-        self.pool = cfg.pool
-        e = vit.embed.per_patch_matrix().detach()  # (dim, C p p), patches flattened (c, i, j)
-        w = e.reshape(cfg.dim, cfg.channels, cfg.patch, cfg.patch)
-        mean = vit.normalize.mean.to(w.dtype).reshape(-1)
-        std = vit.normalize.std.to(w.dtype).reshape(-1)
-        # E ((x - mean) / std) + b = (E / std) x + (b - E (mean / std)), per channel
-        w = w / std[None, :, None, None]
-        bias = vit.embed.proj.bias.detach() - (w * mean[None, :, None, None]).sum((1, 2, 3))
-        _constant(self, "embed_weight", w.clone())
-        _constant(self, "embed_bias", bias.clone())
-        self.patch = cfg.patch
-        cls = vit.cls_token.detach().clone() if vit.cls_token is not None else None
-        _constant(self, "cls_token", cls)
-        # (n, dim) without the leading 1: auto_LiRPA broadcasts constants from the right only
-        _constant(self, "pos", vit.pos.detach()[0].clone())
-        self.norm_attn = nn.ModuleList(CrownProject(b.norm_attn.radius) for b in vit.blocks)
-        self.attn = nn.ModuleList(CrownAttention(b.attn) for b in vit.blocks)
-        self.norm_mlp = nn.ModuleList(CrownProject(b.norm_mlp.radius) for b in vit.blocks)
-        self.mlp = nn.ModuleList(CrownSLL(b.mlp) for b in vit.blocks)
-        self.norm = CrownProject(vit.norm.radius)
-        _constant(self, "head_weight", vit.head_weight().detach().clone())
-        _constant(self, "head_bias", vit.head.bias.detach().clone())
-
-    def forward(self, x: Tensor) -> Tensor:
-        t = F.conv2d(x, self.embed_weight, self.embed_bias, stride=self.patch)
-        t = t.flatten(2).transpose(1, 2)  # (B, n, dim), patches row-major as in patchify
-        if self.cls_token is not None:
-            t = torch.cat([self.cls_token.expand(t.shape[0], -1, -1), t], dim=1)
-        t = t + self.pos
-        for norm_attn, attn, norm_mlp, mlp in zip(self.norm_attn, self.attn, self.norm_mlp,
-                                                  self.mlp, strict=True):
-            t = norm_attn(t)
-            t = t + attn(t)
-            t = mlp(norm_mlp(t))
-        t = self.norm(t)
-        f = t[:, 0] if self.pool == "cls" else torch.mean(t, dim=1)
-        return F.linear(f, self.head_weight, self.head_bias)
 
 
 def margin_spec(y: Tensor, num_classes: int) -> Tensor:
@@ -262,11 +133,12 @@ class CrownCertifier:
 
     @classmethod
     def from_vit(cls, vit: nn.Module, image_shape: Sequence[int],
-                 dtype: torch.dtype = torch.float64) -> CrownCertifier:
+                 dtype: torch.dtype = torch.float64, split_heads: bool = False
+                 ) -> CrownCertifier:
         """Build the bridge and its BoundedModule on the ViT's device; a build failure is kept
         (every point then records "unsupported")."""
         t0 = time.perf_counter()
-        net = CrownViT(vit).to(dtype).eval()
+        net = CrownViT(vit, split_heads).to(dtype).eval()
         dev = net.head_weight.device
         try:
             with default_dtype(dtype):
@@ -281,19 +153,29 @@ class CrownCertifier:
     def margin_lower(self, x: Tensor, y: Tensor, eps: float, method: str = "crown",
                      alpha_iterations: int = 20) -> Tensor:
         """(B, C-1): CROWN lower bounds of f_y - f_j over the l2 ball of radius eps (pixels)."""
+        return self.margin_call(x, y, eps, method, alpha_iterations)()
+
+    def margin_call(self, x: Tensor, y: Tensor, eps: float, method: str = "crown",
+                    alpha_iterations: int = 20) -> Callable[[], Tensor]:
+        """:meth:`margin_lower` as a call made ready: the bounded input and the specification
+        built, the bound not yet run (what the cost model counts the kernels of)."""
         if self.bounded is None:
             raise NotImplementedError(f"the graph could not be bounded: {self.build_error}")
         x = x.to(self.dtype)
         with default_dtype(self.dtype):
-            ptb = PerturbationLpNorm(norm=2, eps=float(eps))
-            bx = BoundedTensor(x, ptb)
+            bx = BoundedTensor(x, PerturbationLpNorm(norm=2, eps=float(eps)))
             c = margin_spec(y, self.num_classes).to(device=x.device, dtype=self.dtype)
-            if method == "alpha_crown":
-                self.bounded.set_bound_opts({"optimize_bound_args": {
-                    "iteration": alpha_iterations, "enable_beta_crown": False}})
-            lower, _ = self.bounded.compute_bounds(x=(bx,), C=c, method=METHODS[method],
-                                                   bound_upper=False)
-        return lower.detach()
+        if method == "alpha_crown":
+            self.bounded.set_bound_opts({"optimize_bound_args": {
+                "iteration": alpha_iterations, "enable_beta_crown": False}})
+
+        def run() -> Tensor:
+            with default_dtype(self.dtype):
+                lower, _ = self.bounded.compute_bounds(x=(bx,), C=c, method=METHODS[method],
+                                                       bound_upper=False)
+            return lower.detach()
+
+        return run
 
     def output_bounds(self, x: Tensor, eps: float, method: str = "crown"
                       ) -> tuple[Tensor, Tensor]:
