@@ -345,15 +345,15 @@ def test_a_gpu_calibration_sets_the_per_kernel_constant(smoke, tmp_path):
 
 
 def test_crown_bounds_are_costed_from_the_measured_seconds(tmp_path, monkeypatch):
-    """A bound measured on CUDA counts as measured; one measured on the CPU only is scaled
-    by the CUDA / CPU ratio of the bounds measured on both; none measured: NaN."""
+    """A bound measured on CUDA counts as measured; one measured on the CPU only is scaled by
+    the CUDA / CPU ratio of the bounds measured on both; none: NaN (kernels: test_crown_heads)."""
     from attncert.cost import crown_bench, pricing
 
     path = tmp_path / "crown.json"
-    rows = [{"device": "cpu", "depth": 3, "method": "crown", "seconds_per_bound": 4.0},
-            {"device": "cpu", "depth": 3, "method": "alpha_crown", "seconds_per_bound": 40.0},
-            {"device": "cuda:0", "depth": 3, "method": "crown", "seconds_per_bound": 6.0,
-             "machine": "NVIDIA X", "date": "2026-11-26"}]
+    rows = [{"device": d, "depth": 3, "method": m, "seconds_per_bound": s, "date": "x",
+             "machine": "X", "graph": crown_bench.GRAPH}
+            for d, m, s in (("cpu", "crown", 4.0), ("cpu", "alpha_crown", 40.0),
+                            ("cuda:0", "crown", 6.0))]
     crown_bench.merge_crown_bench(path, rows[:2])
     crown_bench.merge_crown_bench(path, rows[2:])  # another device type: the CPU rows stay
     crown_bench.merge_crown_bench(path, rows[:2])  # the same device type: replaced, not doubled

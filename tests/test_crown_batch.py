@@ -197,7 +197,8 @@ def test_the_bench_times_batches_and_the_cost_model_takes_the_params_batch(tmp_p
         next(crown_bench.bench_crown(params, "cpu", points=2, batch=0))
     path = tmp_path / "crown.json"
     cuda = [{"device": "cuda:0", "depth": 3, "method": "crown", "seconds_per_bound": s,
-             "machine": "NVIDIA X", "date": "2026-11-29", **({"batch": b} if b else {})}
+             "machine": "NVIDIA X", "date": "2026-11-29", "graph": crown_bench.GRAPH,
+             **({"batch": b} if b else {})}
             for b, s in ((0, 8.0), (4, 2.5), (16, 1.0))]  # 0: a row from before batches
     crown_bench.merge_crown_bench(path, rows)
     crown_bench.merge_crown_bench(path, cuda)

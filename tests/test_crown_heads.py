@@ -2,13 +2,16 @@
 alpha-CROWN margins equal those of the graph with one branch per head (``split_heads``, the
 reference), both compute the ViT, and the batched form launches fewer kernels a bound."""
 
+import json
+import math
+
 import pytest
 import torch
 from torch import nn
 
 from attncert.cost.counting import count
 from attncert.crown import CrownCertifier
-from attncert.crown.graph import CrownViT
+from attncert.crown.graph import GRAPHS, CrownViT
 from attncert.models.vit import ViTConfig, build_vit
 
 pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")
@@ -66,3 +69,72 @@ def test_batched_heads_launch_fewer_kernels():
     kernels = [count(CrownCertifier.from_vit(model, (1, 8, 8), split_heads=split)
                      .margin_call(x, y, 0.1))[1] for split in (False, True)]
     assert kernels[0] * 2 < kernels[1], kernels
+
+
+def small_crown_params(**crown):
+    import dataclasses
+
+    from attncert.pipeline.shapes import VitShape
+    from attncert.stages.registry import load_params
+
+    params = dict(load_params().sections)
+    params["crown"] = dataclasses.replace(
+        params["crown"], depths=[1], methods=["crown", "alpha_crown"],
+        vit=VitShape(patch=16, dim=8, depth=None, heads=2, mlp_hidden=8), **crown)
+    return params
+
+
+def test_kernel_counts_follow_the_graph_not_its_width():
+    """``python -m attncert.cost crown --count-kernels`` counts a narrow copy of the crown ViT
+    (4 wide a head): the same count as twice as wide; alpha-CROWN's, extended from 1 and 2
+    iterations to crown.alpha_iterations, matches a count at that many within 1%."""
+    from attncert.cost.crown_bench import count_crown_kernels
+    from attncert.crown.study import vit_config
+    from attncert.pipeline.datasets import stand_in
+
+    params = small_crown_params(alpha_iterations=3)
+    narrow, wide = ([r["kernels"] for r in count_crown_kernels(params, ["crown"], d_head=w)]
+                    for w in (4, 8))
+    assert narrow == wide
+    with pytest.raises(ValueError, match="batch"):
+        next(count_crown_kernels(params, batch=0))
+    (alpha,) = count_crown_kernels(params, ["alpha_crown"], batch=2)
+    c = params["crown"]
+    cfg = vit_config(stand_in(c.datasets[0]), c, 1)  # 4 wide a head, as counted
+    torch.manual_seed(0)
+    model = build_vit(cfg).double().eval()
+    x = torch.rand(2, cfg.channels, cfg.image_size, cfg.image_size, dtype=torch.float64)
+    cert = CrownCertifier.from_vit(model, x.shape[1:])
+    direct = count(cert.margin_call(x, model(x).argmax(1), 0.02, "alpha_crown", 3))[1]
+    assert alpha["kernels"] == pytest.approx(direct, rel=0.01)
+    assert alpha["kernels"] > 3 * narrow[0]
+
+
+def test_unmeasured_graphs_are_priced_by_their_counted_kernels(tmp_path):
+    """A CUDA row of the split-heads graph is no measurement of the batched one: its seconds
+    per counted kernel price the batched graph's counted kernels (the most of such rows);
+    a CUDA row of the batched graph, once there, counts as measured."""
+    from attncert.cost import crown_bench, pricing
+
+    path = tmp_path / "crown.json"
+    old = [{"device": "cuda:0", "depth": d, "method": "crown", "seconds_per_bound": s,
+            "machine": "X", "date": "x"} for d, s in ((3, 9.0), (4, 20.0))]  # no graph: split
+    crown_bench.merge_crown_bench(path, old)
+    assert math.isnan(pricing.crown_bound_seconds(3, "crown", path)[0])
+    counts = [{"graph": g, "depth": d, "method": "crown", "batch": b, "kernels": k}
+              for g, d, b, k in (("split-heads", 3, 1, 300_000), ("split-heads", 4, 1, 500_000),
+                                 ("batched-heads", 3, 1, 100_000),
+                                 ("batched-heads", 3, 4, 104_000))]
+    crown_bench.merge_crown_kernels(path, counts)
+    crown_bench.merge_crown_kernels(path, counts[:1])  # replaced, not doubled
+    assert len(json.loads(path.read_text())["kernels"]) == 4
+    per = 20.0 / 500_000  # the most seconds per kernel of the two rows
+    sec, how = pricing.crown_bound_seconds(3, "crown", path)
+    assert sec == pytest.approx(100_000 * per) and how.startswith("estimated")
+    assert pricing.crown_bound_seconds(3, "crown", path, batch=8)[0] == pytest.approx(
+        26_000 * per)
+    assert math.isnan(pricing.crown_bound_seconds(4, "crown", path, batch=4)[0])
+    crown_bench.merge_crown_bench(path, [old[0] | {"graph": crown_bench.GRAPH,
+                                                   "seconds_per_bound": 3.0}])
+    assert pricing.crown_bound_seconds(3, "crown", path) == (3.0, "measured on CUDA")
+    assert GRAPHS[False] == crown_bench.GRAPH

@@ -236,10 +236,16 @@ def main(argv: list[str] | None = None) -> int:
                     help="crown: these of crown.methods (default: all)")
     ap.add_argument("--depths", type=int, nargs="+", default=None,
                     help="crown: these of crown.depths (default: all)")
+    ap.add_argument("--count-kernels", action="store_true",
+                    help="crown: count the kernels a call launches (on the CPU, a narrow copy) "
+                         "instead of timing it")
+    ap.add_argument("--split-heads", action="store_true",
+                    help="crown: the graph with one branch per head (the form measured before "
+                         "2026-11-29) instead of the bridge's batched heads")
     ap.add_argument("--write", metavar="PATH", nargs="?", const=CROWN_BENCH, default=None,
                     help=f"crown: merge the rows into PATH (default {CROWN_BENCH}, which the "
                          "cost table reads), each replacing the row of its device type, depth, "
-                         "method and batch")
+                         "method, batch and graph (--count-kernels: its kernels)")
     ap.add_argument("--gpus", type=int, nargs="+", default=[1, 2, 4, 8],
                     help="plan: GPU counts to schedule the units on")
     ap.add_argument("--per-gpu", type=int, default=1, metavar="K",
@@ -307,6 +313,18 @@ def main(argv: list[str] | None = None) -> int:
                                             datetime.date.today().isoformat(),
                                             torch.__version__)
         return 0
+    if args.command == "crown" and args.count_kernels:
+        from attncert.cost.crown_bench import count_crown_kernels, merge_crown_kernels
+
+        print(f"kernels of one call bounding {args.bound_batch} points of the crown stage's ViT")
+        print(f"{'depth':>5} {'method':>12} {'graph':>14} {'kernels':>10}")
+        for r in count_crown_kernels(params, args.methods, args.depths, args.bound_batch,
+                                     args.split_heads):
+            print(f"{r['depth']:>5} {r['method']:>12} {r['graph']:>14} {r['kernels']:>10}",
+                  flush=True)
+            if args.write:
+                merge_crown_kernels(args.write, [r])
+        return 0
     if args.command == "crown":
         print(f"one CROWN bound (point x eps) of the crown stage's ViT, {args.points} points, "
               f"{args.bound_batch} a call")
@@ -315,7 +333,7 @@ def main(argv: list[str] | None = None) -> int:
         from attncert.cost.crown_bench import bench_crown, merge_crown_bench
 
         for r in bench_crown(params, args.device, args.points, args.methods, args.depths,
-                             args.bound_batch):
+                             args.bound_batch, args.split_heads):
             print(f"{r['depth']:>5} {r['method']:>12} {r['tokens']:>6} "
                   f"{r['build_seconds']:8.2f} {r['seconds_per_bound']:8.2f} "
                   f"{r['peak_gb']:7.1f}  {r['status']}", flush=True)

@@ -1,7 +1,7 @@
 """The stages' jobs priced: each phase of a job (:mod:`attncert.pipeline.jobs`) as the
 :class:`~attncert.cost.work.Work` items the cost table and the plan sum, counted on the job's
 model at its shape (FLOPs and kernels, :mod:`attncert.cost.counting`); CROWN's bounds at their
-measured seconds per bound (:data:`CROWN_BENCH`)."""
+measured (or counted) seconds per bound (:data:`CROWN_BENCH`)."""
 
 from __future__ import annotations
 
@@ -26,6 +26,7 @@ from attncert.cost.counting import (
     vit_counts,
     vit_forward64,
 )
+from attncert.cost.crown_bench import GRAPH, kernel_key, row_key
 from attncert.cost.graphs import (
     LIPSCHITZ_VIT,
     LOFAST_TEXT,
@@ -46,7 +47,8 @@ from attncert.pipeline import jobs as J
 from attncert.text.tokenize import ENCODERS, VOCAB
 
 #: seconds per CROWN bound measured at the paper shape (``python -m attncert.cost crown
-#: --device D --write``): rows of :func:`attncert.cost.crown_bench.bench_crown`, per device type
+#: --device D --write``): rows of :func:`attncert.cost.crown_bench.bench_crown`, per device type,
+#: and the kernels a bound launches (``crown --count-kernels --write``)
 CROWN_BENCH = "docs/crown_bench.json"
 #: the text models' step kinds for the CUDA-graph speed-up (attncert.cost.graphs); OLSA's has
 #: no measurement under graphs yet (its capture failed before its head's closed-form norm),
@@ -59,29 +61,49 @@ VIT_KINDS = {"lipschitz": LIPSCHITZ_VIT, "standard": STANDARD_VIT, "msvp": MSVP_
 
 def crown_bound_seconds(depth: int, method: str, path: str | Path = CROWN_BENCH,
                         batch: int = 1) -> tuple[float, str]:
-    """(seconds, how) of one CROWN bound of the crown ViT of ``depth`` on a GPU, its points
-    bounded ``batch`` at a time (``crown.batch_size``): measured on CUDA where
-    :data:`CROWN_BENCH` has it, at the largest measured batch up to ``batch`` (a batch not
-    measured gains nothing); else the CPU's measurement (one point a call) times the median
-    CUDA / CPU ratio of the bounds measured on both ("scaled"); else NaN ("not measured")."""
+    """(seconds, how) of one CROWN bound of the crown ViT of ``depth`` on a GPU, through the
+    bridge's graph (:data:`~attncert.cost.crown_bench.GRAPH`), its points bounded ``batch`` at
+    a time (``crown.batch_size``), from the record at ``path`` (:data:`CROWN_BENCH`):
+
+    1. measured on CUDA, at the largest measured batch up to ``batch`` (a batch not measured
+       gains nothing);
+    2. else estimated: the kernels a call launches (counted, the record's ``kernels``, at the
+       largest counted batch up to ``batch``) x the most seconds per kernel of the bounds
+       measured on CUDA whose graph, depth, method and batch are counted too (the bounds run
+       launch-bound there);
+    3. else the CPU's measurement of the graph (one point a call) x the median CUDA / CPU
+       ratio of the bounds measured on both ("scaled");
+
+    else NaN ("not measured")."""
     path = Path(path)
-    rows = json.loads(path.read_text())["rows"] if path.is_file() else []
-    by = {(r["device"].split(":")[0], r["depth"], r["method"], r.get("batch", 1)):
-          r["seconds_per_bound"] for r in rows if math.isfinite(r["seconds_per_bound"])}
-    on_cuda = [b for dev, d, m, b in by if (dev, d, m) == ("cuda", depth, method) and b <= batch]
+    record = json.loads(path.read_text()) if path.is_file() else {}
+    by = {row_key(r): r["seconds_per_bound"] for r in record.get("rows", [])
+          if math.isfinite(r["seconds_per_bound"])}
+    on_cuda = [b for dev, d, m, b, g in by if (dev, d, m, g) == ("cuda", depth, method, GRAPH)
+               and b <= batch]
     if on_cuda:
         b = max(on_cuda)
         at = (f" at batch {b}" if b > 1 else
               ", one point a call (no batch measured)" if batch > 1 else "")
-        return by["cuda", depth, method, b], "measured on CUDA" + at
-    if ("cpu", depth, method, 1) not in by:
+        return by["cuda", depth, method, b, GRAPH], "measured on CUDA" + at
+    kernels = {kernel_key(r): r["kernels"] for r in record.get("kernels", [])}
+    per_kernel = [s * b / kernels[g, d, m, b] for (dev, d, m, b, g), s in by.items()
+                  if dev == "cuda" and (g, d, m, b) in kernels]
+    counted = [b for g, d, m, b in kernels if (g, d, m) == (GRAPH, depth, method) and b <= batch]
+    if per_kernel and counted:
+        b, per = max(counted), max(per_kernel)
+        k = kernels[GRAPH, depth, method, b] / b
+        return k * per, (f"estimated: its kernels counted, {b} points a call, x {per * 1e6:.0f} "
+                         f"us, the most CUDA seconds per counted kernel of {len(per_kernel)} "
+                         "measured bounds")
+    if ("cpu", depth, method, 1, GRAPH) not in by:
         return math.nan, "not measured"
-    ratios = [v / by["cpu", d, m, 1] for (dev, d, m, b), v in by.items()
-              if dev == "cuda" and b == 1 and ("cpu", d, m, 1) in by]
+    ratios = [v / by["cpu", d, m, 1, g] for (dev, d, m, b, g), v in by.items()
+              if dev == "cuda" and b == 1 and ("cpu", d, m, 1, g) in by]
     if not ratios:
-        return by["cpu", depth, method, 1], "measured on the CPU, not scaled"
+        return by["cpu", depth, method, 1, GRAPH], "measured on the CPU, not scaled"
     ratio = statistics.median(ratios)
-    return by["cpu", depth, method, 1] * ratio, f"the CPU's x {ratio:.2g} (CUDA / CPU)"
+    return by["cpu", depth, method, 1, GRAPH] * ratio, f"the CPU's x {ratio:.2g} (CUDA / CPU)"
 
 
 def graphs(model: J.Model) -> str:
