@@ -138,3 +138,23 @@ def test_unmeasured_graphs_are_priced_by_their_counted_kernels(tmp_path):
                                                    "seconds_per_bound": 3.0}])
     assert pricing.crown_bound_seconds(3, "crown", path) == (3.0, "measured on CUDA")
     assert GRAPHS[False] == crown_bench.GRAPH
+
+
+def test_the_count_command_writes_the_kernels_beside_the_timed_rows(smoke, tmp_path, capsys):
+    """``python -m attncert.cost crown --count-kernels --write PATH`` merges its counts into
+    the record's ``kernels``, each graph apart, and leaves the timed rows alone."""
+    from attncert.cost import cli, crown_bench
+
+    path = tmp_path / "crown.json"
+    timed = {"device": "cuda:0", "depth": 1, "method": "crown", "seconds_per_bound": 2.0,
+             "machine": "X", "date": "x"}
+    crown_bench.merge_crown_bench(path, [timed])
+    for extra in ([], ["--split-heads"]):
+        cli.main(["crown", "--params", str(smoke), "--count-kernels", "--methods", "crown",
+                  "--depths", "1", "--write", str(path), *extra])
+    record = json.loads(path.read_text())
+    assert [(r["seconds_per_bound"], crown_bench.row_key(r)[-1]) for r in record["rows"]] == [
+        (2.0, "split-heads")]  # a row recorded without a graph: the per-head one
+    counted = {r["graph"]: r["kernels"] for r in record["kernels"]}
+    assert set(counted) == {"batched-heads", "split-heads"} and all(counted.values())
+    assert "batched-heads" in capsys.readouterr().out
