@@ -86,11 +86,12 @@ def count_crown_kernels(params, methods: list[str] | None = None,
     """The kernels one call of auto_LiRPA launches to bound ``batch`` points of the crown
     stage's ViT (every depth and method, as :func:`bench_crown`), counted on the CPU
     (:func:`attncert.cost.counting.count`) on a copy ``d_head`` wide a head: the count follows
-    the graph (its nodes, the tokens, the heads, the batch), not the width
-    (``tests/test_crown_heads.py``), and a GPU runs these bounds launch-bound (a bound of the
-    paper shape's 43 GFLOP took 9.3 s on an H200). alpha-CROWN is counted at 1 and 2 of its
-    iterations and extended linearly to ``crown.alpha_iterations`` (each iteration one pass
-    through the graph and its gradient). Yields a row per (depth, method)."""
+    the graph (its nodes, the tokens, the heads, the batch), not the width (the same at 4 and 8
+    wide a head, ``tests/test_crown_heads.py``, and at 4 and 8 for the paper shape's depth 3;
+    at 1 wide a head auto_LiRPA takes other paths), and a GPU runs these bounds launch-bound (a
+    bound of the paper shape's 43 GFLOP took 9.3 s on an H200). alpha-CROWN is counted at 1
+    and 2 of its iterations and extended linearly to ``crown.alpha_iterations`` (each iteration
+    one pass through the graph and its gradient). Yields a row per (depth, method)."""
     import dataclasses
 
     from attncert.crown.bridge import CrownCertifier
