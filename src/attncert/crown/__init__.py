@@ -2,9 +2,9 @@
 
 Importing the package applies the compatibility patches of :mod:`attncert.crown.patches`
 (idempotent). :mod:`attncert.crown.graph` writes the ViT as a graph auto_LiRPA bounds,
-:mod:`attncert.crown.bridge` bounds it and certifies points in batches or one at a time; :mod:`attncert.crown.study` trains the crown stage's ViTs
-(:mod:`attncert.stages.crown`) and gives its rows, :mod:`attncert.crown.tables` assembles
-LoFAST's Tables 1-2 from them.
+:mod:`attncert.crown.bridge` bounds it and certifies points in batches or one at a time;
+:mod:`attncert.crown.study` trains the crown stage's ViTs (:mod:`attncert.stages.crown`) and
+gives its rows, :mod:`attncert.crown.tables` assembles LoFAST's Tables 1-2 from them.
 """
 
 from attncert.crown.patches import apply as apply_patches

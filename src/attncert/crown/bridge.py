@@ -165,11 +165,11 @@ class CrownCertifier:
         with default_dtype(self.dtype):
             bx = BoundedTensor(x, PerturbationLpNorm(norm=2, eps=float(eps)))
             c = margin_spec(y, self.num_classes).to(device=x.device, dtype=self.dtype)
-        if method == "alpha_crown":
-            self.bounded.set_bound_opts({"optimize_bound_args": {
-                "iteration": alpha_iterations, "enable_beta_crown": False}})
 
         def run() -> Tensor:
+            if method == "alpha_crown":  # set when it runs: the module's options are shared
+                self.bounded.set_bound_opts({"optimize_bound_args": {
+                    "iteration": alpha_iterations, "enable_beta_crown": False}})
             with default_dtype(self.dtype):
                 lower, _ = self.bounded.compute_bounds(x=(bx,), C=c, method=METHODS[method],
                                                        bound_upper=False)
