@@ -53,7 +53,10 @@ display(Markdown(f"**{b.scale} scale**: {', '.join(p.datasets)}, depths {p.depth
                  + (f"budget {p.time_budget:g} s of bounds per unit; " if p.time_budget else "")
                  + (f"points LoFAST certified skip CROWN, except the first {p.alone_points}, "
                     "where CROWN alone is measured" if p.skip_lofast_certified
-                    else "CROWN on every point") + ").  \n"
+                    else "CROWN on every point")
+                 + ("; alpha-CROWN only where CROWN did not certify"
+                    if p.alpha_after_crown and {"crown", "alpha_crown"} <= set(p.methods)
+                    else "") + ").  \n"
                  f"**auto_LiRPA patches applied:** {', '.join(PATCHES)}"))
 
 # %% [markdown]

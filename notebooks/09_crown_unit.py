@@ -15,7 +15,8 @@
 # stage, so that several GPUs share it (`scripts/repro-gpus`). This unit trains its Lipschitz
 # ViT (checkpoint `results_dir/ckpt/<dataset>/L<depth>`: an interrupted unit resumes), certifies
 # the first `n_test` test points by LoFAST and every CROWN method (at most `time_budget`
-# seconds of CROWN bounds; with `skip_lofast_certified` only where LoFAST did not certify),
+# seconds of CROWN bounds; with `skip_lofast_certified` only where LoFAST did not certify; with
+# `alpha_after_crown` alpha-CROWN only where CROWN did not),
 # then audits every certified point with L2 PGD. It fails on a broken certificate, on a
 # combination that certifies less than one of its methods, or when more than
 # `max_error_share` of the CROWN bounds that ran ended in an error. `09_crown` gathers the

@@ -105,7 +105,7 @@ def test_kernel_counts_follow_the_graph_not_its_width():
     model = build_vit(cfg).double().eval()
     x = torch.rand(2, cfg.channels, cfg.image_size, cfg.image_size, dtype=torch.float64)
     cert = CrownCertifier.from_vit(model, x.shape[1:])
-    direct = count(cert.margin_call(x, model(x).argmax(1), 0.02, "alpha_crown", 3))[1]
+    direct = count(cert.margin_call(x, model(x).argmax(1), 0.02, "alpha_crown", 3, False))[1]
     assert alpha["kernels"] == pytest.approx(direct, rel=0.01)
     assert alpha["kernels"] > 3 * narrow[0]
 

@@ -28,7 +28,8 @@ def bench_crown(params, device: str = "auto", points: int = 2,
     ``points`` random images of the first dataset's shape, ``batch`` of them bounded by one
     call (:func:`attncert.crown.bridge.certify_batch`; the row's ``batch``). The weights are
     the untrained initialisation: a bound's cost follows the graph's shape, not the weights'
-    values. Build time (once per model) is reported apart; a bound that fails (a domain error
+    values; alpha-CROWN runs all its iterations (no early stop: the worst case). Build time
+    (once per model) is reported apart; a bound that fails (a domain error
     of loose intermediate bounds, the time limit) counts with the seconds it ran, and its
     status shows; a batch that does not fit in the device's memory is a row of NaN seconds,
     "out_of_memory".
@@ -65,7 +66,7 @@ def bench_crown(params, device: str = "auto", points: int = 2,
                 out = [r for s in range(0, points, batch)
                        for r in certify_batch(cert, x[s:s + batch], y[s:s + batch],
                                               min(c.cert_eps), method, c.time_limit,
-                                              c.alpha_iterations)]
+                                              c.alpha_iterations, stop_certified=False)]
             except torch.OutOfMemoryError:  # a batch of several points: the row says so
                 torch.cuda.empty_cache()
                 out = [{"seconds": float("nan"), "status": "out_of_memory"}]
@@ -91,7 +92,8 @@ def count_crown_kernels(params, methods: list[str] | None = None,
     at 1 wide a head auto_LiRPA takes other paths), and a GPU runs these bounds launch-bound (a
     bound of the paper shape's 43 GFLOP took 9.3 s on an H200). alpha-CROWN is counted at 1
     and 2 of its iterations and extended linearly to ``crown.alpha_iterations`` (each iteration
-    one pass through the graph and its gradient). Yields a row per (depth, method)."""
+    one pass through the graph and its gradient; no early stop: the worst case). Yields a row
+    per (depth, method)."""
     import dataclasses
 
     from attncert.crown.bridge import CrownCertifier
@@ -114,7 +116,8 @@ def count_crown_kernels(params, methods: list[str] | None = None,
         for method in methods or c.methods:
             eps = min(c.cert_eps)
             if method == "alpha_crown":
-                one, two = (count(cert.margin_call(x, y, eps, method, n))[1] for n in (1, 2))
+                one, two = (count(cert.margin_call(x, y, eps, method, n, False))[1]
+                            for n in (1, 2))
                 kernels = one + (c.alpha_iterations - 1) * (two - one)
             else:
                 kernels = count(cert.margin_call(x, y, eps, method))[1]

@@ -109,6 +109,9 @@ def cost_table(params, gpu: GPU, utilisation: float = UTILISATION) -> str:
               if c.time_budget else "")
     skip = ("; points LoFAST certifies skip CROWN (crown.skip_lofast_certified), so fewer run"
             if c.skip_lofast_certified else "")
+    if c.alpha_after_crown and {"crown", "alpha_crown"} <= set(c.methods):
+        skip += ("; alpha-CROWN only where CROWN did not certify (crown.alpha_after_crown), so "
+                 "its budget goes to the pairs left")
     per = []
     for m in c.methods:
         secs = [(d, *crown_bound_seconds(d, m, batch=c.batch_size)) for d in c.depths]

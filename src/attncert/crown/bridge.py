@@ -14,6 +14,7 @@ marks overflow failures only (its sec. 5.2); ours are counted by status.
 from __future__ import annotations
 
 import contextlib
+import io
 import math
 import signal
 import time
@@ -40,6 +41,19 @@ METHODS = {"crown": "CROWN", "alpha_crown": "CROWN-Optimized"}
 #: (C, H, W) maps, not the ViT's (tokens, features) activations (its init raises): full alphas.
 BOUND_OPTS = {"conv_mode": "matrix", "fixed_reducemax_index": True,
               "sparse_features_alpha": False, "sparse_spec_alpha": False}
+def all_margins_positive(lower: Tensor) -> Tensor:
+    """(B, 1) bool: every margin's lower bound of the point positive (``lower`` (B, C-1)).
+
+    alpha-CROWN's early stop (auto_LiRPA's ``stop_criterion_func``): a certified point's loss
+    is dropped, and once every point of a call is certified its optimisation ends. auto_LiRPA
+    keeps each margin's best bound over the iterations, so a point certified at an iteration
+    stays certified, and the other points' iterations are unchanged (each point has its own
+    relaxations, the optimiser's state is elementwise): the points certified are the full
+    run's or more, each bound still sound; a stopped point's margins are the bounds it had
+    then, not the tightest 20 iterations would give."""
+    return lower.min(dim=1, keepdim=True).values > 0
+
+
 STATUSES = ("ok", "overflow", "domain", "out_of_memory", "unsupported", "time_limit", "error",
             "skipped")
 
@@ -151,12 +165,16 @@ class CrownCertifier:
         return cls(bounded, net.head_weight.shape[0], dtype, time.perf_counter() - t0, err)
 
     def margin_lower(self, x: Tensor, y: Tensor, eps: float, method: str = "crown",
-                     alpha_iterations: int = 20) -> Tensor:
-        """(B, C-1): CROWN lower bounds of f_y - f_j over the l2 ball of radius eps (pixels)."""
-        return self.margin_call(x, y, eps, method, alpha_iterations)()
+                     alpha_iterations: int = 20, stop_certified: bool = True) -> Tensor:
+        """(B, C-1): CROWN lower bounds of f_y - f_j over the l2 ball of radius eps (pixels).
+        alpha-CROWN with ``stop_certified`` ends its iterations once every point is certified
+        (:func:`all_margins_positive`; False: all ``alpha_iterations``, as the cost model's
+        measurements run it, the worst case)."""
+        return self.margin_call(x, y, eps, method, alpha_iterations, stop_certified)()
 
     def margin_call(self, x: Tensor, y: Tensor, eps: float, method: str = "crown",
-                    alpha_iterations: int = 20) -> Callable[[], Tensor]:
+                    alpha_iterations: int = 20, stop_certified: bool = True
+                    ) -> Callable[[], Tensor]:
         """:meth:`margin_lower` as a call made ready: the bounded input and the specification
         built, the bound not yet run (what the cost model counts the kernels of)."""
         if self.bounded is None:
@@ -169,8 +187,11 @@ class CrownCertifier:
         def run() -> Tensor:
             if method == "alpha_crown":  # set when it runs: the module's options are shared
                 self.bounded.set_bound_opts({"optimize_bound_args": {
-                    "iteration": alpha_iterations, "enable_beta_crown": False}})
-            with default_dtype(self.dtype):
+                    "iteration": alpha_iterations, "enable_beta_crown": False,
+                    "stop_criterion_func": all_margins_positive if stop_certified else
+                    _never}})
+            # auto_LiRPA prints its early stops: kept out of the reports
+            with default_dtype(self.dtype), contextlib.redirect_stdout(io.StringIO()):
                 lower, _ = self.bounded.compute_bounds(x=(bx,), C=c, method=METHODS[method],
                                                        bound_upper=False)
             return lower.detach()
@@ -188,6 +209,11 @@ class CrownCertifier:
         return lower.detach(), upper.detach()
 
 
+def _never(lower: Tensor) -> bool:
+    """No early stop (auto_LiRPA's default criterion)."""
+    return False
+
+
 def bound_row(index: int, eps: float, method: str, status: str, seconds: float = 0.0,
               batch: int = 1, worst: float = math.nan, error: str = "") -> dict:
     """One (point, eps) row: certified only when the bound ran ("ok") with a positive worst
@@ -202,7 +228,7 @@ def bound_row(index: int, eps: float, method: str, status: str, seconds: float =
 
 def certify_batch(cert: CrownCertifier, x: Tensor, y: Tensor, eps: float,
                   method: str = "crown", time_limit_s: float = 0.0,
-                  alpha_iterations: int = 20) -> list[dict]:
+                  alpha_iterations: int = 20, stop_certified: bool = True) -> list[dict]:
     """One row per point of ``x`` (B, C, H, W): its CROWN bound at ``eps``, the B points bounded
     by one call of auto_LiRPA (CROWN's relaxations are per point, so a point's bound does not
     depend on the others in its batch; alpha-CROWN optimises the batch's relaxations as one
@@ -214,7 +240,8 @@ def certify_batch(cert: CrownCertifier, x: Tensor, y: Tensor, eps: float,
     is "time_limit". Another failure of a batch of several points reruns them one at a time
     (each failure is then its own point's; the failed call's seconds are shared among them),
     except an out-of-memory error, which is raised for the caller to halve the batch; for a
-    single point every failure is its row."""
+    single point every failure is its row. ``stop_certified``: as
+    :meth:`CrownCertifier.margin_lower`'s."""
     if method not in METHODS:
         raise ValueError(f"unknown method {method!r}; choose from {', '.join(METHODS)}")
     b = len(y)
@@ -222,7 +249,7 @@ def certify_batch(cert: CrownCertifier, x: Tensor, y: Tensor, eps: float,
     alarm = Alarm()
     try:
         with time_limit(time_limit_s * b) as alarm:
-            lower = cert.margin_lower(x, y, eps, method, alpha_iterations)
+            lower = cert.margin_lower(x, y, eps, method, alpha_iterations, stop_certified)
             worst = lower.min(dim=1).values.tolist()  # one host read for the batch
         if len(worst) != b:
             raise RuntimeError(f"{len(worst)} bounds for a batch of {b} points")
@@ -236,7 +263,7 @@ def certify_batch(cert: CrownCertifier, x: Tensor, y: Tensor, eps: float,
         if b > 1 and status != "time_limit":
             rows = [dict(r, index=i) for i in range(b)
                     for r in certify_batch(cert, x[i:i + 1], y[i:i + 1], eps, method,
-                                           time_limit_s, alpha_iterations)]
+                                           time_limit_s, alpha_iterations, stop_certified)]
             return [dict(r, seconds=r["seconds"] + seconds / b) for r in rows]
         error = f"{type(exc).__name__}: {exc}"[:200]
         return [bound_row(i, eps, method, status, seconds / b, b, error=error) for i in range(b)]

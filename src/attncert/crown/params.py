@@ -70,6 +70,10 @@ class Params:
                                           "LoFAST certified on the first n test points, so its "
                                           "accuracy and seconds alone (Tables 1-2's CROWN rows) "
                                           "are measured on that sample (0: not measured)")
+    alpha_after_crown: bool = param(
+        doc="alpha-CROWN bounds only the pairs CROWN did not certify (CROWN first, as "
+            "alpha,beta-CROWN's own bound does; its rows and seconds are the cascade's); "
+            "needs crown before alpha_crown in methods")
     time_budget: float = param(nonneg, doc="seconds of CROWN bounds per method and unit "
                                            "(dataset x depth; 0 = none); past it that method's "
                                            "remaining bounds are not run ('budget')")
@@ -88,3 +92,7 @@ class Params:
                               "certificate batch to take it from)")
         if not self.methods:
             raise ParamsError("crown.methods: needs at least one method")
+        if self.alpha_after_crown and {"crown", "alpha_crown"} <= set(self.methods) and \
+                self.methods.index("crown") > self.methods.index("alpha_crown"):
+            raise ParamsError("crown.alpha_after_crown: CROWN runs first, so methods must "
+                              f"list crown before alpha_crown (got {self.methods})")

@@ -75,9 +75,14 @@ def lofast_frame(model, x: Tensor, y: Tensor, variant: str, eps_grid: Sequence[f
     return out
 
 
+#: the status of an alpha-CROWN (point, eps) row that CROWN certified first
+#: (``crown.alpha_after_crown``): not bounded again, certified by CROWN's bound
+PROVEN = "crown"
+
 #: statuses of a (point, eps) row whose bound did not run ("misclassified": the point's
-#: prediction is wrong, so no bound can certify its label)
-NOT_RUN = ("skipped", "lofast", "budget", "misclassified")
+#: prediction is wrong, so no bound can certify its label; :data:`PROVEN`: an earlier
+#: method's bound certified it)
+NOT_RUN = ("skipped", "lofast", "budget", "misclassified", PROVEN)
 
 
 #: statuses of a bound that ran and gave a result (a time limit is a result, not an error)
@@ -138,11 +143,13 @@ def crown_frame(model, x: Tensor, y: Tensor, eps_grid: Sequence[float], method: 
                 time_limit_s: float, alpha_iterations: int, dtype: torch.dtype = torch.float64,
                 progress: bool = False, lofast: Tensor | None = None,
                 budget: Budget | None = None, correct: Tensor | None = None,
-                journal: Journal | None = None, batch_size: int = 1
-                ) -> tuple[pd.DataFrame, float]:
+                journal: Journal | None = None, batch_size: int = 1,
+                proven: Tensor | None = None) -> tuple[pd.DataFrame, float]:
     """One row per (point, eps), smallest eps first, skipping the larger eps of a point that
     was not certified; returns (rows, seconds to build the bounded graph). ``lofast`` (n,
     len(eps)) bool, eps ascending: pairs LoFAST certified, not run (status "lofast");
+    ``proven`` (the same shape): pairs an earlier method certified (CROWN's, before
+    alpha-CROWN), not run (status :data:`PROVEN`, certified, 0 s);
     ``budget``: once spent, no bound runs (status "budget"); ``correct`` (n,) bool: a point
     the model misclassifies is not bounded (status "misclassified": no bound certifies a
     label the model does not predict); ``journal``: each point's rows appended as it finishes,
@@ -165,12 +172,16 @@ def crown_frame(model, x: Tensor, y: Tensor, eps_grid: Sequence[float], method: 
     if lofast is not None and tuple(lofast.shape) != (len(y), len(eps_sorted)):
         raise ValueError(f"lofast: expected shape {(len(y), len(eps_sorted))}, got "
                          f"{tuple(lofast.shape)}")
+    if proven is not None and tuple(proven.shape) != (len(y), len(eps_sorted)):
+        raise ValueError(f"proven: expected shape {(len(y), len(eps_sorted))}, got "
+                         f"{tuple(proven.shape)}")
     if correct is not None and tuple(correct.shape) != (len(y),):
         raise ValueError(f"correct: expected shape {(len(y),)}, got {tuple(correct.shape)}")
     size = BatchSize(batch_size, f"{method} bounds", x.device)
     model = model.to(device=x.device, dtype=dtype)
     lofast = lofast.tolist() if lofast is not None else None  # host lists: read per point
     correct = correct.tolist() if correct is not None else None
+    proven = proven.tolist() if proven is not None else None
     done = journal.done if journal is not None else {}
     cert: list[CrownCertifier] = []  # built once, and only when a bound runs
 
@@ -219,7 +230,7 @@ def crown_frame(model, x: Tensor, y: Tensor, eps_grid: Sequence[float], method: 
         chunk, runs = [], 0
         while i < n and i not in done and runs < size.size:
             chunk.append(i)
-            runs += _has_bound(i, correct, lofast, len(eps_sorted))
+            runs += _has_bound(i, correct, lofast, proven, len(eps_sorted))
             i += 1
             if not runs:
                 break
@@ -231,11 +242,13 @@ def crown_frame(model, x: Tensor, y: Tensor, eps_grid: Sequence[float], method: 
                 status = ("misclassified" if correct is not None and not correct[k] else
                           "skipped" if not alive[k] else
                           "lofast" if lofast is not None and lofast[k][j] else
+                          PROVEN if proven is not None and proven[k][j] else
                           "budget" if budget is not None and budget.spent() else None)
                 if status is None:
                     run.append(k)
                 else:
-                    point[k].append(bound_row(k, e, method, status, batch=0))
+                    point[k].append(dict(bound_row(k, e, method, status, batch=0),
+                                         certified=status == PROVEN))
             for row in bounds(run, e) if run else []:
                 if row["status"] not in NOT_RUN:  # "budget": its larger eps are "budget" too
                     alive[row["index"]] = bool(row["certified"])
@@ -249,11 +262,13 @@ def crown_frame(model, x: Tensor, y: Tensor, eps_grid: Sequence[float], method: 
     return pd.DataFrame(rows), (cert[0].build_seconds if cert else 0.0)
 
 
-def _has_bound(i: int, correct: list | None, lofast: list | None, n_eps: int) -> bool:
+def _has_bound(i: int, correct: list | None, lofast: list | None, proven: list | None,
+               n_eps: int) -> bool:
     """Whether point ``i`` has a bound to run at some radius (before any budget)."""
     if correct is not None and not correct[i]:
         return False
-    return lofast is None or not all(lofast[i][:n_eps])
+    return not all((lofast is not None and lofast[i][j]) or (proven is not None and proven[i][j])
+                   for j in range(n_eps))
 
 
 def require_few_errors(crown: pd.DataFrame, max_share: float, where: str) -> None:

@@ -8,7 +8,9 @@ CROWN (:mod:`attncert.crown`) runs once per (point, eps), smallest eps first; a 
 not certify at an eps is not run at the larger ones (recorded "skipped", 0 s: it cannot be
 counted as certified there). With ``skip_lofast_certified`` CROWN does not run where LoFAST
 certified ("lofast"), except on the first ``alone_points`` test points, its own sample, where
-CROWN alone is measured (:func:`attncert.crown.tables.tables`); a point the model
+CROWN alone is measured (:func:`attncert.crown.tables.tables`); with ``alpha_after_crown``
+alpha-CROWN runs after CROWN, only where CROWN did not certify ("crown": certified by CROWN's
+bound; the cascade's seconds are both methods'); a point the model
 misclassifies is not bounded ("misclassified"); past
 ``time_budget`` CROWN seconds of one method in a unit, that method runs no more bounds
 ("budget"; each method has its own); ``batch_size`` points are bounded by one call (on a GPU
@@ -140,16 +142,22 @@ def _run_unit(p: Params, ctx: Context, unit: str) -> dict[str, Any]:
     if lofast_done is not None:
         lofast_done[:alone] = False
     correct = torch.tensor(lo["correct"].to_numpy(), dtype=torch.bool)
-    crown_rows, t1, t2 = [], [], []
+    crown_rows, t1, t2, first = [], [], [], {}
     for method in p.methods:  # each method its own budget; rows journaled as they finish
+        prior = first.get("crown") if method == "alpha_crown" and p.alpha_after_crown else None
+        proven = None if prior is None else torch.stack(
+            [crown_certified(prior, n, e) for e in sorted(p.cert_eps)], 1)
         journal = Journal(ckpt / f"crown-{method}.jsonl",
                           {"unit": unit, "method": method, **unit_key("crown", p, base)})
         rows, _ = crown_frame(model, x, y, p.cert_eps, method, p.time_limit,
                               p.alpha_iterations, getattr(torch, p.bound_dtype),
                               progress=True, lofast=lofast_done, budget=Budget(p.time_budget),
-                              correct=correct, journal=journal, batch_size=p.batch_size)
+                              correct=correct, journal=journal, batch_size=p.batch_size,
+                              proven=proven)
         crown_rows.append(rows)
-        a, b = tables(lo, rows, p.cert_eps, depth, METHODS[method], alone)
+        first[method] = rows
+        label = METHODS[method] + (" after CROWN" if prior is not None else "")
+        a, b = tables(lo, rows, p.cert_eps, depth, label, alone, prior=prior)
         t1 += a if method == p.methods[0] else a[1:]
         t2 += b
         cr = {e: crown_certified(rows, n, e) for e in p.cert_eps}
