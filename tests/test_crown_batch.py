@@ -180,16 +180,11 @@ def test_the_bench_times_batches_and_the_cost_model_takes_the_params_batch(tmp_p
     """`python -m attncert.cost crown --bound-batch B` rows carry their batch and are merged
     apart from batch 1's; the cost model prices crown.batch_size at the largest batch measured
     on CUDA up to it (none larger: batch 1's seconds, no gain assumed)."""
-    import dataclasses
+    from test_crown_heads import small_crown_params
 
     from attncert.cost import crown_bench, pricing
-    from attncert.pipeline.shapes import VitShape
-    from attncert.stages.registry import load_params
 
-    params = dict(load_params().sections)
-    params["crown"] = dataclasses.replace(
-        params["crown"], depths=[1], methods=["crown"],
-        vit=VitShape(patch=16, dim=8, depth=None, heads=2, mlp_hidden=8))
+    params = small_crown_params(methods=["crown"])
     rows = [next(crown_bench.bench_crown(params, "cpu", points=3, batch=b)) for b in (1, 2)]
     assert [r["batch"] for r in rows] == [1, 2] and {r["status"] for r in rows} == {"ok"}
     assert all(r["seconds_per_bound"] > 0 for r in rows)

@@ -72,6 +72,8 @@ def test_batched_heads_launch_fewer_kernels():
 
 
 def small_crown_params(**crown):
+    """The committed params with a crown section of one small depth-1 ViT (8-d, 2 heads, patch
+    16), both methods; ``crown``: other fields of the section."""
     import dataclasses
 
     from attncert.pipeline.shapes import VitShape
@@ -79,8 +81,9 @@ def small_crown_params(**crown):
 
     params = dict(load_params().sections)
     params["crown"] = dataclasses.replace(
-        params["crown"], depths=[1], methods=["crown", "alpha_crown"],
-        vit=VitShape(patch=16, dim=8, depth=None, heads=2, mlp_hidden=8), **crown)
+        params["crown"], **{"depths": [1], "methods": ["crown", "alpha_crown"],
+                            "vit": VitShape(patch=16, dim=8, depth=None, heads=2,
+                                            mlp_hidden=8)} | crown)
     return params
 
 
