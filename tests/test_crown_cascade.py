@@ -3,6 +3,7 @@ did not certify; the cascade certifies what either method alone does, runs fewer
 bounds, and its seconds are both methods'."""
 
 import dataclasses
+import json
 from pathlib import Path
 
 import pandas as pd
@@ -148,6 +149,22 @@ def test_a_unit_runs_the_cascade(tmp_path):
     methods = [r["method"] for r in rec["table1"]]
     assert methods == ["LoFAST", "CROWN", "CROWN-Optimized after CROWN"]
     assert any(k == "broken_alpha_crown" for r in rec["audit"] for k in r)
+    # CROWN's rows change (its journal rewritten as if a pair had not certified): the rerun
+    # takes CROWN's rows from its journal and alpha-CROWN's afresh, none on a stale proof
+    path = tmp_path / "w" / "ckpt" / "mnist" / "L1" / "crown-crown.jsonl"
+    lines = path.read_text().splitlines()
+    i, e = want[0]
+    for k, line in enumerate(lines[1:], 1):
+        rows_ = json.loads(line)
+        if rows_[0]["index"] == i:
+            lines[k] = json.dumps([dict(r, certified=False) if r["eps"] == e else r
+                                   for r in rows_])
+    path.write_text("".join(f"{line}\n" for line in lines))
+    rec = stage.run(p, make_context(base, item="mnist-L1",
+                                    processed_dir=str(tmp_path / "processed"))).record
+    rows = pd.DataFrame(rec["crown"])
+    alpha = rows[(rows["method"] == "alpha_crown") & (rows["index"] == i) & (rows["eps"] == e)]
+    assert list(alpha["status"]) == ["ok"]  # bounded by alpha-CROWN itself this time
 
 
 def test_alpha_crown_stops_once_every_point_of_a_call_is_certified(monkeypatch, capsys):

@@ -16,7 +16,8 @@ misclassifies is not bounded ("misclassified"); past
 ("budget"; each method has its own); ``batch_size`` points are bounded by one call (on a GPU
 the batch grows to ``base.batch_memory`` of its memory); each point's rows are appended to
 ``results_dir/ckpt/<dataset>/L<depth>/crown-<method>.jsonl`` as it finishes, and a rerun with the
-same params takes the finished points from there; more than ``max_error_share`` errors among
+same params takes the finished points from there (alpha-CROWN's after CROWN, with the same pairs
+certified by CROWN); more than ``max_error_share`` errors among
 the bounds that ran fail the stage (:func:`attncert.crown.study.require_few_errors`). Seconds
 per sample: LoFAST's certificate with its radius (valid for every eps at once), CROWN's mean
 time of one (point, eps) bound over the pairs it ran (a batch's seconds shared by its
@@ -147,8 +148,11 @@ def _run_unit(p: Params, ctx: Context, unit: str) -> dict[str, Any]:
         prior = first.get("crown") if method == "alpha_crown" and p.alpha_after_crown else None
         proven = None if prior is None else torch.stack(
             [crown_certified(prior, n, e) for e in sorted(p.cert_eps)], 1)
+        # after CROWN, the pairs it certified are part of the key: other CROWN rows (a CROWN
+        # journal cleared and rerun) start alpha-CROWN's rows afresh
+        after = {} if proven is None else {"crown_certified": proven.to(torch.uint8).tolist()}
         journal = Journal(ckpt / f"crown-{method}.jsonl",
-                          {"unit": unit, "method": method, **unit_key("crown", p, base)})
+                          {"unit": unit, "method": method, **unit_key("crown", p, base), **after})
         rows, _ = crown_frame(model, x, y, p.cert_eps, method, p.time_limit,
                               p.alpha_iterations, getattr(torch, p.bound_dtype),
                               progress=True, lofast=lofast_done, budget=Budget(p.time_budget),
