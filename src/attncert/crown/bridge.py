@@ -41,6 +41,8 @@ METHODS = {"crown": "CROWN", "alpha_crown": "CROWN-Optimized"}
 #: (C, H, W) maps, not the ViT's (tokens, features) activations (its init raises): full alphas.
 BOUND_OPTS = {"conv_mode": "matrix", "fixed_reducemax_index": True,
               "sparse_features_alpha": False, "sparse_spec_alpha": False}
+
+
 def all_margins_positive(lower: Tensor) -> Tensor:
     """(B, 1) bool: every margin's lower bound of the point positive (``lower`` (B, C-1)).
 
