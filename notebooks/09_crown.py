@@ -55,8 +55,7 @@ display(Markdown(f"**{b.scale} scale**: {', '.join(p.datasets)}, depths {p.depth
                     "where CROWN alone is measured" if p.skip_lofast_certified
                     else "CROWN on every point")
                  + ("; alpha-CROWN only where CROWN did not certify"
-                    if p.alpha_after_crown and {"crown", "alpha_crown"} <= set(p.methods)
-                    else "") + ").  \n"
+                    if p.cascade else "") + ").  \n"
                  f"**auto_LiRPA patches applied:** {', '.join(PATCHES)}"))
 
 # %% [markdown]

@@ -1,6 +1,7 @@
 """CROWN through auto_LiRPA on the Lipschitz ViT: the patches, the bridge equals the model, the
 bounds contain every sampled and attacked output, the combination, failures as rows."""
 
+import dataclasses
 import json
 import math
 import re
@@ -346,33 +347,35 @@ def test_a_stage_whose_bounds_mostly_fail_fails():
     study.require_few_errors(rows[rows["status"] == "skipped"], 0.0, "x")  # none ran
 
 
-def test_units_then_gather(tmp_path):
-    """Each (dataset, depth) unit on its own, as its DVC stage runs it, then the gathering
-    stage: Tables 1-2 per dataset from the records, a stale or missing record refused."""
-    import dataclasses
-
+def small_unit(tmp_path, **crown):
+    """(crown section, base) for small units of a synthetic MNIST-shaped dataset (24 images
+    of 3 classes, also its test split) written under ``tmp_path/processed``, on the CPU;
+    ``crown``: other fields of the section."""
     from attncert.pipeline.io import torch_save
     from attncert.pipeline.params import BaseParams
-    from attncert.stages.registry import load_params
 
     g = torch.Generator().manual_seed(0)
     x = torch.randint(0, 256, (24, 1, 16, 16), generator=g, dtype=torch.uint8)
     split = {"x": x, "y": torch.arange(24) % 3}
-    data = {"name": "mnist", "train": split, "test": split, "classes": ["0", "1", "2"],
-            "mean": [0.5], "std": [0.25], "source": "synthetic"}
-    torch_save(data, tmp_path / "processed" / "mnist.pt")
+    torch_save({"name": "mnist", "train": split, "test": split, "classes": ["0", "1", "2"],
+                "mean": [0.5], "std": [0.25], "source": "synthetic"},
+               tmp_path / "processed" / "mnist.pt")
     paper = load_params(Path(__file__).resolve().parents[1] / "params.yaml")["crown"]
-    p = dataclasses.replace(paper, datasets=["mnist"], depths=[1, 2],
-                            vit=VitShape(patch=8, dim=8, depth=None, heads=2, mlp_hidden=8),
-                            train=dataclasses.replace(paper.train, epochs=1, batch_size=8,
-                                                      warmup_steps=1), n_test=3,
-                            cert_eps=[0.02], methods=["crown"], time_limit=0.0, batch_size=2,
-                            audit=Audit(n=0, steps=2, restarts=1, batch_size=100),
-                            results_dir=str(tmp_path / "w"),
-                            metrics=str(tmp_path / "crown.json"))
+    fields = {"datasets": ["mnist"], "depths": [1], "n_test": 3, "cert_eps": [0.02],
+              "vit": VitShape(patch=8, dim=8, depth=None, heads=2, mlp_hidden=8),
+              "train": dataclasses.replace(paper.train, epochs=1, batch_size=8, warmup_steps=1),
+              "methods": ["crown"], "time_limit": 0.0, "batch_size": 2,
+              "audit": Audit(n=0, steps=2, restarts=1, batch_size=100),
+              "results_dir": str(tmp_path / "w"), "metrics": str(tmp_path / "crown.json")}
     base = BaseParams(scale="smoke", seed=0, device="cpu", precision="fp32", threads=0,
-                      deterministic=False, compile="off",
-                      batch_memory=0.0)
+                      deterministic=False, compile="off", batch_memory=0.0)
+    return dataclasses.replace(paper, **fields | crown), base
+
+
+def test_units_then_gather(tmp_path):
+    """Each (dataset, depth) unit on its own, as its DVC stage runs it, then the gathering
+    stage: Tables 1-2 per dataset from the records, a stale or missing record refused."""
+    p, base = small_unit(tmp_path, depths=[1, 2])
     assert stage.units(p) == ["mnist-L1", "mnist-L2"]
     with pytest.raises(ValueError, match="has not run"):
         stage.run(p, make_context(base, device=False))

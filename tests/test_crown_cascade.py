@@ -4,19 +4,16 @@ bounds, and its seconds are both methods'."""
 
 import dataclasses
 import json
-from pathlib import Path
 
 import pandas as pd
 import pytest
 import torch
-from test_crown import tiny_vit
+from test_crown import small_unit, tiny_vit
 
 from attncert.crown import study
 from attncert.crown.tables import tables
-from attncert.pipeline.audit import Audit
 from attncert.pipeline.context import make_context
 from attncert.pipeline.params import ParamsError
-from attncert.pipeline.shapes import VitShape
 from attncert.stages import crown as stage
 from attncert.stages.registry import load_params
 
@@ -117,28 +114,9 @@ def test_alpha_after_crown_needs_crown_first():
 def test_a_unit_runs_the_cascade(tmp_path):
     """A unit with both methods: alpha-CROWN's rows name the pairs CROWN certified, its table
     rows say "after CROWN", and its certificates are audited with the others."""
-    from attncert.pipeline.io import torch_save
-    from attncert.pipeline.params import BaseParams
-
-    g = torch.Generator().manual_seed(0)
-    x = torch.randint(0, 256, (24, 1, 16, 16), generator=g, dtype=torch.uint8)
-    split = {"x": x, "y": torch.arange(24) % 3}
-    data = {"name": "mnist", "train": split, "test": split, "classes": ["0", "1", "2"],
-            "mean": [0.5], "std": [0.25], "source": "synthetic"}
-    torch_save(data, tmp_path / "processed" / "mnist.pt")
-    paper = load_params(Path(__file__).resolve().parents[1] / "params.yaml")["crown"]
-    p = dataclasses.replace(paper, datasets=["mnist"], depths=[1],
-                            vit=VitShape(patch=8, dim=8, depth=None, heads=2, mlp_hidden=8),
-                            train=dataclasses.replace(paper.train, epochs=1, batch_size=8,
-                                                      warmup_steps=1), n_test=6,
-                            cert_eps=[0.001, 0.1], methods=["crown", "alpha_crown"],
-                            alpha_iterations=3, time_limit=0.0, batch_size=2,
-                            skip_lofast_certified=False,
-                            audit=Audit(n=0, steps=2, restarts=1, batch_size=100),
-                            results_dir=str(tmp_path / "w"),
-                            metrics=str(tmp_path / "crown.json"))
-    base = BaseParams(scale="smoke", seed=0, device="cpu", precision="fp32", threads=0,
-                      deterministic=False, compile="off", batch_memory=0.0)
+    p, base = small_unit(tmp_path, n_test=6, cert_eps=[0.001, 0.1],
+                         methods=["crown", "alpha_crown"], alpha_iterations=3,
+                         skip_lofast_certified=False)
     rec = stage.run(p, make_context(base, item="mnist-L1",
                                     processed_dir=str(tmp_path / "processed"))).record
     rows = pd.DataFrame(rec["crown"])

@@ -109,7 +109,7 @@ def cost_table(params, gpu: GPU, utilisation: float = UTILISATION) -> str:
               if c.time_budget else "")
     skip = ("; points LoFAST certifies skip CROWN (crown.skip_lofast_certified), so fewer run"
             if c.skip_lofast_certified else "")
-    if c.alpha_after_crown and {"crown", "alpha_crown"} <= set(c.methods):
+    if c.cascade:
         skip += ("; alpha-CROWN only where CROWN did not certify (crown.alpha_after_crown), so "
                  "its budget goes to the pairs left")
     per = []

@@ -84,6 +84,12 @@ class Params:
     results_dir: str = param()
     metrics: str = param()
 
+    @property
+    def cascade(self) -> bool:
+        """alpha-CROWN runs after CROWN, only where CROWN did not certify (both methods and
+        ``alpha_after_crown``)."""
+        return self.alpha_after_crown and {"crown", "alpha_crown"} <= set(self.methods)
+
     def __post_init__(self) -> None:
         self.vit.require("crown.vit", "heads")
         self.train.require("crown.train", "none", "lmt", "olsa", "lofast")
@@ -92,7 +98,6 @@ class Params:
                               "certificate batch to take it from)")
         if not self.methods:
             raise ParamsError("crown.methods: needs at least one method")
-        if self.alpha_after_crown and {"crown", "alpha_crown"} <= set(self.methods) and \
-                self.methods.index("crown") > self.methods.index("alpha_crown"):
+        if self.cascade and self.methods.index("crown") > self.methods.index("alpha_crown"):
             raise ParamsError("crown.alpha_after_crown: CROWN runs first, so methods must "
                               f"list crown before alpha_crown (got {self.methods})")

@@ -145,7 +145,7 @@ def _run_unit(p: Params, ctx: Context, unit: str) -> dict[str, Any]:
     correct = torch.tensor(lo["correct"].to_numpy(), dtype=torch.bool)
     crown_rows, t1, t2, first = [], [], [], {}
     for method in p.methods:  # each method its own budget; rows journaled as they finish
-        prior = first.get("crown") if method == "alpha_crown" and p.alpha_after_crown else None
+        prior = first.get("crown") if method == "alpha_crown" and p.cascade else None
         proven = None if prior is None else torch.stack(
             [crown_certified(prior, n, e) for e in sorted(p.cert_eps)], 1)
         # after CROWN, the pairs it certified are part of the key: other CROWN rows (a CROWN
