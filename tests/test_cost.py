@@ -298,52 +298,6 @@ def test_eight_gpus_share_the_paper_scale_near_linearly():
     assert max(hours.values()) <= span
 
 
-def test_a_gpu_calibration_sets_the_per_kernel_constant(smoke, tmp_path):
-    """make gpu-check's file replaces the default per-kernel constant; the cost table says
-    where it was measured; the measurement refuses a CPU."""
-    from attncert.cost import calibrate
-    from attncert.cost.counting import GPUS
-
-    p = load_params(smoke)
-    with pytest.raises(ValueError, match="measures a GPU"):
-        calibrate.measure(p, "cpu", path=tmp_path / "never.json")
-    rows = [{"model": "OLSA text", "ms_per_step": 2.0}, {"model": "LoFAST text",
-                                                          "ms_per_step": 50.0}]
-    per = calibrate.kernel_seconds(rows, p, batch=8)
-    assert set(per) == {"OLSA text", "LoFAST text"} and all(v > 0 for v in per.values())
-    gpu = GPUS["h100"]
-    assert calibrate.calibrated(gpu, tmp_path / "missing.json") is gpu
-    (tmp_path / "c.json").write_text(json.dumps({"kernel_seconds": 2e-5, "device": "NVIDIA X",
-                                                 "date": "2026-11-25", "from": "OLSA text"}))
-    measured = calibrate.calibrated(gpu, tmp_path / "c.json")
-    assert measured.kernel_seconds == 2e-5 and "NVIDIA X" in measured.calibration
-    table = cost.cost_table(p, measured)
-    assert "20 us per kernel (measured: NVIDIA X, 2026-11-25" in table
-    assert "(not measured)" in cost.cost_table(p, gpu)
-    # a record with every kind's step: each stage costed with its own kind's constant (text:
-    # the largest of its kinds), anything else with the largest measured
-    steps = [{"model": m, "seconds_per_kernel": v} for m, v in (
-        ("lipschitz ViT (train_vit)", 29e-6), ("standard ViT (specformer vanilla)", 17e-6),
-        ("SpecFormer (MSVP)", 26e-6), ("OLSA text", 21e-6), ("LoFAST text", 25e-6),
-        ("standard text", 19e-6))]
-    (tmp_path / "k.json").write_text(json.dumps({"kernel_seconds": 17e-6, "device": "NVIDIA X",
-                                                 "date": "2026-11-26", "steps": steps}))
-    kinds = calibrate.calibrated(gpu, tmp_path / "k.json")
-    assert kinds.kernel_seconds == 29e-6  # not the smallest kind's 17 us
-    assert kinds.kernel_seconds_for("certify_vit") == 29e-6
-    assert kinds.kernel_seconds_for("certvit") == 17e-6
-    assert kinds.kernel_seconds_for("text") == 25e-6 and kinds.kernel_seconds_for("data") == 29e-6
-    assert "certvit 17, " in cost.cost_table(p, kinds)
-    # without make gpu-check's own file, the committed GPU measurement gives the constants
-    committed = json.loads((ROOT / calibrate.COMMITTED_CALIBRATION).read_text())
-    assert committed["kernel_seconds"] > 0 and committed["steps"][0]["device"].startswith("cuda")
-    with pytest.MonkeyPatch.context() as mp:
-        mp.chdir(ROOT)
-        if not Path(calibrate.CALIBRATION_FILE).is_file():
-            assert calibrate.calibrated(gpu).kernel_seconds == max(
-                r["seconds_per_kernel"] for r in committed["steps"])
-
-
 def test_crown_bounds_are_costed_from_the_measured_seconds(tmp_path, monkeypatch):
     """A bound measured on CUDA counts as measured; one measured on the CPU only is scaled by
     the CUDA / CPU ratio of the bounds measured on both; none: NaN (kernels: test_crown_heads)."""

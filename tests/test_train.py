@@ -1,5 +1,6 @@
 """Training library: losses, schedule, checkpoint/resume determinism, metrics files."""
 
+import copy
 import json
 import math
 
@@ -350,3 +351,48 @@ def test_resume_restores_msvp_vectors_and_adversarial_run(tmp_path):
     assert set(ref["msvp"]) and set(ref["msvp"]) == set(got["msvp"])
     for k, v in ref["msvp"].items():
         torch.testing.assert_close(got["msvp"][k], v, rtol=0, atol=0, msg=k)
+
+
+@pytest.mark.parametrize("kind", ["adamw", "sgd"])
+def test_the_optimiser_is_fused_on_cuda_and_steps_as_the_default_does(kind, monkeypatch):
+    """On CUDA one fused kernel steps every parameter (``fused_on_cuda``), on the CPU torch's
+    default loop. The fused update (run here with the CPU's fused kernel) is the loop's up to
+    float rounding, and a state saved by either resumes in the other."""
+    from types import SimpleNamespace
+
+    from attncert.training import loop
+
+    cfg = SimpleNamespace(optimizer=kind, lr=0.05, weight_decay=0.01, momentum=0.9)
+    assert loop.fused_on_cuda([torch.nn.Parameter(torch.ones(2))]) == {}
+    assert loop.fused_on_cuda([SimpleNamespace(is_cuda=True, is_floating_point=lambda: True)]
+                              ) == {"fused": True}
+    torch.manual_seed(0)
+    models = [torch.nn.Linear(6, 3), torch.nn.Linear(6, 3)]
+    models[1].load_state_dict(models[0].state_dict())
+    looped = loop.optimizer(list(models[0].parameters()), cfg)
+    monkeypatch.setattr(loop, "fused_on_cuda", lambda params: {"fused": True})
+    fused = loop.optimizer(list(models[1].parameters()), cfg)
+    assert not looped.defaults["fused"] and fused.defaults["fused"]
+
+    def step(model, opt, x):
+        opt.zero_grad()
+        model(x).square().sum().backward()
+        opt.step()
+
+    for i in range(5):
+        x = torch.randn(4, 6, generator=torch.Generator().manual_seed(i))
+        for model, opt in zip(models, (looped, fused), strict=True):
+            step(model, opt, x)
+    for a, b in zip(*(m.parameters() for m in models), strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
+    # a state saved by either resumes in the other, which then steps as the saving one did
+    # (torch restores the flag with the state)
+    saved = [copy.deepcopy(o.state_dict()) for o in (fused, looped)]
+    looped.load_state_dict(saved[0])
+    fused.load_state_dict(saved[1])
+    assert looped.param_groups[0]["fused"] and not fused.param_groups[0]["fused"]
+    x = torch.randn(4, 6, generator=torch.Generator().manual_seed(9))
+    for model, opt in zip(models, (looped, fused), strict=True):
+        step(model, opt, x)
+    for a, b in zip(*(m.parameters() for m in models), strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)

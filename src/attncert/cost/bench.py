@@ -24,6 +24,7 @@ from attncert.cost.graphs import (
 )
 from attncert.pipeline.datasets import stand_in
 from attncert.text.tokenize import VOCAB
+from attncert.training.loop import fused_on_cuda
 
 # -- training step times (make bench) ----------------------------------------------------------
 
@@ -149,7 +150,8 @@ def bench_training(params, batch: int, steps: int = 5, device: str = "auto",
         model.to(dev).train()
         args = [a.to(dev) for a in make_batch(batch)]
         msvp = (MSVP(model, *params["specformer"].msvp_lambda) if "MSVP" in name else None)
-        opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-4)
+        trained = [p for p in model.parameters() if p.requires_grad]
+        opt = torch.optim.AdamW(trained, lr=1e-4, **fused_on_cuda(trained))  # as the runs
         gen = rng.generator(0, dev)
         loss_fn, after = step_terms(params, name, model)
         loss_fn = loss_fn or nn.functional.cross_entropy
@@ -368,7 +370,8 @@ def bench_margins(params, batch: int, steps: int = 5, device: str = "auto",
                                         lofast_eps=s.train.lofast_eps or 0.1)
         torch.manual_seed(0)
         model = build_vit(cfg).to(dev).train()
-        opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-4,
+                                **fused_on_cuda(list(model.parameters())))
         times, status = [], "ok"
         try:
             with training_matmuls(prec, dev), compiled.compiled_forward(model, how):

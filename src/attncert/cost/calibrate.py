@@ -9,7 +9,10 @@ each stage's work is costed with the constant of the model kind it trains
 constant measured. The result goes to
 :data:`CALIBRATION_FILE`, which ``python -m attncert.cost`` reads when it exists, else the
 committed measurement :data:`COMMITTED_CALIBRATION` (:func:`calibrated`): the cost table
-says where and when its constant was measured.
+says where and when its constant was measured. A record holds the version of the kernel count
+it divided by (:data:`attncert.cost.counting.COUNTING`); one of another version is refused
+until :func:`recount` (``python -m attncert.cost recount``) divides its measured step times by
+the current count.
 """
 
 from __future__ import annotations
@@ -20,7 +23,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from attncert.cost.counting import GPU
+from attncert.cost.counting import COUNTING, GPU
 from attncert.cost.graphs import LIPSCHITZ_VIT, MSVP_VIT, STANDARD_VIT, TEXT_KINDS
 from attncert.pipeline.io import write_json
 
@@ -75,8 +78,30 @@ def measure(params, device: str = "cuda", batch: int = 8, steps: int = 5,
     best = max(per, key=per.get)  # the fallback for work of no measured kind: an upper one
     record = {"date": datetime.date.today().isoformat(), "device": torch.cuda.get_device_name(dev),
               "torch": torch.__version__, "cuda": torch.version.cuda, "batch": batch,
+              "counting": COUNTING,
               "steps": [dict(r, seconds_per_kernel=per[r["model"]]) for r in rows],
               "kernel_seconds": per[best], "from": best}
+    write_json(path, record)
+    return record
+
+
+def recount(params, path: str | Path = CALIBRATION_FILE) -> dict[str, Any]:
+    """Divide the measured step times of the calibration at ``path`` by the kernels the
+    current count gives their steps (at ``params``, the params file the steps were measured
+    at, and the record's batch), write it back with the count's version and return it.
+    ValueError on a record without step times (a constant alone cannot be recounted)."""
+    path = Path(path)
+    record = json.loads(path.read_text())
+    steps = [r for r in record.get("steps", []) if r.get("status", "ok") == "ok"]
+    if not steps or not all("ms_per_step" in r for r in steps):
+        raise ValueError(f"{path}: no measured step times to recount; measure again "
+                         f"(make gpu-check)")
+    per = kernel_seconds(steps, params, int(record["batch"]))
+    best = max(per, key=per.get)
+    record["steps"] = [dict(r, seconds_per_kernel=per[r["model"]]) if r["model"] in per else r
+                       for r in record["steps"]]
+    record |= {"kernel_seconds": per[best], "from": best, "counting": COUNTING,
+               "recounted": datetime.date.today().isoformat()}
     write_json(path, record)
     return record
 
@@ -92,6 +117,10 @@ def calibrated(gpu: GPU, path: str | Path | None = None) -> GPU:
     if not path.is_file():
         return gpu
     record = json.loads(path.read_text())
+    if record.get("counting", 1) != COUNTING:
+        raise ValueError(f"{path}: its constants divide by kernel count version "
+                         f"{record.get('counting', 1)}, this code counts version {COUNTING}; "
+                         f"python -m attncert.cost recount --calibration {path}")
     per = {r["model"]: float(r["seconds_per_kernel"]) for r in record.get("steps", [])
            if "seconds_per_kernel" in r}
     if not per:  # a record of one constant only

@@ -23,7 +23,12 @@ from attncert.cost.bench import (
     bench_training,
     merge_concurrency_bench,
 )
-from attncert.cost.calibrate import CALIBRATION_FILE, COMMITTED_CALIBRATION, calibrated
+from attncert.cost.calibrate import (
+    CALIBRATION_FILE,
+    COMMITTED_CALIBRATION,
+    calibrated,
+    recount,
+)
 from attncert.cost.counting import (
     GPUS,
     UTILISATION,
@@ -193,12 +198,14 @@ def main(argv: list[str] | None = None) -> int:
 
     ap = argparse.ArgumentParser(prog="python -m attncert.cost",
                                  description=__doc__.splitlines()[0])
-    ap.add_argument("command", choices=["table", "readme", "bench", "crown", "plan", "order"],
+    ap.add_argument("command", choices=["table", "readme", "bench", "crown", "plan", "order",
+                                        "recount"],
                     help=f"table: print the cost table; readme: rewrite the cost table's and "
                          f"the plan's blocks of {COST_DOC} (--doc) and print the table; bench: "
                          "time a training step of every model kind; crown: time CROWN bounds; "
                          "plan: schedule the units on --gpus; order: the units on stdin, "
-                         "longest first")
+                         "longest first; recount: divide the calibration's measured step times "
+                         "(--calibration, measured at --params) by the current kernel count")
     ap.add_argument("--doc", default=COST_DOC,
                     help="readme: the page whose blocks between the cost and the plan markers "
                          f"are rewritten (default {COST_DOC})")
@@ -272,8 +279,24 @@ def main(argv: list[str] | None = None) -> int:
         params = load_params(args.params)
     except ParamsError as exc:  # a missing or bad key: named, not a traceback
         ap.error(f"--params {args.params}: {exc}")
-    gpu = with_pilot(with_graphs(calibrated(GPUS[args.gpu], args.calibration), params),
-                     args.pilot)
+    if args.command == "recount":
+        path = args.calibration or (CALIBRATION_FILE if Path(CALIBRATION_FILE).is_file()
+                                    else COMMITTED_CALIBRATION)
+        if not Path(path).is_file():
+            ap.error(f"recount: {path}: no such file")
+        try:
+            record = recount(params, path)
+        except ValueError as exc:
+            ap.error(f"recount: {exc}")
+        print(f"{path}: {len(record['steps'])} steps recounted (kernel count version "
+              f"{record['counting']}); the largest constant "
+              f"{record['kernel_seconds'] * 1e6:.3g} us per kernel ({record['from']})")
+        return 0
+    try:
+        gpu = with_pilot(with_graphs(calibrated(GPUS[args.gpu], args.calibration), params),
+                         args.pilot)
+    except ValueError as exc:  # a calibration counted with another kernel count
+        ap.error(f"--calibration: {exc}")
     if args.command == "bench" and args.write_compile and (
             not {"eager", "graphs"} <= set(args.modes) or args.concurrent_only):
         ap.error("--write-compile: needs --modes eager graphs (and the single-step tables)")

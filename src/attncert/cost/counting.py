@@ -78,13 +78,40 @@ UTILISATION = 0.3
 # -- counting ----------------------------------------------------------------------------------
 
 
+#: the version of the kernel count: 2 counts an optimiser step as the runs take it on CUDA,
+#: fused (:func:`counted_optimizer`, :func:`multi_tensor_launches`); 1 counted the loop over
+#: the parameters that a CPU runs, a set of kernels per parameter. A GPU calibration divides a
+#: measured step time by this count, so it holds for the version it was counted with
+#: (:func:`attncert.cost.calibrate.calibrated`).
+COUNTING = 2
+#: CUDA's multi-tensor apply (``_foreach_*`` and ``_fused_*`` ops): elements per chunk (a
+#: block), and per launch at most this many tensors (depth 5, the fewest of any depth) and
+#: blocks, with the large kernel arguments of CUDA 12.1 or later
+MULTI_TENSOR = {"chunk": 65536, "tensors": 210, "blocks": 2240}
+
+
+def multi_tensor_launches(tensors: list[Tensor]) -> int:
+    """The kernels one multi-tensor op over ``tensors`` launches on CUDA, at most: a launch
+    ends when it holds its most tensors or blocks (each a chunk of a tensor), or at the end."""
+    chunks = sum(-(-t.numel() // MULTI_TENSOR["chunk"]) for t in tensors)
+    return len(tensors) // MULTI_TENSOR["tensors"] + chunks // MULTI_TENSOR["blocks"] + 1
+
+
+def counted_optimizer(params, lr: float = 1e-4) -> torch.optim.Optimizer:
+    """AdamW as the runs step it on CUDA: fused, one multi-tensor kernel for all parameters
+    (:func:`attncert.training.loop.fused_on_cuda`; on the CPU the runs loop over them)."""
+    return torch.optim.AdamW(params, lr=lr, fused=True)
+
+
 class _KernelCounter(TorchDispatchMode):
-    """Counts the aten calls that launch work (views and metadata-only calls excluded)."""
+    """Counts the aten calls that launch work (views and metadata-only calls excluded); a
+    multi-tensor call as the kernels it launches on CUDA (:func:`multi_tensor_launches`)."""
 
     SKIP = {"detach", "view", "_unsafe_view", "t", "expand", "permute", "transpose",
             "unsqueeze", "squeeze", "slice", "select", "alias", "lift_fresh", "reshape",
             "as_strided", "unbind", "split", "split_with_sizes", "chunk", "narrow", "empty",
-            "empty_like", "empty_strided", "_to_copy_noop", "size", "stride"}
+            "empty_like", "empty_strided", "_to_copy_noop", "size", "stride",
+            "_record_function_enter_new", "_record_function_exit"}
 
     def __init__(self):
         super().__init__()
@@ -94,7 +121,11 @@ class _KernelCounter(TorchDispatchMode):
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         out = func(*args, **(kwargs or {}))
         name = func.overloadpacket.__name__
-        if name not in self.SKIP and not getattr(func, "is_view", False):
+        if name.startswith(("_foreach_", "_fused_")):
+            lists = [a for a in args if isinstance(a, (list, tuple)) and a
+                     and isinstance(a[0], Tensor)]
+            self.kernels += multi_tensor_launches(lists[0]) if lists else 1
+        elif name not in self.SKIP and not getattr(func, "is_view", False):
             self.kernels += 1
             self.bytes += sum(t.numel() * t.element_size() for t in tree_leaves(out)
                               if isinstance(t, Tensor))
@@ -150,8 +181,9 @@ def random_images(cfg, b: int, dtype=torch.float32) -> tuple[Tensor, Tensor]:
 def train_step(model: nn.Module, batch: Callable[[int], tuple], loss_fn=None, msvp=None,
                after: Callable[[], None] | None = None) -> Callable[[int], Callable[[], None]]:
     """make(b): one training step (forward, loss, backward, AdamW, then ``after()``: the
-    step's work after the optimiser, such as OLSA's re-projection) at batch b."""
-    opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-4)
+    step's work after the optimiser, such as OLSA's re-projection) at batch b; a step of a
+    run, not its first (:func:`_warmed`)."""
+    opt = counted_optimizer([p for p in model.parameters() if p.requires_grad])
     loss_fn = loss_fn or (lambda out, y: nn.functional.cross_entropy(out, y))
 
     def make(b):
@@ -167,8 +199,16 @@ def train_step(model: nn.Module, batch: Callable[[int], tuple], loss_fn=None, ms
             opt.step()
             if after is not None:
                 after()
-        return step
+        return _warmed(step, opt)
     return make
+
+
+def _warmed(step: Callable[[], None], opt: torch.optim.Optimizer) -> Callable[[], None]:
+    """``step`` after one uncounted call when ``opt`` has no state yet: the first step of a
+    run creates the optimiser's state (kernels per parameter, once a run, not each step)."""
+    if not opt.state:
+        step()
+    return step
 
 
 def forward(model: nn.Module, batch: Callable[[int], tuple]) -> Callable[[int], Callable]:
@@ -219,7 +259,7 @@ def lofast_train_step(model: nn.Module, batch: Callable[[int], tuple]
     backward pass included: :func:`attncert.training.certified_training.lofast_loss`)."""
     from attncert.training.certified_training import lofast_loss
 
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
+    opt = counted_optimizer(model.parameters())
 
     def make(b):
         x, y = batch(b)
@@ -230,7 +270,7 @@ def lofast_train_step(model: nn.Module, batch: Callable[[int], tuple]
             opt.zero_grad(set_to_none=True)
             loss.backward()
             opt.step()
-        return step
+        return _warmed(step, opt)
     return make
 
 

@@ -232,6 +232,15 @@ def main(argv: list[str] | None = None) -> int:
         load_params(repo / PARAMS_FILE)  # bad params: one line, before any work
     except ParamsError as exc:
         ap.error(f"{PARAMS_FILE}: {exc}")
+    from attncert.cost.calibrate import calibrated
+    from attncert.cost.counting import GPUS
+
+    if args.gpu not in GPUS:
+        ap.error(f"--gpu {args.gpu}: choose from {', '.join(sorted(GPUS))}")
+    try:  # the projection after the units reads the calibration: refused now, not then
+        calibrated(GPUS[args.gpu])
+    except ValueError as exc:
+        ap.error(str(exc))
     if shutil.which("dvc") is None:
         ap.error("dvc is not on PATH (activate the environment: make env)")
     stages = _sh(["dvc", "stage", "list", "--name-only"], repo).stdout.split()

@@ -114,16 +114,30 @@ def lr_schedule(config: Any, steps_per_epoch: int) -> Callable[[int], float]:
 OPTIMIZERS = ("adamw", "sgd")
 
 
+def fused_on_cuda(params: list[torch.Tensor]) -> dict[str, bool]:
+    """``{"fused": True}`` when every parameter is a floating-point CUDA tensor: one fused
+    kernel then steps them all, where torch's default there (multi-tensor) launches a dozen
+    and reads each parameter's step count on the host; else ``{}`` (torch's default: on a CPU
+    a loop over the parameters). The update is the same up to float rounding."""
+    params = list(params)
+    if params and all(p.is_cuda and p.is_floating_point() for p in params):
+        return {"fused": True}
+    return {}
+
+
 def optimizer(params: list[nn.Parameter], config: Any) -> torch.optim.Optimizer:
     """``config.optimizer``: "adamw" (decoupled weight decay) or "sgd" (heavy-ball
     ``config.momentum``, weight decay as L2 on the gradient, as torch.optim.SGD); a config
-    without an ``optimizer`` field (the text models') trains with AdamW."""
+    without an ``optimizer`` field (the text models') trains with AdamW. Fused on CUDA
+    (:func:`fused_on_cuda`)."""
     kind = getattr(config, "optimizer", "adamw")
+    params = list(params)
     if kind == "adamw":
-        return torch.optim.AdamW(params, lr=config.lr, weight_decay=config.weight_decay)
+        return torch.optim.AdamW(params, lr=config.lr, weight_decay=config.weight_decay,
+                                 **fused_on_cuda(params))
     if kind == "sgd":
         return torch.optim.SGD(params, lr=config.lr, momentum=config.momentum,
-                               weight_decay=config.weight_decay)
+                               weight_decay=config.weight_decay, **fused_on_cuda(params))
     raise ValueError(f"optimizer {kind!r}: choose from {', '.join(OPTIMIZERS)}")
 
 

@@ -1,0 +1,153 @@
+"""The kernel count as CUDA launches it (an optimiser step multi-tensor) and the GPU calibration
+that divides measured step times by it: its version, the refusal of a stale record, recount."""
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+
+from attncert import cost
+from attncert.cost import calibrate, counting
+from attncert.stages.registry import load_params
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _mlp(layers: int) -> torch.nn.Module:
+    return torch.nn.Sequential(*[torch.nn.Linear(16, 16) for _ in range(layers)])
+
+
+def _optimiser_kernels(model: torch.nn.Module, opt: torch.optim.Optimizer) -> int:
+    model(torch.randn(4, 16)).sum().backward()
+    opt.step()  # the first step creates the state
+    model(torch.randn(4, 16)).sum().backward()
+    return counting.count(opt.step)[1]
+
+
+def test_multi_tensor_launches_follow_cudas_limits():
+    """One launch holds up to 210 tensors and 2240 chunks of 65536 elements (an upper bound)."""
+    small = [torch.empty(10) for _ in range(200)]
+    assert counting.multi_tensor_launches(small) == 1
+    assert counting.multi_tensor_launches(small + small[:10]) == 2  # 210 tensors
+    assert counting.multi_tensor_launches([torch.empty(2240 * 65536)]) == 2  # 2240 chunks
+    assert counting.multi_tensor_launches([torch.empty(65537)] * 3) == 1  # 6 chunks
+
+
+def test_the_counted_optimiser_step_launches_as_on_cuda_not_per_parameter():
+    """The cost model's AdamW step is multi-tensor, as torch runs it for parameters on CUDA:
+    its count does not grow with the parameters; the CPU's default loop does (the count
+    before version 2)."""
+    counts = {n: _optimiser_kernels(m, counting.counted_optimizer(m.parameters()))
+              for n, m in ((2, _mlp(2)), (20, _mlp(20)))}
+    assert counts[2] == counts[20] <= 20, counts
+    m = _mlp(20)
+    looped = _optimiser_kernels(m, torch.optim.AdamW(m.parameters(), lr=1e-4, foreach=False))
+    assert looped > 10 * counts[20], (looped, counts)
+    # a training step's count holds the multi-tensor step: a model of 10x the parameters
+    # adds its forward and backward kernels, not ten times AdamW's
+    step = {n: counting.count(counting.train_step(
+        _mlp(n), lambda b: (torch.randn(b, 16), torch.zeros(b, dtype=torch.long)))(4))[1]
+        for n in (2, 20)}
+    fwd_bwd = {n: counting.count(lambda n=n: _mlp(n)(torch.randn(4, 16)).sum().backward())[1]
+               for n in (2, 20)}
+    assert step[20] - step[2] <= fwd_bwd[20] - fwd_bwd[2] + 2, (step, fwd_bwd)
+
+
+def test_a_gpu_calibration_sets_the_per_kernel_constant(smoke, tmp_path):
+    """make gpu-check's file replaces the default per-kernel constant; the cost table says
+    where it was measured; the measurement refuses a CPU."""
+    from attncert.cost import calibrate
+    from attncert.cost.counting import GPUS
+
+    p = load_params(smoke)
+    with pytest.raises(ValueError, match="measures a GPU"):
+        calibrate.measure(p, "cpu", path=tmp_path / "never.json")
+    rows = [{"model": "OLSA text", "ms_per_step": 2.0}, {"model": "LoFAST text",
+                                                          "ms_per_step": 50.0}]
+    per = calibrate.kernel_seconds(rows, p, batch=8)
+    assert set(per) == {"OLSA text", "LoFAST text"} and all(v > 0 for v in per.values())
+    gpu = GPUS["h100"]
+    assert calibrate.calibrated(gpu, tmp_path / "missing.json") is gpu
+    (tmp_path / "c.json").write_text(json.dumps({"kernel_seconds": 2e-5, "device": "NVIDIA X",
+                                                 "date": "2026-11-25", "from": "OLSA text",
+                                                 "counting": calibrate.COUNTING}))
+    measured = calibrate.calibrated(gpu, tmp_path / "c.json")
+    assert measured.kernel_seconds == 2e-5 and "NVIDIA X" in measured.calibration
+    table = cost.cost_table(p, measured)
+    assert "20 us per kernel (measured: NVIDIA X, 2026-11-25" in table
+    assert "(not measured)" in cost.cost_table(p, gpu)
+    # a record with every kind's step: each stage costed with its own kind's constant (text:
+    # the largest of its kinds), anything else with the largest measured
+    steps = [{"model": m, "seconds_per_kernel": v} for m, v in (
+        ("lipschitz ViT (train_vit)", 29e-6), ("standard ViT (specformer vanilla)", 17e-6),
+        ("SpecFormer (MSVP)", 26e-6), ("OLSA text", 21e-6), ("LoFAST text", 25e-6),
+        ("standard text", 19e-6))]
+    (tmp_path / "k.json").write_text(json.dumps({"kernel_seconds": 17e-6, "device": "NVIDIA X",
+                                                 "date": "2026-11-26", "steps": steps,
+                                                 "counting": calibrate.COUNTING}))
+    kinds = calibrate.calibrated(gpu, tmp_path / "k.json")
+    assert kinds.kernel_seconds == 29e-6  # not the smallest kind's 17 us
+    assert kinds.kernel_seconds_for("certify_vit") == 29e-6
+    assert kinds.kernel_seconds_for("certvit") == 17e-6
+    assert kinds.kernel_seconds_for("text") == 25e-6 and kinds.kernel_seconds_for("data") == 29e-6
+    assert "certvit 17, " in cost.cost_table(p, kinds)
+    # without make gpu-check's own file, the committed GPU measurement gives the constants
+    committed = json.loads((ROOT / calibrate.COMMITTED_CALIBRATION).read_text())
+    assert committed["kernel_seconds"] > 0 and committed["steps"][0]["device"].startswith("cuda")
+    with pytest.MonkeyPatch.context() as mp:
+        mp.chdir(ROOT)
+        if not Path(calibrate.CALIBRATION_FILE).is_file():
+            assert calibrate.calibrated(gpu).kernel_seconds == max(
+                r["seconds_per_kernel"] for r in committed["steps"])
+
+
+def test_a_calibration_of_another_kernel_count_is_refused_until_recounted(smoke, tmp_path):
+    """A record's constants divide its step times by the count of its version: one of another
+    version is refused (the cost CLI and the pilot say so in a line, before any work), and
+    recount divides its measured step times by the current count."""
+    from attncert.cost.cli import main
+
+    rows = [{"model": "OLSA text", "ms_per_step": 2.0, "status": "ok"},
+            {"model": "LoFAST text", "ms_per_step": 50.0, "status": "ok"}]
+    old = {"date": "2026-11-28", "device": "NVIDIA X", "batch": 8, "kernel_seconds": 1e-5,
+           "from": "LoFAST text", "steps": [dict(r, seconds_per_kernel=1e-5) for r in rows]}
+    path = tmp_path / "gpu_check.json"
+    path.write_text(json.dumps(old))
+    gpu = counting.GPUS["h100"]
+    with pytest.raises(ValueError, match="kernel count version 1.*recount"):
+        calibrate.calibrated(gpu, path)
+    with pytest.raises(SystemExit):
+        main(["table", "--params", str(smoke), "--calibration", str(path)])
+    assert main(["recount", "--params", str(smoke), "--calibration", str(path)]) == 0
+    record = json.loads(path.read_text())
+    per = calibrate.kernel_seconds(rows, load_params(smoke), 8)
+    assert record["counting"] == counting.COUNTING and record["recounted"]
+    assert {r["model"]: r["seconds_per_kernel"] for r in record["steps"]} == per
+    assert record["kernel_seconds"] == max(per.values()) and record["from"] == max(per, key=per.get)
+    assert calibrate.calibrated(gpu, path).kernel_seconds == max(per.values())
+    # a record of one constant (no step times) cannot be recounted
+    path.write_text(json.dumps({"kernel_seconds": 2e-5, "device": "X", "date": "d", "from": "m"}))
+    with pytest.raises(ValueError, match="no measured step times"):
+        calibrate.recount(load_params(smoke), path)
+    # the pilot refuses a stale calibration of its machine before it runs anything
+    from attncert.pipeline import pilot
+
+    repo = tmp_path / "repo"
+    (repo / "reports").mkdir(parents=True)
+    shutil.copy(smoke, repo / "params.yaml")
+    (repo / "dvc.yaml").write_text("stages: {}\n")
+    (repo / "reports" / "gpu_check.json").write_text(json.dumps(old))
+    with pytest.MonkeyPatch.context() as mp:
+        mp.chdir(repo)
+        with pytest.raises(SystemExit) as exc:
+            pilot.main([])
+    assert exc.value.code == 2 and not (repo / ".pilot").exists()
+
+
+def test_the_committed_calibration_is_counted_with_the_current_count():
+    """docs/gpu_check.json loads: its constants divide by the kernel count this code makes."""
+    committed = json.loads((ROOT / calibrate.COMMITTED_CALIBRATION).read_text())
+    assert committed["counting"] == counting.COUNTING
+    calibrate.calibrated(counting.GPUS["h100"], ROOT / calibrate.COMMITTED_CALIBRATION)
