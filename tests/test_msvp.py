@@ -117,7 +117,8 @@ def test_vectors_persist_in_state_dict():
 
 
 def test_finds_every_attention_variant_and_ties_keys():
-    model = nn.ModuleDict({
+    torch.manual_seed(13)  # seeded weights: unseeded, a close second singular value kept
+    model = nn.ModuleDict({  # one estimate in ten runs from converging in 80 steps
         "mha": MultiHeadAttention(DIM, HEADS, lipschitz=False),
         "lip": MultiHeadAttention(DIM, HEADS, lipschitz=True, gamma_qk=0.5),
         "l2": L2MultiHeadAttention(DIM, HEADS),
@@ -163,3 +164,48 @@ def test_rejects_models_without_attention():
         MSVP()
     with pytest.raises(ValueError, match="not an attention"):
         MSVP(modules={"x": nn.Linear(4, 4)})
+
+
+@pytest.mark.parametrize("kind", ["standard", "lipschitz"])
+def test_a_training_call_batches_the_maps_as_the_loop_computes_them(kind):
+    """A training call's penalty, its gradient and the vectors it leaves equal the loop over
+    layers and maps (power_step, then s = u^T W_h v per head); its kernels do not grow with
+    the depth: one batch per kind of map, not a loop (about 800 kernels at depth 12)."""
+    from attncert.cost.counting import count
+
+    def vit(depth):
+        torch.manual_seed(0)
+        return build_vit({"image_size": 8, "patch": 4, "dim": DIM, "depth": depth,
+                          "heads": HEADS, "mlp_hidden": 8, "kind": kind}).double()
+
+    lam = (0.3, 0.02, 1.5)
+    model, ref_model = vit(4), vit(4)
+    msvp, ref = MSVP(model, *lam, generator=_gen(3)), MSVP(ref_model, *lam, generator=_gen(3))
+    for _ in range(3):  # three training calls, the vectors carried between them
+        model.zero_grad()
+        ref_model.zero_grad()
+        penalty = msvp()
+        penalty.backward()
+        ref.power_step()
+        expect = sum(w * s[m].pow(2).sum() for s in ref._sigmas()
+                     for m, w in zip(("q", "k", "v"), lam, strict=True))
+        expect.backward()
+        torch.testing.assert_close(penalty.detach(), expect.detach(), rtol=1e-12, atol=0)
+        for k, v in ref.state_dict().items():
+            torch.testing.assert_close(msvp.state_dict()[k], v, rtol=1e-12, atol=1e-15)
+        for a, b in zip(model.parameters(), ref_model.parameters(), strict=True):
+            assert (a.grad is None) == (b.grad is None)
+            if a.grad is not None:
+                torch.testing.assert_close(a.grad, b.grad, rtol=1e-10, atol=1e-15)
+    kernels = {}
+    for depth in (2, 8):
+        m = MSVP(vit(depth), *lam, generator=_gen(3))
+        kernels[depth] = count(lambda m=m: m().backward())[1]
+    # a constrained map's effective weight costs its kernels per map, in either form
+    assert kernels[2] == kernels[8] or kind == "lipschitz", kernels
+    m8, n_maps = MSVP(vit(8), *lam, generator=_gen(3)), 8 * 3
+    loop = count(lambda: (m8.power_step(), sum(
+        w * s[k].pow(2).sum() for s in m8._sigmas()
+        for k, w in zip(("q", "k", "v"), lam, strict=True)).backward()))[1]
+    assert kernels[8] * (3 if kind == "standard" else 1.5) < loop and loop > 10 * n_maps, (
+        kernels, loop)
