@@ -220,3 +220,25 @@ def test_runs_that_cannot_be_captured_run_eager_under_graphs(mode, capsys):
     assert "Blocked" in capsys.readouterr().out
     assert compiled.resolve(cpu, "graphs", olsa) == "compile"  # no graphs to capture there
     assert compiled.resolve(cuda, "compile", olsa) == "compile"
+
+
+@pytest.mark.parametrize("kind", ["olsa", "olsa-l2"])
+def test_olsa_training_forward_compiles_whole_with_its_batched_maps(kind):
+    """The training forward (its orthogonal maps computed as one batch,
+    :func:`attncert.text.orthogonal.orthogonal_weights`) compiles to one graph without a break,
+    with eager's logits and gradients."""
+    model = _text_models()[kind].double().train()
+    ids, mask = _padded(6)
+    eager = model(ids, mask)
+    eager.square().sum().backward()
+    grads = [p.grad.clone() for p in model.parameters() if p.grad is not None]
+    model.zero_grad()
+    torch._dynamo.reset()
+    traced = torch.compile(model, backend="eager", fullgraph=True)
+    out = traced(ids, mask)
+    out.square().sum().backward()
+    torch.testing.assert_close(out, eager, rtol=1e-10, atol=1e-12)
+    for a, b in zip((p.grad for p in model.parameters() if p.grad is not None), grads,
+                    strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-8, atol=1e-10)
+    torch._dynamo.reset()

@@ -321,3 +321,44 @@ def test_train_resume_gamma_and_audit(tmp_path):
     assert [row["broken"] for row in audit] == [0, 0]
     assert audit[0]["robust_acc"] == pytest.approx(ev["acc"])
 
+
+
+@pytest.mark.parametrize("attention", ["olsa", "l2"])
+def test_a_training_forward_batches_the_orthogonal_maps(attention, monkeypatch):
+    """In a training forward with gradients the stack computes all its orthogonal maps in one
+    batch: the logits and every gradient are the per-map forward's (to rounding) and the
+    step launches fewer kernels; evaluation and certificates keep each map's own matrix."""
+    from attncert.cost.counting import count
+    from attncert.text import models, orthogonal
+
+    def per_map(maps):
+        return [m.weight_effective() for m in maps]
+
+    model = _olsa(attention).train()
+    ids = torch.randint(1, 12, (3, 8), generator=_gen(0))
+    mask = torch.ones(3, 8, dtype=torch.bool)
+    mask[1, 5:] = False
+    grads, logits, kernels = {}, {}, {}
+    for how in ("batched", "per map"):
+        with monkeypatch.context() as mp:
+            if how == "per map":
+                mp.setattr(models, "orthogonal_weights", per_map)
+            model.zero_grad()
+            out = model(ids, mask)
+            out.square().sum().backward()
+            logits[how] = out.detach()
+            grads[how] = [p.grad.clone() for p in model.parameters() if p.grad is not None]
+            kernels[how] = count(lambda: model(ids, mask).square().sum().backward())[1]
+    torch.testing.assert_close(logits["batched"], logits["per map"], rtol=1e-12, atol=1e-12)
+    assert len(grads["batched"]) == len(grads["per map"]) > 0
+    for a, b in zip(grads["batched"], grads["per map"], strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-12)
+    n_maps = sum(isinstance(m, orthogonal.OrthogonalLinear) for m in model.modules())
+    assert kernels["batched"] + 10 * n_maps < kernels["per map"], (kernels, n_maps)
+    # evaluation and no-gradient passes: each map's own matrix, as the certificate takes it
+    calls = []
+    monkeypatch.setattr(models, "orthogonal_weights", lambda maps: calls.append(maps))
+    model.eval()(ids, mask)
+    with torch.no_grad():
+        model.train()(ids, mask)
+    assert not calls

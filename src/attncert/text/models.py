@@ -52,7 +52,7 @@ from .olsa import (
     normalize_tokens,
     sqrt_mean_pool,
 )
-from .orthogonal import head_norm
+from .orthogonal import OrthogonalLinear, head_norm, orthogonal_weights
 from .tokenize import PACKAGE_SOURCE, load_encoder, segments
 
 
@@ -96,9 +96,25 @@ class _OLSAStack(nn.Module):
         e = x if x.is_floating_point() else self.embed(x, mask)
         e, mask = trim_padding(e, mask)
         t = self.tokens(e)
-        for layer in self.layers:
-            t = layer(t, mask)
+        for layer, weights in zip(self.layers, self._batched_weights(), strict=True):
+            t = layer(t, mask, weights)
         return self.head(sqrt_mean_pool(self.norm(t), mask))
+
+    def _batched_weights(self) -> list[dict[str, Tensor] | None]:
+        """Per layer, in a training forward with gradients, its orthogonal maps' matrices by
+        name, all the stack's maps computed as one batch (:func:`~attncert.text.orthogonal.
+        orthogonal_weights`: the step's kernels do not grow with the maps); elsewhere None,
+        each map computing its own (evaluation and certificates: the matrices the bounds
+        take)."""
+        if not (self.training and torch.is_grad_enabled()):
+            return [None] * len(self.layers)
+        named = [(i, name, m) for i, layer in enumerate(self.layers)
+                 for name, m in layer.named_modules() if isinstance(m, OrthogonalLinear)]
+        out: list[dict[str, Tensor]] = [{} for _ in self.layers]
+        for (i, name, _), w in zip(named, orthogonal_weights([m for *_, m in named]),
+                                   strict=True):
+            out[i][name] = w
+        return out
 
     def head_lipschitz(self) -> Tensor:
         """||W_head||_2 of the applied head (1 up to rounding), differentiable (regulariser):

@@ -71,6 +71,7 @@ from attncert.text.orthogonal import (
     OrthogonalLinear,
     SpectralNormLinear,
     newton_orthogonalize,
+    orthogonal_weights,
     reproject_orthogonal_,
 )
 
@@ -78,7 +79,8 @@ __all__ = [
     "ATTENTIONS", "RESIDUALS", "GroupSort", "L2Attention", "OLSAAttention", "OLSALayer",
     "OrthogonalLinear", "SpectralNormLinear", "certificate_regulariser", "certified_radius",
     "gamma_ramp", "mixed_residual_lipschitz", "newton_orthogonalize", "normalize_tokens",
-    "olsa_alpha2", "olsa_attention_lipschitz", "reproject_orthogonal_", "sqrt_mean_pool",
+    "olsa_alpha2", "olsa_attention_lipschitz", "orthogonal_weights", "reproject_orthogonal_",
+    "sqrt_mean_pool",
 ]
 
 
@@ -95,6 +97,13 @@ def _lengths(mask: Tensor) -> Tensor:
 def _split_heads(t: Tensor, heads: int) -> Tensor:
     """(B, n, h*d_h) -> (B, h, n, d_h)."""
     return t.unflatten(-1, (heads, -1)).transpose(1, 2)
+
+
+def _given(weights: dict[str, Tensor] | None, name: str) -> Tensor | None:
+    """The matrix of map ``name`` computed already for this forward pass (the training
+    forward's batch, :func:`~attncert.text.orthogonal.orthogonal_weights`), else None: the map
+    computes its own."""
+    return None if weights is None else weights[name]
 
 
 def _masked_softmax(scores: Tensor, mask: Tensor) -> Tensor:
@@ -129,8 +138,10 @@ class OLSAAttention(nn.Module):
         """(h, d_h): W^S_h with unit rows."""
         return self.w_s / self.w_s.norm(dim=-1, keepdim=True)
 
-    def compute_probs(self, x: Tensor, mask: Tensor) -> Tensor:
-        """(B, h, n, n): softmax_j W^S_h MaxMin((W^Q x_i + W^K x_j) / 2) / alpha1.
+    def compute_probs(self, x: Tensor, mask: Tensor,
+                      weights: dict[str, Tensor] | None = None) -> Tensor:
+        """(B, h, n, n): softmax_j W^S_h MaxMin((W^Q x_i + W^K x_j) / 2) / alpha1 (``weights``:
+        the maps' matrices computed already, by name, :func:`_given`).
 
         For a pair (a, b): max = (a + b)/2 + |a - b|/2 and min = (a + b)/2 - |a - b|/2, so
         w . MaxMin(z) = sum_p (w_p1 + w_p2)(a_p + b_p)/2 + (w_p1 - w_p2)|a_p - b_p|/2. With
@@ -138,7 +149,8 @@ class OLSAAttention(nn.Module):
         cancels in the softmax: only g(k_j) + sum_p c_p |u_ip + u'_jp| is formed, a
         (B, h, n, n, d_h/2) tensor instead of sorting a (B, h, n, n, d_h) one.
         """
-        q, k = _split_heads(self.q(x), self.heads), _split_heads(self.k(x), self.heads)
+        q = _split_heads(self.q(x, _given(weights, "q")), self.heads)
+        k = _split_heads(self.k(x, _given(weights, "k")), self.heads)
         w = self.score_vector()
         w1, w2 = w[:, 0::2], w[:, 1::2]
         g = torch.einsum("bhjp,hp->bhj", k[..., 0::2] + k[..., 1::2], w1 + w2) / 4
@@ -148,10 +160,12 @@ class OLSAAttention(nn.Module):
         scores = g.unsqueeze(-2) + torch.einsum("bhijp,hp->bhij", gap, w1 - w2)
         return _masked_softmax(scores / self.alpha1, mask)
 
-    def forward(self, x: Tensor, mask: Tensor) -> Tensor:
-        p = self.compute_probs(x, mask)
+    def forward(self, x: Tensor, mask: Tensor, weights: dict[str, Tensor] | None = None
+                ) -> Tensor:
+        p = self.compute_probs(x, mask, weights)
         alpha2 = olsa_alpha2(self.alpha1, self.radius, _lengths(mask)).to(x.dtype)
-        y = (p @ _split_heads(self.v(x), self.heads)).transpose(1, 2).flatten(2)
+        y = (p @ _split_heads(self.v(x, _given(weights, "v")), self.heads)).transpose(1, 2)
+        y = y.flatten(2)
         return y / alpha2[:, None, None]
 
     @torch.no_grad()
@@ -201,19 +215,26 @@ class L2Attention(nn.Module):
         scores = 2 * y @ y.transpose(-1, -2) - y.pow(2).sum(-1).unsqueeze(-2)
         return _masked_softmax(scores / math.sqrt(self.d_head), mask)
 
-    def compute_probs(self, x: Tensor, mask: Tensor) -> Tensor:
-        """(B, h, n, n): softmax_j -||x_i W^{Q,h} - x_j W^{Q,h}||^2 / sqrt(d_h), padding masked."""
-        return self._probs(_split_heads(x @ self.q.weight_effective().T, self.heads), mask)
+    def _weight(self, name: str, weights: dict[str, Tensor] | None) -> Tensor:
+        given = _given(weights, name)
+        return getattr(self, name).weight_effective() if given is None else given
 
-    def forward(self, x: Tensor, mask: Tensor) -> Tensor:
-        wq = self.q.weight_effective()
+    def compute_probs(self, x: Tensor, mask: Tensor,
+                      weights: dict[str, Tensor] | None = None) -> Tensor:
+        """(B, h, n, n): softmax_j -||x_i W^{Q,h} - x_j W^{Q,h}||^2 / sqrt(d_h), padding masked
+        (``weights``: as :meth:`OLSAAttention.compute_probs`)."""
+        return self._probs(_split_heads(x @ self._weight("q", weights).T, self.heads), mask)
+
+    def forward(self, x: Tensor, mask: Tensor, weights: dict[str, Tensor] | None = None
+                ) -> Tensor:
+        wq = self._weight("q", weights)
         y = _split_heads(x @ wq.T, self.heads)  # (B, h, n, d_h): X W^{Q,h}
-        p = self.compute_probs(x, mask)  # the same as self._probs(y, mask), replaceable
+        p = self.compute_probs(x, mask, weights)  # as self._probs(y, mask), replaceable
         # X A_h W^{V,h} = (X W^{Q,h}) (W^{Q,h}^T W^{V,h}) / sqrt(d_h); row blocks of (out, in)
         wq_h = wq.unflatten(0, (self.heads, self.d_head))  # (h, d_h, d) = W^{Q,h}^T
-        wv_h = self.v.weight_effective().unflatten(0, (self.heads, self.d_head))
+        wv_h = self._weight("v", weights).unflatten(0, (self.heads, self.d_head))
         values = y @ (wq_h @ wv_h.transpose(-1, -2)) / math.sqrt(self.d_head)
-        out = self.o((p @ values).transpose(1, 2).flatten(2))
+        out = self.o((p @ values).transpose(1, 2).flatten(2), _given(weights, "o"))
         return out / self.scale[_lengths(mask)][:, None, None]
 
     @torch.no_grad()
@@ -286,11 +307,17 @@ class OLSALayer(nn.Module):
         b_att, b_ff = torch.sigmoid(self.theta_att), torch.sigmoid(self.theta_ff)
         return (1 - b_att, b_att), (1 - b_ff, b_ff)
 
-    def forward(self, x: Tensor, mask: Tensor) -> Tensor:
+    def forward(self, x: Tensor, mask: Tensor, weights: dict[str, Tensor] | None = None
+                ) -> Tensor:
+        """``weights``: the orthogonal maps' matrices computed already, by module name in the
+        layer ("attn.q", "ff1", ...; the training forward's batch), or None."""
         (keep_a, mix_a), (keep_f, mix_f) = self.residual_weights()
+        attn = (None if weights is None else
+                {k.removeprefix("attn."): w for k, w in weights.items() if k.startswith("attn.")})
         x = self.project(x)
-        x = keep_a * x + mix_a * self.attn(x, mask)
-        return keep_f * x + mix_f * self.ff2(self.act(self.ff1(x)))
+        x = keep_a * x + mix_a * self.attn(x, mask, attn)
+        hidden = self.act(self.ff1(x, _given(weights, "ff1")))
+        return keep_f * x + mix_f * self.ff2(hidden, _given(weights, "ff2"))
 
     @torch.no_grad()
     def lipschitz(self, n: Tensor) -> Tensor:

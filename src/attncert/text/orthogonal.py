@@ -43,6 +43,37 @@ def _no_autocast(device: torch.device) -> contextlib.AbstractContextManager:
             else contextlib.nullcontext())
 
 
+def _orthogonalize(v: Tensor, iters: int) -> Tensor:
+    """:func:`newton_orthogonalize` of (..., d, d) ``v`` in float32 outside autocast and TF32
+    whatever the training precision (:func:`full_precision`); under ``torch.compile`` in
+    float64 instead, autocast off: the float32 matmul precision is a global switch that a
+    compiled graph cannot set, and float64 products never use TF32."""
+    v = _at_least_float32(v)
+    if torch.compiler.is_compiling():
+        with _no_autocast(v.device):
+            return newton_orthogonalize(v.double(), iters).to(v.dtype)
+    with full_precision(v.device):
+        return newton_orthogonalize(v, iters)
+
+
+def orthogonal_weights(maps: list[OrthogonalLinear]) -> list[Tensor]:
+    """Every map's :meth:`OrthogonalLinear.weight_effective`, the maps of one shape, dtype,
+    device and iteration count as one batch: one Newton-Schulz step of batched products for
+    all of them (a training step's forward and backward), where one per map launches some 30
+    kernels each. Equal to the maps' own up to float rounding: the training forward takes
+    these, while certificates and evaluation take each map's own, so a bound and the logits it
+    certifies use the same matrices."""
+    groups: dict[tuple, list[int]] = {}
+    for i, m in enumerate(maps):
+        groups.setdefault((m.v.shape, m.v.dtype, m.v.device, m.iters), []).append(i)
+    out: list[Tensor | None] = [None] * len(maps)
+    for (*_, iters), idx in groups.items():
+        ws = _orthogonalize(torch.stack([maps[i].v for i in idx]), iters).unbind()
+        for i, w in zip(idx, ws, strict=True):
+            out[i] = w
+    return out
+
+
 class OrthogonalLinear(nn.Module):
     """y = W x (+ b), W = newton_orthogonalize(V, iters) (dim x dim), V the free parameter.
 
@@ -59,19 +90,13 @@ class OrthogonalLinear(nn.Module):
         self.bias = nn.Parameter(torch.zeros(dim)) if bias else None
 
     def weight_effective(self) -> Tensor:
-        """(dim, dim): the (nearly) orthogonal matrix applied, computed in float32 outside
-        autocast and TF32 whatever the training precision (:func:`full_precision`). Under
-        ``torch.compile`` in float64 instead, autocast off: the float32 matmul precision is a
-        global switch that a compiled graph cannot set, and float64 products never use TF32."""
-        v = _at_least_float32(self.v)
-        if torch.compiler.is_compiling():
-            with _no_autocast(v.device):
-                return newton_orthogonalize(v.double(), self.iters).to(v.dtype)
-        with full_precision(v.device):
-            return newton_orthogonalize(v, self.iters)
+        """(dim, dim): the (nearly) orthogonal matrix applied (:func:`_orthogonalize`: float32
+        outside autocast and TF32, float64 under ``torch.compile``)."""
+        return _orthogonalize(self.v, self.iters)
 
-    def forward(self, x: Tensor) -> Tensor:
-        return F.linear(x, self.weight_effective(), self.bias)
+    def forward(self, x: Tensor, weight: Tensor | None = None) -> Tensor:
+        """W x (+ b); ``weight``: W computed already (:func:`orthogonal_weights`)."""
+        return F.linear(x, self.weight_effective() if weight is None else weight, self.bias)
 
     @torch.no_grad()
     def reproject_(self, iters: int = 5) -> None:
