@@ -103,7 +103,8 @@ def test_a_gpu_calibration_sets_the_per_kernel_constant(smoke, tmp_path):
                 r["seconds_per_kernel"] for r in committed["steps"])
 
 
-def test_a_calibration_of_another_kernel_count_is_refused_until_recounted(smoke, tmp_path):
+def test_a_calibration_of_another_kernel_count_is_refused_until_recounted(smoke, tmp_path,
+                                                                          capsys):
     """A record's constants divide its step times by the count of its version: one of another
     version is refused (the cost CLI and the pilot say so in a line, before any work), and
     recount divides its measured step times by the current count."""
@@ -144,6 +145,7 @@ def test_a_calibration_of_another_kernel_count_is_refused_until_recounted(smoke,
         with pytest.raises(SystemExit) as exc:
             pilot.main([])
     assert exc.value.code == 2 and not (repo / ".pilot").exists()
+    assert "attncert.cost recount" in capsys.readouterr().err
 
 
 def test_the_committed_calibration_is_counted_with_the_current_count():
