@@ -42,9 +42,11 @@ CALIBRATION_FILE = "reports/gpu_check.json"
 COMMITTED_CALIBRATION = "docs/gpu_check.json"
 
 
-def kernel_seconds(rows: list[dict[str, Any]], params, batch: int) -> dict[str, float]:
-    """Seconds per kernel of every measured model kind: its measured step time (``rows`` of
-    :func:`attncert.cost.bench.bench_training` at ``batch``) over the kernels of one step."""
+def step_kernels(rows: list[dict[str, Any]], params, batch: int, version: int = COUNTING
+                 ) -> dict[str, int]:
+    """The kernels of one training step of every model kind in ``rows`` (as
+    :func:`attncert.cost.bench.bench_training` times it, at ``params``' shapes and ``batch``),
+    counted the way of kernel count ``version``."""
     from attncert.cost.bench import bench_models, step_terms
     from attncert.cost.counting import count, train_step
     from attncert.msvp import MSVP
@@ -55,16 +57,30 @@ def kernel_seconds(rows: list[dict[str, Any]], params, batch: int) -> dict[str, 
         model, make_batch, _ = models[r["model"]]
         msvp = MSVP(model, *params["specformer"].msvp_lambda) if "MSVP" in r["model"] else None
         loss_fn, after = step_terms(params, r["model"], model)  # the step the bench timed
-        _, kernels = count(train_step(model, make_batch, loss_fn, msvp, after)(batch))
-        out[r["model"]] = r["ms_per_step"] / 1e3 / max(kernels, 1)
+        step = train_step(model, make_batch, loss_fn, msvp, after, version=version)(batch)
+        out[r["model"]] = count(step, version)[1]
     return out
+
+
+def kernel_seconds(rows: list[dict[str, Any]], params, batch: int) -> dict[str, float]:
+    """Seconds per kernel of every measured model kind: its measured step time (``rows`` of
+    :func:`attncert.cost.bench.bench_training` at ``batch``) over the kernels of one step."""
+    kernels = step_kernels(rows, params, batch)
+    return {r["model"]: r["ms_per_step"] / 1e3 / max(kernels[r["model"]], 1) for r in rows}
+
+
+def _largest(per: dict[str, float]) -> dict[str, Any]:
+    """The record's fallback constant: the largest measured (work of no measured kind)."""
+    best = max(per, key=per.get)
+    return {"kernel_seconds": per[best], "from": best}
 
 
 def measure(params, device: str = "cuda", batch: int = 8, steps: int = 5,
             path: str | Path = CALIBRATION_FILE) -> dict[str, Any]:
     """Time every model kind's training step on the CUDA ``device``, derive the per-kernel
-    constant and write it with the measurements to ``path``; return the record. ValueError
-    on a device that is not a GPU (a CPU's step times say nothing about kernel launches)."""
+    constant and write it with the measurements (and each step's kernels) to ``path``; return
+    the record. ValueError on a device that is not a GPU (a CPU's step times say nothing about
+    kernel launches)."""
     import torch
 
     from attncert.cost.bench import bench_training
@@ -74,13 +90,13 @@ def measure(params, device: str = "cuda", batch: int = 8, steps: int = 5,
     if dev.type != "cuda":
         raise ValueError(f"the calibration measures a GPU; {device!r} is {dev}")
     rows = bench_training(params, batch=batch, steps=steps, device=str(dev))
-    per = kernel_seconds(rows, params, batch)
-    best = max(per, key=per.get)  # the fallback for work of no measured kind: an upper one
+    kernels = step_kernels(rows, params, batch)
+    per = {r["model"]: r["ms_per_step"] / 1e3 / max(kernels[r["model"]], 1) for r in rows}
     record = {"date": datetime.date.today().isoformat(), "device": torch.cuda.get_device_name(dev),
               "torch": torch.__version__, "cuda": torch.version.cuda, "batch": batch,
               "counting": COUNTING,
-              "steps": [dict(r, seconds_per_kernel=per[r["model"]]) for r in rows],
-              "kernel_seconds": per[best], "from": best}
+              "steps": [dict(r, kernels=kernels[r["model"]], seconds_per_kernel=per[r["model"]])
+                        for r in rows]} | _largest(per)
     write_json(path, record)
     return record
 
@@ -89,38 +105,67 @@ def recount(params, path: str | Path = CALIBRATION_FILE) -> dict[str, Any]:
     """Divide the measured step times of the calibration at ``path`` by the kernels the
     current count gives their steps (at ``params``, the params file the steps were measured
     at, and the record's batch), write it back with the count's version and return it.
-    ValueError on a record without step times (a constant alone cannot be recounted)."""
+
+    Valid only for a step whose code is the code measured: each step is first counted the
+    record's way and held to the kernels the record divided by (its ``kernels``, else its
+    step time over its constant). A step that counts otherwise (its code or ``--params``
+    changed since) keeps its times but loses its constant, and ``recount_refused`` names it;
+    its stage then takes the largest constant until ``make gpu-check`` measures it again.
+    ValueError on a record without step times or batch (a constant alone cannot be recounted)
+    or without a step left to recount."""
     path = Path(path)
     record = json.loads(path.read_text())
-    steps = [r for r in record.get("steps", []) if r.get("status", "ok") == "ok"]
-    if not steps or not all("ms_per_step" in r for r in steps):
-        raise ValueError(f"{path}: no measured step times to recount; measure again "
-                         f"(make gpu-check)")
-    per = kernel_seconds(steps, params, int(record["batch"]))
-    best = max(per, key=per.get)
-    record["steps"] = [dict(r, seconds_per_kernel=per[r["model"]]) if r["model"] in per else r
-                       for r in record["steps"]]
-    record |= {"kernel_seconds": per[best], "from": best, "counting": COUNTING,
-               "recounted": datetime.date.today().isoformat()}
+    steps = [r for r in record.get("steps", []) if r.get("status", "ok") == "ok"
+             and "seconds_per_kernel" in r]
+    if not steps or not all("ms_per_step" in r for r in steps) or "batch" not in record:
+        raise ValueError(f"{path}: no measured step times and batch to recount; measure "
+                         f"again (make gpu-check)")
+    batch, version = int(record["batch"]), int(record.get("counting", 1))
+    then = step_kernels(steps, params, batch, version)
+    divided = {r["model"]: r.get("kernels") or round(r["ms_per_step"] / 1e3
+                                                      / r["seconds_per_kernel"])
+               for r in steps}
+    refused = {m: f"counts {then[m]} kernels the record's way, the record divided by {k}"
+               for m, k in divided.items() if then[m] != k}
+    same = [r for r in steps if r["model"] not in refused]
+    if not same:
+        raise ValueError(f"{path}: no step counts as it was measured ({refused}); measure "
+                         f"again (make gpu-check)")
+    now = step_kernels(same, params, batch)
+    per = {r["model"]: r["ms_per_step"] / 1e3 / max(now[r["model"]], 1) for r in same}
+    record["steps"] = [
+        dict(r, kernels=now[r["model"]], seconds_per_kernel=per[r["model"]])
+        if r["model"] in per else
+        {k: v for k, v in r.items() if k not in ("kernels", "seconds_per_kernel")}
+        for r in record["steps"]]
+    record |= {"counting": COUNTING, "recounted": datetime.date.today().isoformat(),
+               "recount_refused": refused} | _largest(per)
     write_json(path, record)
     return record
 
 
-def calibrated(gpu: GPU, path: str | Path | None = None) -> GPU:
-    """``gpu`` with the per-kernel constant of the calibration at ``path`` (unchanged when
-    there is none); ``None``: this machine's ``make gpu-check`` (:data:`CALIBRATION_FILE`),
-    else the committed one (:data:`COMMITTED_CALIBRATION`)."""
+def calibration_path(path: str | Path | None = None) -> Path:
+    """``path``, or this machine's ``make gpu-check`` (:data:`CALIBRATION_FILE`) when it
+    exists, else the committed one (:data:`COMMITTED_CALIBRATION`)."""
     if path is None:
         path = next((p for p in (CALIBRATION_FILE, COMMITTED_CALIBRATION) if Path(p).is_file()),
                     CALIBRATION_FILE)
-    path = Path(path)
+    return Path(path)
+
+
+def calibrated(gpu: GPU, path: str | Path | None = None) -> GPU:
+    """``gpu`` with the per-kernel constant of the calibration at ``path``
+    (:func:`calibration_path`; unchanged when there is none). ValueError on a record counted
+    with another kernel count than this code's (:data:`~attncert.cost.counting.COUNTING`)."""
+    path = calibration_path(path)
     if not path.is_file():
         return gpu
     record = json.loads(path.read_text())
     if record.get("counting", 1) != COUNTING:
         raise ValueError(f"{path}: its constants divide by kernel count version "
-                         f"{record.get('counting', 1)}, this code counts version {COUNTING}; "
-                         f"python -m attncert.cost recount --calibration {path}")
+                         f"{record.get('counting', 1)}, this code counts version {COUNTING}: "
+                         f"measure again (make gpu-check), or recount the steps whose code is "
+                         f"unchanged: python -m attncert.cost recount --calibration {path}")
     per = {r["model"]: float(r["seconds_per_kernel"]) for r in record.get("steps", [])
            if "seconds_per_kernel" in r}
     if not per:  # a record of one constant only

@@ -27,6 +27,7 @@ from attncert.cost.calibrate import (
     CALIBRATION_FILE,
     COMMITTED_CALIBRATION,
     calibrated,
+    calibration_path,
     recount,
 )
 from attncert.cost.counting import (
@@ -280,23 +281,26 @@ def main(argv: list[str] | None = None) -> int:
     except ParamsError as exc:  # a missing or bad key: named, not a traceback
         ap.error(f"--params {args.params}: {exc}")
     if args.command == "recount":
-        path = args.calibration or (CALIBRATION_FILE if Path(CALIBRATION_FILE).is_file()
-                                    else COMMITTED_CALIBRATION)
-        if not Path(path).is_file():
+        path = calibration_path(args.calibration)
+        if not path.is_file():
             ap.error(f"recount: {path}: no such file")
         try:
             record = recount(params, path)
         except ValueError as exc:
             ap.error(f"recount: {exc}")
-        print(f"{path}: {len(record['steps'])} steps recounted (kernel count version "
-              f"{record['counting']}); the largest constant "
-              f"{record['kernel_seconds'] * 1e6:.3g} us per kernel ({record['from']})")
+        refused = record["recount_refused"]
+        print(f"{path}: recounted with kernel count version {record['counting']}; the largest "
+              f"constant {record['kernel_seconds'] * 1e6:.3g} us per kernel ({record['from']})"
+              + "".join(f"\n  not recounted, measure again (make gpu-check): {m}: {why}"
+                        for m, why in refused.items()))
         return 0
-    try:
-        gpu = with_pilot(with_graphs(calibrated(GPUS[args.gpu], args.calibration), params),
-                         args.pilot)
-    except ValueError as exc:  # a calibration counted with another kernel count
-        ap.error(f"--calibration: {exc}")
+    gpu = None  # the cost model's GPU: the commands that measure need none
+    if args.command not in ("bench", "crown"):
+        try:
+            gpu = with_pilot(with_graphs(calibrated(GPUS[args.gpu], args.calibration), params),
+                             args.pilot)
+        except ValueError as exc:  # a calibration counted with another kernel count
+            ap.error(f"--calibration: {exc}")
     if args.command == "bench" and args.write_compile and (
             not {"eager", "graphs"} <= set(args.modes) or args.concurrent_only):
         ap.error("--write-compile: needs --modes eager graphs (and the single-step tables)")

@@ -79,10 +79,12 @@ UTILISATION = 0.3
 
 
 #: the version of the kernel count: 2 counts an optimiser step as the runs take it on CUDA,
-#: fused (:func:`counted_optimizer`, :func:`multi_tensor_launches`); 1 counted the loop over
-#: the parameters that a CPU runs, a set of kernels per parameter. A GPU calibration divides a
-#: measured step time by this count, so it holds for the version it was counted with
-#: (:func:`attncert.cost.calibrate.calibrated`).
+#: fused (:func:`counted_optimizer`, :func:`multi_tensor_launches`), a step of a run (not its
+#: first, which creates the optimiser's state), and no profiler marks or attention-backend
+#: choice as kernels; 1 counted the loop over the parameters that a CPU runs, a set of kernels
+#: per parameter, at a run's first step. A GPU calibration divides a measured step time by the
+#: count, so it holds for the version it was counted with (:func:`attncert.cost.calibrate.
+#: calibrated`); ``version=1`` reproduces the old count (:func:`attncert.cost.calibrate.recount`).
 COUNTING = 2
 #: CUDA's multi-tensor apply (``_foreach_*`` and ``_fused_*`` ops): elements per chunk (a
 #: block), and per launch at most this many tensors (depth 5, the fewest of any depth) and
@@ -91,44 +93,67 @@ MULTI_TENSOR = {"chunk": 65536, "tensors": 210, "blocks": 2240}
 
 
 def multi_tensor_launches(tensors: list[Tensor]) -> int:
-    """The kernels one multi-tensor op over ``tensors`` launches on CUDA, at most: a launch
-    ends when it holds its most tensors or blocks (each a chunk of a tensor), or at the end."""
-    chunks = sum(-(-t.numel() // MULTI_TENSOR["chunk"]) for t in tensors)
-    return len(tensors) // MULTI_TENSOR["tensors"] + chunks // MULTI_TENSOR["blocks"] + 1
+    """The kernels one multi-tensor op over ``tensors`` launches on CUDA: CUDA's loop, which
+    fills a launch with the chunks of one tensor after another (empty tensors skipped) and
+    launches when it holds :data:`MULTI_TENSOR`'s most tensors (at a tensor's last chunk) or
+    blocks, or at the last chunk of all (at the fewest tensors a launch of any depth holds,
+    so no fewer than CUDA makes)."""
+    sizes = [t.numel() for t in tensors if t.numel()]
+    launches = held = blocks = 0
+    for i, n in enumerate(sizes):
+        chunks = -(-n // MULTI_TENSOR["chunk"])
+        held += 1
+        for c in range(chunks):
+            blocks += 1
+            end = c == chunks - 1
+            if ((held == MULTI_TENSOR["tensors"] and end) or blocks == MULTI_TENSOR["blocks"]
+                    or (end and i == len(sizes) - 1)):
+                launches += 1
+                blocks, held = 0, (0 if end else 1)
+    return launches
 
 
-def counted_optimizer(params, lr: float = 1e-4) -> torch.optim.Optimizer:
+def counted_optimizer(params, lr: float = 1e-4, version: int = COUNTING
+                      ) -> torch.optim.Optimizer:
     """AdamW as the runs step it on CUDA: fused, one multi-tensor kernel for all parameters
-    (:func:`attncert.training.loop.fused_on_cuda`; on the CPU the runs loop over them)."""
-    return torch.optim.AdamW(params, lr=lr, fused=True)
+    (:func:`attncert.training.loop.fused_on_cuda`; on the CPU the runs loop over them);
+    ``version=1``: torch's default on the CPU, the loop the first count took."""
+    return torch.optim.AdamW(params, lr=lr, **({"fused": True} if version >= 2 else {}))
 
 
 class _KernelCounter(TorchDispatchMode):
     """Counts the aten calls that launch work (views and metadata-only calls excluded); a
-    multi-tensor call as the kernels it launches on CUDA (:func:`multi_tensor_launches`)."""
+    multi-tensor call as the kernels it launches on CUDA (:func:`multi_tensor_launches`);
+    ``version``: :data:`COUNTING`'s."""
 
     SKIP = {"detach", "view", "_unsafe_view", "t", "expand", "permute", "transpose",
             "unsqueeze", "squeeze", "slice", "select", "alias", "lift_fresh", "reshape",
             "as_strided", "unbind", "split", "split_with_sizes", "chunk", "narrow", "empty",
-            "empty_like", "empty_strided", "_to_copy_noop", "size", "stride",
-            "_record_function_enter_new", "_record_function_exit"}
+            "empty_like", "empty_strided", "_to_copy_noop", "size", "stride"}
+    #: skipped since version 2: a profiler's marks and the choice of an attention kernel
+    SKIP_2 = {"_record_function_enter_new", "_record_function_exit", "_fused_sdp_choice"}
 
-    def __init__(self):
+    def __init__(self, version: int = COUNTING):
         super().__init__()
+        if version not in (1, COUNTING):
+            raise ValueError(f"kernel count version {version}: this code counts 1 or "
+                             f"{COUNTING}")
+        self.version = version
+        self.skip = self.SKIP | (self.SKIP_2 if version >= 2 else set())
         self.kernels = 0
         self.bytes = 0  # the bytes of every counted call's tensor outputs
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         out = func(*args, **(kwargs or {}))
         name = func.overloadpacket.__name__
-        if name.startswith(("_foreach_", "_fused_")):
-            lists = [a for a in args if isinstance(a, (list, tuple)) and a
-                     and isinstance(a[0], Tensor)]
-            self.kernels += multi_tensor_launches(lists[0]) if lists else 1
-        elif name not in self.SKIP and not getattr(func, "is_view", False):
-            self.kernels += 1
-            self.bytes += sum(t.numel() * t.element_size() for t in tree_leaves(out)
-                              if isinstance(t, Tensor))
+        if name in self.skip or getattr(func, "is_view", False):
+            return out
+        lists = [a for a in args if isinstance(a, (list, tuple)) and a
+                 and isinstance(a[0], Tensor)]
+        multi = self.version >= 2 and name.startswith(("_foreach_", "_fused_")) and lists
+        self.kernels += multi_tensor_launches(lists[0]) if multi else 1
+        self.bytes += sum(t.numel() * t.element_size() for t in tree_leaves(out)
+                          if isinstance(t, Tensor))
         return out
 
 
@@ -147,15 +172,16 @@ class Counts:
         return self.per_call + self.per_sample * batch
 
 
-def count(fn: Callable[[], Any]) -> tuple[float, int]:
-    """(matmul FLOPs, kernels) of one call of ``fn`` (on the CPU)."""
-    f, k, _ = _count(fn)
+def count(fn: Callable[[], Any], version: int = COUNTING) -> tuple[float, int]:
+    """(matmul FLOPs, kernels) of one call of ``fn`` (on the CPU; ``version``: the count's,
+    :data:`COUNTING`)."""
+    f, k, _ = _count(fn, version)
     return f, k
 
 
-def _count(fn: Callable[[], Any]) -> tuple[float, int, int]:
+def _count(fn: Callable[[], Any], version: int = COUNTING) -> tuple[float, int, int]:
     """(matmul FLOPs, kernels, bytes output by the kernels) of one call of ``fn``."""
-    with FlopCounterMode(display=False) as flops, _KernelCounter() as kernels:
+    with FlopCounterMode(display=False) as flops, _KernelCounter(version) as kernels:
         fn()
     return float(flops.get_total_flops()), kernels.kernels, kernels.bytes
 
@@ -179,11 +205,14 @@ def random_images(cfg, b: int, dtype=torch.float32) -> tuple[Tensor, Tensor]:
 
 
 def train_step(model: nn.Module, batch: Callable[[int], tuple], loss_fn=None, msvp=None,
-               after: Callable[[], None] | None = None) -> Callable[[int], Callable[[], None]]:
+               after: Callable[[], None] | None = None, version: int = COUNTING
+               ) -> Callable[[int], Callable[[], None]]:
     """make(b): one training step (forward, loss, backward, AdamW, then ``after()``: the
     step's work after the optimiser, such as OLSA's re-projection) at batch b; a step of a
-    run, not its first (:func:`_warmed`)."""
-    opt = counted_optimizer([p for p in model.parameters() if p.requires_grad])
+    run, not its first (:func:`_warmed`); ``version=1``: as the first count took it (the CPU's
+    optimiser, a run's first step)."""
+    opt = counted_optimizer([p for p in model.parameters() if p.requires_grad],
+                            version=version)
     loss_fn = loss_fn or (lambda out, y: nn.functional.cross_entropy(out, y))
 
     def make(b):
@@ -199,7 +228,7 @@ def train_step(model: nn.Module, batch: Callable[[int], tuple], loss_fn=None, ms
             opt.step()
             if after is not None:
                 after()
-        return _warmed(step, opt)
+        return _warmed(step, opt) if version >= 2 else step
     return make
 
 
