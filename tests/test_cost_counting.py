@@ -26,13 +26,18 @@ def _optimiser_kernels(model: torch.nn.Module, opt: torch.optim.Optimizer) -> in
     return counting.count(opt.step)[1]
 
 
-def test_multi_tensor_launches_follow_cudas_limits():
-    """One launch holds up to 210 tensors and 2240 chunks of 65536 elements (an upper bound)."""
-    small = [torch.empty(10) for _ in range(200)]
-    assert counting.multi_tensor_launches(small) == 1
-    assert counting.multi_tensor_launches(small + small[:10]) == 2  # 210 tensors
-    assert counting.multi_tensor_launches([torch.empty(2240 * 65536)]) == 2  # 2240 chunks
-    assert counting.multi_tensor_launches([torch.empty(65537)] * 3) == 1  # 6 chunks
+def test_multi_tensor_launches_follow_cudas_loop():
+    """A launch holds up to 210 tensors and 2240 chunks of 65536 elements; the next starts when
+    either is full (meta tensors: the sizes without the memory)."""
+    def sizes(*n):
+        return [torch.empty(k, device="meta") for k in n]
+
+    launches = counting.multi_tensor_launches
+    assert launches(sizes(*[10] * 200)) == 1 and launches(sizes(*[10] * 210)) == 1
+    assert launches(sizes(*[10] * 211)) == 2 and launches(sizes(*[10] * 420)) == 2
+    assert launches(sizes(2240 * 65536)) == 1 and launches(sizes(2240 * 65536 + 1)) == 2
+    assert launches(sizes(65537, 65537, 65537)) == 1  # 6 chunks
+    assert launches(sizes(0, 10, 0)) == 1 and launches([]) == 0  # empty tensors skipped
 
 
 def test_the_counted_optimiser_step_launches_as_on_cuda_not_per_parameter():
@@ -58,9 +63,7 @@ def test_the_counted_optimiser_step_launches_as_on_cuda_not_per_parameter():
 def test_a_gpu_calibration_sets_the_per_kernel_constant(smoke, tmp_path):
     """make gpu-check's file replaces the default per-kernel constant; the cost table says
     where it was measured; the measurement refuses a CPU."""
-    from attncert.cost import calibrate
-    from attncert.cost.counting import GPUS
-
+    GPUS = counting.GPUS
     p = load_params(smoke)
     with pytest.raises(ValueError, match="measures a GPU"):
         calibrate.measure(p, "cpu", path=tmp_path / "never.json")
@@ -100,20 +103,29 @@ def test_a_gpu_calibration_sets_the_per_kernel_constant(smoke, tmp_path):
         mp.chdir(ROOT)
         if not Path(calibrate.CALIBRATION_FILE).is_file():
             assert calibrate.calibrated(gpu).kernel_seconds == max(
-                r["seconds_per_kernel"] for r in committed["steps"])
+                r["seconds_per_kernel"] for r in committed["steps"] if "seconds_per_kernel" in r)
 
 
 def test_a_calibration_of_another_kernel_count_is_refused_until_recounted(smoke, tmp_path,
                                                                           capsys):
     """A record's constants divide its step times by the count of its version: one of another
     version is refused (the cost CLI and the pilot say so in a line, before any work), and
-    recount divides its measured step times by the current count."""
+    recount divides the measured step times by the current count, for the steps that still
+    count the record's way as the record did (the code it measured); the others lose their
+    constant and are named."""
     from attncert.cost.cli import main
 
+    p = load_params(smoke)
     rows = [{"model": "OLSA text", "ms_per_step": 2.0, "status": "ok"},
-            {"model": "LoFAST text", "ms_per_step": 50.0, "status": "ok"}]
+            {"model": "LoFAST text", "ms_per_step": 50.0, "status": "ok"},
+            {"model": "standard text", "ms_per_step": 9.0, "status": "ok"}]
+    then = calibrate.step_kernels(rows, p, 8, version=1)
+    assert all(then[m] > calibrate.step_kernels(rows, p, 8)[m] for m in then)  # per parameter
+    then["standard text"] = round(then["standard text"] * 1.1)  # its code changed since
     old = {"date": "2026-11-28", "device": "NVIDIA X", "batch": 8, "kernel_seconds": 1e-5,
-           "from": "LoFAST text", "steps": [dict(r, seconds_per_kernel=1e-5) for r in rows]}
+           "from": "LoFAST text", "steps": [
+               dict(r, seconds_per_kernel=r["ms_per_step"] / 1e3 / then[r["model"]])
+               for r in rows]}
     path = tmp_path / "gpu_check.json"
     path.write_text(json.dumps(old))
     gpu = counting.GPUS["h100"]
@@ -121,17 +133,27 @@ def test_a_calibration_of_another_kernel_count_is_refused_until_recounted(smoke,
         calibrate.calibrated(gpu, path)
     with pytest.raises(SystemExit):
         main(["table", "--params", str(smoke), "--calibration", str(path)])
+    assert "measure again (make gpu-check)" in capsys.readouterr().err
     assert main(["recount", "--params", str(smoke), "--calibration", str(path)]) == 0
+    assert "not recounted, measure again (make gpu-check): standard text" in (
+        capsys.readouterr().out)
     record = json.loads(path.read_text())
-    per = calibrate.kernel_seconds(rows, load_params(smoke), 8)
+    per = calibrate.kernel_seconds(rows[:2], p, 8)
     assert record["counting"] == counting.COUNTING and record["recounted"]
-    assert {r["model"]: r["seconds_per_kernel"] for r in record["steps"]} == per
+    assert {r["model"]: r.get("seconds_per_kernel") for r in record["steps"]} == per | {
+        "standard text": None}
+    assert set(record["recount_refused"]) == {"standard text"}
     assert record["kernel_seconds"] == max(per.values()) and record["from"] == max(per, key=per.get)
-    assert calibrate.calibrated(gpu, path).kernel_seconds == max(per.values())
+    kinds = calibrate.calibrated(gpu, path)  # the text stage lacks a kind: the largest
+    assert kinds.kernel_seconds == max(per.values()) == kinds.kernel_seconds_for("text")
+    # recounted under other params (other shapes), no step counts as it was measured
+    path.write_text(json.dumps(old))
+    with pytest.raises(ValueError, match="no step counts as it was measured"):
+        calibrate.recount(load_params(ROOT / "params.yaml"), path)
     # a record of one constant (no step times) cannot be recounted
     path.write_text(json.dumps({"kernel_seconds": 2e-5, "device": "X", "date": "d", "from": "m"}))
     with pytest.raises(ValueError, match="no measured step times"):
-        calibrate.recount(load_params(smoke), path)
+        calibrate.recount(p, path)
     # the pilot refuses a stale calibration of its machine before it runs anything
     from attncert.pipeline import pilot
 
@@ -140,16 +162,22 @@ def test_a_calibration_of_another_kernel_count_is_refused_until_recounted(smoke,
     shutil.copy(smoke, repo / "params.yaml")
     (repo / "dvc.yaml").write_text("stages: {}\n")
     (repo / "reports" / "gpu_check.json").write_text(json.dumps(old))
+    capsys.readouterr()
     with pytest.MonkeyPatch.context() as mp:
         mp.chdir(repo)
         with pytest.raises(SystemExit) as exc:
             pilot.main([])
     assert exc.value.code == 2 and not (repo / ".pilot").exists()
-    assert "attncert.cost recount" in capsys.readouterr().err
+    assert "reports/gpu_check.json: its constants divide by kernel count version 1" in (
+        capsys.readouterr().err)
 
 
 def test_the_committed_calibration_is_counted_with_the_current_count():
     """docs/gpu_check.json loads: its constants divide by the kernel count this code makes."""
     committed = json.loads((ROOT / calibrate.COMMITTED_CALIBRATION).read_text())
     assert committed["counting"] == counting.COUNTING
+    for r in committed["steps"]:  # each constant its step time over the kernels it names
+        assert ("seconds_per_kernel" in r) != (r["model"] in committed["recount_refused"])
+        if "seconds_per_kernel" in r:
+            assert r["seconds_per_kernel"] == pytest.approx(r["ms_per_step"] / 1e3 / r["kernels"])
     calibrate.calibrated(counting.GPUS["h100"], ROOT / calibrate.COMMITTED_CALIBRATION)

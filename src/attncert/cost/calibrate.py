@@ -42,6 +42,11 @@ CALIBRATION_FILE = "reports/gpu_check.json"
 COMMITTED_CALIBRATION = "docs/gpu_check.json"
 
 
+#: how far (relative) a step may count from what its record divided by and still be recounted
+#: (a few kernels: a mark or a cast moved, not the code's step)
+RECOUNT_TOLERANCE = 0.01
+
+
 def step_kernels(rows: list[dict[str, Any]], params, batch: int, version: int = COUNTING
                  ) -> dict[str, int]:
     """The kernels of one training step of every model kind in ``rows`` (as
@@ -62,11 +67,14 @@ def step_kernels(rows: list[dict[str, Any]], params, batch: int, version: int = 
     return out
 
 
+def _per_kernel(rows: list[dict[str, Any]], kernels: dict[str, int]) -> dict[str, float]:
+    return {r["model"]: r["ms_per_step"] / 1e3 / max(kernels[r["model"]], 1) for r in rows}
+
+
 def kernel_seconds(rows: list[dict[str, Any]], params, batch: int) -> dict[str, float]:
     """Seconds per kernel of every measured model kind: its measured step time (``rows`` of
     :func:`attncert.cost.bench.bench_training` at ``batch``) over the kernels of one step."""
-    kernels = step_kernels(rows, params, batch)
-    return {r["model"]: r["ms_per_step"] / 1e3 / max(kernels[r["model"]], 1) for r in rows}
+    return _per_kernel(rows, step_kernels(rows, params, batch))
 
 
 def _largest(per: dict[str, float]) -> dict[str, Any]:
@@ -91,7 +99,7 @@ def measure(params, device: str = "cuda", batch: int = 8, steps: int = 5,
         raise ValueError(f"the calibration measures a GPU; {device!r} is {dev}")
     rows = bench_training(params, batch=batch, steps=steps, device=str(dev))
     kernels = step_kernels(rows, params, batch)
-    per = {r["model"]: r["ms_per_step"] / 1e3 / max(kernels[r["model"]], 1) for r in rows}
+    per = _per_kernel(rows, kernels)
     record = {"date": datetime.date.today().isoformat(), "device": torch.cuda.get_device_name(dev),
               "torch": torch.__version__, "cuda": torch.version.cuda, "batch": batch,
               "counting": COUNTING,
@@ -108,9 +116,10 @@ def recount(params, path: str | Path = CALIBRATION_FILE) -> dict[str, Any]:
 
     Valid only for a step whose code is the code measured: each step is first counted the
     record's way and held to the kernels the record divided by (its ``kernels``, else its
-    step time over its constant). A step that counts otherwise (its code or ``--params``
-    changed since) keeps its times but loses its constant, and ``recount_refused`` names it;
-    its stage then takes the largest constant until ``make gpu-check`` measures it again.
+    step time over its constant), within :data:`RECOUNT_TOLERANCE`. A step that counts
+    otherwise (its code or ``--params`` changed since) keeps its times but loses its constant,
+    and ``recount_refused`` names it; its stage then takes the largest constant until ``make
+    gpu-check`` measures it again.
     ValueError on a record without step times or batch (a constant alone cannot be recounted)
     or without a step left to recount."""
     path = Path(path)
@@ -126,13 +135,13 @@ def recount(params, path: str | Path = CALIBRATION_FILE) -> dict[str, Any]:
                                                       / r["seconds_per_kernel"])
                for r in steps}
     refused = {m: f"counts {then[m]} kernels the record's way, the record divided by {k}"
-               for m, k in divided.items() if then[m] != k}
+               for m, k in divided.items() if abs(then[m] - k) > RECOUNT_TOLERANCE * k}
     same = [r for r in steps if r["model"] not in refused]
     if not same:
         raise ValueError(f"{path}: no step counts as it was measured ({refused}); measure "
                          f"again (make gpu-check)")
     now = step_kernels(same, params, batch)
-    per = {r["model"]: r["ms_per_step"] / 1e3 / max(now[r["model"]], 1) for r in same}
+    per = _per_kernel(same, now)
     record["steps"] = [
         dict(r, kernels=now[r["model"]], seconds_per_kernel=per[r["model"]])
         if r["model"] in per else

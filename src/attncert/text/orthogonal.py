@@ -56,19 +56,21 @@ def _orthogonalize(v: Tensor, iters: int) -> Tensor:
         return newton_orthogonalize(v, iters)
 
 
-def orthogonal_weights(maps: list[OrthogonalLinear]) -> list[Tensor]:
-    """Every map's :meth:`OrthogonalLinear.weight_effective`, the maps of one shape, dtype,
-    device and iteration count as one batch: one Newton-Schulz step of batched products for
-    all of them (a training step's forward and backward), where one per map launches some 30
-    kernels each. Equal to the maps' own up to float rounding: the training forward takes
-    these, while certificates and evaluation take each map's own, so a bound and the logits it
-    certifies use the same matrices."""
+def orthogonal_weights(maps: list[OrthogonalLinear], iters: int | None = None) -> list[Tensor]:
+    """Every map's :meth:`OrthogonalLinear.weight_effective` (with ``iters`` iterations instead
+    of the map's own when given), the maps of one shape, dtype, device and iteration count as
+    one batch: one Newton-Schulz step of batched products for all of them (a training step's
+    forward and backward), where one per map launches some 30 kernels each. Equal to the maps'
+    own up to float rounding: the training forward takes these, while certificates and
+    evaluation take each map's own, so a bound and the logits it certifies use the same
+    matrices."""
     groups: dict[tuple, list[int]] = {}
     for i, m in enumerate(maps):
-        groups.setdefault((m.v.shape, m.v.dtype, m.v.device, m.iters), []).append(i)
+        key = (m.v.shape, m.v.dtype, m.v.device, m.iters if iters is None else iters)
+        groups.setdefault(key, []).append(i)
     out: list[Tensor | None] = [None] * len(maps)
-    for (*_, iters), idx in groups.items():
-        ws = _orthogonalize(torch.stack([maps[i].v for i in idx]), iters).unbind()
+    for (*_, k), idx in groups.items():
+        ws = _orthogonalize(torch.stack([maps[i].v for i in idx]), k).unbind()
         for i, w in zip(idx, ws, strict=True):
             out[i] = w
     return out
@@ -109,17 +111,12 @@ class OrthogonalLinear(nn.Module):
 @torch.no_grad()
 def reproject_orthogonal_(model: nn.Module, iters: int = 5) -> None:
     """:meth:`OrthogonalLinear.reproject_` on every orthogonal map of ``model`` (after a step),
-    the maps of one shape, dtype and device as one batch: one Newton-Schulz iteration of
-    batched products for all of them, not one per map (a deep model has 30 maps, and a
-    training step runs this eagerly, outside any compiled graph)."""
-    groups: dict[tuple, list[Tensor]] = {}
-    for m in model.modules():
-        if isinstance(m, OrthogonalLinear):
-            groups.setdefault((m.v.shape, m.v.dtype, m.v.device), []).append(m.v)
-    for (_, _, device), vs in groups.items():
-        with full_precision(device):
-            polar = newton_orthogonalize(_at_least_float32(torch.stack(vs)), iters)
-        torch._foreach_copy_(vs, list(polar.unbind()))
+    the maps of one shape, dtype and device as one batch (:func:`orthogonal_weights`): one
+    Newton-Schulz iteration of batched products for all of them, not one per map (a deep model
+    has 30 maps, and a training step runs this eagerly, outside any compiled graph)."""
+    maps = [m for m in model.modules() if isinstance(m, OrthogonalLinear)]
+    if maps:
+        torch._foreach_copy_([m.v for m in maps], orthogonal_weights(maps, iters))
 
 
 @outside_graphs
