@@ -181,3 +181,27 @@ def test_the_committed_calibration_is_counted_with_the_current_count():
         if "seconds_per_kernel" in r:
             assert r["seconds_per_kernel"] == pytest.approx(r["ms_per_step"] / 1e3 / r["kernels"])
     calibrate.calibrated(counting.GPUS["h100"], ROOT / calibrate.COMMITTED_CALIBRATION)
+
+
+def test_a_calibration_keeps_a_failed_step_without_a_constant(smoke, tmp_path, monkeypatch):
+    """A kind whose step failed on the GPU keeps its status and no constant (not a NaN that
+    would reach the cost table); a calibration where no step ran is refused."""
+    from attncert.cost import bench
+    from attncert.pipeline import device
+
+    monkeypatch.setattr(device, "resolve_device", lambda d: torch.device("cuda"))
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda d=None: "NVIDIA X")
+    rows = [{"model": "OLSA text", "ms_per_step": 2.0, "status": "ok"},
+            {"model": "LoFAST text", "ms_per_step": float("nan"), "status": "RuntimeError: x"}]
+    monkeypatch.setattr(bench, "bench_training", lambda params, **kw: rows)
+    p, path = load_params(smoke), tmp_path / "c.json"
+    record = calibrate.measure(p, "cuda", path=path)
+    assert record["from"] == "OLSA text" and record["counting"] == counting.COUNTING
+    assert "seconds_per_kernel" not in record["steps"][1]
+    assert record["steps"][0]["seconds_per_kernel"] == pytest.approx(
+        2e-3 / record["steps"][0]["kernels"])
+    assert calibrate.calibrated(counting.GPUS["h100"], path).kernel_seconds == (
+        record["kernel_seconds"])
+    rows[0] |= {"ms_per_step": float("nan"), "status": "RuntimeError: y"}
+    with pytest.raises(ValueError, match="no model kind's training step ran"):
+        calibrate.measure(p, "cuda", path=path)

@@ -20,6 +20,7 @@ from __future__ import annotations
 import dataclasses
 import datetime
 import json
+import math
 from pathlib import Path
 from typing import Any
 
@@ -87,8 +88,9 @@ def measure(params, device: str = "cuda", batch: int = 8, steps: int = 5,
             path: str | Path = CALIBRATION_FILE) -> dict[str, Any]:
     """Time every model kind's training step on the CUDA ``device``, derive the per-kernel
     constant and write it with the measurements (and each step's kernels) to ``path``; return
-    the record. ValueError on a device that is not a GPU (a CPU's step times say nothing about
-    kernel launches)."""
+    the record; a kind whose step failed keeps its status and no constant. ValueError on a
+    device that is not a GPU (a CPU's step times say nothing about kernel launches) or when no
+    step ran."""
     import torch
 
     from attncert.cost.bench import bench_training
@@ -98,13 +100,17 @@ def measure(params, device: str = "cuda", batch: int = 8, steps: int = 5,
     if dev.type != "cuda":
         raise ValueError(f"the calibration measures a GPU; {device!r} is {dev}")
     rows = bench_training(params, batch=batch, steps=steps, device=str(dev))
-    kernels = step_kernels(rows, params, batch)
-    per = _per_kernel(rows, kernels)
+    ran = [r for r in rows if r["status"] == "ok" and math.isfinite(r["ms_per_step"])]
+    if not ran:
+        raise ValueError("no model kind's training step ran: "
+                         + "; ".join(f"{r['model']}: {r['status']}" for r in rows))
+    kernels = step_kernels(ran, params, batch)
+    per = _per_kernel(ran, kernels)
     record = {"date": datetime.date.today().isoformat(), "device": torch.cuda.get_device_name(dev),
               "torch": torch.__version__, "cuda": torch.version.cuda, "batch": batch,
               "counting": COUNTING,
               "steps": [dict(r, kernels=kernels[r["model"]], seconds_per_kernel=per[r["model"]])
-                        for r in rows]} | _largest(per)
+                        if r["model"] in per else r for r in rows]} | _largest(per)
     write_json(path, record)
     return record
 

@@ -287,6 +287,9 @@ def main(argv: list[str] | None = None) -> int:
 
             record = measure(params, device, args.batch, path=args.calibrate)
             for r in record["steps"]:
+                if "seconds_per_kernel" not in r:  # its step failed: no constant
+                    print(f"{r['model']:>34} {r['status']}")
+                    continue
                 print(f"{r['model']:>34} {r['ms_per_step']:9.2f} ms  "
                       f"{1e6 * r['seconds_per_kernel']:7.2f} us/kernel  {r['shape']}")
             print(f"per-kernel constant {1e6 * record['kernel_seconds']:.2f} us (from "
