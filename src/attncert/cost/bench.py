@@ -370,8 +370,7 @@ def bench_margins(params, batch: int, steps: int = 5, device: str = "auto",
                                         lofast_eps=s.train.lofast_eps or 0.1)
         torch.manual_seed(0)
         model = build_vit(cfg).to(dev).train()
-        opt = torch.optim.AdamW(model.parameters(), lr=1e-4,
-                                **fused_on_cuda(list(model.parameters())))
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-4, **fused_on_cuda(model.parameters()))
         times, status = [], "ok"
         try:
             with training_matmuls(prec, dev), compiled.compiled_forward(model, how):

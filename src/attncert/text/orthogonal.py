@@ -104,8 +104,7 @@ class OrthogonalLinear(nn.Module):
     def reproject_(self, iters: int = 5) -> None:
         """V <- its polar factor (W unchanged): keeps V near-orthogonal between optimiser steps,
         so the few forward iterations converge (a step moves the singular values little)."""
-        with full_precision(self.v.device):
-            self.v.copy_(newton_orthogonalize(_at_least_float32(self.v), iters))
+        self.v.copy_(_orthogonalize(self.v, iters))
 
 
 @torch.no_grad()
