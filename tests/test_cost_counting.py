@@ -1,6 +1,7 @@
 """The kernel count as CUDA launches it (an optimiser step multi-tensor) and the GPU calibration
 that divides measured step times by it: its version, the refusal of a stale record, recount."""
 
+import dataclasses
 import json
 import shutil
 from pathlib import Path
@@ -96,6 +97,10 @@ def test_a_gpu_calibration_sets_the_per_kernel_constant(smoke, tmp_path):
     assert kinds.kernel_seconds_for("certvit") == 17e-6
     assert kinds.kernel_seconds_for("text") == 25e-6 and kinds.kernel_seconds_for("data") == 29e-6
     assert "certvit 17, " in cost.cost_table(p, kinds)
+    # a measured kind prices the work on its models before its stage's constant
+    assert kinds.kernel_seconds_for("specformer", "standard ViT (specformer vanilla)") == 17e-6
+    assert kinds.kernel_seconds_for("specformer", "") == 26e-6
+    assert kinds.kernel_seconds_for("text", "OLSA text") == 21e-6
     # without make gpu-check's own file, the committed GPU measurement gives the constants
     committed = json.loads((ROOT / calibrate.COMMITTED_CALIBRATION).read_text())
     assert committed["kernel_seconds"] > 0 and committed["steps"][0]["device"].startswith("cuda")
@@ -205,3 +210,25 @@ def test_a_calibration_keeps_a_failed_step_without_a_constant(smoke, tmp_path, m
     rows[0] |= {"ms_per_step": float("nan"), "status": "RuntimeError: y"}
     with pytest.raises(ValueError, match="no model kind's training step ran"):
         calibrate.measure(p, "cuda", path=path)
+
+
+def test_work_takes_the_measured_constant_of_the_model_it_runs(smoke):
+    """Each work item names the bench kind of the model it runs: a training run its step's,
+    the rest the model's forward's (an MSVP model's is the standard ViT's), so the cost model
+    prices it at that kind's measured constant; a model of no bench kind (the frozen-encoder
+    head) takes its stage's."""
+    work, _ = cost.stage_work(load_params(smoke))
+    kinds = {(w.stage, w.model) for w in work}
+    assert ("specformer", "SpecFormer (MSVP)") in kinds
+    assert ("specformer", "standard ViT (specformer vanilla)") in kinds
+    assert {m for s, m in kinds if s == "text"} >= {"OLSA text", "LoFAST text", "standard text"}
+    assert {m for s, m in kinds if s in ("train_vit", "crown")} == {"lipschitz ViT (train_vit)"}
+    # the MSVP models train as MSVP and are evaluated and attacked as the standard ViT
+    assert all(w.kind == "bf16" and w.graphs for w in work if w.model == "SpecFormer (MSVP)")
+    gpu = dataclasses.replace(counting.GPUS["h100"], kernel_seconds=9e-5,
+                              kernel_seconds_by_stage=(("text", 5e-5),),
+                              kernel_seconds_by_kind=(("OLSA text", 1e-5),))
+    for w in work:
+        if w.stage == "text" and w.kernels:
+            per = w.kernel_seconds(gpu) / w.kernels
+            assert per == pytest.approx(1e-5 if w.model == "OLSA text" else 5e-5)

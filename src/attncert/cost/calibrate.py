@@ -3,10 +3,11 @@
 :func:`measure` times a training step of every model kind (:func:`attncert.cost.bench.
 bench_training`) on a CUDA device and divides each by the kernels the same step launches
 (counted as the cost model counts them, :func:`attncert.cost.counting.count`): each quotient
-is an upper bound of that kind's seconds per kernel (it still contains its FLOP time), and
-each stage's work is costed with the constant of the model kind it trains
-(:data:`STAGE_MODELS`; text: the largest of its three kinds), other work with the largest
-constant measured. The result goes to
+is an upper bound of that kind's seconds per kernel (it still contains its FLOP time). The work
+on a model of a measured kind is costed with that kind's constant
+(:attr:`attncert.cost.work.Work.model`), other work of a stage with the constant of the model
+kind the stage trains (:data:`STAGE_MODELS`; text: the largest of its three kinds), and work
+of no stage kind with the largest constant measured. The result goes to
 :data:`CALIBRATION_FILE`, which ``python -m attncert.cost`` reads when it exists, else the
 committed measurement :data:`COMMITTED_CALIBRATION` (:func:`calibrated`): the cost table
 says where and when its constant was measured. A record holds the version of the kernel count
@@ -191,5 +192,6 @@ def calibrated(gpu: GPU, path: str | Path | None = None) -> GPU:
                      for stage, models in STAGE_MODELS.items() if all(m in per for m in models))
     return dataclasses.replace(gpu, kernel_seconds=max(per.values()),
                                kernel_seconds_by_stage=by_stage,
+                               kernel_seconds_by_kind=tuple(sorted(per.items())),
                                calibration=f"{record['device']}, {record['date']}, "
                                            f"{len(per)} model kinds")

@@ -45,6 +45,9 @@ class GPU:
     #: ((stage, seconds per kernel), ...): the constant measured on the model kind a stage
     #: trains (:func:`attncert.cost.calibrate.calibrated`); other stages use kernel_seconds
     kernel_seconds_by_stage: tuple[tuple[str, float], ...] = ()
+    #: ((bench model kind, seconds per kernel), ...): each measured kind's own constant, which
+    #: the work on a model of that kind takes before its stage's
+    kernel_seconds_by_kind: tuple[tuple[str, float], ...] = ()
     #: ((training step kind, eager / CUDA-graph step time), ...): counted when the params
     #: train under CUDA graphs (:func:`attncert.cost.graphs.with_graphs`); empty: eager
     graphs_speedup: tuple[tuple[str, float], ...] = ()
@@ -54,9 +57,12 @@ class GPU:
     pilot_by_stage: tuple[tuple[str, float], ...] = ()
     pilot_source: str = ""
 
-    def kernel_seconds_for(self, stage: str) -> float:
-        """Seconds per kernel of ``stage``'s work: its model kind's measured constant, else
-        :attr:`kernel_seconds`."""
+    def kernel_seconds_for(self, stage: str, kind: str = "") -> float:
+        """Seconds per kernel of ``stage``'s work on a model of bench ``kind`` ("": none): the
+        kind's measured constant, else the stage's, else :attr:`kernel_seconds`."""
+        by_kind = dict(self.kernel_seconds_by_kind)
+        if kind in by_kind:
+            return by_kind[kind]
         return dict(self.kernel_seconds_by_stage).get(stage, self.kernel_seconds)
 
     def graphs_speedup_for(self, key: str) -> float:

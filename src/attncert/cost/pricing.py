@@ -129,6 +129,18 @@ def audit_graphs(model: J.Model) -> str:
     return graphs_key(kind, audit=True)
 
 
+def forward_kind(model: J.Model) -> str:
+    """The bench model kind whose measured per-kernel constant prices the work on ``model``
+    other than its training (its evaluations, certificates and audits: an MSVP model's forward
+    is the standard ViT's), "" for a model of no bench kind (its stage's constant)."""
+    if model.kind == "text":
+        return TEXT_KINDS.get(model.family, "")
+    if model.kind != "vit" or not model.family:
+        return ""
+    return STANDARD_VIT if model.family not in VIT_KINDS or model.family == "msvp" \
+        else VIT_KINDS[model.family]
+
+
 def counts(model: J.Model) -> dict[str, Counts]:
     """Train step, forward and attack step of ``model`` (cached per shape)."""
     if model.kind == "vit":
@@ -205,8 +217,9 @@ def job_work(job: J.Job, share: float = 0.0) -> list[Work]:
             out.append(Work(s, ph.what, "fp32", 0.0, 0.0))
         else:
             raise TypeError(f"{job.stage} {job.name}: no price for a {type(ph).__name__}")
-    for w in out:
+    for w in out:  # a training run at its step's kind, the rest at the model's forward's
         w.unit = job.unit
+        w.model = w.graphs.split(", ")[0] if w.graphs else forward_kind(m)
     return out
 
 

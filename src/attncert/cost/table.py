@@ -27,12 +27,14 @@ def stage_work(params, stages=STAGES) -> tuple[list[Work], float]:
 
 
 def _kernel_note(gpu: GPU) -> str:
-    """The per-kernel constants the table used: one, or each stage's (its model kind's)."""
-    if not gpu.kernel_seconds_by_stage:
+    """The per-kernel constants the table used: one, or each model kind's and stage's."""
+    if not gpu.kernel_seconds_by_stage and not gpu.kernel_seconds_by_kind:
         return f"{gpu.kernel_seconds * 1e6:.2g} us per kernel"
-    per = ", ".join(f"{s} {v * 1e6:.2g}" for s, v in gpu.kernel_seconds_by_stage)
-    return (f"per kernel the constant measured on each stage's model kind ({per} us; "
-            f"{gpu.kernel_seconds * 1e6:.2g} us elsewhere, the largest)")
+    kinds = ", ".join(f"{k} {v * 1e6:.2g}" for k, v in gpu.kernel_seconds_by_kind)
+    stages = ", ".join(f"{s} {v * 1e6:.2g}" for s, v in gpu.kernel_seconds_by_stage)
+    return (f"per kernel the constant measured on the model kind a work item runs ({kinds} us), "
+            f"else on the kind its stage trains ({stages} us), else the largest, "
+            f"{gpu.kernel_seconds * 1e6:.2g} us")
 
 
 def _graphs_note(gpu: GPU, work: list[Work]) -> str:

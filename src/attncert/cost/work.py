@@ -31,11 +31,15 @@ class Work:
     #: kernels run at the measured CUDA-graph speed-up when the params train under graphs
     #: ("": eager)
     graphs: str = ""
+    #: the bench model kind it runs (:data:`attncert.cost.graphs.LIPSCHITZ_VIT`, ...; "": none),
+    #: whose measured per-kernel constant it takes before its stage's
+    model: str = ""
 
     def kernel_seconds(self, gpu: GPU, slowdown: float = 1.0) -> float:
-        """The kernels' seconds: count x the stage's per-kernel constant x ``slowdown``, over
-        the CUDA-graph speed-up of a training run's step kind where it is counted."""
-        return (slowdown * self.kernels * gpu.kernel_seconds_for(self.stage)
+        """The kernels' seconds: count x the per-kernel constant of its model kind (else of
+        its stage) x ``slowdown``, over the CUDA-graph speed-up of a training run's step kind
+        where it is counted."""
+        return (slowdown * self.kernels * gpu.kernel_seconds_for(self.stage, self.model)
                 / gpu.graphs_speedup_for(self.graphs))
 
     def seconds(self, gpu: GPU, utilisation: float, per_gpu: int = 1,
