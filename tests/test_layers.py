@@ -195,6 +195,34 @@ def test_attention_matches_per_head_reference(lipschitz):
             assert torch.linalg.svdvals(m.weight_effective().detach()).max() <= gamma * (1 + TOL)
 
 
+@pytest.mark.parametrize("masked", [False, True])
+def test_fused_attention_equals_its_matrix_times_the_values(masked):
+    """The forward's fused kernel computes P_l(X) X W_l^V W^O from the matrix compute_probs
+    gives (the one the bounds and the diagnostics read), padding keys excluded, with the same
+    gradients; a matrix replaced on the instance (an ablation) is used instead."""
+    torch.manual_seed(0)
+    att = MultiHeadAttention(8, 2, lipschitz=False, bias=True).double()
+    x = torch.randn(3, 5, 8, dtype=torch.float64, requires_grad=True)
+    mask = torch.tensor([[1, 1, 1, 0, 0], [1] * 5, [1, 0, 0, 0, 0]], dtype=torch.bool)
+    mask = mask if masked else None
+
+    def explicit(z):
+        heads = att.compute_probs(z, mask) @ att._split(att.v(z))
+        return att.o(heads.transpose(1, 2).reshape(3, 5, 8))
+
+    fused = att(x, mask)
+    torch.testing.assert_close(fused, explicit(x), rtol=1e-12, atol=1e-12)
+    g = torch.randn_like(fused)
+    params = [x, *att.parameters()]
+    torch.testing.assert_close(torch.autograd.grad(fused, params, g),
+                               torch.autograd.grad(explicit(x), params, g),
+                               rtol=1e-12, atol=1e-12)
+    att.compute_probs = lambda z, m=None: torch.full((3, 2, 5, 5), 0.2, dtype=z.dtype)
+    uniform = att(x, mask)
+    torch.testing.assert_close(uniform, explicit(x))
+    assert not torch.allclose(uniform, fused)
+
+
 def test_attention_rejects_bad_shapes():
     with pytest.raises(ValueError, match="divisible"):
         MultiHeadAttention(10, 3, lipschitz=True)

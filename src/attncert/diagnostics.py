@@ -18,9 +18,10 @@ measures, on the points a stage evaluates:
   (:func:`logit_cap`), so every attention weight lies within a factor exp(2 cap) of 1/n.
 
 Every attention module must expose ``compute_probs(x, ...) -> (B, h, n, n)`` and call it in its
-forward pass (the ViT's dot-product attention and the baselines of
-:mod:`attncert.layers.attention_variants` do); a module whose forward bypasses it is refused,
-never silently measured as the trained model.
+forward pass, at least once it is replaced on the instance (the baselines of
+:mod:`attncert.layers.attention_variants` always do; the ViT's dot-product attention computes
+the same matrix fused with the values until then); a module whose forward bypasses it is
+refused, never silently measured as the trained model.
 """
 
 from __future__ import annotations

@@ -10,6 +10,7 @@ import math
 
 import torch
 from torch import Tensor, nn
+from torch.nn import functional as F
 
 from .linear import NormConstrainedLinear, OrthogonalLinear
 
@@ -76,8 +77,16 @@ class MultiHeadAttention(nn.Module):
         return torch.softmax(scores, dim=-1)
 
     def forward(self, x: Tensor, mask: Tensor | None = None) -> Tensor:
-        p = self.compute_probs(x, mask)
-        heads = p @ self._split(self.v(x))  # (B, h, n, d_h): P_l X W_l^V
+        """Att(X) on (B, n, dim), ``mask`` as :meth:`compute_probs`'s. The matrix is the one
+        :meth:`compute_probs` gives, fused with the values (``scaled_dot_product_attention``,
+        which has no forward-mode derivative on the CPU: take Jacobians in reverse mode)."""
+        v = self._split(self.v(x))
+        if "compute_probs" in vars(self):  # the matrix replaced (diagnostics.override_attention)
+            heads = self.compute_probs(x, mask) @ v  # (B, h, n, d_h): P_l X W_l^V
+        else:  # the same P_l X W_l^V fused: one kernel, not the products, softmax and copies
+            heads = F.scaled_dot_product_attention(
+                self._split(self.q(x)), self._split(self.k(x)), v,
+                attn_mask=None if mask is None else mask[:, None, None, :])
         b, _, n, _ = heads.shape
         return self.o(heads.transpose(1, 2).reshape(b, n, self.dim))  # concat heads, W^O
 
