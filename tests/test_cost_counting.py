@@ -232,3 +232,26 @@ def test_work_takes_the_measured_constant_of_the_model_it_runs(smoke):
         if w.stage == "text" and w.kernels:
             per = w.kernel_seconds(gpu) / w.kernels
             assert per == pytest.approx(1e-5 if w.model == "OLSA text" else 5e-5)
+
+
+def test_the_fused_attention_counts_the_flops_of_its_products():
+    """The CPU's fused attention kernel (which the count runs) has no FLOP formula in torch:
+    it is counted as torch counts the CUDA kernels, the forward as the two products it
+    replaces, so the FLOP-bound stages do not lose their attention."""
+    from attncert.layers import MultiHeadAttention
+
+    torch.manual_seed(0)
+    att = MultiHeadAttention(16, 4, lipschitz=False)
+    x = torch.randn(3, 9, 16)
+
+    def explicit():
+        heads = att.compute_probs(x) @ att._split(att.v(x))
+        return att.o(heads.transpose(1, 2).reshape(3, 9, 16))
+
+    with torch.no_grad():
+        fused, plain = counting.count(lambda: att(x)), counting.count(explicit)
+    assert fused[0] == plain[0] > 4 * 3 * 9 * 16 * 16  # the projections and both products
+    assert fused[1] < plain[1]
+    y = x.clone().requires_grad_(True)
+    flops, _ = counting.count(lambda: att(y).sum().backward())
+    assert flops >= 3 * plain[0]  # the backward's products counted too
