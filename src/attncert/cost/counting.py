@@ -185,19 +185,13 @@ def count(fn: Callable[[], Any], version: int = COUNTING) -> tuple[float, int]:
     return f, k
 
 
-def _sdpa_cpu(query, key, value, *args, out_shape=None, **kwargs) -> int:
-    return sdpa_flop_count(query, key, value)
-
-
-def _sdpa_cpu_backward(grad_out, query, key, value, *args, out_shape=None, **kwargs) -> int:
-    return sdpa_backward_flop_count(grad_out, query, key, value)
-
-
 #: FLOP formulas torch's counter lacks: the CPU's fused attention (the one the count runs)
 #: counted as torch counts the CUDA kernels that replace it there
 FLOP_FORMULAS = {
-    torch.ops.aten._scaled_dot_product_flash_attention_for_cpu: _sdpa_cpu,
-    torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward: _sdpa_cpu_backward,
+    torch.ops.aten._scaled_dot_product_flash_attention_for_cpu:
+        lambda q, k, v, *_, out_shape=None, **__: sdpa_flop_count(q, k, v),
+    torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward:
+        lambda g, q, k, v, *_, out_shape=None, **__: sdpa_backward_flop_count(g, q, k, v),
 }
 
 
