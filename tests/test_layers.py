@@ -221,6 +221,14 @@ def test_fused_attention_equals_its_matrix_times_the_values(masked):
     uniform = att(x, mask)
     torch.testing.assert_close(uniform, explicit(x))
     assert not torch.allclose(uniform, fused)
+    del att.compute_probs
+
+    class Uniform(MultiHeadAttention):  # a subclass that redefines the matrix: used too
+        def compute_probs(self, z, m=None):
+            return torch.full((3, 2, 5, 5), 0.2, dtype=z.dtype)
+
+    att.__class__ = Uniform
+    torch.testing.assert_close(att(x, mask), uniform)
 
 
 def test_attention_rejects_bad_shapes():

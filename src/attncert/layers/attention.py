@@ -78,10 +78,13 @@ class MultiHeadAttention(nn.Module):
 
     def forward(self, x: Tensor, mask: Tensor | None = None) -> Tensor:
         """Att(X) on (B, n, dim), ``mask`` as :meth:`compute_probs`'s. The matrix is the one
-        :meth:`compute_probs` gives, fused with the values (``scaled_dot_product_attention``,
-        which has no forward-mode derivative on the CPU: take Jacobians in reverse mode)."""
+        :meth:`compute_probs` gives, fused with the values (``scaled_dot_product_attention``:
+        its fused kernels have neither a forward-mode derivative nor a second backward, so
+        take Jacobians of the module in reverse mode)."""
         v = self._split(self.v(x))
-        if "compute_probs" in vars(self):  # the matrix replaced (diagnostics.override_attention)
+        if "compute_probs" in vars(self) or \
+                type(self).compute_probs is not MultiHeadAttention.compute_probs:
+            # the matrix replaced (diagnostics.override_attention) or redefined: as it gives
             heads = self.compute_probs(x, mask) @ v  # (B, h, n, d_h): P_l X W_l^V
         else:  # the same P_l X W_l^V fused: one kernel, not the products, softmax and copies
             heads = F.scaled_dot_product_attention(
