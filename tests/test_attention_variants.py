@@ -98,6 +98,17 @@ def test_l2_attention_shapes_gradients_and_validation():
         L2MultiHeadAttention(8, 3)
 
 
+def test_l2_attention_forward_uses_a_redefined_matrix():  # (an ablation's: test_diagnostics)
+    class Uniform(L2MultiHeadAttention):  # uniform rows: every token's output is the same
+        def compute_probs(self, x):
+            return torch.full((len(x), 2, 3, 3), 1 / 3, dtype=x.dtype)
+
+    x, att = torch.randn(2, 3, 4, generator=_gen(2), dtype=F64), _randomise(Uniform(4, 2), seed=1)
+    out = att(x)
+    torch.testing.assert_close(out, out[:, :1].expand_as(out))
+    assert not torch.allclose(_l2_reference(x, att), out)
+
+
 def _jacobian_norm(f, x):
     jac = torch.autograd.functional.jacobian(f, x)
     return torch.linalg.matrix_norm(jac.reshape(x.numel(), x.numel()), 2).item()

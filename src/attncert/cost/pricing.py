@@ -117,28 +117,31 @@ def graphs(model: J.Model) -> str:
     return graphs_key(VIT_KINDS[model.family], model.margin, any(model.msvp or ()))
 
 
+def _measured_kind(model: J.Model) -> str:
+    """The bench model kind ``model``'s forward was measured as (an MSVP model's forward is the
+    standard ViT's: MSVP is its training), "" for a model of no bench kind."""
+    if model.kind == "text":
+        return TEXT_KINDS.get(model.family, "")
+    if model.kind != "vit" or model.family not in VIT_KINDS:
+        return ""
+    return STANDARD_VIT if model.family == "msvp" else VIT_KINDS[model.family]
+
+
 def audit_graphs(model: J.Model) -> str:
     """The step kind a PGD audit of ``model`` is measured under graphs as (its compiled
     attack copy, :func:`attncert.cost.bench.bench_audits`), "" for a model of no bench kind
     (eager)."""
-    if model.kind == "text" and model.family in TEXT_KINDS:
-        return graphs_key(TEXT_KINDS[model.family], audit=True)
-    if model.kind != "vit" or model.family not in VIT_KINDS:
-        return ""
-    kind = STANDARD_VIT if model.family == "msvp" else VIT_KINDS[model.family]  # MSVP: training
-    return graphs_key(kind, audit=True)
+    kind = _measured_kind(model)
+    return graphs_key(kind, audit=True) if kind else ""
 
 
 def forward_kind(model: J.Model) -> str:
     """The bench model kind whose measured per-kernel constant prices the work on ``model``
-    other than its training (its evaluations, certificates and audits: an MSVP model's forward
-    is the standard ViT's), "" for a model of no bench kind (its stage's constant)."""
-    if model.kind == "text":
-        return TEXT_KINDS.get(model.family, "")
-    if model.kind != "vit" or not model.family:
-        return ""
-    return STANDARD_VIT if model.family not in VIT_KINDS or model.family == "msvp" \
-        else VIT_KINDS[model.family]
+    other than its training (its evaluations, certificates and audits): its
+    :func:`_measured_kind`, the standard ViT's for the ViTs of no bench kind (SpecFormer's
+    comparison methods: standard ViTs with another attention), "" otherwise (its stage's)."""
+    kind = _measured_kind(model)
+    return kind or (STANDARD_VIT if model.kind == "vit" and model.family else "")
 
 
 def counts(model: J.Model) -> dict[str, Counts]:

@@ -126,8 +126,12 @@ class L2MultiHeadAttention(_HeadedAttention):
                 values = values + self.v.bias.view(h, 1, dh)
         else:
             values = self._split(self.v(x))
-        # the matrix through compute_probs (the same as _probs(q)): replaceable by an ablation
-        return self._merge(self.compute_probs(x) @ values)
+        if "compute_probs" in vars(self) or \
+                type(self).compute_probs is not L2MultiHeadAttention.compute_probs:
+            probs = self.compute_probs(x)  # replaced (diagnostics.override_attention) or redefined
+        else:  # compute_probs(x) from the queries already projected
+            probs = self._probs(q, self.d_head)
+        return self._merge(probs @ values)
 
     def lipschitz_bound(self, n: int, radius: float | None = None) -> float:
         """Global L2 (Frobenius) Lipschitz bound of this layer (no residual) on n tokens:
