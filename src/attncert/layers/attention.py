@@ -20,6 +20,13 @@ def linear_weight(m: nn.Module) -> Tensor:
     return m.weight_effective() if hasattr(m, "weight_effective") else m.weight
 
 
+def probs_replaced(module: nn.Module, cls: type) -> bool:
+    """Whether ``module``'s ``compute_probs`` is not ``cls``'s own: replaced on the instance
+    (:func:`attncert.diagnostics.override_attention`) or redefined by a subclass; a forward
+    that computes the matrix its own way then uses ``compute_probs`` instead."""
+    return "compute_probs" in vars(module) or type(module).compute_probs is not cls.compute_probs
+
+
 class MultiHeadAttention(nn.Module):
     """Multi-head self-attention on (B, n, dim) with four dim x dim projections.
 
@@ -82,8 +89,7 @@ class MultiHeadAttention(nn.Module):
         its fused kernels have neither a forward-mode derivative nor a second backward, so
         take Jacobians of the module in reverse mode)."""
         v = self._split(self.v(x))
-        if "compute_probs" in vars(self) or \
-                type(self).compute_probs is not MultiHeadAttention.compute_probs:
+        if probs_replaced(self, MultiHeadAttention):
             # the matrix replaced (diagnostics.override_attention) or redefined: as it gives
             heads = self.compute_probs(x, mask) @ v  # (B, h, n, d_h): P_l X W_l^V
         else:  # the same P_l X W_l^V fused: one kernel, not the products, softmax and copies

@@ -22,7 +22,7 @@ import torch
 from torch import Tensor, nn
 
 from ..pipeline import rng
-from .attention import MultiHeadAttention, linear_weight
+from .attention import MultiHeadAttention, linear_weight, probs_replaced
 from .embed import SVD_PAD
 
 VALUE_MAPS = ("kim", "plain")
@@ -126,8 +126,7 @@ class L2MultiHeadAttention(_HeadedAttention):
                 values = values + self.v.bias.view(h, 1, dh)
         else:
             values = self._split(self.v(x))
-        if "compute_probs" in vars(self) or \
-                type(self).compute_probs is not L2MultiHeadAttention.compute_probs:
+        if probs_replaced(self, L2MultiHeadAttention):
             probs = self.compute_probs(x)  # replaced (diagnostics.override_attention) or redefined
         else:  # compute_probs(x) from the queries already projected
             probs = self._probs(q, self.d_head)
