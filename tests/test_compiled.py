@@ -242,3 +242,33 @@ def test_olsa_training_forward_compiles_whole_with_its_batched_maps(kind):
                     strict=True):
         torch.testing.assert_close(a, b, rtol=1e-8, atol=1e-10)
     torch._dynamo.reset()
+
+
+def test_a_function_run_outside_the_graphs_breaks_one_even_on_its_first_call():
+    """:func:`compiled.outside_graphs` applies ``torch.compiler.disable`` at the first call (not
+    at import, which would import ``torch._dynamo``): a first call inside a graph being traced
+    still runs eagerly, between two graphs, and counts as an eager region."""
+    seen = []
+
+    @compiled.outside_graphs
+    def norm(w):
+        seen.append(compiled.in_eager_region())
+        return torch.linalg.matrix_norm(w, ord=2)
+
+    def f(x, w):
+        return (x @ w).relu().sum() * norm(w)
+
+    graphs = []
+
+    def backend(gm, inputs):
+        graphs.append([str(n.target) for n in gm.graph.nodes if n.op == "call_function"])
+        return gm.forward
+
+    x, w = torch.randn(3, 4, dtype=torch.float64), torch.randn(4, 4, dtype=torch.float64)
+    torch._dynamo.reset()
+    traced = torch.compile(f, backend=backend)
+    for _ in range(2):
+        torch.testing.assert_close(traced(x, w), f(x, w), rtol=1e-12, atol=0)
+    torch._dynamo.reset()
+    assert len(graphs) == 2 and seen and all(seen)
+    assert not any("linalg" in op or "svd" in op for g in graphs for op in g), graphs

@@ -5,7 +5,6 @@ from __future__ import annotations
 import math
 
 import torch
-from scipy.special import lambertw
 from torch import Tensor
 
 __all__ = [
@@ -45,6 +44,8 @@ def kim_l2_attention_lipschitz(wq: Tensor, wv: Tensor, wo: Tensor, n: int) -> fl
     P^h X A_h W^{V,h} with A_h = W^{Q,h} W^{Q,h}^T / sqrt(d_h); see tests/test_global_bounds.py
     for its reach (the ||W^Q|| exponent: it needs ||W^{Q,h}|| <= 1 to dominate the linear part).
     """
+    from scipy.special import lambertw  # scipy: imported where used, not by every stage
+
     if n < 1:
         raise ValueError("n must be >= 1")
     d_h = wq.shape[-1]

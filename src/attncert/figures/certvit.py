@@ -5,8 +5,9 @@ from __future__ import annotations
 
 import matplotlib.pyplot as plt
 import pandas as pd
-import seaborn as sns
 from matplotlib.figure import Figure
+
+from attncert.figures import sns
 
 __all__ = ["plot_certified_modes", "plot_dr_sites", "plot_lipschitz_components", "plot_steps"]
 

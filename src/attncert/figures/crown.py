@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import matplotlib.pyplot as plt
 import pandas as pd
-import seaborn as sns
 from matplotlib.figure import Figure
+
+from attncert.figures import sns
 
 __all__ = ["plot_table1", "plot_table2"]
 

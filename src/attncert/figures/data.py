@@ -6,8 +6,9 @@ from typing import Any
 
 import matplotlib.pyplot as plt
 import pandas as pd
-import seaborn as sns
 import torch
+
+from attncert.figures import sns
 
 
 def class_grid(obj: dict[str, Any], per_class: int, split: str = "train"):

@@ -6,8 +6,9 @@ from collections.abc import Sequence
 
 import matplotlib.pyplot as plt
 import pandas as pd
-import seaborn as sns
 from matplotlib.figure import Figure
+
+from attncert.figures import sns
 
 __all__ = ["plot_attention", "plot_frontier"]
 

@@ -10,8 +10,9 @@ from collections.abc import Hashable, Mapping, Sequence
 
 import numpy as np
 import pandas as pd
-import seaborn as sns
 from matplotlib.figure import Figure
+
+from attncert.figures import sns
 
 __all__ = ["merge_coinciding", "plot_certified_grid", "tradeoff_frame", "plot_tradeoff",
            "spread", "MAX_WIDTH_INCHES", "PANEL_INCHES"]

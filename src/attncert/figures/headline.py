@@ -8,8 +8,9 @@ from collections.abc import Mapping, Sequence
 
 import matplotlib.pyplot as plt
 import pandas as pd
-import seaborn as sns
 from matplotlib.figure import Figure
+
+from attncert.figures import sns
 
 __all__ = ["headline_frame", "plot_headline"]
 

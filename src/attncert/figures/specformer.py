@@ -7,8 +7,9 @@ from collections.abc import Sequence
 
 import matplotlib.pyplot as plt
 import pandas as pd
-import seaborn as sns
 from matplotlib.figure import Figure
+
+from attncert.figures import sns
 
 __all__ = ["plot_l2_curves", "plot_max_sigma", "plot_robustness", "plot_step_ratios"]
 

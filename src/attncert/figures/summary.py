@@ -11,10 +11,10 @@ from collections.abc import Mapping
 
 import matplotlib.pyplot as plt
 import pandas as pd
-import seaborn as sns
 import torch
 from matplotlib.figure import Figure
 
+from attncert.figures import sns
 from attncert.figures.grid import plot_certified_grid, plot_tradeoff, tradeoff_frame
 from attncert.figures.headline import OURS, headline_frame, plot_headline
 from attncert.report import paper

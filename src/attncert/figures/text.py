@@ -5,8 +5,9 @@ from __future__ import annotations
 
 import matplotlib.pyplot as plt
 import pandas as pd
-import seaborn as sns
 from matplotlib.figure import Figure
+
+from attncert.figures import sns
 
 __all__ = ["plot_accuracy_vs_radius", "plot_attention_tradeoff", "plot_certified_vs_eps"]
 

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import matplotlib.pyplot as plt
 import pandas as pd
-import seaborn as sns
 from matplotlib.figure import Figure
 
+from attncert.figures import sns
 from attncert.tightness import paper_table3_frame
 
 __all__ = ["plot_figure1", "plot_table3", "plot_figure3", "plot_figure4"]

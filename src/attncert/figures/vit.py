@@ -6,8 +6,9 @@ from collections.abc import Mapping, Sequence
 
 import matplotlib.pyplot as plt
 import pandas as pd
-import seaborn as sns
 from matplotlib.figure import Figure
+
+from attncert.figures import sns
 
 __all__ = ["plot_training", "plot_spectral_norms", "plot_certified", "plot_radius_cost"]
 

@@ -137,10 +137,13 @@ def outside_graphs(fn: Callable) -> Callable:
     for the few operations a CUDA graph cannot hold inside a forward pass that otherwise can
     (an SVD, whose CUDA kernels copy their status to the host). Its outputs enter the next
     graph as inputs; autograd runs its backward eagerly too. :func:`in_eager_region` tells
-    ``tests/test_capture.py`` which operations run outside the graphs."""
+    ``tests/test_capture.py`` which operations run outside the graphs.
 
-    @torch.compiler.disable
-    @functools.wraps(fn)
+    ``torch.compiler.disable`` is applied at the first call, not at import: it imports
+    ``torch._dynamo`` (about two seconds), which a process that never compiles (the runner
+    validating the params, an eager run) should not pay. A first call inside a graph being
+    traced breaks the graph there as any later call does (``tests/test_compiled.py``)."""
+
     def eager(*args, **kwargs):
         global _eager_depth
         _eager_depth += 1
@@ -149,7 +152,15 @@ def outside_graphs(fn: Callable) -> Callable:
         finally:
             _eager_depth -= 1
 
-    return eager
+    disabled: list[Callable] = []
+
+    @functools.wraps(fn)
+    def call(*args, **kwargs):
+        if not disabled:
+            disabled.append(torch.compiler.disable(eager))
+        return disabled[0](*args, **kwargs)
+
+    return call
 
 
 def in_eager_region() -> bool:
