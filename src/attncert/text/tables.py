@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any
 
 import pandas as pd
 
+from attncert.figures import text as figs
 from attncert.report import paper
 from attncert.text.jobs import STUDY, UNITS, dataset_jobs, text_datasets
 
@@ -95,8 +96,6 @@ def study_tables(p: Params, table: pd.DataFrame, curves: pd.DataFrame, reported:
     :func:`attncert.text.evaluate.attention_table`) and certified-accuracy curves: (the
     depth-0 control's name, OLSA versus it, the attention models' differences, the verdict,
     the paper beside ours, the gamma ablation, {file name: figure})."""
-    from attncert.figures import text as figs  # seaborn: not on the path of params checks
-
     deep, shallow = max(p.olsa.depths), min(p.olsa.depths)
     depth0 = f"olsa-L0-g{p.gamma:g}"
     olsa_rows = table[table["family"] == "olsa"].set_index("model")
