@@ -27,11 +27,11 @@ GPUS ?=
 WORKERS ?=
 export PATH := $(abspath $(VENV))/bin:$(PATH)
 
-.PHONY: env pipeline test lint bench rehearse pilot gpu-check gpu-bench gpu-wheels clean-env
+.PHONY: env lock pipeline test lint bench rehearse pilot gpu-check gpu-bench gpu-wheels clean-env
 
 env: $(VENV)/.installed
 
-$(VENV)/.installed: requirements.txt requirements-nodeps.txt pyproject.toml
+$(VENV)/.installed: requirements.txt constraints.txt requirements-nodeps.txt pyproject.toml
 	@$(PYTHON) -c 'import sys; assert sys.version_info[:2] == (3, 11), "Python 3.11 is required, found " + sys.version.split()[0]'
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q -r requirements.txt
@@ -44,6 +44,11 @@ $(VENV)/.installed: requirements.txt requirements-nodeps.txt pyproject.toml
 	    "install torch and torchvision builds that match (see README)" >&2; exit 1; fi; }
 	$(PY) -c 'import torch, torchvision, attncert; print("torch", torch.__version__, "torchvision", torchvision.__version__)'
 	touch $@
+
+# after a change of requirements.txt, once the tests pass: the versions its pins pulled in, into
+# constraints.txt (scripts/lock-constraints), so every fresh install resolves the same ones
+lock: env
+	$(PY) scripts/lock-constraints
 
 pipeline: env
 	$(if $(SCALE),$(PY) -m attncert.pipeline.profile apply $(SCALE) $(if $(KEEP_EDITS),--keep-edits))

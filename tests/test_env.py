@@ -1,5 +1,6 @@
 """The pinned environment is described identically in requirements.txt and environment.yml."""
 
+import re
 from pathlib import Path
 
 from attncert.pipeline.params import read_yaml
@@ -15,7 +16,7 @@ def _pins(lines):
             continue
         name, _, version = line.partition("==")
         assert version, f"unpinned requirement: {line!r}"
-        out[name.lower().replace("_", "-")] = version
+        out[re.sub(r"[-_.]+", "-", name.strip()).lower()] = version.strip()
     return out
 
 
@@ -49,3 +50,20 @@ def test_torch_and_torchvision_pinned_together():
 def test_dvc_config_turns_off_analytics():
     text = (ROOT / ".dvc" / "config").read_text()
     assert "analytics = false" in text and "check_update = false" in text
+
+
+def test_constraints_hold_the_dependencies_only():
+    """constraints.txt pins what the requirements pull in, each at one exact version, and
+    none of the packages the requirement files pin themselves; both install routes read it."""
+    lines = (ROOT / "constraints.txt").read_text().splitlines()
+    locked = _pins(lines)
+    assert len(locked) == len([x for x in lines if x.strip() and not x.startswith("#")])
+    assert locked and all(v and "+" not in v and "*" not in v for v in locked.values())
+    own = (_pins((ROOT / "requirements.txt").read_text().splitlines())
+           | _pins((ROOT / "requirements-nodeps.txt").read_text().splitlines()))
+    assert not set(locked) & set(own), sorted(set(locked) & set(own))
+    assert "-c constraints.txt" in (ROOT / "requirements.txt").read_text().splitlines()
+    pip_block = next(d["pip"] for d in read_yaml(ROOT / "environment.yml")["dependencies"]
+                     if isinstance(d, dict) and "pip" in d)
+    assert "-c constraints.txt" in pip_block
+    assert "constraints.txt" in (ROOT / "Makefile").read_text().split(".installed:", 1)[1]
