@@ -9,7 +9,18 @@ import pytest
 from helpers import params_with
 
 from attncert.cost.counting import GPUS, Counts
-from attncert.cost.graphs import COMPILE_BENCH, graphs_key, with_graphs
+from attncert.cost.graphs import (
+    COMPILE_BENCH,
+    LIPSCHITZ_VIT,
+    MSVP_VIT,
+    OLSA_TEXT,
+    STANDARD_TEXT,
+    STANDARD_VIT,
+    estimated_speedups,
+    graphs_key,
+    with_graphs,
+)
+from attncert.cost.table import _estimated_row
 from attncert.cost.work import Work, training_work
 from attncert.stages.registry import load_params
 
@@ -227,3 +238,32 @@ def test_an_isolated_bench_run_returns_its_rows_or_why_it_failed(smoke):
     assert why == "" and [(r["model"], r["status"]) for r in rows] == [("LoFAST text", "ok")]
     rows, why = out["fast"]
     assert rows is None and why.startswith("ValueError: mode 'fast'")
+
+
+def test_unmeasured_kinds_are_estimated_from_the_kind_they_extend():
+    """A PGD or MSVP variant takes its measured prefix's ratio (MSVP's at most where it adds the
+    penalty), OLSA the slowest measured text kind's; a kind of nothing measured, none; the
+    estimate is a row beside the total, which stays eager for those kinds."""
+    gpu = dataclasses.replace(GPUS["h100"], kernel_seconds=1e-5, graphs_speedup=(
+        (STANDARD_VIT, 5.0), (MSVP_VIT, 2.0), (graphs_key(LIPSCHITZ_VIT, "lmt"), 6.0),
+        (STANDARD_TEXT, 3.0), ("LoFAST text", 11.0)))
+    keys = [graphs_key(STANDARD_VIT, adversarial=True), graphs_key(STANDARD_VIT, audit=True),
+            graphs_key(MSVP_VIT, adversarial=True), graphs_key(LIPSCHITZ_VIT, "lmt", msvp=True),
+            OLSA_TEXT, graphs_key(OLSA_TEXT, audit=True), graphs_key(LIPSCHITZ_VIT),
+            STANDARD_VIT, "", graphs_key(STANDARD_VIT, adversarial=True)]
+    assert dict(estimated_speedups(gpu, keys)) == {
+        graphs_key(STANDARD_VIT, adversarial=True): 5.0,
+        graphs_key(STANDARD_VIT, audit=True): 5.0,
+        graphs_key(MSVP_VIT, adversarial=True): 2.0,
+        graphs_key(LIPSCHITZ_VIT, "lmt", msvp=True): 2.0,
+        OLSA_TEXT: 3.0, graphs_key(OLSA_TEXT, audit=True): 3.0}  # nothing for the plain ViT
+    assert estimated_speedups(dataclasses.replace(gpu, graphs_speedup=()), keys) == ()
+    work = [Work("s", "a", "bf16", flops=1.0, kernels=1e6, graphs=OLSA_TEXT),
+            Work("s", "b", "bf16", flops=1.0, kernels=1e6, graphs=STANDARD_TEXT)]
+    total = sum(w.seconds(gpu, 0.3) for w in work) / 3600
+    assert total == pytest.approx((10.0 + 10.0 / 3) / 3600)  # OLSA counted eager
+    (row,) = _estimated_row(work, gpu, 0.3, total)
+    assert row.startswith(f"| total, the unmeasured kinds estimated | - | "
+                          f"{(10.0 / 3 + 10.0 / 3) / 3600:.3g} |")
+    assert f"{OLSA_TEXT} 3x" in row
+    assert _estimated_row(work[1:], gpu, 0.3, total) == []  # every kind measured: no row

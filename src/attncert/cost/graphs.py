@@ -78,6 +78,38 @@ def with_graphs(gpu: GPU, params, path: str | Path = COMPILE_BENCH) -> GPU:
                                              f", batch {record['batch']}")
 
 
+def estimated_speedups(gpu: GPU, keys) -> tuple[tuple[str, float], ...]:
+    """An estimate of the CUDA-graph speed-up of each step kind in ``keys`` that has no
+    measurement, from the measured ones of ``gpu`` (:func:`with_graphs`); the kinds it cannot
+    estimate are left out (they stay eager).
+
+    A kind that extends a measured one (PGD adversarial training or a PGD audit of a measured
+    model kind, an MSVP penalty added to a measured margin: its key's longest measured prefix,
+    :func:`graphs_key`) takes that kind's ratio: its passes are the same model's forward and
+    backward, replayed the same way, and the attack's few elementwise kernels between passes
+    run eager. Where the key adds the MSVP penalty, no more than the MSVP model's ratio (its
+    penalty ran eager there). A text model kind of no measured prefix (OLSA's) takes the
+    smallest ratio measured on a text kind. Estimates only: the cost table shows them beside
+    the total, never in it."""
+    measured = dict(gpu.graphs_speedup)
+    text = [measured[k] for k in TEXT_KINDS if k in measured]
+    out = []
+    for key in dict.fromkeys(k for k in keys if k and k not in measured):
+        parts = key.split(", ")
+        prefix = next((", ".join(parts[:n]) for n in range(len(parts) - 1, 0, -1)
+                       if ", ".join(parts[:n]) in measured), None)
+        if prefix is not None:
+            ratio = measured[prefix]
+            if "MSVP" in parts[1:] and MSVP_VIT in measured:
+                ratio = min(ratio, measured[MSVP_VIT])
+        elif parts[0] in TEXT_KINDS and text:
+            ratio = min(text)
+        else:
+            continue
+        out.append((key, ratio))
+    return tuple(out)
+
+
 def compile_rows(training: dict[str, list[dict]], margins: dict[str, list[dict]]
                  ) -> list[dict]:
     """The record's rows from :func:`attncert.cost.bench.bench_training` and

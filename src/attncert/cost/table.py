@@ -9,6 +9,7 @@ from attncert.cost.counting import (
     GPU,
     UTILISATION,
 )
+from attncert.cost.graphs import estimated_speedups
 from attncert.cost.pricing import crown_bound_seconds, priced
 from attncert.cost.work import GPU_MEMORY, Work
 from attncert.stages import STAGES  # the pipeline's stages, one list
@@ -70,6 +71,24 @@ def _pilot_note(gpu: GPU) -> str:
     return f"; each stage's time times its measured / estimated in {gpu.pilot_source} ({per})"
 
 
+def _estimated_row(work: list[Work], gpu: GPU, utilisation: float, total: float) -> list[str]:
+    """A row for the total with the step kinds not yet measured under CUDA graphs at an
+    estimated speed-up (:func:`attncert.cost.graphs.estimated_speedups`); none without any."""
+    if not gpu.graphs_speedup:
+        return []
+    est = estimated_speedups(gpu, (w.graphs for w in work))
+    if not est:
+        return []
+    alt = dataclasses.replace(gpu, graphs_speedup=gpu.graphs_speedup + est)
+    hours = sum(w.seconds(alt, utilisation) for w in work) / 3600
+    per = "; ".join(f"{k} {v:.2g}x" for k, v in est)
+    return [f"| total, the unmeasured kinds estimated | - | {hours:.3g} | | an estimate, not "
+            f"the total: {total - hours:.3g} h less if each step kind not yet measured under "
+            f"CUDA graphs gained as the measured kind it extends does (a PGD training or audit "
+            f"step as its model's training step, an added MSVP penalty no more than MSVP's, "
+            f"OLSA's text model as the slowest measured text kind): {per} |"]
+
+
 def cost_table(params, gpu: GPU, utilisation: float = UTILISATION) -> str:
     """The cost table of docs/cost.md: GPU-hours per stage and the total, with the method in
     one line."""
@@ -106,6 +125,7 @@ def cost_table(params, gpu: GPU, utilisation: float = UTILISATION) -> str:
                      f"{', '.join(sorted(bound_by[s])) or '-'} | {notes.get(s, '')} |")
     total = sum(hours.values())
     lines.append(f"| **total** | {sum(pflop.values()):.3g} | **{total:.3g}** | | |")
+    lines += _estimated_row(work, gpu, utilisation, total)
     c = params["crown"]
     budget = (f", each method capped by crown.time_budget {c.time_budget / 3600:.3g} h a unit"
               if c.time_budget else "")
