@@ -255,3 +255,20 @@ def test_the_fused_attention_counts_the_flops_of_its_products():
     y = x.clone().requires_grad_(True)
     flops, _ = counting.count(lambda: att(y).sum().backward())
     assert flops >= 3 * plain[0]  # the backward's products counted too
+
+
+def test_the_msvp_weights_change_no_count_so_one_count_serves_every_lambda():
+    """The MSVP penalty launches the same kernels and FLOPs whatever its weights (a zero weight
+    included), so the counts are cached per whether it runs: SpecFormer's Table 5 sweep counts
+    its model once. Without the penalty the step counts less."""
+    from attncert.cost.counting import _vit_counts, vit_counts
+    from attncert.models import ViTConfig
+
+    cfg = ViTConfig(image_size=16, channels=3, patch=8, dim=32, depth=2, heads=2,
+                    mlp_hidden=32, num_classes=10, kind="standard", pool="cls")
+    sweep = _vit_counts(cfg, msvp_lambda=(5e-5, 3e-5, 0.0))["train"]
+    assert _vit_counts(cfg, msvp_lambda=(1.0, 1.0, 1.0))["train"] == sweep
+    plain = _vit_counts(cfg)["train"]
+    assert plain.kernels < sweep.kernels
+    assert vit_counts(cfg, (5e-5, 3e-5, 3e-5)) is vit_counts(cfg, (1e-3, 1e-3, 1e-3))
+    assert vit_counts(cfg, (0.0, 0.0, 0.0))["train"] == vit_counts(cfg)["train"] == plain

@@ -324,8 +324,9 @@ def vit_counts(cfg, msvp: tuple[float, ...] | None = None, margin: str = "none"
                ) -> dict[str, Counts]:
     """Train step (with the training ``margin``: only "lofast" changes the counts), forward
     and attack step of a ViT config (cached per shape: a norm bound such as gamma_vo changes
-    no FLOP)."""
-    return _vit_counts_cached(dataclasses.replace(cfg, gamma_vo=1.0), msvp,
+    no FLOP, nor do the MSVP penalty's weights, only whether it runs)."""
+    on = tuple(1.0 for _ in msvp) if msvp and any(msvp) else None
+    return _vit_counts_cached(dataclasses.replace(cfg, gamma_vo=1.0), on,
                               "lofast" if margin == "lofast" else "none")
 
 
