@@ -74,8 +74,6 @@ def _pilot_note(gpu: GPU) -> str:
 def _estimated_row(work: list[Work], gpu: GPU, utilisation: float, total: float) -> list[str]:
     """A row for the total with the step kinds not yet measured under CUDA graphs at an
     estimated speed-up (:func:`attncert.cost.graphs.estimated_speedups`); none without any."""
-    if not gpu.graphs_speedup:
-        return []
     est = estimated_speedups(gpu, (w.graphs for w in work))
     if not est:
         return []
