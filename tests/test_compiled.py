@@ -244,6 +244,55 @@ def test_olsa_training_forward_compiles_whole_with_its_batched_maps(kind):
     torch._dynamo.reset()
 
 
+def _frozen_head():
+    """The OLSA head over a frozen encoder of width 12, through its map to 8 features (trained:
+    singular values spread), on the encoder's cached states (floats) with a padded mask."""
+    from attncert.cost.kinds import StandInEncoder
+    from attncert.text.models import FrozenEncoderOLSA
+
+    torch.manual_seed(0)
+    model = FrozenEncoderOLSA(heads=2, max_len=10, encoder=StandInEncoder(12), hidden=8)
+    with torch.no_grad():
+        model.project_in.weight.mul_(torch.rand(8, 1) * 2 + 0.5)
+    _, mask = _padded(6)
+    return model, 2 * torch.nn.functional.normalize(torch.randn(6, 10, 12), dim=-1), mask
+
+
+def test_the_frozen_head_s_training_forward_compiles_whole():
+    """Its map's norm is a Schatten norm of matrix products (no SVD, no break): one graph,
+    eager's logits and gradients."""
+    model, states, mask = _frozen_head()
+    model = model.double().train()
+    states = states.double()
+    eager = model(states, mask)
+    eager.square().sum().backward()
+    grads = [p.grad.clone() for p in model.parameters() if p.grad is not None]
+    assert model.project_in.weight.grad is not None
+    model.zero_grad()
+    torch._dynamo.reset()
+    out = torch.compile(model, backend="eager", fullgraph=True)(states, mask)
+    out.square().sum().backward()
+    torch.testing.assert_close(out, eager, rtol=1e-10, atol=1e-12)
+    for a, b in zip((p.grad for p in model.parameters() if p.grad is not None), grads,
+                    strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-8, atol=1e-10)
+    torch._dynamo.reset()
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a GPU")
+def test_the_frozen_head_under_cuda_graphs_equals_eager(mode):
+    model, states, mask = _frozen_head()
+    model = model.cuda().train()
+    states, mask = states.cuda(), mask.cuda()
+    with compiled.compiled_forward(model, "graphs"):
+        for _ in range(3):
+            compiled.step_begin("graphs", states.device)
+            got = model(states, mask).detach().clone()
+            want = type(model).forward(model, states, mask)
+            assert torch.allclose(got, want, rtol=1e-4, atol=1e-5)
+    torch._dynamo.reset()
+
+
 def test_a_function_run_outside_the_graphs_breaks_one_even_on_its_first_call():
     """:func:`compiled.outside_graphs` applies ``torch.compiler.disable`` at the first call (not
     at import, which would import ``torch._dynamo``): a first call inside a graph being traced

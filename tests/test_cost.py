@@ -122,7 +122,7 @@ def test_bench_times_a_training_step_of_every_model_kind(smoke):
                               adversarial=True)
     assert [r["model"] for r in adv] == [graphs_key(k, adversarial=True)
                                          for k in ADVERSARIAL_KINDS]
-    assert len(rows) == 6 and all(r["ms_per_step"] > 0 and r["precision"] == "fp32"
+    assert len(rows) == 7 and all(r["ms_per_step"] > 0 and r["precision"] == "fp32"
                                   and r["status"] == "ok" for r in rows + adv)
     ms = {r["model"]: r["ms_per_step"] for r in rows + adv}
     assert all(ms[graphs_key(k, adversarial=True)] > ms[k] for k in ADVERSARIAL_KINDS)

@@ -11,6 +11,7 @@ from helpers import params_with
 from attncert.cost.counting import GPUS, Counts
 from attncert.cost.graphs import (
     COMPILE_BENCH,
+    FROZEN_HEAD,
     LIPSCHITZ_VIT,
     MSVP_VIT,
     OLSA_TEXT,
@@ -69,8 +70,8 @@ def test_only_a_training_runs_kernels_get_faster():
 
 def test_audits_take_their_kinds_measured_step(smoke):
     """A PGD audit on a compiled attack copy is the audit step kind of its model's kind;
-    SpecFormer's table attacks (the float32 model itself, eager) and the frozen-encoder head's
-    audits (no bench kind) count eager."""
+    SpecFormer's table attacks (the float32 model itself, eager) count eager; the frozen-encoder
+    head's audits are its kind's (a bench kind since 2026-11-30)."""
     from attncert.cost.table import stage_work
 
     work = stage_work(load_params(smoke), ("certify_vit", "frontier", "specformer", "text"))[0]
@@ -82,12 +83,28 @@ def test_audits_take_their_kinds_measured_step(smoke):
     assert audits["frontier"] == {"lipschitz ViT (train_vit), PGD audit",
                                   "standard ViT (specformer vanilla), PGD audit", ""}  # linear
     assert "" in audits["specformer"]
-    assert audits["text"] == {"", "OLSA text, PGD audit", "LoFAST text, PGD audit",
-                              "standard text, PGD audit"}  # "": the frozen-encoder head's
+    assert audits["text"] == {"OLSA text, PGD audit", "LoFAST text, PGD audit",
+                              "standard text, PGD audit", f"{FROZEN_HEAD}, PGD audit"}
     gpu = dataclasses.replace(GPUS["h100"], kernel_seconds=1e-5, graphs_speedup=(
         ("lipschitz ViT (train_vit), PGD audit", 4.0),))
     audit = next(w for w in work if w.stage == "certify_vit" and w.kind == "tf32")
     assert audit.kernel_seconds(gpu) == pytest.approx(audit.kernels * 1e-5 / 4)
+
+
+def test_the_imagenet_vits_audits_are_standard_vit_audit_steps(smoke, tmp_path):
+    """Table 3's hub ViTs (loaded and adapted) are standard ViTs: their PGD audits, on the
+    compiled attack copy as every audit, are the standard ViT's audit step kind, so the
+    estimate row can price them; they train nothing."""
+    from attncert.certvit.plan import jobs
+    from attncert.cost.pricing import audit_graphs, graphs
+
+    hub = params_with(smoke, tmp_path, "certvit", "imagenet",
+                      {"sources": ["facebook/deit-tiny-patch16-224"], "calibration": 10})
+    imagenet = [j for j in jobs(load_params(hub)) if j.unit == "certvit_imagenet"]
+    assert len(imagenet) == 1 + len(load_params(hub)["certvit"].constrain)
+    assert {audit_graphs(j.model) for j in imagenet} == {graphs_key(STANDARD_VIT, audit=True)}
+    assert {graphs(j.model) for j in imagenet} == {STANDARD_VIT}  # were one trained
+    assert not any(type(ph).__name__ == "Train" for j in imagenet for ph in j.phases)
 
 
 def test_graphs_keys():
@@ -196,7 +213,7 @@ def test_the_gpu_bench_commands_write_their_records(smoke, tmp_path, monkeypatch
               "--concurrent", "1", "4", "--kinds", "all", "--concurrent-only",
               "--write-concurrency", str(conc_path)])
     table = plan.concurrency(conc_path)
-    assert len(table) == 6 and all(by_k[4] == pytest.approx(5 / 2) for by_k in table.values())
+    assert len(table) == 7 and all(by_k[4] == pytest.approx(5 / 2) for by_k in table.values())
     assert {r["device"] for r in json.loads(conc_path.read_text())["rows"]} == {"a GPU"}
     for argv, match in ((["--modes", "eager", "--write-compile", str(compile_path)],
                          "needs --modes eager graphs"),
@@ -242,21 +259,24 @@ def test_an_isolated_bench_run_returns_its_rows_or_why_it_failed(smoke):
 
 def test_unmeasured_kinds_are_estimated_from_the_kind_they_extend():
     """A PGD or MSVP variant takes its measured prefix's ratio (MSVP's at most where it adds the
-    penalty), OLSA the slowest measured text kind's; a kind of nothing measured, none; the
+    penalty), OLSA and the frozen head the slowest measured text kind's; a kind of nothing
+    measured, none; the
     estimate is a row beside the total, which stays eager for those kinds."""
     gpu = dataclasses.replace(GPUS["h100"], kernel_seconds=1e-5, graphs_speedup=(
         (STANDARD_VIT, 5.0), (MSVP_VIT, 2.0), (graphs_key(LIPSCHITZ_VIT, "lmt"), 6.0),
         (STANDARD_TEXT, 3.0), ("LoFAST text", 11.0)))
     keys = [graphs_key(STANDARD_VIT, adversarial=True), graphs_key(STANDARD_VIT, audit=True),
             graphs_key(MSVP_VIT, adversarial=True), graphs_key(LIPSCHITZ_VIT, "lmt", msvp=True),
-            OLSA_TEXT, graphs_key(OLSA_TEXT, audit=True), graphs_key(LIPSCHITZ_VIT),
-            STANDARD_VIT, "", graphs_key(STANDARD_VIT, adversarial=True)]
+            OLSA_TEXT, graphs_key(OLSA_TEXT, audit=True), FROZEN_HEAD,
+            graphs_key(FROZEN_HEAD, audit=True), graphs_key(LIPSCHITZ_VIT), STANDARD_VIT, "",
+            graphs_key(STANDARD_VIT, adversarial=True)]
     assert dict(estimated_speedups(gpu, keys)) == {
         graphs_key(STANDARD_VIT, adversarial=True): 5.0,
         graphs_key(STANDARD_VIT, audit=True): 5.0,
         graphs_key(MSVP_VIT, adversarial=True): 2.0,
         graphs_key(LIPSCHITZ_VIT, "lmt", msvp=True): 2.0,
-        OLSA_TEXT: 3.0, graphs_key(OLSA_TEXT, audit=True): 3.0}  # nothing for the plain ViT
+        OLSA_TEXT: 3.0, graphs_key(OLSA_TEXT, audit=True): 3.0, FROZEN_HEAD: 3.0,
+        graphs_key(FROZEN_HEAD, audit=True): 3.0}  # nothing for the plain ViT
     assert estimated_speedups(dataclasses.replace(gpu, graphs_speedup=()), keys) == ()
     work = [Work("s", "a", "bf16", flops=1.0, kernels=1e6, graphs=OLSA_TEXT),
             Work("s", "b", "bf16", flops=1.0, kernels=1e6, graphs=STANDARD_TEXT)]

@@ -106,12 +106,14 @@ def jobs(p: StudyParams) -> list[Job]:
         # one image per class of those left after calibration
         n = min(IMAGENET_CLASSES, n_val - min(cv.imagenet.calibration, n_val // 2))
         what, b = f"Table 3 ImageNet {source}", cv.eval_batch_size
-        imagenet.append(Job("certvit", "certvit_imagenet", what, Model("vit", cfg), (
+        hub = Model("vit", cfg, family="standard")  # its audits' attack step: a standard ViT's
+        imagenet.append(Job("certvit", "certvit_imagenet", what, hub, (
             Forwards(f"{what}: loaded accuracy", n, b),  # the hub model, float32
             Diagnostics(n, b, fp64=False))))
         for mode in cv.constrain:  # adapted accuracy, DR, certificate, audit, diagnostics
             what = f"Table 3 ImageNet {source} {mode}"
-            imagenet.append(Job("certvit", "certvit_imagenet", what, Model("vit", adapted(cfg)), (
+            imagenet.append(Job("certvit", "certvit_imagenet", what, dataclasses.replace(
+                    hub, config=adapted(cfg)), (
                 Forwards(f"{what}: adapted accuracy", n, b),
                 _projection(cv, cfg, f"{what}: Douglas-Rachford"),
                 Forwards(f"{what}: global certificate", n, b, fp64=True),

@@ -26,7 +26,7 @@ autocast on CUDA, as ``base.precision: auto`` trains) of every model kind at its
 shape with a stated batch, on this machine's device.
 """
 
-from attncert.cost.bench import bench_models, bench_training
+from attncert.cost.bench import bench_training
 from attncert.cost.cli import COST_DOC, MARKERS, PLAN_MARKERS, main, write_block
 from attncert.cost.counting import (
     DATASETS,
@@ -47,6 +47,7 @@ from attncert.cost.counting import (
     vit_counts,
     vit_forward64,
 )
+from attncert.cost.kinds import bench_models
 from attncert.cost.table import STAGES, cost_table, stage_work
 from attncert.cost.work import Work, audit_work, training_work
 from attncert.models.config import HF_VITS

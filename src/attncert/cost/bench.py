@@ -3,9 +3,8 @@ shape (``python -m attncert.cost bench``)."""
 
 from __future__ import annotations
 
-import functools
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from typing import Any
 
 import torch
@@ -14,84 +13,16 @@ from torch import nn
 from attncert.cost.counting import random_images
 from attncert.cost.graphs import (
     LIPSCHITZ_VIT,
-    LOFAST_TEXT,
     MSVP_VIT,
-    OLSA_TEXT,
-    STANDARD_TEXT,
     STANDARD_VIT,
     TEXT_KINDS,
     graphs_key,
 )
+from attncert.cost.kinds import bench_models, step_terms
 from attncert.pipeline.datasets import stand_in
-from attncert.text.tokenize import VOCAB
 from attncert.training.loop import fused_on_cuda
 
 # -- training step times (make bench) ----------------------------------------------------------
-
-
-def bench_models(params) -> dict[str, tuple[nn.Module, Callable[[int], tuple], str]]:
-    """Every trained model kind at its params-file shape: name -> (model, batch(b), shape)."""
-    from attncert.grid.params import model_config as grid_model_config
-    from attncert.models import build_vit
-    from attncert.pipeline.runs import GridPoint
-    from attncert.specformer import methods as sf
-    from attncert.text.lofast import LipschitzTextTransformer, TextTransformerConfig
-    from attncert.text.models import OLSAClassifier
-    from attncert.text.standard import StandardTextTransformer
-
-    g, s, sfp, t = params["vit_grid"], params["train_vit"], params["specformer"], params["text"]
-    ds, depth, heads = g.dataset[0], max(g.depth), max(g.heads)
-    lip = grid_model_config(s, GridPoint(g.results_dir, ds, depth, heads, g.gamma_vo[0]),
-                                 stand_in(ds))
-    base = sf.base_model_config(stand_in(sfp.datasets[0]), **sfp.vit.arch(), block=sfp.block)
-
-    def images(cfg):
-        return functools.partial(random_images, cfg)
-
-    def tokens(b):
-        return (torch.randint(1, VOCAB, (b, t.max_len)),
-                torch.ones(b, t.max_len, dtype=torch.bool), torch.zeros(b, dtype=torch.long))
-
-    torch.manual_seed(0)
-    deep = max(t.olsa.depths)
-    lcfg = TextTransformerConfig(vocab_size=VOCAB, max_len=t.max_len, dim=t.lofast.dim,
-                                 depth=max(t.lofast.depths), heads=max(t.lofast.heads),
-                                 mlp_hidden=t.lofast.mlp_hidden, radius_attn=t.lofast.radius_attn,
-                                 gamma_qk=t.lofast.gamma_qk, gamma_vo=t.lofast.gamma_vo[0])
-    return {
-        LIPSCHITZ_VIT: (build_vit(lip), images(lip),
-                                      f"{ds} {lip.image_size}px patch {lip.patch}, "
-                                      f"{lip.dim}-d, depth {depth}, {heads} heads"),
-        STANDARD_VIT: (build_vit(base), images(base),
-                                              f"{base.dim}-d, depth {base.depth}, patch "
-                                              f"{base.patch}"),
-        MSVP_VIT: (build_vit(base), images(base), "as vanilla + MSVP"),
-        OLSA_TEXT: (OLSAClassifier(vocab_size=VOCAB, max_len=t.max_len, dim=t.dim,
-                                     depth=deep, heads=t.heads), tokens,
-                      f"{t.max_len} tokens, {t.dim}-d, depth {deep}"),
-        LOFAST_TEXT: (LipschitzTextTransformer(lcfg), tokens,
-                        f"{t.max_len} tokens, {lcfg.dim}-d, depth {lcfg.depth}"),
-        STANDARD_TEXT: (StandardTextTransformer(VOCAB, t.max_len, t.dim, deep, t.heads,
-                                                  2 * t.dim), tokens,
-                          f"{t.max_len} tokens, {t.dim}-d, depth {deep}"),
-    }
-
-
-
-
-def step_terms(params, kind: str, model: nn.Module
-               ) -> tuple[Callable[..., Any] | None, Callable[[], None] | None]:
-    """(loss(logits, y), after()) of a training step of the bench's ``kind`` beyond
-    cross-entropy and AdamW, or (None, None): a text model's as its runs take it
-    (:func:`attncert.text.train_text.step_terms`; OLSA's with the certificate regulariser at
-    ``text.gamma``, then every kind's re-projection of its orthogonal maps). The bench times
-    and the GPU calibration counts the same step."""
-    if kind not in TEXT_KINDS:
-        return None, None
-    from attncert.text.train_text import step_terms as text_step_terms
-
-    return text_step_terms(model, params["text"].gamma if kind == OLSA_TEXT else 0.0)
-
 
 #: how a bench step runs: eager, or compiled as training runs it in ``base.compile``'s modes
 #: (:mod:`attncert.training.compiled`: ``compile``, ``graphs`` with CUDA graphs on CUDA)

@@ -26,16 +26,25 @@ from pathlib import Path
 from typing import Any
 
 from attncert.cost.counting import COUNTING, GPU
-from attncert.cost.graphs import LIPSCHITZ_VIT, MSVP_VIT, STANDARD_VIT, TEXT_KINDS
+from attncert.cost.graphs import (
+    LIPSCHITZ_VIT,
+    LOFAST_TEXT,
+    MSVP_VIT,
+    OLSA_TEXT,
+    STANDARD_TEXT,
+    STANDARD_VIT,
+)
 from attncert.pipeline.io import write_json
 
-#: the bench model kind whose measured constant costs each stage's work (text: several)
+#: the bench model kind whose measured constant costs each stage's work (text: its three models
+#: trained from scratch, the largest; the frozen-encoder head, a one-layer OLSA model, takes
+#: the stage's constant until its own is measured)
 STAGE_MODELS = {
     "tightness": (LIPSCHITZ_VIT,), "train_vit": (LIPSCHITZ_VIT,),
     "certify_vit": (LIPSCHITZ_VIT,), "frontier": (LIPSCHITZ_VIT,),
     "crown": (LIPSCHITZ_VIT,), "specformer": (MSVP_VIT,),
     "certvit": (STANDARD_VIT,),
-    "text": TEXT_KINDS,
+    "text": (OLSA_TEXT, LOFAST_TEXT, STANDARD_TEXT),
 }
 #: written by ``python -m attncert.pipeline.doctor --calibrate`` (``make gpu-check``)
 CALIBRATION_FILE = "reports/gpu_check.json"
@@ -54,8 +63,8 @@ def step_kernels(rows: list[dict[str, Any]], params, batch: int, version: int = 
     """The kernels of one training step of every model kind in ``rows`` (as
     :func:`attncert.cost.bench.bench_training` times it, at ``params``' shapes and ``batch``),
     counted the way of kernel count ``version``."""
-    from attncert.cost.bench import bench_models, step_terms
     from attncert.cost.counting import count, train_step
+    from attncert.cost.kinds import bench_models, step_terms
     from attncert.msvp import MSVP
 
     models = bench_models(params)

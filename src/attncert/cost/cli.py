@@ -19,7 +19,6 @@ from attncert.cost.bench import (
     bench_audits,
     bench_concurrency,
     bench_margins,
-    bench_models,
     bench_training,
     merge_concurrency_bench,
 )
@@ -42,6 +41,7 @@ from attncert.cost.graphs import (
     with_graphs,
     with_pilot,
 )
+from attncert.cost.kinds import bench_models
 from attncert.cost.plan import CONCURRENCY_BENCH
 from attncert.cost.pricing import CROWN_BENCH
 from attncert.cost.table import cost_table

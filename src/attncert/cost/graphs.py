@@ -23,15 +23,16 @@ from attncert.cost.counting import GPU
 
 #: the committed eager / CUDA-graph step times per training step kind
 COMPILE_BENCH = "docs/compile_bench.json"
-#: the bench's model kinds (:func:`attncert.cost.bench.bench_models`)
+#: the bench's model kinds (:func:`attncert.cost.kinds.bench_models`)
 LIPSCHITZ_VIT = "lipschitz ViT (train_vit)"
 STANDARD_VIT = "standard ViT (specformer vanilla)"
 MSVP_VIT = "SpecFormer (MSVP)"
 OLSA_TEXT = "OLSA text"
 LOFAST_TEXT = "LoFAST text"
 STANDARD_TEXT = "standard text"
-#: the bench's text model kinds
-TEXT_KINDS = (OLSA_TEXT, LOFAST_TEXT, STANDARD_TEXT)
+FROZEN_HEAD = "OLSA frozen-encoder head"
+#: the bench's text model kinds (the frozen head trains on the encoder's cached states)
+TEXT_KINDS = (OLSA_TEXT, LOFAST_TEXT, STANDARD_TEXT, FROZEN_HEAD)
 #: the step kind's suffix for PGD adversarial training (:func:`graphs_key`)
 ADVERSARIAL = "PGD training"
 #: the step kind's suffix for a PGD audit's attack step (:func:`graphs_key`)
@@ -88,9 +89,9 @@ def estimated_speedups(gpu: GPU, keys) -> tuple[tuple[str, float], ...]:
     :func:`graphs_key`) takes that kind's ratio: its passes are the same model's forward and
     backward, replayed the same way, and the attack's few elementwise kernels between passes
     run eager. Where the key adds the MSVP penalty, no more than the MSVP model's ratio (its
-    penalty ran eager there). A text model kind of no measured prefix (OLSA's) takes the
-    smallest ratio measured on a text kind. Estimates only: the cost table shows them beside
-    the total, never in it."""
+    penalty ran eager there). A text model kind of no measured prefix (OLSA's, the frozen
+    head's) takes the smallest ratio measured on a text kind. Estimates only: the cost table
+    shows them beside the total, never in it."""
     measured = dict(gpu.graphs_speedup)
     text = [measured[k] for k in TEXT_KINDS if k in measured]
     out = []

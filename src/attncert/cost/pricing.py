@@ -28,6 +28,7 @@ from attncert.cost.counting import (
 )
 from attncert.cost.crown_bench import GRAPH, kernel_key, row_key
 from attncert.cost.graphs import (
+    FROZEN_HEAD,
     LIPSCHITZ_VIT,
     LOFAST_TEXT,
     MSVP_VIT,
@@ -36,6 +37,7 @@ from attncert.cost.graphs import (
     STANDARD_VIT,
     graphs_key,
 )
+from attncert.cost.kinds import StandInEncoder
 from attncert.cost.work import (
     Work,
     audit_work,
@@ -108,6 +110,8 @@ def crown_bound_seconds(depth: int, method: str, path: str | Path = CROWN_BENCH,
 
 def graphs(model: J.Model) -> str:
     """The step kind a training run of ``model`` is measured under graphs as ("": eager)."""
+    if model.kind == "frozen_head":
+        return FROZEN_HEAD
     if model.kind == "text":
         return TEXT_KINDS.get(model.family, "")
     if model.kind != "vit" or not model.family:
@@ -120,6 +124,8 @@ def graphs(model: J.Model) -> str:
 def _measured_kind(model: J.Model) -> str:
     """The bench model kind ``model``'s forward was measured as (an MSVP model's forward is the
     standard ViT's: MSVP is its training), "" for a model of no bench kind."""
+    if model.kind == "frozen_head":
+        return FROZEN_HEAD
     if model.kind == "text":
         return TEXT_KINDS.get(model.family, "")
     if model.kind != "vit" or model.family not in VIT_KINDS:
@@ -155,7 +161,7 @@ def counts(model: J.Model) -> dict[str, Counts]:
         return _text_counts(model.build(), model.max_len, model.margin == "olsa")
     if model.kind == "frozen_head":
         torch.manual_seed(0)
-        return _frozen_head_counts(model.build(encoder=_StandInEncoder(model.width)),
+        return _frozen_head_counts(model.build(encoder=StandInEncoder(model.width)),
                                    model.width, model.max_len, model.margin == "olsa")
     raise ValueError(f"a {model.kind!r} model has no counts")
 
@@ -267,15 +273,6 @@ def _text_counts(model: torch.nn.Module, max_len: int, regulariser: bool = False
                              "forward": fit(forward(model, batch)),
                              "attack": fit(attack_step(model, emb_batch))}
     return _TEXT_COUNTS[key]
-
-
-class _StandInEncoder(torch.nn.Module):
-    """What the frozen head reads of its encoder when it is given the cached states: the
-    width (``config.hidden_size``)."""
-
-    def __init__(self, hidden: int):
-        super().__init__()
-        self.config = type("Config", (), {"hidden_size": hidden})()
 
 
 def _frozen_head_counts(head, hidden: int, max_len: int, regulariser: bool = False

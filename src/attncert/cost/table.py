@@ -84,7 +84,8 @@ def _estimated_row(work: list[Work], gpu: GPU, utilisation: float, total: float)
             f"the total: {total - hours:.3g} h less if each step kind not yet measured under "
             f"CUDA graphs gained as the measured kind it extends does (a PGD training or audit "
             f"step as its model's training step, an added MSVP penalty no more than MSVP's, "
-            f"OLSA's text model as the slowest measured text kind): {per} |"]
+            f"OLSA's text models and the frozen-encoder head as the slowest measured text kind): "
+            f"{per} |"]
 
 
 def cost_table(params, gpu: GPU, utilisation: float = UTILISATION) -> str:

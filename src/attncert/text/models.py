@@ -119,7 +119,7 @@ class _OLSAStack(nn.Module):
     def head_lipschitz(self) -> Tensor:
         """||W_head||_2 of the applied head (1 up to rounding), differentiable (regulariser):
         :func:`~attncert.text.orthogonal.head_norm`, a closed form for two classes (no SVD, no
-        host round trip in the training step), the SVD for more."""
+        host round trip in the training step), the Schatten norm's upper bound for more."""
         return head_norm(self.head.weight_effective())
 
     @torch.no_grad()
@@ -180,9 +180,11 @@ class FrozenEncoderOLSA(_OLSAStack):
 
     ``hidden`` (None: the encoder's width, no map) sets the head's width, as OLSA sec. 5.1's
     hidden 256 over BERT's 768: the map is W / ||W||_2 (:class:`SpectralNormLinear`, started
-    semi-orthogonal and trained), so it is 1-Lipschitz and keeps every token within
-    ``token_norm``; the certificate multiplies its exact spectral norm in (:meth:`lipschitz`),
-    and every OLSA layer projects its input onto the ball it assumes in any case.
+    semi-orthogonal and trained; ||W||_2 bounded from above by W's Schatten norm of order 2^14,
+    :func:`~attncert.text.orthogonal.schatten_norm`, so a CUDA graph holds the step), so it is
+    1-Lipschitz and keeps every token within ``token_norm``; the certificate multiplies its
+    exact spectral norm in (:meth:`lipschitz`), and every OLSA layer projects its input onto
+    the ball it assumes in any case.
     """
 
     def __init__(self, source: str = PACKAGE_SOURCE, heads: int = 8, num_classes: int = 2,

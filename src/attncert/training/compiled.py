@@ -57,9 +57,9 @@ def graphs_blocker(model: nn.Module | None = None) -> str | None:
 
     A model says so with a ``cuda_graphs_blocker`` attribute (none does: the OLSA models'
     capture failed on an H200 on 2026-11-28 on an SVD in the forward pass, now a closed form or
-    run between the graphs, :func:`outside_graphs`; ``tests/test_capture.py`` checks every
-    kind). No training recipe blocks it: PGD adversarial training's passes are graph steps of
-    their own (:func:`each_call_a_step`)."""
+    a Schatten norm of matrix products, :func:`attncert.text.orthogonal.head_norm`;
+    ``tests/test_capture.py`` checks every kind). No training recipe blocks it: PGD
+    adversarial training's passes are graph steps of their own (:func:`each_call_a_step`)."""
     reason = getattr(model, "cuda_graphs_blocker", None)
     if reason:
         return f"{type(model).__name__}: {reason}"
@@ -135,7 +135,8 @@ _eager_depth = 0
 def outside_graphs(fn: Callable) -> Callable:
     """``fn`` runs eagerly, between compiled graphs (a graph break under ``torch.compile``):
     for the few operations a CUDA graph cannot hold inside a forward pass that otherwise can
-    (an SVD, whose CUDA kernels copy their status to the host). Its outputs enter the next
+    (an SVD, whose CUDA kernels copy their status to the host; no model of the study has one
+    left). Its outputs enter the next
     graph as inputs; autograd runs its backward eagerly too. :func:`in_eager_region` tells
     ``tests/test_capture.py`` which operations run outside the graphs.
 
