@@ -93,7 +93,7 @@ gpu-bench: env
 	$(PY) -m attncert.cost bench --device cuda --batch 128 --steps 10 --modes eager graphs \
 	  --write-compile
 	$(PY) -m attncert.cost bench --device cuda --batch 128 --steps 20 --modes graphs \
-	  --concurrent 1 4 --kinds all --concurrent-only --write-concurrency
+	  --concurrent 1 4 8 --kinds all --concurrent-only --write-concurrency
 
 # here, before a short GPU lease on a box without a registry: the pure-Python dependencies its
 # image may lack, as wheels for scripts/gpu-session (carry .wheels; docs/gpus.md)

@@ -33,18 +33,20 @@ def test_every_step_runs_within_a_budget_that_holds_them(tmp_path):
     proc, calls, summary = _session(tmp_path, 600)
     assert proc.returncode == 0, proc.stderr
     assert [c.split()[1] for c in calls] == ["attncert.cost", "pytest", "attncert.cost",
-                                             "attncert.pipeline.doctor"]
+                                             "attncert.pipeline.doctor", "attncert.cost"]
     crown, bench = calls[0], calls[2]
     assert crown.split()[2] == "crown" and "--bound-batch 4" in crown and "--write" in crown
     assert "--write-compile" in bench and "--kinds" in bench
     assert bench.index("PGD training") < bench.index("OLSA text") < bench.index("PGD audit")
-    assert summary.count("exit 0") == 4
+    concurrency = calls[4]
+    assert "--concurrent 1 8" in concurrency and "--write-concurrency" in concurrency
+    assert summary.count("exit 0") == 5
 
 
 def test_a_short_budget_skips_the_steps_it_cannot_hold(tmp_path):
     proc, calls, summary = _session(tmp_path, 100)
     assert proc.returncode == 0
-    assert [c.split()[1] for c in calls] == ["attncert.pipeline.doctor"]
+    assert [c.split()[1] for c in calls] == ["attncert.pipeline.doctor", "attncert.cost"]
     assert "crown: skipped" in summary and "tests: skipped" in summary
     assert "bench: skipped" in summary
 
