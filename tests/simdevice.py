@@ -24,8 +24,7 @@ CPU test and raises only on the GPU. This module gives the tests a second device
   It also counts host synchronisations (``.item()``, ``float()``, ``bool()``, copies to the
   host, boolean-mask indexing and other operators whose output size depends on values),
   copies from the host to the device, and the linear-algebra solvers whose CUDA kernels read
-  their status on the host (:data:`HOST_STATUS_SOLVERS`; those run between the graphs by
-  :func:`attncert.training.compiled.outside_graphs` aside), so a test can bound them: none of
+  their status on the host (:data:`HOST_STATUS_SOLVERS`), so a test can bound them: none of
   the three can be captured in a CUDA graph.
 
 Usage::
@@ -47,8 +46,6 @@ import torch
 from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten, tree_map
-
-from attncert.training import compiled
 
 NAME = "simdev"
 
@@ -278,7 +275,7 @@ class _Mode(TorchDispatchMode):
             self.record.host_syncs += 1
         if _from_host(name, args, tensors, to_sim):
             self.record.host_to_device += 1
-        if on_sim and name in HOST_STATUS_SOLVERS and not compiled.in_eager_region():
+        if on_sim and name in HOST_STATUS_SOLVERS:
             self.record.solvers.append(name)
         un = tree_map(lambda t: t.elem if isinstance(t, SimTensor) else t, (args, kwargs))
         with torch._C._DisableFuncTorch():  # the CPU kernel itself, below torch.func's layers

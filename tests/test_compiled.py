@@ -227,21 +227,26 @@ def test_olsa_training_forward_compiles_whole_with_its_batched_maps(kind):
     """The training forward (its orthogonal maps computed as one batch,
     :func:`attncert.text.orthogonal.orthogonal_weights`) compiles to one graph without a break,
     with eager's logits and gradients."""
-    model = _text_models()[kind].double().train()
-    ids, mask = _padded(6)
-    eager = model(ids, mask)
+    _compiles_whole(_text_models()[kind].double().train(), *_padded(6))
+
+
+def _compiles_whole(model, *args) -> list:
+    """``model(*args)`` compiled with ``fullgraph`` (a break fails) gives eager's output and
+    gradients; returns the names of the parameters that got one."""
+    eager = model(*args)
     eager.square().sum().backward()
-    grads = [p.grad.clone() for p in model.parameters() if p.grad is not None]
+    grads = {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
     model.zero_grad()
     torch._dynamo.reset()
-    traced = torch.compile(model, backend="eager", fullgraph=True)
-    out = traced(ids, mask)
+    out = torch.compile(model, backend="eager", fullgraph=True)(*args)
     out.square().sum().backward()
-    torch.testing.assert_close(out, eager, rtol=1e-10, atol=1e-12)
-    for a, b in zip((p.grad for p in model.parameters() if p.grad is not None), grads,
-                    strict=True):
-        torch.testing.assert_close(a, b, rtol=1e-8, atol=1e-10)
     torch._dynamo.reset()
+    torch.testing.assert_close(out, eager, rtol=1e-10, atol=1e-12)
+    assert grads.keys() == {n for n, p in model.named_parameters() if p.grad is not None}
+    for n, p in model.named_parameters():
+        if n in grads:
+            torch.testing.assert_close(p.grad, grads[n], rtol=1e-8, atol=1e-10)
+    return list(grads)
 
 
 def _frozen_head():
@@ -262,21 +267,7 @@ def test_the_frozen_head_s_training_forward_compiles_whole():
     """Its map's norm is a Schatten norm of matrix products (no SVD, no break): one graph,
     eager's logits and gradients."""
     model, states, mask = _frozen_head()
-    model = model.double().train()
-    states = states.double()
-    eager = model(states, mask)
-    eager.square().sum().backward()
-    grads = [p.grad.clone() for p in model.parameters() if p.grad is not None]
-    assert model.project_in.weight.grad is not None
-    model.zero_grad()
-    torch._dynamo.reset()
-    out = torch.compile(model, backend="eager", fullgraph=True)(states, mask)
-    out.square().sum().backward()
-    torch.testing.assert_close(out, eager, rtol=1e-10, atol=1e-12)
-    for a, b in zip((p.grad for p in model.parameters() if p.grad is not None), grads,
-                    strict=True):
-        torch.testing.assert_close(a, b, rtol=1e-8, atol=1e-10)
-    torch._dynamo.reset()
+    assert "project_in.weight" in _compiles_whole(model.double().train(), states.double(), mask)
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a GPU")
@@ -291,33 +282,3 @@ def test_the_frozen_head_under_cuda_graphs_equals_eager(mode):
             want = type(model).forward(model, states, mask)
             assert torch.allclose(got, want, rtol=1e-4, atol=1e-5)
     torch._dynamo.reset()
-
-
-def test_a_function_run_outside_the_graphs_breaks_one_even_on_its_first_call():
-    """:func:`compiled.outside_graphs` applies ``torch.compiler.disable`` at the first call (not
-    at import, which would import ``torch._dynamo``): a first call inside a graph being traced
-    still runs eagerly, between two graphs, and counts as an eager region."""
-    seen = []
-
-    @compiled.outside_graphs
-    def norm(w):
-        seen.append(compiled.in_eager_region())
-        return torch.linalg.matrix_norm(w, ord=2)
-
-    def f(x, w):
-        return (x @ w).relu().sum() * norm(w)
-
-    graphs = []
-
-    def backend(gm, inputs):
-        graphs.append([str(n.target) for n in gm.graph.nodes if n.op == "call_function"])
-        return gm.forward
-
-    x, w = torch.randn(3, 4, dtype=torch.float64), torch.randn(4, 4, dtype=torch.float64)
-    torch._dynamo.reset()
-    traced = torch.compile(f, backend=backend)
-    for _ in range(2):
-        torch.testing.assert_close(traced(x, w), f(x, w), rtol=1e-12, atol=0)
-    torch._dynamo.reset()
-    assert len(graphs) == 2 and seen and all(seen)
-    assert not any("linalg" in op or "svd" in op for g in graphs for op in g), graphs

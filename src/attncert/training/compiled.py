@@ -28,7 +28,6 @@ runtime key (``BASE_RUNTIME``): changing it reruns nothing.
 from __future__ import annotations
 
 import contextlib
-import functools
 from collections.abc import Callable, Iterator
 
 import torch
@@ -37,7 +36,7 @@ from torch import nn
 from attncert.pipeline import runtime
 
 __all__ = ["MODES", "compile_attack_model", "compiled_forward", "each_call_a_step",
-           "graphs_blocker", "in_eager_region", "new_step", "outside_graphs", "resolve",
+           "graphs_blocker", "new_step", "resolve",
            "set_mode", "step_begin", "uncompile"]
 
 #: ``base.compile`` values -> ``torch.compile``'s mode (None: eager)
@@ -127,46 +126,6 @@ def each_call_a_step(model: nn.Module) -> Callable:
         return model(*args, **kwargs)
 
     return call
-
-
-_eager_depth = 0
-
-
-def outside_graphs(fn: Callable) -> Callable:
-    """``fn`` runs eagerly, between compiled graphs (a graph break under ``torch.compile``):
-    for the few operations a CUDA graph cannot hold inside a forward pass that otherwise can
-    (an SVD, whose CUDA kernels copy their status to the host; no model of the study has one
-    left). Its outputs enter the next
-    graph as inputs; autograd runs its backward eagerly too. :func:`in_eager_region` tells
-    ``tests/test_capture.py`` which operations run outside the graphs.
-
-    ``torch.compiler.disable`` is applied at the first call, not at import: it imports
-    ``torch._dynamo`` (about two seconds), which a process that never compiles (the runner
-    validating the params, an eager run) should not pay. A first call inside a graph being
-    traced breaks the graph there as any later call does (``tests/test_compiled.py``)."""
-
-    def eager(*args, **kwargs):
-        global _eager_depth
-        _eager_depth += 1
-        try:
-            return fn(*args, **kwargs)
-        finally:
-            _eager_depth -= 1
-
-    disabled: list[Callable] = []
-
-    @functools.wraps(fn)
-    def call(*args, **kwargs):
-        if not disabled:
-            disabled.append(torch.compiler.disable(eager))
-        return disabled[0](*args, **kwargs)
-
-    return call
-
-
-def in_eager_region() -> bool:
-    """Whether a function of :func:`outside_graphs` is running (on this process)."""
-    return _eager_depth > 0
 
 
 def step_begin(mode: str, dev: torch.device) -> None:
