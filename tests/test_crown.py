@@ -55,7 +55,7 @@ def test_the_training_config_is_the_section_s_training_group():
 
 
 def test_patches_are_idempotent():
-    assert apply_patches() == PATCHES and len(PATCHES) == 6
+    assert apply_patches() == PATCHES and len(PATCHES) == 7
 
 
 @pytest.mark.parametrize("pool", ["mean", "cls"])
