@@ -35,7 +35,7 @@ from auto_LiRPA import BoundedModule, BoundedTensor, PerturbationLpNorm  # noqa:
 #: auto_LiRPA methods: CROWN (backward linear relaxation) and alpha-CROWN (its optimised
 #: relaxations, "CROWN-Optimized" in auto_LiRPA).
 METHODS = {"crown": "CROWN", "alpha_crown": "CROWN-Optimized"}
-#: Needed for attention (the guide, STACK.md): matrix mode for every linear bound. The ReduceMax
+#: Needed for attention (auto_LiRPA 0.3): matrix mode for every linear bound. The ReduceMax
 #: option is moot once softmax has no max (patch 5) and is kept for any other max in a graph.
 #: alpha-CROWN: auto_LiRPA 0.3's sparse alphas index only vectors (after a linear layer) or
 #: (C, H, W) maps, not the ViT's (tokens, features) activations (its init raises): full alphas.

@@ -4,7 +4,7 @@ the backward passes whose bounds nothing reads.
 
 :func:`apply` is called when :mod:`attncert.crown` is imported; it is idempotent (each patch
 checks whether it is already in place) and touches nothing outside auto_LiRPA's view of torch
-and numpy. One function per patch, in the order the guide (STACK.md) lists them:
+and numpy. One function per patch, in order:
 
 1. ``numpy.lib.arraysetops`` was removed in numpy 2; auto_LiRPA imports ``isin`` from it.
 2. ``torch.onnx.symbolic_helper._set_opset_version`` is gone; auto_LiRPA calls it (opset 12)
@@ -18,7 +18,7 @@ and numpy. One function per patch, in the order the guide (STACK.md) lists them:
    by the entry that is largest at the CLEAN input (``fixed_reducemax_index``) in its linear
    bounds but by the true max in its intervals. The two disagree once another entry can become
    the largest, and the exp relaxation is then used outside the interval it was built on:
-   sampled outputs exceeded CROWN's bounds (by up to 0.31 in the guide's test). The shift
+   sampled outputs can exceed CROWN's bounds then. The shift
    cancels exactly, so the decomposition here is exp(x) / sum exp(x): no ReduceMax at all.
    (The bridge of :mod:`attncert.crown.bridge` writes its softmax that way itself.)
 6. Domain guards (soundness): the relaxations of 1/x and sqrt(x) are only valid where the
@@ -32,7 +32,7 @@ and numpy. One function per patch, in the order the guide (STACK.md) lists them:
    bounds nothing reads, since a product with a constant is linear and its backward step uses
    only the weight. Bounds are now asked of the weight alone there (its value); a product of
    two perturbed inputs (the attention's scores and values) still asks for both. The bounds
-   are the same to the bit, CROWN's and alpha-CROWN's (``tests/test_crown.py``); at the paper
+   are the same to the bit, CROWN's and alpha-CROWN's (``tests/test_crown_heads.py``); at the paper
    shape (128-d, depth 3, one point) a CROWN bound's peak memory fell from 11.3 to 7.2 GB.
 """
 
