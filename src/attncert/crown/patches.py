@@ -18,8 +18,8 @@ and numpy. One function per patch, in order:
    by the entry that is largest at the CLEAN input (``fixed_reducemax_index``) in its linear
    bounds but by the true max in its intervals. The two disagree once another entry can become
    the largest, and the exp relaxation is then used outside the interval it was built on:
-   sampled outputs can exceed CROWN's bounds then. The shift
-   cancels exactly, so the decomposition here is exp(x) / sum exp(x): no ReduceMax at all.
+   sampled outputs can exceed CROWN's bounds then. The shift cancels exactly, so the
+   decomposition here is exp(x) / sum exp(x): no ReduceMax at all.
    (The bridge of :mod:`attncert.crown.bridge` writes its softmax that way itself.)
 6. Domain guards (soundness): the relaxations of 1/x and sqrt(x) are only valid where the
    input's intermediate bounds lie in the domain (lower > 0, resp. >= 0), which auto_LiRPA does
@@ -32,8 +32,9 @@ and numpy. One function per patch, in order:
    bounds nothing reads, since a product with a constant is linear and its backward step uses
    only the weight. Bounds are now asked of the weight alone there (its value); a product of
    two perturbed inputs (the attention's scores and values) still asks for both. The bounds
-   are the same to the bit, CROWN's and alpha-CROWN's (``tests/test_crown_heads.py``); at the paper
-   shape (128-d, depth 3, one point) a CROWN bound's peak memory fell from 11.3 to 7.2 GB.
+   are the same to the bit, CROWN's and alpha-CROWN's (``tests/test_crown_heads.py``); at the
+   paper shape (128-d, depth 3, one point) a CROWN bound's peak memory fell from 11.3 to
+   7.2 GB.
 """
 
 from __future__ import annotations
