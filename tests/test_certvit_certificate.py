@@ -60,6 +60,30 @@ def test_global_bound_dominates_the_empirical_lipschitz_constant(norm, block, po
     assert 0 < emp <= bound.logits
 
 
+def test_scaled_residual_branches_count_in_the_global_bound():
+    # LipsFormer's x + alpha f(x): a large alpha must raise the bound past what PGD finds
+    model = adapt(tiny_vit(residual_scale=0.1), Adaptation(norm="center")).eval()
+    with torch.no_grad():
+        for b in model.blocks:
+            b.scale_attn.alpha.fill_(50.0)
+            b.scale_mlp.alpha.fill_(50.0)
+    bound = global_bound(model)
+    assert [r["lipschitz"] for r in bound.rows if r["kind"] == "residual_scale"] == [50.0] * (
+        2 * len(model.blocks))
+    emp = empirical_lipschitz(model, pixels(16), steps=15,
+                              generator=torch.Generator().manual_seed(0))
+    assert 0 < emp <= bound.logits
+
+
+def test_the_head_rows_are_those_of_the_float64_forward():
+    model = adapt(tiny_vit(), Adaptation(pool="mean", head_norm=True)).eval()
+    with torch.no_grad():
+        model.head.weight.mul_(37.3).add_(torch.randn(model.head.weight.shape,
+                                                      generator=torch.Generator().manual_seed(0)))
+    rows64 = copy.deepcopy(model).double().head_weight()
+    assert torch.equal(global_bound(model).head_weight, rows64)
+
+
 def test_certified_radius_pairwise_formula():
     w = torch.tensor([[1.0, 0.0], [0.0, 1.0], [1.0, 0.0]])
     logits = torch.tensor([[3.0, 1.0, 2.0], [2.0, 2.0, 0.0]])

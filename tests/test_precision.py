@@ -120,6 +120,29 @@ def test_text_certificate_refuses_autocast():
         certify_rows(model, data)
 
 
+def test_text_certificates_run_in_float64_from_the_models_embeddings():
+    """The OLSA radii come from a float64 copy on the model's own embeddings; a frozen encoder
+    is shared with the copy, neither copied nor converted."""
+    from attncert.cost.kinds import StandInEncoder
+    from attncert.text.models import FrozenEncoderOLSA, OLSAClassifier
+    from attncert.text.train_text import certificate_copy, certify_rows
+
+    torch.manual_seed(0)
+    data = {"ids": torch.randint(1, 30, (6, 6)), "mask": torch.ones(6, 6, dtype=torch.bool),
+            "y": torch.tensor([0, 1, 0, 1, 1, 0])}
+    data["mask"][:3, 4:] = False
+    model = OLSAClassifier(vocab_size=30, max_len=6, dim=8, depth=2, heads=2).eval()
+    rows = certify_rows(model, data, batch_size=4)
+    e = model.embed(data["ids"], data["mask"]).double()
+    ref = certificate_copy(model).certified_radius(e, data["mask"], data["y"])
+    assert rows.radius.to_numpy().tolist() == ref.tolist()
+    assert next(model.parameters()).dtype == torch.float32  # the model itself is untouched
+    frozen = FrozenEncoderOLSA(heads=2, max_len=6, encoder=StandInEncoder(12), hidden=8)
+    copy64 = certificate_copy(frozen.eval())
+    assert copy64.encoder is frozen.encoder and copy64.head.weight.dtype == torch.float64
+    assert len(certify_rows(frozen, {**data, "ids": torch.randn(6, 6, 12)}, batch_size=4)) == 6
+
+
 class _Threshold(torch.nn.Module):
     """Class 1 iff sum(x) > t: a float64 model whose boundary a float32 copy misplaces."""
 

@@ -61,9 +61,10 @@ class PixelLinear(nn.Module):
             self.head.weight.copy_(torch.randn(self.head.weight.shape, generator=g) * 0.01)
             self.head.bias.zero_()
 
-    def head_weight(self) -> Tensor:
-        """(num_classes, in_features): the unit rows the model applies."""
-        w = self.head.weight
+    def head_weight(self, dtype: torch.dtype | None = None) -> Tensor:
+        """(num_classes, in_features): the unit rows the model applies, in ``dtype`` (default:
+        the weight's) and normalised in it (float64: the rows of the certificate's copy)."""
+        w = self.head.weight if dtype is None else self.head.weight.to(dtype)
         return w / w.norm(dim=1, keepdim=True).clamp_min(1e-12)
 
     def forward(self, x: Tensor) -> Tensor:
@@ -80,7 +81,7 @@ def certify_linear(model: PixelLinear, x: Tensor, y: Tensor, eps_grid: Sequence[
         raise ValueError(f"expected a PixelLinear, got {type(model).__name__}")
     model.eval()
     with torch.no_grad():
-        rows = model.head_weight().detach()
+        rows = model.head_weight(torch.float64).detach()  # those of the float64 forward
     return certify_pairwise(model, x, y, rows, 1.0, eps_grid, attack_steps, attack_restarts,
                             batch_size, seed, n_attack=n_attack,
                             attack_batch_size=attack_batch_size) | {"lipschitz": 1.0}

@@ -19,7 +19,9 @@ clean and perturbed inputs alike, so the product with L(norm_attn) bounds attent
 LayerNorm replacement (:func:`attncert.certvit.adapt.norm_lipschitz`), 1.1289 = max |GELU'|
 (CertViT uses 1.12, which is below the maximum), spectral norms certificate-grade upper bounds
 (exact float64 SVD, padded). A "stream" block, x <- Norm(x); x <- x + Att(x), counts
-L(norm_attn) (1 + L(attn)) instead. Biases and added constants do not change the constants.
+L(norm_attn) (1 + L(attn)) instead. A block with LipsFormer's scaled branches, x + alpha f(x)
+(``residual_scale`` > 0), multiplies each branch's constant by max|alpha| (1 + max|alpha| L(f)).
+Biases and added constants do not change the constants.
 
 CertViT (Gupta et al. 2023) multiplies the attention and linear constants only, leaving out
 LayerNorm (which has no Lipschitz constant), the patch embedding and the input normalisation,
@@ -111,6 +113,14 @@ def _check_adapted(model: nn.Module) -> None:
             raise ValueError(f"{name}.act: the bound uses the exact GELU's constant 1.1289")
 
 
+def _branch_scale(scale: nn.Module | None, name: str, add) -> float:
+    """max|alpha| of a block branch's LipsFormer scale x + alpha f(x) (a row of the bound), 1
+    without one."""
+    if scale is None:
+        return 1.0
+    return add(name, "residual_scale", scale.compute_lipschitz(), False)
+
+
 @torch.no_grad()
 def global_bound(model: ViT) -> GlobalBound:
     """The global Lipschitz bound of an adapted ViT, component by component (module docstring).
@@ -136,18 +146,22 @@ def global_bound(model: ViT) -> GlobalBound:
         l_na = add(f"{p}.norm_attn", "norm", norm_lipschitz(b.norm_attn), b.form == "stream")
         l_att = add(f"{p}.attn", "l2_attention",
                     b.attn.lipschitz_bound(n, output_radius(b.norm_attn)), False)
+        a_att = _branch_scale(b.scale_attn, f"{p}.scale_attn", add)
         if b.form == "stream":
-            add(f"{p}.attn_residual", "residual", 1.0 + l_att, True)
+            add(f"{p}.attn_residual", "residual", 1.0 + a_att * l_att, True)
         else:
-            add(f"{p}.attn_residual", "residual", 1.0 + l_na * l_att, True)
+            add(f"{p}.attn_residual", "residual", 1.0 + a_att * l_na * l_att, True)
         l_nm = add(f"{p}.norm_mlp", "norm", norm_lipschitz(b.norm_mlp), False)
         s1 = add(f"{p}.mlp.fc1", "linear", _spectral_upper(b.mlp.fc1.weight), False)
         g = add(f"{p}.mlp.act", "gelu", GELU_LIPSCHITZ, False)
         s2 = add(f"{p}.mlp.fc2", "linear", _spectral_upper(b.mlp.fc2.weight), False)
-        add(f"{p}.mlp_residual", "residual", 1.0 + l_nm * s2 * g * s1, True)
+        a_mlp = _branch_scale(b.scale_mlp, f"{p}.scale_mlp", add)
+        add(f"{p}.mlp_residual", "residual", 1.0 + a_mlp * l_nm * s2 * g * s1, True)
     add("norm", "norm", norm_lipschitz(model.norm), True)
     add("pool", "pool", pool_lipschitz(model), True)
-    w_head = model.head_weight().detach().clone()  # the rows applied (unit with head_norm)
+    # the rows the certificate's float64 forward applies (unit with head_norm, normalised in
+    # float64: rows normalised in float32 differ from them by rounding the test would not see)
+    w_head = model.head_weight(torch.float64).detach().clone()
     head = add("head", "linear", _spectral_upper(w_head), False)
     features = math.prod(r["lipschitz"] for r in rows if r["factor"])
     return GlobalBound(rows, features, head, w_head)

@@ -64,6 +64,8 @@ def table1_frame(table1: Mapping[str, Mapping[str, Any]]) -> pd.DataFrame:
                          "clean (%)": 100 * rep.get("test_clean_acc", rep.get("clean_acc")),
                          "PGD (%)": 100 * rep["pgd_acc"][e],
                          "certified (%)": 100 * rep["certified_acc"][e],
+                         # PGD attacks the first n_attacked of the n_test certified images
+                         "attacked": rep.get("n_attacked"), "certified": entry.get("n_test"),
                          "constant": rep.get("lipschitz_pairwise", 1.0), "paper": name,
                          "paper clean (%)": ref.get("clean"), "paper PGD (%)": ref.get("pgd"),
                          "paper certified (%)": ref.get("certified"),

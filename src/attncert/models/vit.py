@@ -86,9 +86,11 @@ class ViT(nn.Module):
             t = block(t)
         return self.pool(self.norm(t))
 
-    def head_weight(self) -> Tensor:
-        """(num_classes, dim): the matrix the head applies (unit rows when head_norm)."""
-        w = self.head.weight
+    def head_weight(self, dtype: torch.dtype | None = None) -> Tensor:
+        """(num_classes, dim): the matrix the head applies (unit rows when head_norm), in
+        ``dtype`` (default: the weight's) and normalised in it: ``torch.float64`` gives the
+        rows a float64 copy of the model applies, the ones a certificate divides by."""
+        w = self.head.weight if dtype is None else self.head.weight.to(dtype)
         if self.config.head_norm:
             w = w / w.norm(dim=1, keepdim=True).clamp_min(1e-12)
         return w

@@ -84,8 +84,10 @@ def mnist_anchor(dataset: str | None, eps: str | float) -> tuple[float | None, s
 #: them side by side
 CERTVIT_TABLE1_DIFFERS = (
     "its ViT trains L2 attention from scratch, ours a dot-product ViT adapted to it; its Lip. "
-    "takes GELU as 1.12 and leaves out the LayerNorms and the patch embedding, ours bounds every "
-    "component")
+    "takes GELU as 1.12, leaves out the LayerNorms and the patch embedding and is of its "
+    "normalised input to the logits, ours bounds every component from pixels (1/min std "
+    "included) to a logit difference (x max ||w_j - w_k||); its PGD on its test set, ours on "
+    "the first certvit.audit.n test images")
 #: what differs between CertViT Table 3's rows and ours: its models are adapted to L2 attention
 #: on ImageNet (Table 10: 50-70 epochs) before CertViT and fine-tuned after; ours adapt by
 #: surgery on the calibration images and are not fine-tuned (no ImageNet training images)

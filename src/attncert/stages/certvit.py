@@ -223,8 +223,10 @@ def headline_rows(m: Mapping, item: Mapping) -> list[dict]:
             rows.append(row(f"table1/{d}/modes/{mode}/test_clean_acc", f"{where}: clean accuracy",
                             mm.get("test_clean_acc"), "fraction",
                             ref["clean"] / 100 if ref else None, name, brief=True))
+            firsts = (f" (first {mm['n_attacked']} test images)"
+                      if mm.get("n_attacked", t.get("n_test")) != t.get("n_test") else "")
             for what, label, key in (("certified_acc", "certified accuracy", "certified"),
-                                     ("pgd_acc", "L2 PGD accuracy", "pgd")):
+                                     ("pgd_acc", f"L2 PGD accuracy{firsts}", "pgd")):
                 if e in mm.get(what, {}):
                     rows.append(row(f"table1/{d}/modes/{mode}/{what}/{e}",
                                     f"{where}: {label} at eps {e}", mm[what][e], "fraction",

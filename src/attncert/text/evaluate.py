@@ -25,7 +25,7 @@ import torch
 from torch import Tensor, nn
 
 from .attacks import audit_embeddings
-from .train_text import certify_rows, evaluate_text
+from .train_text import certificate_copy, certify_rows, evaluate_text
 
 FAMILIES = ("olsa", "lofast", "none")
 
@@ -33,19 +33,21 @@ FAMILIES = ("olsa", "lofast", "none")
 def _lofast_table(model: nn.Module, data: Mapping[str, Tensor], device, batch_size: int,
                   variants: Sequence[str]):
     """:func:`attncert.certify.certify_table` on each sentence's real tokens (normalised
-    embeddings), one group per sentence length (:meth:`LipschitzTextTransformer.at_length`);
-    rows in the order of ``data``."""
+    embeddings), one group per sentence length (:meth:`LipschitzTextTransformer.at_length`),
+    in float64 (:func:`~attncert.text.train_text.certificate_copy`); rows in the order of
+    ``data``."""
     import pandas as pd
 
     from attncert.certify import certify_table
 
     lengths = data["mask"].sum(1)
     with torch.no_grad():
-        e = model.embed(data["ids"].to(device))
+        e = model.embed(data["ids"].to(device)).double()
+    model64 = certificate_copy(model.eval())
     frames = []
     for n in lengths.unique().tolist():
         rows = (lengths == n).nonzero().squeeze(1)
-        part = certify_table(model.at_length(n), e[rows.to(e.device), :n],
+        part = certify_table(model64.at_length(n), e[rows.to(e.device), :n],
                              data["y"][rows].to(device), variants, ["pairwise"],
                              batch_size=batch_size, progress=False)
         part["index"] = rows.numpy()

@@ -25,6 +25,7 @@ The tokenised training set moves to the device once and the forward pass and los
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import hashlib
 import math
@@ -246,25 +247,46 @@ def evaluate_text(model: nn.Module, data: Mapping[str, Tensor], device: torch.de
 
 
 @torch.no_grad()
+def certificate_copy(model: nn.Module) -> nn.Module:
+    """A float64 copy of ``model`` for its certificates, which start at its embeddings (the
+    certified input, :meth:`embed`: feed them as float input). A frozen encoder (the module's
+    ``encoder``) is not copied: the copy shares the original, in its own dtype (the encoder
+    only makes the embeddings, outside the certified map)."""
+    encoder = model._modules.get("encoder")
+    if encoder is None:
+        return copy.deepcopy(model).double()
+    model._modules["encoder"] = None
+    try:
+        out = copy.deepcopy(model).double()
+    finally:
+        model._modules["encoder"] = encoder
+    out._modules["encoder"] = encoder
+    return out
+
+
+@torch.no_grad()
 def certify_rows(model: nn.Module, data: Mapping[str, Tensor], device: torch.device | str = "cpu",
                  batch_size: int = 256):
     """One row per example (index, label, prediction, correct, margin, radius (0 where
     misclassified), radius_predicted (the prediction's, whatever the label: OLSA sec. 5.1's
-    prediction invariance), seconds per sample) from ``model.certified_radius``; a pandas
+    prediction invariance), seconds per sample) from ``model.certified_radius`` in float64
+    (:func:`certificate_copy`, on the model's own embeddings of each sentence); a pandas
     DataFrame."""
     import pandas as pd
 
     require_full_precision("a certificate (attncert.text)")
     model.eval()
+    model64 = certificate_copy(model)
     frames = []
     for i in range(0, len(data["y"]), batch_size):
         ids, mask, y = (data[k][i:i + batch_size].to(device) for k in ("ids", "mask", "y"))
         t0 = time.perf_counter()
-        logits = model(ids, mask).double()
-        radius = model.certified_radius(ids, mask, y)
+        e = model.embed(ids, mask).double()
+        logits = model64(e, mask)
+        radius = model64.certified_radius(e, mask, y)
         seconds = (time.perf_counter() - t0) / len(y)
         pred = logits.argmax(1)
-        invariant = model.certified_radius(ids, mask, pred)  # of the prediction, any label
+        invariant = model64.certified_radius(e, mask, pred)  # of the prediction, any label
         top2 = logits.topk(2, dim=1).values
         frames.append(pd.DataFrame({
             "index": range(i, i + len(y)), "label": y.cpu().numpy(),
