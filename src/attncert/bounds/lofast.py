@@ -19,6 +19,7 @@ import torch
 from torch import Tensor
 
 from .spectral import (
+    CERTIFICATE_FAILURE_PROB,
     LinearOperator,
     SpectralNorm,
     fp_pad,
@@ -129,8 +130,10 @@ def zeta_spectral(
     max_iter: int = 200,
     generator: torch.Generator | None = None,
     p: Tensor | None = None,
+    failure_prob: float | None = CERTIFICATE_FAILURE_PROB,
 ) -> SpectralNorm:
-    """zeta(X) of eq. 15 with the full :class:`SpectralNorm` diagnostics (matrix-free Lanczos)."""
+    """zeta(X) of eq. 15 with the full :class:`SpectralNorm` diagnostics (matrix-free Lanczos;
+    in mode "upper" held to the KW bound at ``failure_prob``: :mod:`attncert.bounds.spectral`)."""
     w = w.like(x)
     p = attention_probs(x, w) if p is None else p
     op = zeta_operator(p, w, residual)
@@ -140,6 +143,7 @@ def zeta_spectral(
         tol=tol,
         max_iter=max_iter,
         generator=generator,
+        failure_prob=failure_prob if mode == "upper" else None,
         fallback=lambda: zeta_cheap_upper(p, w, residual),
     )
 
@@ -214,8 +218,10 @@ def m_spectral(
     tol: float = 1e-3,
     max_iter: int = 200,
     generator: torch.Generator | None = None,
+    failure_prob: float | None = CERTIFICATE_FAILURE_PROB,
 ) -> SpectralNorm:
-    """||M_l(X)|| with diagnostics; unconverged entries fall back to xi_l(X)."""
+    """||M_l(X)|| with diagnostics (in mode "upper" held to the KW bound at
+    ``failure_prob``, as :func:`zeta_spectral`); unconverged entries fall back to xi_l(X)."""
     w = w.like(x)
     return spectral_norm(
         m_operator(x, w, reduce=True),
@@ -223,6 +229,7 @@ def m_spectral(
         tol=tol,
         max_iter=max_iter,
         generator=generator,
+        failure_prob=failure_prob if mode == "upper" else None,
         fallback=lambda: xi(x, w),
     )
 

@@ -11,13 +11,19 @@ What mode="upper" (the certificate mode) guarantees, per batch entry:
   r = ||A*A y - rho y|| computed explicitly after the iteration, A*A (symmetric PSD) has an
   eigenvalue in [rho - r, rho + r]. The value returned is sqrt(rho + r) (1 + margin + fp),
   fp = 16 sqrt(N) eps_machine, so it is a guaranteed upper bound on the singular value that
-  the Ritz pair approximates. It is ||A|| unless the random start vector was (numerically)
-  blind to the top singular subspace. That event is the only gap; no deterministic Krylov
-  method can close it. ``failure_prob`` reports the Kuczynski-Wozniakowski (1992, Thm 4.2)
-  bound 1.648 sqrt(N) exp(-sqrt(e) (2k - 1)) on its probability over the Gaussian start,
-  e = 1 - theta_k / value^2 (theta_k the top Ritz value after k steps); it is valid for every
-  matrix but vacuous (1) at tight margins. Pass ``failure_prob=p`` to enlarge the value until
-  that bound is <= p: then value >= ||A|| with probability >= 1 - p whatever the spectrum.
+  the Ritz pair approximates. That need not be the largest: the residual says only that
+  *some* eigenvalue lies within r of rho, and when the start vector's component along the
+  top singular vector is small for the gap to the next singular value, the iteration can stop
+  on a lower pair with a small residual (seen: 1% below ||M_l|| after 11 steps, the top two
+  singular values 1% apart). No residual test closes that gap. The Kuczynski-Wozniakowski
+  (1992, Thm 4.2) bound does, in probability over the Gaussian start and whatever the
+  spectrum: P(theta_k < (1 - e) ||A||^2) <= 1.648 sqrt(N) exp(-sqrt(e) (2k - 1)) for the top
+  Ritz value theta_k after k steps. ``failure_prob`` reports it at e = 1 - theta_k / value^2
+  (vacuous, 1, at tight margins). Pass ``failure_prob=p``: the iteration then runs at least
+  the :func:`kw_steps` that bring e down to ``kw_looseness``, and the value is raised to
+  sqrt(theta_k / (1 - e)) where that is larger, so value >= ||A|| with probability >= 1 - p
+  (after N steps the Krylov space is the whole space and the Ritz values are the eigenvalues:
+  no raise). The LoFAST certificates do (:data:`CERTIFICATE_FAILURE_PROB`).
   An entry counts as converged when r <= tol * rho. Unconverged entries get ``fallback()``
   (a cheap guaranteed bound supplied by the caller) or raise; never the unconverged estimate.
 
@@ -41,9 +47,28 @@ __all__ = [
     "norm_of_product",
     "fp_pad",
     "kw_failure_prob",
+    "kw_steps",
+    "CERTIFICATE_FAILURE_PROB",
 ]
 
 _KW_CONST = 1.648  # Kuczynski & Wozniakowski (1992), Lanczos with a random start, Thm 4.2
+#: the probability, per Lanczos norm, that a certificate's value is below the norm (the
+#: Kuczynski-Wozniakowski bound over the random start; module docstring): the LoFAST
+#: certificates' zeta and ||M_l|| (:mod:`attncert.bounds.lofast`, mode "upper")
+CERTIFICATE_FAILURE_PROB = 1e-9
+#: the relative looseness e of theta_k / (1 - e) the certificates' iterations run down to
+KW_LOOSENESS = 0.02
+
+
+def kw_steps(dim: int, failure_prob: float, looseness: float = KW_LOOSENESS) -> int:
+    """The fewest Lanczos steps k after which theta_k / (1 - ``looseness``) bounds ||A||^2 of
+    an operator on ``dim`` dimensions with probability >= 1 - ``failure_prob`` (the KW bound
+    1.648 sqrt(dim) exp(-sqrt(looseness) (2k - 1)) <= failure_prob)."""
+    if not (0 < failure_prob < 1 and 0 < looseness < 1):
+        raise ValueError(f"kw_steps: failure_prob {failure_prob!r} and looseness {looseness!r} "
+                         "must lie in (0, 1)")
+    t = math.log(_KW_CONST * math.sqrt(dim) / failure_prob) / math.sqrt(looseness)
+    return max(1, math.ceil((t + 1) / 2))
 
 
 @dataclass(frozen=True)
@@ -197,6 +222,7 @@ def spectral_norm(
     check_every: int = 3,
     margin: float = 1e-4,
     failure_prob: float | None = None,
+    kw_looseness: float = KW_LOOSENESS,
     fallback: Callable[[], Tensor] | None = None,
     on_fail: str = "fallback",
     generator: torch.Generator | None = None,
@@ -209,7 +235,8 @@ def spectral_norm(
     default; see the module docstring for the exact guarantee) or "estimate". tol: relative
     eigen-residual r / rho of A*A at which an entry counts as converged. margin: extra
     relative padding of the upper value. failure_prob: if given, also raise the value to the
-    KW bound at this probability. fallback: a callable returning a guaranteed upper bound
+    KW bound at this probability, after at least :func:`kw_steps` (``kw_looseness``) steps
+    (fewer when the operator has fewer dimensions: its Krylov space is then whole). fallback: a callable returning a guaranteed upper bound
     (batch shape), used for unconverged entries in mode "upper"; without it, or with
     on_fail="raise", an unconverged entry raises RuntimeError. check_every: Lanczos steps
     between convergence tests (after min_iter). x0: optional warm start
@@ -242,6 +269,8 @@ def spectral_norm(
         return g.to(dt)
 
     k_max = max(1, min(max_iter, dim))
+    if failure_prob is not None:  # the KW bound's steps (or the whole space, if smaller)
+        min_iter = max(min_iter, min(kw_steps(dim, failure_prob, kw_looseness), k_max))
     with torch.no_grad():
         v = x0.detach().reshape(m_b, dim).to(dt) if x0 is not None else randn(m_b)
         v = v / v.norm(dim=-1, keepdim=True).clamp_min(torch.finfo(dt).tiny)
@@ -307,13 +336,15 @@ def spectral_norm(
         estimate = rho.sqrt()
         upper_sq = (rho + r) * (1.0 + margin + 16.0 * math.sqrt(dim) * feps) ** 2
         theta_k = theta.to(dt).clamp_min(0.0)
-        if failure_prob is not None:
+        if failure_prob is not None and k < dim:  # k = dim: the Ritz values are exact
             e_star = (math.log(_KW_CONST * math.sqrt(dim) / failure_prob) / (2 * k - 1)) ** 2
             if e_star < 1.0:
                 upper_sq = torch.maximum(upper_sq, theta_k / (1.0 - e_star))
             else:
                 converged = torch.zeros_like(converged)
         fprob = kw_failure_prob(theta_k, upper_sq, k, dim)
+        if k >= dim:  # the Krylov space is the whole space: no probability left
+            fprob = torch.zeros_like(fprob)
         if x0 is not None:
             fprob = torch.ones_like(fprob)
         upper = upper_sq.sqrt()
