@@ -236,8 +236,9 @@ def spectral_norm(
     eigen-residual r / rho of A*A at which an entry counts as converged. margin: extra
     relative padding of the upper value. failure_prob: if given, also raise the value to the
     KW bound at this probability, after at least :func:`kw_steps` (``kw_looseness``) steps
-    (fewer when the operator has fewer dimensions: its Krylov space is then whole). fallback: a callable returning a guaranteed upper bound
-    (batch shape), used for unconverged entries in mode "upper"; without it, or with
+    (fewer when the operator has fewer dimensions: its Krylov space is then whole).
+    fallback: a callable returning a guaranteed upper bound (batch shape), used for
+    unconverged entries in mode "upper"; without it, or with
     on_fail="raise", an unconverged entry raises RuntimeError. check_every: Lanczos steps
     between convergence tests (after min_iter). x0: optional warm start
     (*batch, *in_shape); it voids the KW statement (failure_prob then reports 1).
