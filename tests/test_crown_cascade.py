@@ -143,6 +143,9 @@ def test_a_unit_runs_the_cascade(tmp_path):
     rows = pd.DataFrame(rec["crown"])
     alpha = rows[(rows["method"] == "alpha_crown") & (rows["index"] == i) & (rows["eps"] == e)]
     assert list(alpha["status"]) == ["ok"]  # bounded by alpha-CROWN itself this time
+    # the journal is keyed by the certified weights too: rows of another model are not reused
+    key = json.loads(path.read_text().splitlines()[0])["key"]
+    assert len(key["weights"]) == 16 and key["method"] == "crown"
 
 
 def test_alpha_crown_stops_once_every_point_of_a_call_is_certified(monkeypatch, capsys):

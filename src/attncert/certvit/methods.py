@@ -25,7 +25,6 @@ from __future__ import annotations
 import contextlib
 import copy
 import dataclasses
-import hashlib
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
@@ -47,7 +46,7 @@ from attncert.certvit.spectral import (
 from attncert.layers import CenterNorm, Normalize
 from attncert.models.config import dataset_vit_config
 from attncert.models.vit import ViT, ViTConfig, build_vit
-from attncert.training.checkpoint import fingerprint
+from attncert.training.checkpoint import fingerprint, state_sha
 from attncert.training.train import TrainConfig
 
 __all__ = [
@@ -170,16 +169,6 @@ def source_model(source: str, data: Mapping[str, Any], architecture: Mapping[str
     model, notes = fit_to_dataset(loaded, data, seed)
     where = f"loaded from {source}" + (f" (hub revision {revision})" if revision else "")
     return model, "; ".join([where, *notes])
-
-
-def state_sha(model: nn.Module) -> str:
-    """Hash of a model's state (names, shapes, dtypes, values): the phase's starting point."""
-    h = hashlib.sha256()
-    for name, t in sorted(model.state_dict().items()):
-        t = t.detach().cpu().contiguous()
-        h.update(f"{name}:{t.dtype}:{tuple(t.shape)}".encode())
-        h.update(t.numpy().tobytes())
-    return h.hexdigest()[:16]
 
 
 def phase_fingerprint(model: ViT, config: TrainConfig, dataset: str, data_source: str,

@@ -65,6 +65,7 @@ from attncert.pipeline.params import (
 from attncert.pipeline.records import SplitRun, gathered, read_record, unit_key
 from attncert.report import paper
 from attncert.report.headline import eps_match, numbers, row
+from attncert.training.checkpoint import state_sha
 
 #: this module's params.yaml section
 SECTION = "crown"
@@ -135,6 +136,7 @@ def _run_unit(p: Params, ctx: Context, unit: str) -> dict[str, Any]:
     ckpt = Path(p.results_dir) / "ckpt" / dataset / f"L{depth}"  # the model and CROWN's rows
     model, acc, secs = train_model(data, p, depth, base.seed, ckpt, dev, ctx.precision)
     lo = lofast_frame(model.double(), x, y, p.lofast_variant, p.cert_eps)
+    weights = state_sha(model)  # the float64 model every method certifies
     certified = {e: torch.tensor(lo[f"certified_{e}"].to_numpy()) for e in p.cert_eps}
     radii = {"lofast": grid_radius(certified)}
     lofast_done = (torch.stack([certified[e] for e in sorted(p.cert_eps)], 1)
@@ -151,8 +153,11 @@ def _run_unit(p: Params, ctx: Context, unit: str) -> dict[str, Any]:
         # after CROWN, the pairs it certified are part of the key: other CROWN rows (a CROWN
         # journal cleared and rerun) start alpha-CROWN's rows afresh
         after = {} if proven is None else {"crown_certified": proven.to(torch.uint8).tolist()}
+        # the weights are part of the key: rows of another model (retrained, or a checkpoint
+        # replaced by hand) are never taken for this one's
         journal = Journal(ckpt / f"crown-{method}.jsonl",
-                          {"unit": unit, "method": method, **unit_key("crown", p, base), **after})
+                          {"unit": unit, "method": method, **unit_key("crown", p, base),
+                           "weights": weights, **after})
         rows, _ = crown_frame(model, x, y, p.cert_eps, method, p.time_limit,
                               p.alpha_iterations, getattr(torch, p.bound_dtype),
                               progress=True, lofast=lofast_done, budget=Budget(p.time_budget),

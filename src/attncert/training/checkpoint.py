@@ -145,3 +145,13 @@ def fingerprint(model_cfg: ViTConfig, train_cfg: Any, dataset: str,
     d = json.loads(json.dumps(d))  # as stored: tuples become lists
     d["sha"] = hashlib.sha256(json.dumps(d, sort_keys=True).encode()).hexdigest()[:16]
     return d
+
+
+def state_sha(model: torch.nn.Module) -> str:
+    """Hash of a model's state (names, shapes, dtypes, values): 16 hex digits."""
+    h = hashlib.sha256()
+    for name, t in sorted(model.state_dict().items()):
+        t = t.detach().cpu().contiguous()
+        h.update(f"{name}:{t.dtype}:{tuple(t.shape)}".encode())
+        h.update(t.numpy().tobytes())
+    return h.hexdigest()[:16]
