@@ -107,6 +107,19 @@ def test_failure_prob_option_enlarges_value():
     assert torch.all(kw.value >= torch.linalg.svdvals(a)[..., 0])
 
 
+def test_m_norm_runs_on_its_smaller_side_exactly_without_a_kw_raise():
+    # ||M_l|| maps n x r to n x n: Lanczos on the n^2 side fills its Krylov space in n^2 steps
+    g = _gen(5)
+    w = _weights(2, 16, 1.0, g)
+    x = torch.randn(3, 3, 16, generator=g, dtype=F64)
+    res = m_spectral(x, w, tol=1e-12, generator=g)
+    dense = torch.linalg.svdvals(_dense(m_operator(x, w)))[..., 0]
+    assert res.iterations <= 9 and bool((res.failure_prob == 0).all())
+    assert torch.all(res.value >= dense) and torch.all(res.value <= dense * (1 + 2e-4))  # margin
+    with pytest.raises(ValueError, match="side"):
+        spectral_norm(m_operator(x, w), side="left")
+
+
 def test_kw_steps_is_the_fewest_that_reach_the_probability():
     import math
 

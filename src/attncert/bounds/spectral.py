@@ -211,6 +211,17 @@ def _exact(a: Tensor, mode: str) -> SpectralNorm:
     return SpectralNorm(value, s, zero.detach(), conv, 0, zero.detach(), None)
 
 
+def _smaller_side(op: LinearOperator) -> LinearOperator:
+    """``op``, or its adjoint where that acts on fewer dimensions (the same singular values)."""
+    with torch.no_grad():
+        out = op.apply(torch.zeros(*op.batch_shape, *op.in_shape, dtype=op.dtype,
+                                   device=op.device))
+    out_shape = tuple(out.shape[len(op.batch_shape):])
+    if math.prod(out_shape) >= math.prod(op.in_shape):
+        return op
+    return LinearOperator(op.adjoint, op.apply, op.batch_shape, out_shape, op.dtype, op.device)
+
+
 def spectral_norm(
     a: Tensor | LinearOperator,
     *,
@@ -227,6 +238,7 @@ def spectral_norm(
     on_fail: str = "fallback",
     generator: torch.Generator | None = None,
     x0: Tensor | None = None,
+    side: str = "input",
 ) -> SpectralNorm:
     """Spectral norm of a batched matrix (exact SVD) or operator (Lanczos on A*A).
 
@@ -241,7 +253,11 @@ def spectral_norm(
     unconverged entries in mode "upper"; without it, or with
     on_fail="raise", an unconverged entry raises RuntimeError. check_every: Lanczos steps
     between convergence tests (after min_iter). x0: optional warm start
-    (*batch, *in_shape); it voids the KW statement (failure_prob then reports 1).
+    (*batch, *in_shape); it voids the KW statement (failure_prob then reports 1). side:
+    "input" (Lanczos on A*A) or "smaller" (on A A* when A's output has fewer dimensions: the
+    same singular values, a Krylov space that fills sooner, so its Ritz values become exact
+    in at most that many steps and need no KW raise; ``vector`` is then a left singular
+    vector). x0 keeps the input side.
 
     The value is differentiable: its gradient is that of ||A y|| at the final Ritz vector y
     (exact at convergence), or the fallback's gradient where the fallback is used.
@@ -255,7 +271,9 @@ def spectral_norm(
     elif method == "exact":
         raise ValueError("method='exact' needs a dense tensor")
 
-    op = a
+    if side not in ("input", "smaller"):
+        raise ValueError(f"side must be 'input' or 'smaller', not {side!r}")
+    op = _smaller_side(a) if side == "smaller" and x0 is None else a
     batch, shape = op.batch_shape, op.in_shape
     m_b = math.prod(batch)
     dim = math.prod(shape)
