@@ -180,7 +180,8 @@ class FrozenEncoderOLSA(_OLSAStack):
 
     ``hidden`` (None: the encoder's width, no map) sets the head's width, as OLSA sec. 5.1's
     hidden 256 over BERT's 768: the map is W / ||W||_2 (:class:`SpectralNormLinear`, started
-    semi-orthogonal and trained; ||W||_2 bounded from above by W's Schatten norm of order 2^14,
+    semi-orthogonal and trained; ||W||_2 bounded from above, to float32's rounding, by W's
+    Schatten norm of order 2^14,
     :func:`~attncert.text.orthogonal.schatten_norm`, so a CUDA graph holds the step), so it is
     1-Lipschitz and keeps every token within ``token_norm``; the certificate multiplies its
     exact spectral norm in (:meth:`lipschitz`), and every OLSA layer projects its input onto

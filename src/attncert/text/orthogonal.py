@@ -142,7 +142,9 @@ def schatten_norm(w: Tensor, log2_p: int = SCHATTEN_LOG2_P) -> Tensor:
     has entries at most 1, so nothing overflows; eigenvalues far below the largest underflow
     to 0, which lowers the sum by less than float64's rounding of its largest term. In float64,
     outside autocast and TF32 (a bf16 or TF32 product would add an error of 1e-3), returned
-    in the weight's dtype, float32 at least. docs/math.md section 7."""
+    in the weight's dtype, float32 at least: the rounding to float32 can put it half a unit in
+    the last place below ||W||_2 (W / s(W) of norm 1 + 6e-8), so a certificate never relies
+    on it and multiplies in the exact norm instead. docs/math.md section 7."""
     if log2_p < 1:
         raise ValueError(f"log2_p {log2_p}: the order p = 2^log2_p must be at least 2")
     out = torch.promote_types(w.dtype, torch.float32)
@@ -177,8 +179,9 @@ def head_norm(w: Tensor) -> Tensor:
     its square root, 1e-19 in float32 (an over-estimate: W / ||W||_2 stays in the unit ball).
     Computed in float32 at least and never autocast (no matrix product). More rows (the frozen
     encoder's map to the head's width, a head of more classes) take the Schatten norm of order
-    2^14, at most 0.04% above ||W||_2 at rank 768 and never below it: W divided by it has
-    spectral norm at most 1 and a CUDA graph holds the whole training step.
+    2^14, at most 0.04% above ||W||_2 at rank 768 and below it by float32's rounding at most
+    (:func:`schatten_norm`): W divided by it has spectral norm at most 1 + 6e-8, and a CUDA
+    graph holds the whole training step.
     """
     if w.shape[0] > 2:
         return schatten_norm(w)
