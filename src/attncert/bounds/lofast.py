@@ -230,7 +230,7 @@ def m_spectral(
         max_iter=max_iter,
         generator=generator,
         failure_prob=failure_prob if mode == "upper" else None,
-        side="smaller",  # (n, n) outputs: n^2 dimensions, fewer than the n x r inputs
+        side="smaller",  # (n, n) outputs: n^2 dimensions, fewer than the n x r inputs if n < r
         fallback=lambda: xi(x, w),
     )
 
