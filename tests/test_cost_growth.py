@@ -1,6 +1,7 @@
-"""The audits' batches in the cost model: the PGD audits counted at the batches
-base.batch_memory grows them to (attncert.cost.work.grown_batches, from the bytes their
-attack step's kernels output per point), one size for all radii as the audits run them."""
+"""The grown batches in the cost model: the PGD audits, the certificate passes and the
+attention diagnostics counted at the batches base.batch_memory grows them to
+(attncert.cost.work.grown_batches, from the bytes their kernels output per point), an audit's
+one size for all radii as the audits run them."""
 
 import pytest
 import torch
@@ -30,21 +31,30 @@ def test_the_bytes_per_sample_are_what_a_point_adds_to_the_outputs():
     assert counts.bytes_per_sample == 2 * 4000
 
 
-def test_audits_grow_and_nothing_else_moves(smoke, tmp_path):
+def _grows(what: str) -> bool:
+    """A work item whose loop grows its batches on a GPU: a PGD audit, a certificate pass
+    (certify_table) or the attention diagnostics."""
+    return any(k in what.lower() for k in ("audit", "certificates", "attention diagnostics"))
+
+
+def test_audits_certificates_and_diagnostics_grow_and_nothing_else_moves(smoke, tmp_path):
     """At the smoke params with certificate batches of 5 and 1 (the grid's and the text models'
-    audit batches: 50 and 5 points): every audit runs in at most the launches of its
-    section's batch (fewer for the grid's and the text models'), the same FLOPs to its
-    per-call part; nothing else moves."""
+    audit batches: 50 and 5 points): every audit, certificate pass and diagnostics pass runs in
+    at most the launches of its section's batch (fewer for the grid's audits, certificates and
+    diagnostics, and the text models' audits, LoFAST certificates and diagnostics), at most
+    the same FLOPs; nothing else moves."""
     path = params_with(smoke, tmp_path, "certify_vit", "cert_batch_size", 5)
     p = load_params(params_with(path, tmp_path, "text", "cert_batch_size", 1))
     jobs = list(stage_jobs(p, ("certify_vit", "crown", "text")))
     fixed, grown = priced(jobs, 0.0), priced(jobs, 0.5)
     assert [w.what for w in fixed] == [w.what for w in grown]
-    audits = [(a, b) for a, b in zip(fixed, grown, strict=True) if "audit" in a.what.lower()]
-    assert {a.stage for a, _ in audits} >= {"certify_vit", "text"}
-    assert all(b.kernels <= a.kernels and b.flops <= a.flops * (1 + 1e-9) for a, b in audits)
-    for stage in ("certify_vit", "text"):
-        assert any(b.kernels < a.kernels for a, b in audits if a.stage == stage), stage
-    others = [(a, b) for a, b in zip(fixed, grown, strict=True) if (a, b) not in audits]
-    assert all((a.kernels, a.flops) == (b.kernels, b.flops) for a, b in others)
+    growing = [(a, b) for a, b in zip(fixed, grown, strict=True) if _grows(a.what)]
+    assert all(b.kernels <= a.kernels and b.flops <= a.flops * (1 + 1e-9) for a, b in growing)
+    for stage, kind in (("certify_vit", "audit"), ("certify_vit", "certificates"),
+                        ("certify_vit", "attention diagnostics"), ("text", "audit"),
+                        ("text", "certificates"), ("text", "attention diagnostics")):
+        assert any(b.kernels < a.kernels for a, b in growing
+                   if a.stage == stage and kind in a.what.lower()), (stage, kind)
+    others = [(a, b) for a, b in zip(fixed, grown, strict=True) if not _grows(a.what)]
+    assert others and all((a.kernels, a.flops) == (b.kernels, b.flops) for a, b in others)
     assert p["base"].batch_memory == pytest.approx(0.5)

@@ -177,3 +177,33 @@ def test_every_attention_variant_can_be_replaced(name):
         after = attn(x)
     assert calls[""] == 1 and not torch.allclose(after, before)
     torch.testing.assert_close(attn(x), before)
+
+
+def test_the_diagnostics_do_not_depend_on_the_batches_or_on_a_retried_batch(monkeypatch):
+    """The same numbers at batch 5 and in one batch, and when a batch runs out of device
+    memory half-way (after its trained pass counted its entropies) and is retried at half its
+    size: a batch's sums are added once, after it ran (attncert.pipeline.batching)."""
+    model = vit()
+    x = images(12)
+    y = labels_of(model, x)
+    y[:4] = (y[:4] + 1) % 3  # some wrong labels: accuracies below 1
+    whole = dg.attention_diagnostics(model, x, y, batch_size=12)
+    assert whole["acc"] == pytest.approx(8 / 12)
+
+    def same(d):
+        assert d["entropy"] == pytest.approx(whole["entropy"], rel=1e-12)
+        assert d["logit_max"] == pytest.approx(whole["logit_max"], rel=1e-12)
+        assert {k: d[k] for k in ("acc", "acc_uniform", "acc_identity", "n", "layers")} == {
+            k: whole[k] for k in ("acc", "acc_uniform", "acc_identity", "n", "layers")}
+    same(dg.attention_diagnostics(model, x, y, batch_size=5))
+    real, failed = dg.override_attention, []
+
+    def override_once(m, mode):  # the first ablation of the first batch runs out of memory
+        if not failed:
+            failed.append(mode)
+            raise torch.OutOfMemoryError("simulated")
+        return real(m, mode)
+    monkeypatch.setattr(dg, "override_attention", override_once)
+    retried = dg.attention_diagnostics(model, x, y, batch_size=12)
+    assert failed == ["uniform"]
+    same(retried)

@@ -34,6 +34,8 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
+from attncert.pipeline.batching import in_batches
+
 __all__ = ["ABLATIONS", "attention_diagnostics", "attention_layers", "local_global_radius",
            "logit_cap", "override_attention", "row_entropy"]
 
@@ -138,7 +140,8 @@ def _logits(module: nn.Module, x: Tensor) -> Tensor | None:
 def attention_diagnostics(model: nn.Module, x: Tensor | tuple[Tensor, ...], y: Tensor,
                           batch_size: int = BATCH) -> dict[str, Any]:
     """The diagnostics of the module docstring on points ``x`` with labels ``y`` (the model
-    and the points on one device; batches of ``batch_size``): ``x`` a tensor of inputs
+    and the points on one device; batches of ``batch_size``, grown on a CUDA device as
+    :func:`attncert.pipeline.batching.in_batches` grows them): ``x`` a tensor of inputs
     (``model(xb)``) or a tuple of tensors with one row per point (``model(*xb)``: a text
     model's ids and mask). Accuracies are fractions, gaps points. The model is left in eval
     mode."""
@@ -151,36 +154,47 @@ def attention_diagnostics(model: nn.Module, x: Tensor | tuple[Tensor, ...], y: T
     if not layers:
         raise ValueError(f"{type(model).__name__} has no attention layer (no module with "
                          "compute_probs)")
-    ent_sum = dict.fromkeys(layers, 0.0)
-    logit_max = dict.fromkeys(layers, 0.0)
-    correct = {"trained": 0, **dict.fromkeys(ABLATIONS, 0)}
+    def batch(start: int, stop: int) -> tuple[dict, dict, dict]:
+        """This batch's entropy sums, largest logits and correct counts (returned, not added
+        up in place, so a batch retried at half its size after running out of memory counts
+        once)."""
+        ent_sum = dict.fromkeys(layers, 0.0)
+        logit_max = dict.fromkeys(layers, 0.0)
+        correct = {}
 
-    def capture(name: str):
-        def hook(module, args, kwargs, _out):
-            xin, mask = args[0], _key_mask(args, kwargs)
-            p = module.compute_probs(xin, mask) if mask is not None else module.compute_probs(xin)
-            ent_sum[name] += float(row_entropy(p.double(), mask).sum())
-            s = _logits(module, xin)
-            if s is not None:
-                logit_max[name] = max(logit_max[name], float(s.abs().max()))
-        return hook
+        def capture(name: str):
+            def hook(module, args, kwargs, _out):
+                xin, mask = args[0], _key_mask(args, kwargs)
+                p = (module.compute_probs(xin, mask) if mask is not None
+                     else module.compute_probs(xin))
+                ent_sum[name] += float(row_entropy(p.double(), mask).sum())
+                s = _logits(module, xin)
+                if s is not None:
+                    logit_max[name] = max(logit_max[name], float(s.abs().max()))
+            return hook
 
-    for i in range(0, len(y), batch_size):
-        xb, yb = tuple(t[i:i + batch_size] for t in parts), y[i:i + batch_size]
+        xb, yb = tuple(t[start:stop] for t in parts), y[start:stop]
         handles = [m.register_forward_hook(capture(n), with_kwargs=True)
                    for n, m in layers.items()]
         try:
-            correct["trained"] += int((model(*xb).argmax(-1) == yb).sum())
+            correct["trained"] = int((model(*xb).argmax(-1) == yb).sum())
         finally:
             for h in handles:
                 h.remove()
         for mode in ABLATIONS:
             with override_attention(model, mode) as calls:
-                correct[mode] += int((model(*xb).argmax(-1) == yb).sum())
+                correct[mode] = int((model(*xb).argmax(-1) == yb).sum())
             unused = [n for n, c in calls.items() if c == 0]
             if unused:
                 raise ValueError(f"attention layer(s) {unused} do not form their attention "
                                  "matrix with compute_probs: the ablation cannot replace it")
+        return ent_sum, logit_max, correct
+
+    # on a CUDA device the batch grows to base.batch_memory of its memory (pipeline.batching)
+    runs = in_batches(len(y), batch_size, batch, "attention diagnostics", device=y.device)
+    ent_sum = {k: sum(r[0][k] for r in runs) for k in layers}
+    logit_max = {k: max(r[1][k] for r in runs) for k in layers}
+    correct = {k: sum(r[2][k] for r in runs) for k in ("trained", *ABLATIONS)}
     n = len(y)
     acc = {k: v / n for k, v in correct.items()}
     entropy = [ent_sum[k] / n for k in layers]

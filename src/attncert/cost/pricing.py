@@ -42,6 +42,7 @@ from attncert.cost.work import (
     Work,
     audit_work,
     certify_work,
+    grown_batches,
     n_steps,
     training_work,
 )
@@ -184,10 +185,18 @@ def passes(stage: str, what: str, kind: str, one: Counts, calls: int, batch: int
     return Work(stage, what, kind, calls * one.flops(batch), calls * one.kernels)
 
 
+def grown_passes(stage: str, what: str, kind: str, one: Counts, per_batch: int, batches: int,
+                 n: int) -> Work:
+    """``per_batch`` calls of ``one`` on each of ``batches`` batches covering ``n`` points."""
+    return Work(stage, what, kind, per_batch * (batches * one.per_call + n * one.per_sample),
+                per_batch * batches * one.kernels)
+
+
 def job_work(job: J.Job, share: float = 0.0) -> list[Work]:
     """The work items of ``job``'s phases, marked with its stage and unit; ``share``:
-    ``base.batch_memory``, to which the audits' batches grow
-    (:func:`attncert.cost.work.grown_batches`; 0: the sections' sizes)."""
+    ``base.batch_memory``, to which the batches of the audits, the certificates and the
+    attention diagnostics grow (:func:`attncert.cost.work.grown_batches`; 0: the sections'
+    sizes)."""
     m, s = job.model, job.stage
     c = functools.cache(lambda: counts(m))  # the model's counts, when a phase needs them
     out: list[Work] = []
@@ -196,21 +205,27 @@ def job_work(job: J.Job, share: float = 0.0) -> list[Work]:
             out += training_work(s, ph.what, c(), ph.n_train, ph.n_eval, ph.epochs, ph.batch,
                                  ph.eval_batch, ph.adv_steps, graphs(m))
         elif isinstance(ph, J.Certify):
-            out += certify_work(s, ph.what, m.config, ph.n, ph.variants, ph.tests, ph.batch)
+            out += certify_work(s, ph.what, m.config, ph.n, ph.variants, ph.tests, ph.batch,
+                                share)
         elif isinstance(ph, J.Audit):
             out.append(audit_work(s, ph.what, c()["attack"], ph.n, ph.eps, ph.steps,
                                   ph.restarts, ph.batch, audit_graphs(m) if ph.copy else "",
                                   share))
-        elif isinstance(ph, J.Diagnostics | J.Forwards):
-            diag = isinstance(ph, J.Diagnostics)  # trained, uniform and identity attention
+        elif isinstance(ph, J.Diagnostics):  # trained, uniform and identity attention
             f = vit_forward64(m.config) if ph.fp64 else c()["forward"]
-            out.append(passes(s, f"{job.name}: attention diagnostics" if diag else ph.what,
-                              "fp64" if ph.fp64 else "fp32", f,
-                              (3 if diag else ph.passes) * n_steps(ph.n, ph.batch), ph.batch))
-        elif isinstance(ph, J.LayerCertify):
+            batches = grown_batches(ph.n, ph.batch, 1, 3 * f.bytes_per_sample, share)
+            out.append(grown_passes(s, f"{job.name}: attention diagnostics",
+                                    "fp64" if ph.fp64 else "fp32", f, 3, batches, ph.n))
+        elif isinstance(ph, J.Forwards):
+            f = vit_forward64(m.config) if ph.fp64 else c()["forward"]
+            out.append(passes(s, ph.what, "fp64" if ph.fp64 else "fp32", f,
+                              ph.passes * n_steps(ph.n, ph.batch), ph.batch))
+        elif isinstance(ph, J.LayerCertify):  # the text models' LoFAST table: certify_table
             lc = layer_certificate_counts(ph.tokens, ph.dim, ph.heads, "lofast_M")
-            out.append(passes(s, ph.what, "fp64", lc,
-                              ph.variants * ph.depth * n_steps(ph.n, ph.batch), ph.batch))
+            point = ph.variants * ph.depth * lc.bytes_per_sample
+            batches = grown_batches(ph.n, ph.batch, 1, point, share)
+            out.append(grown_passes(s, ph.what, "fp64", lc, ph.variants * ph.depth, batches,
+                                    ph.n))
         elif isinstance(ph, J.DouglasRachford):
             steps = ph.maps * ph.passes
             out.append(Work(s, ph.what, "fp64", steps * 2 * 2 * ph.pairs * ph.entries,

@@ -58,10 +58,10 @@ def _growth_note(params) -> str:
     share = params["base"].batch_memory
     if not share:
         return "; every batch at its section's size (`base.batch_memory` 0)"
-    return (f"; the PGD audits in the batches `base.batch_memory` ({share:g}) grows on an "
-            f"{GPU_MEMORY / 1e9:.0f} GB GPU, one size for all radii, from the bytes their "
-            f"attack step's kernels output per point (an upper bound, so no fewer launches "
-            f"than a run makes)")
+    return (f"; the PGD audits, the certificate passes and the attention diagnostics in the "
+            f"batches `base.batch_memory` ({share:g}) grows on an {GPU_MEMORY / 1e9:.0f} GB "
+            f"GPU (an audit's one size for all radii), from the bytes their kernels output "
+            f"per point (an upper bound, so no fewer launches than a run makes)")
 
 
 def _pilot_note(gpu: GPU) -> str:

@@ -122,18 +122,22 @@ def audit_work(stage: str, what: str, c: Counts, n: int, eps: int, steps: int, r
     return Work(stage, what, "tf32", flops, calls * c.kernels, graphs=graphs)
 
 
-def certify_work(stage: str, name: str, cfg, n: int, variants, tests: int, batch: int
-                 ) -> list[Work]:
-    """Certificates in float64: per batch one forward and each variant's per-layer terms."""
+def certify_work(stage: str, name: str, cfg, n: int, variants, tests: int, batch: int,
+                 share: float = 0.0) -> list[Work]:
+    """Certificates in float64 (:func:`attncert.certify.certify_table`): per batch one forward
+    and each variant's per-layer terms. ``share``: the batches grow as an audit's do
+    (:func:`grown_batches`, one loop), a point's bytes taken as its float64 forward's and every
+    variant's terms at every layer held at once (an upper bound); 0: ``batch`` throughout."""
     f64 = vit_forward64(cfg)
     tokens = (cfg.image_size // cfg.patch) ** 2 + (cfg.pool == "cls")
-    batches = n_steps(n, batch)
+    layers = [layer_certificate_counts(tokens, cfg.dim, cfg.heads, v)  # unknown: ValueError
+              for v in variants]
+    point = f64.bytes_per_sample + cfg.depth * sum(lc.bytes_per_sample for lc in layers)
+    batches = grown_batches(n, batch, 1, point, share)
     flops = kernels = 0.0
-    for v in variants:
-        flops += batches * f64.flops(batch)
-        kernels += batches * f64.kernels
-        lc = layer_certificate_counts(tokens, cfg.dim, cfg.heads, v)  # unknown: ValueError
-        flops += cfg.depth * batches * lc.flops(batch)
-        kernels += cfg.depth * batches * lc.kernels
+    for lc in layers:
+        flops += (batches * (f64.per_call + cfg.depth * lc.per_call)
+                  + n * (f64.per_sample + cfg.depth * lc.per_sample))
+        kernels += batches * (f64.kernels + cfg.depth * lc.kernels)
     return [Work(stage, f"{name}: certificates ({len(variants)} variants, {tests} tests)",
                  "fp64", flops, kernels)]

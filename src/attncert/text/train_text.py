@@ -40,6 +40,7 @@ from torch import Tensor, nn
 from torch.nn import functional as F
 
 from attncert.pipeline import rng
+from attncert.pipeline.batching import in_batches
 from attncert.pipeline.device import resolve_device, resolve_precision
 from attncert.pipeline.params import dataclass_from_mapping
 from attncert.training.loop import Steps
@@ -277,9 +278,9 @@ def certify_rows(model: nn.Module, data: Mapping[str, Tensor], device: torch.dev
     require_full_precision("a certificate (attncert.text)")
     model.eval()
     model64 = certificate_copy(model)
-    frames = []
-    for i in range(0, len(data["y"]), batch_size):
-        ids, mask, y = (data[k][i:i + batch_size].to(device) for k in ("ids", "mask", "y"))
+
+    def batch(start: int, stop: int):
+        ids, mask, y = (data[k][start:stop].to(device) for k in ("ids", "mask", "y"))
         t0 = time.perf_counter()
         e = model.embed(ids, mask).double()
         logits = model64(e, mask)
@@ -288,12 +289,15 @@ def certify_rows(model: nn.Module, data: Mapping[str, Tensor], device: torch.dev
         pred = logits.argmax(1)
         invariant = model64.certified_radius(e, mask, pred)  # of the prediction, any label
         top2 = logits.topk(2, dim=1).values
-        frames.append(pd.DataFrame({
-            "index": range(i, i + len(y)), "label": y.cpu().numpy(),
+        return pd.DataFrame({
+            "index": range(start, stop), "label": y.cpu().numpy(),
             "prediction": pred.cpu().numpy(), "correct": (pred == y).cpu().numpy(),
             "margin": (top2[:, 0] - top2[:, 1]).cpu().numpy(),
             "radius": radius.cpu().numpy(), "radius_predicted": invariant.cpu().numpy(),
-            "seconds": seconds}))
+            "seconds": seconds})
+
+    # on a CUDA device the batch grows to base.batch_memory of its memory (pipeline.batching)
+    frames = in_batches(len(data["y"]), batch_size, batch, "text certificates", device=device)
     return pd.concat(frames, ignore_index=True)
 
 
