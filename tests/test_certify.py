@@ -197,7 +197,7 @@ def test_one_table_of_bound_variants():
     one of its ways; an unknown name fails in the certificate and in the cost model alike,
     before any work (it was once priced silently as the naive bound)."""
     from attncert.bounds.variants import COSTS, VARIANTS
-    from attncert.cost.counting import layer_certificate_counts
+    from attncert.cost.layer_counts import layer_certificate_counts
     from attncert.crown.params import LOFAST_VARIANTS as CROWN_VARIANTS
     from attncert.specformer.params import CERT_VARIANTS
     from attncert.text.params import LOFAST_VARIANTS as TEXT_VARIANTS

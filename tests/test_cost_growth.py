@@ -58,3 +58,46 @@ def test_audits_certificates_and_diagnostics_grow_and_nothing_else_moves(smoke, 
     others = [(a, b) for a, b in zip(fixed, grown, strict=True) if not _grows(a.what)]
     assert others and all((a.kernels, a.flops) == (b.kernels, b.flops) for a, b in others)
     assert p["base"].batch_memory == pytest.approx(0.5)
+
+
+def test_the_peak_counts_the_storages_held_at_once():
+    """count_call's peak: tensors freed along the way leave it; a view holds its storage; an
+    allocation (empty) and the call's inputs count."""
+    from attncert.cost.counting import count_call
+
+    def peak(fn):
+        return count_call(fn)[3]
+
+    # one (100, 1000) float32 at a time, and the ten sums the list keeps
+    assert peak(lambda: [torch.ones(100, 1000).sum() for _ in range(10)]) == 400_000 + 40
+    assert count_call(lambda: [torch.ones(100, 1000).sum() for _ in range(10)])[2] == (
+        10 * (400_000 + 4))  # the outputs' total, as fit counts bytes
+
+    def view_outlives_its_base():
+        x = torch.ones(100, 1000)
+        v = x[:, :10]
+        del x
+        return torch.ones(100, 1000) + v.sum()  # x's storage still held: both at once
+
+    assert peak(view_outlives_its_base) >= 2 * 400_000
+    held = torch.zeros(50, 1000)
+    assert peak(lambda: torch.empty(100, 1000).copy_(held.repeat(2, 1))) >= 3 * 200_000
+
+
+def test_the_certificate_terms_bytes_bound_what_a_point_adds():
+    """layer_certificate_counts' bytes per point are at least the slope of the terms' peak
+    between batches of 8 and 16 (what a point adds at larger batches) and far below the
+    total the Lanczos steps output per point."""
+    from attncert.bounds.bench import bench_layer
+    from attncert.bounds.variants import Layer, variant
+    from attncert.cost.counting import count_call
+    from attncert.cost.layer_counts import layer_certificate_counts
+
+    def run(b):
+        w, x = bench_layer(5, 16, 2, b, torch.float64)
+        layer = Layer(x, w, True, 1.0, 1.0)
+        return count_call(lambda: variant("lofast_M").terms(layer))
+
+    (_, _, out8, peak8), (_, _, _, peak16) = run(8), run(16)
+    per_point = layer_certificate_counts(5, 16, 2, "lofast_M").bytes_per_sample
+    assert (peak16 - peak8) / 8 <= per_point < out8 / 8 / 4

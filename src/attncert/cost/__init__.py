@@ -41,13 +41,12 @@ from attncert.cost.counting import (
     count,
     fit,
     forward,
-    layer_certificate_counts,
-    layer_pgd_counts,
     train_step,
     vit_counts,
     vit_forward64,
 )
 from attncert.cost.kinds import bench_models
+from attncert.cost.layer_counts import layer_certificate_counts, layer_pgd_counts
 from attncert.cost.table import STAGES, cost_table, stage_work
 from attncert.cost.work import Work, audit_work, training_work
 from attncert.models.config import HF_VITS

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import weakref
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -18,7 +19,6 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 from torch.utils.flop_counter import FlopCounterMode, sdpa_backward_flop_count, sdpa_flop_count
 
-from attncert.pipeline import rng
 from attncert.pipeline.datasets import TABLE
 
 #: public dataset facts (:data:`attncert.pipeline.datasets.TABLE`): (channels, image size, classes,
@@ -148,9 +148,16 @@ class _KernelCounter(TorchDispatchMode):
         self.skip = self.SKIP | (self.SKIP_2 if version >= 2 else set())
         self.kernels = 0
         self.bytes = 0  # the bytes of every counted call's tensor outputs
+        self.live = self.peak = 0  # bytes of the storages the calls' tensors hold, live / most
+        self._refs: dict[int, int] = {}  # per storage: the tensors seen on it still alive
+        self._sizes: dict[int, int] = {}
+        self._held: dict[int, int] = {}  # id of a tensor seen -> its storage
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         out = func(*args, **(kwargs or {}))
+        for t in tree_leaves((out, args, kwargs)):
+            if isinstance(t, Tensor):
+                self._hold(t)
         name = func.overloadpacket.__name__
         if name in self.skip or getattr(func, "is_view", False):
             return out
@@ -162,12 +169,41 @@ class _KernelCounter(TorchDispatchMode):
                           if isinstance(t, Tensor))
         return out
 
+    def _hold(self, t: Tensor) -> None:
+        """Count ``t``'s storage as live until the last tensor seen on it is freed: every op's
+        inputs and outputs (views, in-place results, allocations such as ``empty``), so the
+        peak holds the call's inputs and everything it allocates."""
+        if id(t) in self._held:
+            return
+        try:
+            storage = t.untyped_storage()
+            key, size = storage.data_ptr(), storage.nbytes()
+        except (RuntimeError, NotImplementedError):  # no storage (meta, fake or sparse tensors)
+            return
+        if not size or t.device.type == "meta":
+            return
+        if key not in self._refs:
+            self._refs[key], self._sizes[key] = 0, size
+            self.live += size
+            self.peak = max(self.peak, self.live)
+        self._refs[key] += 1
+        self._held[id(t)] = key
+        weakref.finalize(t, self._release, id(t))
+
+    def _release(self, ident: int) -> None:
+        key = self._held.pop(ident)
+        self._refs[key] -= 1
+        if not self._refs[key]:
+            del self._refs[key]
+            self.live -= self._sizes.pop(key)
+
 
 @dataclass(frozen=True)
 class Counts:
     """FLOPs of one call = per_call + per_sample * batch; kernels of one call;
-    ``bytes_per_sample``: what one more sample adds to the bytes the call's operations output
-    (every allocation the call makes: an upper bound of what it adds to the memory's peak)."""
+    ``bytes_per_sample``: what one more sample adds to the memory's peak, at most (:func:`fit`:
+    to the bytes the call's operations output, every allocation the call makes;
+    :func:`layer_certificate_counts`: from the most bytes its tensors hold at once)."""
 
     per_call: float
     per_sample: float
@@ -181,7 +217,7 @@ class Counts:
 def count(fn: Callable[[], Any], version: int = COUNTING) -> tuple[float, int]:
     """(matmul FLOPs, kernels) of one call of ``fn`` (on the CPU; ``version``: the count's,
     :data:`COUNTING`)."""
-    f, k, _ = _count(fn, version)
+    f, k, *_ = count_call(fn, version)
     return f, k
 
 
@@ -195,21 +231,22 @@ FLOP_FORMULAS = {
 }
 
 
-def _count(fn: Callable[[], Any], version: int = COUNTING) -> tuple[float, int, int]:
-    """(matmul FLOPs, kernels, bytes output by the kernels) of one call of ``fn``."""
+def count_call(fn: Callable[[], Any], version: int = COUNTING) -> tuple[float, int, int, int]:
+    """(matmul FLOPs, kernels, bytes output by the kernels, the most bytes its tensors held at
+    once) of one call of ``fn``."""
     with FlopCounterMode(display=False, custom_mapping=FLOP_FORMULAS) as flops, \
             _KernelCounter(version) as kernels:
         fn()
-    return float(flops.get_total_flops()), kernels.kernels, kernels.bytes
+    return float(flops.get_total_flops()), kernels.kernels, kernels.bytes, kernels.peak
 
 
 def fit(make: Callable[[int], Callable[[], Any]], per_call_cost: bool = True) -> Counts:
     """:class:`Counts` from calls at batch 1 and 2 (``make(b)`` returns the call); with
     ``per_call_cost=False`` one call at batch 1, every FLOP and byte taken as per sample."""
-    f1, k1, b1 = _count(make(1))
+    f1, k1, b1, _ = count_call(make(1))
     if not per_call_cost:
         return Counts(0.0, f1, k1, float(b1))
-    f2, _, b2 = _count(make(2))
+    f2, _, b2, _ = count_call(make(2))
     return Counts(max(2 * f1 - f2, 0.0), max(f2 - f1, 0.0), k1, float(max(b2 - b1, 0)))
 
 
@@ -358,40 +395,3 @@ def vit_forward64(cfg) -> Counts:
 @functools.cache
 def _forward64_cached(cfg) -> Counts:
     return _vit_counts(cfg, train=False, dtype=torch.float64)["forward"]
-
-
-@functools.cache
-def layer_certificate_counts(n: int, d: int, h: int, variant: str) -> Counts:
-    """The eps-independent certificate terms of one residual attention layer (float64), as
-    the variant's own ``terms`` computes them (:mod:`attncert.bounds.variants`); a variant
-    priced at nothing beyond the forward pass counts zero, an unknown one fails."""
-    from attncert.bounds.bench import bench_layer
-    from attncert.bounds.variants import Layer
-    from attncert.bounds.variants import variant as lookup
-
-    spec = lookup(variant)
-    if spec.cost == "none":
-        return Counts(0.0, 0.0, 0)
-
-    def make(b):
-        w, x = bench_layer(n, d, h, b, torch.float64)
-        layer = Layer(x, w, True, 1.0, 1.0)
-        return lambda: spec.terms(layer)
-    return fit(make, per_call_cost=False)  # per sample: batched Lanczos runs per sample
-
-
-@functools.cache
-def layer_pgd_counts(n: int, d: int, h: int) -> tuple[Counts, Counts]:
-    """The tightness study's PGD ascent on one layer (float64), per input: (its set-up, the
-    Jacobian start direction by Lanczos; one step), from runs of 2 and 4 steps (restarts run
-    batched: they multiply FLOPs, not kernels)."""
-    from attncert.bounds import pgd_sensitivity
-    from attncert.bounds.bench import bench_layer
-
-    w, x = bench_layer(n, d, h, 1, torch.float64)
-    runs = {k: count(lambda k=k: pgd_sensitivity(
-        x, w, 0.05, True, steps=k, restarts=1, generator=rng.generator(0)))
-        for k in (2, 4)}
-    step_f, step_k = ((runs[4][i] - runs[2][i]) / 2 for i in (0, 1))
-    setup = Counts(0.0, max(runs[2][0] - 2 * step_f, 0.0), max(runs[2][1] - 2 * step_k, 0))
-    return setup, Counts(0.0, max(step_f, 0.0), max(step_k, 0))

@@ -19,8 +19,6 @@ from attncert.cost.counting import (
     attack_step,
     fit,
     forward,
-    layer_certificate_counts,
-    layer_pgd_counts,
     pixel_linear_counts,
     train_step,
     vit_counts,
@@ -38,6 +36,7 @@ from attncert.cost.graphs import (
     graphs_key,
 )
 from attncert.cost.kinds import StandInEncoder
+from attncert.cost.layer_counts import layer_certificate_counts, layer_pgd_counts
 from attncert.cost.work import (
     Work,
     audit_work,

@@ -10,10 +10,10 @@ from dataclasses import dataclass
 from attncert.cost.counting import (
     GPU,
     Counts,
-    layer_certificate_counts,
     vit_forward64,
 )
 from attncert.cost.graphs import ADVERSARIAL
+from attncert.cost.layer_counts import layer_certificate_counts
 
 # -- work items ---------------------------------------------------------------------------------
 
