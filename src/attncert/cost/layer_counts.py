@@ -41,7 +41,7 @@ def layer_certificate_counts(n: int, d: int, h: int, variant: str) -> Counts:
         layer = Layer(x, w, True, 1.0, 1.0)
         return lambda: spec.terms(layer)
     f1, k1, _, _ = count_call(make(1))  # FLOPs per sample: batched Lanczos runs per sample
-    _, kb, _, peak = count_call(make(PEAK_BATCH))
+    _, kb, _, peak = count_call(make(PEAK_BATCH), peak=True)
     return Counts(0.0, f1, max(k1, kb), peak / PEAK_BATCH)
 
 
