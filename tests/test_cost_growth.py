@@ -41,8 +41,9 @@ def test_audits_certificates_and_diagnostics_grow_and_nothing_else_moves(smoke, 
     """At the smoke params with certificate batches of 5 and 1 (the grid's and the text models'
     audit batches: 50 and 5 points): every audit, certificate pass and diagnostics pass runs in
     at most the launches of its section's batch (fewer for the grid's audits, certificates and
-    diagnostics, and the text models' audits, LoFAST certificates and diagnostics), at most
-    the same FLOPs; nothing else moves."""
+    diagnostics, and the text models' audits and diagnostics; the text models' LoFAST
+    certificates run one loop per sentence length and are priced without growth), at most the
+    same FLOPs; nothing else moves."""
     path = params_with(smoke, tmp_path, "certify_vit", "cert_batch_size", 5)
     p = load_params(params_with(path, tmp_path, "text", "cert_batch_size", 1))
     jobs = list(stage_jobs(p, ("certify_vit", "crown", "text")))
@@ -52,7 +53,7 @@ def test_audits_certificates_and_diagnostics_grow_and_nothing_else_moves(smoke, 
     assert all(b.kernels <= a.kernels and b.flops <= a.flops * (1 + 1e-9) for a, b in growing)
     for stage, kind in (("certify_vit", "audit"), ("certify_vit", "certificates"),
                         ("certify_vit", "attention diagnostics"), ("text", "audit"),
-                        ("text", "certificates"), ("text", "attention diagnostics")):
+                        ("text", "attention diagnostics")):
         assert any(b.kernels < a.kernels for a, b in growing
                    if a.stage == stage and kind in a.what.lower()), (stage, kind)
     others = [(a, b) for a, b in zip(fixed, grown, strict=True) if not _grows(a.what)]
@@ -87,17 +88,18 @@ def test_the_peak_counts_the_storages_held_at_once():
 def test_the_certificate_terms_bytes_bound_what_a_point_adds():
     """layer_certificate_counts' bytes per point are at least the slope of the terms' peak
     between batches of 8 and 16 (what a point adds at larger batches) and far below the
-    total the Lanczos steps output per point."""
+    total the Lanczos steps output per point; at a layer of 5 tokens of 32-d (160 dimensions,
+    more than the KW steps: the iterations stop on convergence, not at the space's size)."""
     from attncert.bounds.bench import bench_layer
     from attncert.bounds.variants import Layer, variant
     from attncert.cost.counting import count_call
     from attncert.cost.layer_counts import layer_certificate_counts
 
     def run(b):
-        w, x = bench_layer(5, 16, 2, b, torch.float64)
+        w, x = bench_layer(5, 32, 2, b, torch.float64)
         layer = Layer(x, w, True, 1.0, 1.0)
         return count_call(lambda: variant("lofast_M").terms(layer), peak=True)
 
     (_, _, out8, peak8), (_, _, _, peak16) = run(8), run(16)
-    per_point = layer_certificate_counts(5, 16, 2, "lofast_M").bytes_per_sample
+    per_point = layer_certificate_counts(5, 32, 2, "lofast_M").bytes_per_sample
     assert (peak16 - peak8) / 8 <= per_point < out8 / 8 / 4

@@ -260,3 +260,33 @@ def test_an_inflated_certificate_is_counted_broken_and_fails_the_check(monkeypat
     assert row["broken"] == sum(a["broken"] for a in audit) > 0
     with pytest.raises(soundness.UnsoundCertificateError, match="m at eps 8"):
         soundness.require_sound({"m": audit})
+
+
+def test_the_lofast_tables_batches_stay_within_what_the_cost_model_prices(monkeypatch):
+    """_lofast_table certifies each sentence length in a loop of its own; the cost model prices
+    n_steps(n, batch) + min(n, max_len) - 1 batches (attncert.cost.pricing, LayerCertify), so
+    never fewer than the run makes."""
+    from attncert import certify
+    from attncert.cost.work import n_steps
+    from attncert.text.evaluate import _lofast_table
+
+    torch.manual_seed(0)
+    model = LipschitzTextTransformer(TextTransformerConfig(vocab_size=12, max_len=8, dim=8,
+                                                           depth=1, heads=2, mlp_hidden=8))
+    real, batches = certify.in_batches, []
+
+    def counted(n, size, run, *args, **kwargs):
+        out = real(n, size, lambda a, b: (batches.append(b - a), run(a, b))[1], *args,
+                   **kwargs)
+        return out
+    monkeypatch.setattr(certify, "in_batches", counted)
+    g = torch.Generator().manual_seed(3)
+    for n, lengths in ((23, range(1, 9)), (9, (8,)), (5, (2, 7))):
+        ids = torch.randint(1, 12, (n, 8), generator=g)
+        choice = torch.tensor(list(lengths))[torch.randint(0, len(lengths), (n,), generator=g)]
+        mask = torch.arange(8)[None, :] < choice[:, None]
+        batches.clear()
+        _lofast_table(model, {"ids": ids, "mask": mask, "y": torch.zeros(n, dtype=torch.long)},
+                      "cpu", 4, ["lofast_M"])
+        assert sum(batches) == n
+        assert len(batches) <= n_steps(n, 4) + min(n, 8) - 1

@@ -193,7 +193,7 @@ def grown_passes(stage: str, what: str, kind: str, one: Counts, per_batch: int, 
 
 def job_work(job: J.Job, share: float = 0.0) -> list[Work]:
     """The work items of ``job``'s phases, marked with its stage and unit; ``share``:
-    ``base.batch_memory``, to which the batches of the audits, the certificates and the
+    ``base.batch_memory``, to which the batches of the audits, the image certificates and the
     attention diagnostics grow (:func:`attncert.cost.work.grown_batches`; 0: the sections'
     sizes)."""
     m, s = job.model, job.stage
@@ -219,10 +219,12 @@ def job_work(job: J.Job, share: float = 0.0) -> list[Work]:
             f = vit_forward64(m.config) if ph.fp64 else c()["forward"]
             out.append(passes(s, ph.what, "fp64" if ph.fp64 else "fp32", f,
                               ph.passes * n_steps(ph.n, ph.batch), ph.batch))
-        elif isinstance(ph, J.LayerCertify):  # the text models' LoFAST table: certify_table
+        elif isinstance(ph, J.LayerCertify):  # the text models' LoFAST table
+            # certify_table once per sentence length (attncert.text.evaluate._lofast_table):
+            # up to ``tokens`` loops, each ending on a partial batch; counted without growth,
+            # so no fewer batches than the run makes
             lc = layer_certificate_counts(ph.tokens, ph.dim, ph.heads, "lofast_M")
-            point = ph.variants * ph.depth * lc.bytes_per_sample
-            batches = grown_batches(ph.n, ph.batch, 1, point, share)
+            batches = n_steps(ph.n, ph.batch) + min(ph.n, ph.tokens) - 1 if ph.n else 0
             out.append(grown_passes(s, ph.what, "fp64", lc, ph.variants * ph.depth, batches,
                                     ph.n))
         elif isinstance(ph, J.DouglasRachford):
