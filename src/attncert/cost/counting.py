@@ -242,12 +242,9 @@ def count_call(fn: Callable[[], Any], version: int = COUNTING, peak: bool = Fals
     return float(flops.get_total_flops()), kernels.kernels, kernels.bytes, kernels.peak
 
 
-def fit(make: Callable[[int], Callable[[], Any]], per_call_cost: bool = True) -> Counts:
-    """:class:`Counts` from calls at batch 1 and 2 (``make(b)`` returns the call); with
-    ``per_call_cost=False`` one call at batch 1, every FLOP and byte taken as per sample."""
+def fit(make: Callable[[int], Callable[[], Any]]) -> Counts:
+    """:class:`Counts` from calls at batch 1 and 2 (``make(b)`` returns the call)."""
     f1, k1, b1, _ = count_call(make(1))
-    if not per_call_cost:
-        return Counts(0.0, f1, k1, float(b1))
     f2, _, b2, _ = count_call(make(2))
     return Counts(max(2 * f1 - f2, 0.0), max(f2 - f1, 0.0), k1, float(max(b2 - b1, 0)))
 
