@@ -12,6 +12,7 @@ kinds that train under graphs: a kind that names a ``cuda_graphs_blocker`` must 
 fails here, so a fix shows and a new blocker is caught before a GPU sees it.
 """
 
+import contextlib
 import copy
 
 import pytest
@@ -228,3 +229,49 @@ def test_certvit_s_adapted_vit_is_capturable(norm, monkeypatch):
 
     model = adapt(tiny_vit(kind="standard", block="prenorm", pool="cls"), Adaptation(norm=norm))
     assert _capture_faults(model, _images(model), monkeypatch) == []
+
+
+@pytest.mark.parametrize("variant", [LIPSCHITZ, {**LIPSCHITZ, "attn_orthogonal": True}])
+def test_the_lofast_margin_s_whole_loss_is_capturable_and_one_graph(variant, monkeypatch):
+    """The ``lofast`` margin's loss (forward pass, the surrogate bound's Schatten norms, the
+    entropy term) and its backward hold no sync, copy or solver once its inputs are on the
+    device (the components' exact constants are computed before, eagerly), and compile to
+    one graph without a solver, with eager's value."""
+    from helpers import tiny_vit
+
+    from attncert.models import component_constants
+    from attncert.training.certified_training import margin_loss
+
+    model = tiny_vit(**variant)
+    x, y = _images(model, 4)
+    with simulated_device() as sim:
+        on_sim = copy.deepcopy(model).to(sim.device).train()
+        xs, ys = x.to(sim.device), y.to(sim.device)
+        comps = on_sim.components()
+        consts = component_constants(comps, sim.device)
+        eps = torch.tensor(0.1, dtype=torch.float64).to(sim.device)
+        sim.host_to_device, sim.host_syncs, sim.solvers = 0, 0, []
+        with monkeypatch.context() as m:
+            m.setattr(torch.compiler, "is_compiling", lambda: True)
+            # the simulated device has no autocast module; the loss only switches it off
+            m.setattr(torch, "autocast", lambda *a, **k: contextlib.nullcontext())
+            _, loss = margin_loss(on_sim, xs, ys, eps, comps, consts, 5.0, 0.5, 1.0, 0.1)
+            loss.backward()
+        assert (sim.host_syncs, sim.host_to_device, sim.solvers) == (0, 0, [])
+    comps = model.train().components()
+    args = (x, y, torch.tensor(0.1, dtype=torch.float64), comps, component_constants(comps),
+            5.0, 0.5, 1.0, 0.1)
+    graphs = []
+
+    def backend(gm, inputs):
+        graphs.append([str(n.target) for n in gm.graph.nodes if n.op == "call_function"])
+        return gm.forward
+
+    torch._dynamo.reset()
+    want = margin_loss(model, *args)[1]
+    got = torch.compile(margin_loss, backend=backend)(model, *args)[1]
+    torch._dynamo.reset()
+    torch.testing.assert_close(got, want)
+    assert len(graphs) == 1, len(graphs)
+    solvers = ("svd", "eig", "qr", "cholesky", "solve", "lstsq", "inv")  # matrix_exp is products
+    assert not any(k in op for g in graphs for op in g for k in solvers)

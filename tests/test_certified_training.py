@@ -117,45 +117,6 @@ def test_the_margin_trains_the_clean_logits():
     assert not any(t.requires_grad for t in inputs.values()), "no_grad outside wins"
 
 
-def test_the_norm_of_a_product_has_a_finite_gradient_at_rank_deficient_factors():
-    """A trained attention's X W^K can lose rank (4 tokens, 32 columns); QR's derivative is NaN
-    there, and one NaN step ends a training run. The differentiable norm is the same value."""
-    from attncert.bounds.spectral import norm_of_product
-
-    g = torch.Generator().manual_seed(0)
-    u = torch.randn(4, 8, generator=g, dtype=torch.float64)
-    u[:, 4:] = u[:, :4]  # rank 4 of 8 columns (and a wide u: 4 rows)
-    v = torch.randn(16, 8, generator=g, dtype=torch.float64)
-    v[:, 7] = 0.0
-    with torch.no_grad():
-        exact = norm_of_product(u, v)
-    u.requires_grad_(True)
-    v.requires_grad_(True)
-    value = norm_of_product(u, v)
-    torch.testing.assert_close(value, exact)
-    gu, gv = torch.autograd.grad(value, (u, v))
-    assert torch.isfinite(gu).all() and torch.isfinite(gv).all()
-    # at full-rank factors the derivative is the dense reference's, svdvals(u v^T)[0]
-    uf = torch.randn(6, 8, generator=g, dtype=torch.float64, requires_grad=True)
-    vf = torch.randn(16, 8, generator=g, dtype=torch.float64, requires_grad=True)
-    ours = torch.autograd.grad(norm_of_product(uf, vf, mode="exact"), (uf, vf))
-    dense = torch.autograd.grad(torch.linalg.svdvals(uf @ vf.T)[0], (uf, vf))
-    for o, d in zip(ours, dense, strict=True):
-        torch.testing.assert_close(o, d)
-    # float32 and batched, a rank-1 product (every singular value but one repeated at 0):
-    # the value is the dense reference's and its derivative finite
-    u1 = torch.randn(3, 1, 8, generator=g).expand(3, 4, 8).clone().requires_grad_(True)
-    v1 = torch.randn(3, 16, 8, generator=g).requires_grad_(True)
-    val = norm_of_product(u1, v1, mode="exact")
-    ref = torch.linalg.svdvals((u1 @ v1.transpose(1, 2)).double())[:, 0]
-    torch.testing.assert_close(val.double(), ref, rtol=1e-5, atol=1e-5)
-    assert all(torch.isfinite(t).all() for t in torch.autograd.grad(val.sum(), (u1, v1)))
-    # the QR route's derivative at the rank-deficient point is not finite
-    ru, rv = torch.linalg.qr(u).R, torch.linalg.qr(v).R
-    old = torch.autograd.grad(torch.linalg.svdvals(ru @ rv.T)[0], (u, v))
-    assert not all(torch.isfinite(t).all() for t in old)
-
-
 def test_the_radius_ramp_and_the_config_checks():
     assert ct.margin_eps(0.5, 0.0, 0, 100) == 0.5
     assert ct.margin_eps(0.5, 0.5, 0, 100) == pytest.approx(0.01)
@@ -230,52 +191,3 @@ def test_the_attention_entropy_term_is_the_diagnostics_entropy_and_trains_it_dow
         assert trained_entropy(2.0, margin) < 0.1 < 0.5 < trained_entropy(0.0, margin)
     with pytest.raises(ValueError, match="attn_entropy"):
         TrainConfig(attn_entropy=-1.0)
-
-
-@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
-def test_the_norm_of_two_tall_factors_is_an_r_by_r_upper_bound(dtype):
-    """Weights' norms ||W^V W^O||, ||W^Q W^K^T|| (d rows, r = d_h columns each) are taken on
-    an r x r matrix in training: never below the dense norm, within rounding of it, with the
-    dense derivative at full rank and a finite one when a factor loses rank."""
-    from attncert.bounds.spectral import norm_of_product
-
-    g = torch.Generator().manual_seed(3)
-    u = torch.randn(2, 24, 6, generator=g, dtype=dtype)
-    v = torch.randn(2, 20, 6, generator=g, dtype=dtype)
-    for rank_deficient in (False, True):
-        if rank_deficient:
-            u = u.clone()
-            u[..., 3:] = u[..., :3]  # rank 3 of 6 columns
-        dense = torch.linalg.svdvals((u @ v.transpose(-1, -2)).double())[..., 0]
-        uu, vv = u.clone().requires_grad_(True), v.clone().requires_grad_(True)
-        value = norm_of_product(uu, vv, mode="exact")
-        tol = 1e-5 if dtype == torch.float32 else 1e-10
-        assert (value.double() >= dense * (1 - tol)).all()
-        torch.testing.assert_close(value.double(), dense, rtol=tol, atol=tol)
-        grads = torch.autograd.grad(value.sum(), (uu, vv))
-        assert all(torch.isfinite(t).all() for t in grads)
-        if not rank_deficient and dtype == torch.float64:
-            ud, vd = u.clone().requires_grad_(True), v.clone().requires_grad_(True)
-            ref = torch.autograd.grad(torch.linalg.svdvals(ud @ vd.transpose(-1, -2))[..., 0]
-                                      .sum(), (ud, vd))
-            for o, d in zip(grads, ref, strict=True):
-                torch.testing.assert_close(o, d)
-
-
-def test_a_failed_r_by_r_factorisation_falls_back_to_the_row_gram(monkeypatch):
-    from attncert.bounds import spectral
-
-    g = torch.Generator().manual_seed(4)
-    u = torch.randn(20, 5, generator=g, dtype=torch.float64, requires_grad=True)
-    v = torch.randn(18, 5, generator=g, dtype=torch.float64, requires_grad=True)
-    want = torch.linalg.svdvals((u @ v.T).detach())[0]
-    real = torch.linalg.cholesky_ex
-
-    def failing(a, **kw):
-        chol, info = real(a, **kw)
-        return chol, torch.ones_like(info)
-
-    monkeypatch.setattr(torch.linalg, "cholesky_ex", failing)
-    assert spectral._rank_r_gram(u, v) is None
-    value = spectral.norm_of_product(u, v, mode="exact")
-    torch.testing.assert_close(value.detach(), want)

@@ -16,6 +16,9 @@ CFG = TrainConfig(epochs=2, batch_size=16, lr=3e-3, warmup_steps=2, seed=1, marg
                   lmt_offset=0.05)
 #: PGD adversarial training (SpecFormer's twins), two attack steps
 ADV = dataclasses.replace(CFG, epochs=1, adversarial="pgd_linf", adv_eps=0.1, adv_steps=2)
+#: the ``lofast`` margin (the cpu grid's), its radius ramped: a new value every step
+LOFAST = dataclasses.replace(CFG, margin="lofast", lofast_eps=0.1, lofast_ramp=0.5,
+                             lofast_mix=0.5, attn_entropy=0.01)
 
 
 @pytest.fixture
@@ -88,7 +91,7 @@ def test_compiled_forward_is_undone_on_error():
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a GPU")
-@pytest.mark.parametrize("config", [CFG, ADV], ids=["standard", "adversarial"])
+@pytest.mark.parametrize("config", [CFG, ADV, LOFAST], ids=["standard", "adversarial", "lofast"])
 def test_cuda_graph_training_equals_eager(tmp_path, mode, config):
     eager, rows_e = _run(tmp_path, "eager", "cuda", config=config)
     mode("graphs")
@@ -104,6 +107,35 @@ def test_compiled_adversarial_training_equals_eager(tmp_path, mode):
     model, rows_c = _run(tmp_path, "compiled", "cpu", config=ADV)
     _same(eager, model, rows_e, rows_c, 1e-4)
     assert all(p.requires_grad for p in model.parameters())
+    torch._dynamo.reset()
+
+
+def test_compiled_lofast_margin_training_equals_eager_and_resumes(tmp_path, mode):
+    """The ``lofast`` margin's whole loss compiled (forward pass, surrogate bound, backward:
+    :func:`attncert.training.compiled.compiled_loss`): eager's losses, accuracy and weights,
+    the radius a tensor input (no recompilation as it ramps), the same resume."""
+    from torch._dynamo.utils import counters
+
+    eager, rows_e = _run(tmp_path, "eager", "cpu", config=LOFAST)
+    mode("compile")
+    counters.clear()
+    model, rows_c = _run(tmp_path, "compiled", "cpu", config=LOFAST)
+    assert "forward" not in vars(model) and not hasattr(model, "_attncert_compiled_losses")
+    _same(eager, model, rows_e, rows_c, 1e-4)
+    assert counters["stats"]["unique_graphs"] <= 3, dict(counters["stats"])  # no recompiles
+    assert not counters["recompiles"], dict(counters["recompiles"])
+
+    class Stop(Exception):
+        pass
+
+    def stop(epoch, _row):
+        if epoch == 1:
+            raise Stop
+
+    with pytest.raises(Stop):
+        _run(tmp_path, "resumed", "cpu", stop, config=LOFAST)
+    resumed, rows_r = _run(tmp_path, "resumed", "cpu", config=LOFAST)
+    _same(eager, resumed, rows_e, rows_r, 1e-4)
     torch._dynamo.reset()
 
 

@@ -29,30 +29,11 @@ from .spectral import (
 )
 from .weights import AttentionWeights, attention_probs
 
-__all__ = [
-    "LofastTerms",
-    "zeta",
-    "zeta_operator",
-    "zeta_cheap_upper",
-    "zeta_spectral",
-    "m_norm",
-    "m_operator",
-    "m_spectral",
-    "xi",
-    "xa_norm",
-    "a_norm",
-    "b_norm",
-    "lofast_terms",
-    "lofast_from_terms",
-    "lofast_bound",
-    "naive_terms",
-    "naive_from_terms",
-    "naive_bound",
-    "delta21_m",
-    "delta21_xi",
-    "delta22_lofast",
-    "delta22_naive",
-]
+__all__ = ["LofastTerms", "zeta", "zeta_operator", "zeta_cheap_upper", "zeta_from_norms",
+           "zeta_spectral", "stacked_a_gram", "stacked_p_gram", "m_norm",
+           "m_operator", "m_spectral", "xi", "xa_norm", "a_norm", "b_norm", "lofast_terms",
+           "lofast_from_terms", "lofast_bound", "naive_terms", "naive_from_terms", "naive_bound",
+           "delta21_m", "delta21_xi", "delta22_lofast", "delta22_naive"]
 
 
 def as_eps(eps: float | Tensor, x: Tensor) -> Tensor:
@@ -99,23 +80,37 @@ def b_norm(w: AttentionWeights, mode: str = "upper") -> Tensor:
 
 
 def zeta_cheap_upper(p: Tensor, w: AttentionWeights, residual: bool) -> Tensor:
-    """(B,) guaranteed upper bound on zeta from exact small norms (no iteration).
-
-    min of: ||H|| + sum_l ||P_l|| ||A_l|| (triangle, eq. 12's coefficient);
-    ||[P_0 .. P_h]|| sqrt(sum ||A_l||^2) and sqrt(sum ||P_l||^2) ||[A_0; ..; A_h]||
-    (Cauchy-Schwarz on the stacked blocks; P_0 = A_0 = I when residual).
-    """
+    """(B,) guaranteed upper bound on zeta from exact small norms (no iteration):
+    :func:`zeta_from_norms` of the exact norms, padded by their rounding."""
     a = a_norm(w)
     p_norm = fp_pad(torch.linalg.matrix_norm(p, 2), 2 * p.shape[-1])
+    big_p = fp_pad(top_eigenvalue(stacked_p_gram(p, residual)).clamp_min(0), 4 * p.shape[-1])
+    big_a = fp_pad(top_eigenvalue(stacked_a_gram(w, residual)).clamp_min(0), 4 * w.d)
+    return zeta_from_norms(p_norm, big_p.sqrt(), a, big_a.sqrt(), residual)
+
+
+def stacked_p_gram(p: Tensor, residual: bool) -> Tensor:
+    """(B, n, n): [P_0 .. P_h] [P_0 .. P_h]^T (P_0 = I when residual, else absent)."""
+    ppt = (p @ p.transpose(-1, -2)).sum(1)
+    return ppt + torch.eye(p.shape[-1], dtype=p.dtype, device=p.device) if residual else ppt
+
+
+def stacked_a_gram(w: AttentionWeights, residual: bool) -> Tensor:
+    """(d, d): [A_0; ..; A_h]^T [A_0; ..; A_h] (A_0 = I when residual, else absent)."""
+    ata = (w.A.transpose(-1, -2) @ w.A).sum(0)
+    return ata + torch.eye(w.d, dtype=ata.dtype, device=ata.device) if residual else ata
+
+
+def zeta_from_norms(p_norm: Tensor, big_p: Tensor, a: Tensor, big_a: Tensor, residual: bool
+                    ) -> Tensor:
+    """(B,) upper bound on zeta from upper bounds of ||P_l|| (B, h), ||[P_0 .. P_h]|| (B,),
+    ||A_l|| (h,) and ||[A_0; ..; A_h]|| (): the min of ||H|| + sum_l ||P_l|| ||A_l|| (triangle,
+    eq. 12's coefficient), ||[P_0 .. P_h]|| sqrt(sum ||A_l||^2) and
+    sqrt(sum ||P_l||^2) ||[A_0; ..; A_h]|| (Cauchy-Schwarz on the stacked blocks; P_0 = A_0 = I
+    when residual)."""
     h0 = 1.0 if residual else 0.0
     tri = h0 + (p_norm * a).sum(-1)
-    eye_n = torch.eye(p.shape[-1], dtype=p.dtype, device=p.device)
-    ppt = (p @ p.transpose(-1, -2)).sum(1) + h0 * eye_n
-    big_p = fp_pad(top_eigenvalue(ppt).clamp_min(0), 4 * p.shape[-1]).sqrt()
     s1 = big_p * (h0 + (a**2).sum()).sqrt()
-    ata = w.A.transpose(-1, -2) @ w.A
-    ata = ata.sum(0) + h0 * torch.eye(w.d, dtype=p.dtype, device=p.device)
-    big_a = fp_pad(top_eigenvalue(ata).clamp_min(0), 4 * w.d).sqrt()
     s2 = (h0 + (p_norm**2).sum(-1)).sqrt() * big_a
     return torch.minimum(tri, torch.minimum(s1, s2))
 

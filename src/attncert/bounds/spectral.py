@@ -130,8 +130,8 @@ def kw_failure_prob(theta: Tensor, upper_sq: Tensor, k: int, dim: int) -> Tensor
 
 #: symmetric matrices up to this size go to the host's LAPACK in :func:`top_eigenvalue` when
 #: they live on CUDA and come in a batch: CUDA's eigensolver takes them one at a time, a few
-#: kernels each (a ``lofast`` training margin step of the grid's ViT at batch 128 spent 90% of
-#: 1.66 s in it on an H200); 0 keeps every matrix on its device
+#: kernels each (the ``lofast`` training margin's step of the grid's ViT at batch 128 spent 90%
+#: of 1.66 s in it on an H200, when it took exact norms); 0 keeps every matrix on its device
 HOST_EIGH_MAX = 64
 #: the device types whose small batched eigenproblems go to the host
 HOST_EIGH_DEVICES = ("cuda",)
@@ -141,57 +141,26 @@ def top_eigenvalue(sym: Tensor) -> Tensor:
     """(...,): the largest eigenvalue of symmetric (..., k, k), differentiable (eigvalsh). A
     batch of small matrices on CUDA (k <= :data:`HOST_EIGH_MAX`) is solved on the host and the
     result moved back (the same LAPACK-grade eigenvalues; a host sync, never inside a
-    captured graph: the training margins and certificates that call it run eager)."""
+    captured graph: the certificates that call it run eager; a training loss takes
+    :func:`attncert.bounds.schatten.eigenvalue_upper`)."""
     if (sym.device.type in HOST_EIGH_DEVICES and sym.shape[-1] <= HOST_EIGH_MAX
             and sym[..., 0, 0].numel() > 1):
         return torch.linalg.eigvalsh(sym.cpu())[..., -1].to(sym.device)
     return torch.linalg.eigvalsh(sym)[..., -1]
 
 
-def _rank_r_gram(u: Tensor, v: Tensor) -> Tensor | None:
-    """(..., r, r) symmetric, largest eigenvalue >= ||u v^T||^2 (u, v with r columns and more
-    rows): L^T (v^T v) L with L L^T = u^T u + delta I (Cholesky). Its eigenvalues are those of
-    (v^T v)^{1/2} (u^T u + delta I) (v^T v)^{1/2}, so the jitter delta (a few rounding units of
-    u^T u's largest diagonal entry, which keeps the factorisation defined for a rank-deficient
-    u) can only raise the result: an upper bound, at r x r instead of rows x rows. None when
-    the factorisation fails all the same (rounding larger than the jitter)."""
-    gu = u.transpose(-1, -2) @ u
-    gv = v.transpose(-1, -2) @ v
-    r = gu.shape[-1]
-    delta = 8 * r * torch.finfo(gu.dtype).eps * gu.diagonal(dim1=-2, dim2=-1).amax(-1)
-    eye = torch.eye(r, dtype=gu.dtype, device=gu.device)
-    chol, info = torch.linalg.cholesky_ex(
-        gu + delta.clamp_min(torch.finfo(gu.dtype).tiny)[..., None, None] * eye)
-    if bool(info.any()):  # rounding beyond the jitter: the caller takes the rows x rows form
-        return None
-    return chol.transpose(-1, -2) @ gv @ chol
-
-
 def norm_of_product(u: Tensor, v: Tensor, mode: str = "upper") -> Tensor:
-    """Exact ||u v^T|| for u (..., n, r), v (..., m, r) with small r, via R_u R_v^T (r x r).
+    """||u v^T|| for u (..., n, r), v (..., m, r) with small r, via R_u R_v^T (r x r).
 
     Batch dims broadcast. Used for ||X B_l^T|| = ||(X W^K)(W^Q)^T||, ||X A_l||, ||A_l||, ||B_l||.
-    In autograd (a training loss) the norm is the square root of the largest eigenvalue of an
-    r x r matrix when both factors have more than r rows (:func:`_rank_r_gram`), else of the
-    smaller Gram matrix of u v^T, v (u^T u) v^T or u (v^T v) u^T (symmetric): QR's derivative
-    divides by R's diagonal and is NaN for a rank-deficient u or v (a trained attention's
-    X W^K), and LAPACK's SVD can fail to converge on such a product (many repeated zero
-    singular values), while the symmetric eigensolver does not, and the largest eigenvalue's
-    derivative needs only its eigenvector. (Holding the top singular vectors fixed,
-    a^T u v^T b, has the same derivative but measured slower here.)
+    ``mode``: "upper" the exact norm padded by its rounding (certificates), "estimate" unpadded.
+    Differentiable at factors of full rank; not for a training loss: QR's derivative is NaN at
+    a rank-deficient factor (a trained attention's X W^K), and a solver on CUDA reads its
+    status on the host; a loss takes :func:`attncert.bounds.schatten.product_gram`'s bound.
     """
-    if torch.is_grad_enabled() and (u.requires_grad or v.requires_grad):
-        r = u.shape[-1]
-        gram = _rank_r_gram(u, v) if min(u.shape[-2], v.shape[-2]) > r else None
-        if gram is None:  # a short factor (or a failed factorisation): the smaller Gram
-            a, b = (v, u) if v.shape[-2] <= u.shape[-2] else (u, v)
-            gram = a @ (b.transpose(-1, -2) @ b) @ a.transpose(-1, -2)
-        gram = (gram + gram.transpose(-1, -2)) / 2
-        top = top_eigenvalue(gram)
-        s = top.clamp_min(torch.finfo(top.dtype).tiny).sqrt()
-        return fp_pad(s, u.shape[-2] + v.shape[-2] + u.shape[-1]) if mode == "upper" else s
-    r_u = torch.linalg.qr(u, mode="r").R
-    r_v = torch.linalg.qr(v, mode="r").R
+    how = "reduced" if torch.is_grad_enabled() and (u.requires_grad or v.requires_grad) else "r"
+    r_u = torch.linalg.qr(u, mode=how).R  # "r" has no derivative
+    r_v = torch.linalg.qr(v, mode=how).R
     s = torch.linalg.svdvals(r_u @ r_v.transpose(-1, -2))[..., 0]
     return fp_pad(s, u.shape[-2] + v.shape[-2] + u.shape[-1]) if mode == "upper" else s
 

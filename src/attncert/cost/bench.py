@@ -271,9 +271,9 @@ def bench_margins(params, batch: int, steps: int = 5, device: str = "auto",
     """Seconds per training step of the grid's Lipschitz ViT with each training margin
     (:func:`attncert.training.train.step_loss`, the grid's own settings; ``lofast`` at its
     radius or, when the grid's is 0, at 0.1), and each one's ratio to LMT's; ``mode`` as in
-    :func:`bench_training` (the forward compiled, the margin's bound terms eager as in
-    training; ``margins``: these, LMT always among them). A margin that fails compiled is a row
-    with its error in ``status``."""
+    :func:`bench_training` (compiled as in training: the forward pass, and the ``lofast``
+    margin's whole loss; ``margins``: these, LMT always among them). A margin that fails
+    compiled is a row with its error in ``status``."""
     import dataclasses
 
     from attncert.grid.params import model_config as grid_model_config

@@ -89,15 +89,22 @@ class Block(nn.Module):
     def _scaled(scale: ResidualScale | None, y: Tensor) -> Tensor:
         return y if scale is None else scale(y)
 
-    def forward(self, x: Tensor, mask: Tensor | None = None) -> Tensor:
-        """``mask`` (B, n) bool: padding keys excluded (dot-product attention only)."""
+    def forward(self, x: Tensor, mask: Tensor | None = None, taps: list[Tensor] | None = None
+                ) -> Tensor:
+        """``mask`` (B, n) bool: padding keys excluded (dot-product attention only); ``taps``:
+        the attention's input is appended to it (:meth:`ViT.attention_inputs`)."""
         kw = {} if mask is None else {"mask": mask}
         if self.form == "stream":
             x = self.norm_attn(x)
+            if taps is not None:
+                taps.append(x)
             # F(X) = X + sum_l P_l X A_l on the attention's own input
             x = x + self._scaled(self.scale_attn, self.attn(x, **kw))
         else:
-            x = x + self._scaled(self.scale_attn, self.attn(self.norm_attn(x), **kw))
+            a = self.norm_attn(x)
+            if taps is not None:
+                taps.append(a)
+            x = x + self._scaled(self.scale_attn, self.attn(a, **kw))
         if self.lipschitz:
             return self.mlp(self.norm_mlp(x))  # SLL carries its own residual
         return x + self._scaled(self.scale_mlp, self.mlp(self.norm_mlp(x)))

@@ -50,7 +50,8 @@ from attncert.models.config import ATTENTIONS, BLOCKS, KINDS, NORMS, POOLS, ViTC
 from attncert.pipeline.io import torch_save
 
 __all__ = ["ATTENTIONS", "BLOCKS", "KINDS", "MLP", "NORMS", "POOLS", "Block", "Component", "ViT",
-           "ViTConfig", "build_vit", "lipschitz_product", "load_vit", "propagate", "save_vit"]
+           "ViTConfig", "build_vit", "component_constants", "lipschitz_product", "load_vit",
+           "propagate", "save_vit"]
 
 
 class ViT(nn.Module):
@@ -113,18 +114,16 @@ class ViT(nn.Module):
             return self._attention_inputs(x, detach)
 
     def _attention_inputs(self, x: Tensor, detach: bool) -> tuple[Tensor, dict[str, Tensor]]:
-        captured: dict[str, Tensor] = {}
-        handles = []
-        for name, mod in self.attention_modules().items():
-            def hook(_m, args, name=name):
-                captured[name] = args[0].detach() if detach else args[0]
-            handles.append(mod.register_forward_pre_hook(hook))
-        try:
-            logits = self(x)
-        finally:
-            for h in handles:
-                h.remove()
-        return logits, captured
+        # the forward pass with its blocks' attention inputs tapped (no hooks: a compiled loss
+        # traces it as one graph, :func:`attncert.training.certified_training.margin_loss`)
+        taps: list[Tensor] = []
+        t = self.tokens(x)
+        for block in self.blocks:
+            t = block(t, taps=taps)
+        logits = nn.functional.linear(self.pool(self.norm(t)), self.head_weight(), self.head.bias)
+        names = self.attention_modules()
+        return logits, {name: a.detach() if detach else a
+                        for name, a in zip(names, taps, strict=True)}
 
     def components(self) -> list[Component]:
         """The network as ordered :class:`Component` s (constants computed now, exact SVDs)."""
@@ -174,7 +173,8 @@ AttentionDelta = Callable[[Component, Tensor, Tensor], Tensor]
 
 
 def propagate(components: Sequence[Component], inputs: Mapping[str, Tensor],
-              eps: float | Tensor, attention_delta: AttentionDelta) -> Tensor:
+              eps: float | Tensor, attention_delta: AttentionDelta,
+              constants: Tensor | None = None) -> Tensor:
     """Bound on the perturbation of the head's input (B,) for input perturbations <= eps (eq. 9).
 
     ``inputs``: from :meth:`ViT.attention_inputs`; ``attention_delta(component, X, eps)`` must
@@ -182,12 +182,20 @@ def propagate(components: Sequence[Component], inputs: Mapping[str, Tensor],
     INCLUDED when component.residual == "identity", EXCLUDED (H = 0) when "skip").
     ``inputs`` may also hold the clean input of a "project" component (LayerProject): its
     local factor :func:`attncert.layers.project_local_lipschitz` then replaces the constant 1.
+    ``constants`` (len(components), 2): each component's ``lipschitz`` and ``pre_lipschitz``
+    as a tensor, read in place of the floats (:func:`component_constants`: a compiled loss
+    takes them as inputs, where floats would be constants of its graph).
     """
+    if constants is not None and tuple(constants.shape) != (len(components), 2):
+        raise ValueError(f"constants: expected shape {(len(components), 2)}, got "
+                         f"{tuple(constants.shape)}")
     batch = next(iter(inputs.values())).shape[0] if inputs else None
-    e = torch.as_tensor(eps, dtype=torch.float64)
+    e = torch.as_tensor(eps, dtype=torch.float64,
+                        device=None if constants is None else constants.device)
     if e.dim() == 0 and batch is not None:
         e = e.expand(batch)
-    for c in components:
+    for i, c in enumerate(components):
+        lip, pre = (c.lipschitz, c.pre_lipschitz) if constants is None else constants[i]
         if c.kind == "head":
             break
         if c.kind == "attention":
@@ -196,15 +204,23 @@ def propagate(components: Sequence[Component], inputs: Mapping[str, Tensor],
             if c.residual == "identity":
                 e = attention_delta(c, x, e_in)
             else:
-                e = e_in + attention_delta(c, x, c.pre_lipschitz * e_in)
+                e = e_in + attention_delta(c, x, pre * e_in)
         elif c.kind == "project" and c.name in inputs:
             # a projection whose clean input lies outside its ball is locally contracting
             x = inputs[c.name]
             e = e.to(x.device)
             e = e * project_local_lipschitz(x, c.module.radius, e)
         else:
-            e = e * c.lipschitz
+            e = e * lip
     return e
+
+
+def component_constants(components: Sequence[Component], device: torch.device | str | None = None
+                        ) -> Tensor:
+    """(len(components), 2) float64: each component's ``lipschitz`` and ``pre_lipschitz``, the
+    ``constants`` of :func:`propagate`."""
+    return torch.tensor([[c.lipschitz, c.pre_lipschitz] for c in components],
+                        dtype=torch.float64, device=device)
 
 
 def build_vit(config: ViTConfig | Mapping[str, Any]) -> ViT:

@@ -13,13 +13,16 @@ x with label y and a training radius eps,
 so a term near 0 means f_y - f_j > need_j for every j, the pairwise test at eps. delta_feat is
 :func:`feature_delta`: the certifier's recurrence (eq. 9, :func:`attncert.models.vit.propagate`)
 with every attention layer bounded by LoFAST's Theorem 1 in its xi form (eq. 28) and zeta
-(eq. 15) replaced by its closed-form upper bound :func:`attncert.bounds.lofast.zeta_cheap_upper`:
-every term is an exact small-matrix norm (QR, SVD, eigvalsh), differentiable in the weights and
-in the clean activations, with no iteration and no detached vectors. It is an upper bound on
-the certifier's ``lofast_xi`` (whose zeta is the smaller Lanczos value), so a positive training
-margin at eps is a certificate at eps (:func:`surrogate_certifies` checks it against
-:mod:`attncert.certify`). Certificates after training are unchanged: the float64 certifier
-decides, never this surrogate.
+(eq. 15) replaced by its closed-form upper bound :func:`attncert.bounds.lofast.zeta_cheap_upper`,
+every small-matrix norm taken as its Schatten-norm upper bound (:mod:`attncert.bounds.schatten`:
+matrix products only, at most 0.7% above the norm at the grid's sizes), differentiable in the
+weights and in the clean activations, with no solver, no host round trip and no detached
+vectors: the whole loss, forward pass, bound and backward, compiles to one graph
+(:func:`attncert.training.compiled.compiled_loss`; a CUDA graph holds it). It is an upper bound
+on the certifier's ``lofast_xi`` (whose zeta is the smaller Lanczos value and whose norms are
+exact), so a positive training margin at eps is a certificate at eps
+(:func:`surrogate_certifies` checks it against :mod:`attncert.certify`). Certificates after
+training are unchanged: the float64 certifier decides, never this surrogate.
 """
 
 from __future__ import annotations
@@ -31,33 +34,58 @@ from torch import Tensor
 from torch.nn import functional as F
 
 from attncert.bounds import lofast as lb
+from attncert.bounds.schatten import eigenvalues_upper, gram, product_gram
 from attncert.bounds.weights import AttentionWeights, attention_probs
-from attncert.models.vit import Component, propagate
+from attncert.models.vit import Component, component_constants, propagate
+from attncert.training import compiled
 
-__all__ = ["attention_entropy", "feature_delta", "lofast_loss", "margin_eps",
+__all__ = ["attention_entropy", "feature_delta", "lofast_loss", "margin_eps", "margin_loss",
            "surrogate_certifies", "surrogate_terms"]
 
 
-def surrogate_terms(x: Tensor, w: AttentionWeights, residual: bool) -> lb.LofastTerms:
-    """Theorem 1's terms of one layer at its clean input ``x`` (B, n, d), xi form, with the
-    closed-form zeta: differentiable, and >= the certifier's ``lofast_xi`` terms."""
-    w = w.like(x)
-    return lb.LofastTerms(lb.zeta_cheap_upper(attention_probs(x, w), w, residual),
-                          lb.xi(x, w), lb.xa_norm(x, w), lb.a_norm(w), lb.b_norm(w), w.d_h)
+def surrogate_terms(layers: Mapping[str, tuple[Tensor, AttentionWeights, bool]]
+                    ) -> dict[str, lb.LofastTerms]:
+    """Theorem 1's terms of each attention layer, ``layers`` {name: (its clean input X
+    (B, n, d), its weights, residual)}, xi form, with the closed-form zeta
+    (:func:`attncert.bounds.lofast.zeta_from_norms`) and every norm the Schatten bound of its
+    Gram matrix: differentiable, by matrix products only, and >= the certifier's
+    ``lofast_xi`` terms. The Gram matrices of all layers are bounded together, one batched
+    call per matrix size (:func:`attncert.bounds.schatten.eigenvalues_upper`)."""
+    grams, shapes = [], {}
+    for name, (x, w, residual) in layers.items():
+        w = w.like(x)
+        xq, xk, xv = (torch.einsum("bnd,hde->bhne", x, m) for m in (w.wq, w.wk, w.wv))
+        wo_t, p = w.wo.transpose(-1, -2), attention_probs(x, w)
+        layer = [gram(p), lb.stacked_p_gram(p, residual),
+                 lb.stacked_a_gram(w, residual), product_gram(xk, w.wq),
+                 product_gram(xq, w.wk), product_gram(xv, wo_t), product_gram(w.wv, wo_t),
+                 product_gram(w.wq, w.wk)]
+        shapes[name] = (len(grams), w.d_h, residual)
+        grams += layer
+    norms = [t.sqrt() for t in eigenvalues_upper(grams)]
+    out = {}
+    for name, (i, d_h, residual) in shapes.items():
+        p_norm, big_p, big_a, xk_q, xq_k, xa, a, b = norms[i:i + 8]
+        out[name] = lb.LofastTerms(lb.zeta_from_norms(p_norm, big_p, a, big_a, residual),
+                                   xk_q + xq_k, xa, a, b, d_h)
+    return out
 
 
 def feature_delta(components: list[Component], inputs: Mapping[str, Tensor],
                   weights: Mapping[str, AttentionWeights], eps: float | Tensor,
-                  softmax_lipschitz: float = 1.0) -> Tensor:
+                  softmax_lipschitz: float = 1.0, constants: Tensor | None = None) -> Tensor:
     """(B,): the surrogate bound on the head input's perturbation for input perturbations
     <= eps (pixel l2): the certifier's recurrence with :func:`surrogate_terms` per attention
     layer. ``inputs``/``weights``: every attention layer's clean input and weights, in the
-    graph when the bound is to be trained against."""
-    def attention_delta(c: Component, xk: Tensor, e: Tensor) -> Tensor:
-        terms = surrogate_terms(xk, weights[c.name], c.residual == "identity")
-        return lb.lofast_from_terms(terms, e, softmax_lipschitz)
+    graph when the bound is to be trained against; ``constants``: the components' constants
+    as a tensor (:func:`attncert.models.vit.propagate`)."""
+    terms = surrogate_terms({c.name: (inputs[c.name], weights[c.name], c.residual == "identity")
+                             for c in components if c.kind == "attention"})
 
-    return propagate(components, inputs, eps, attention_delta)
+    def attention_delta(c: Component, xk: Tensor, e: Tensor) -> Tensor:
+        return lb.lofast_from_terms(terms[c.name], e, softmax_lipschitz)
+
+    return propagate(components, inputs, eps, attention_delta, constants)
 
 
 def margin_eps(eps: float, ramp: float, step: int, total_steps: int, start: float = 0.0
@@ -73,14 +101,17 @@ def margin_eps(eps: float, ramp: float, step: int, total_steps: int, start: floa
     return eps * min(1.0, (step - first + 1) / (ramp * total_steps))
 
 
-def attention_entropy(model, inputs: Mapping[str, Tensor]) -> Tensor:
+def attention_entropy(model, inputs: Mapping[str, Tensor],
+                      components: list[Component] | None = None) -> Tensor:
     """The mean over the model's dot-product attention layers, heads, rows and the batch of
     each attention row's entropy / log n (1: uniform rows, 0: one-hot), differentiable in the
     weights and in the clean inputs ``inputs`` (:meth:`ViT.attention_inputs`, in the graph).
-    Computed in float32 outside autocast."""
+    Computed in float32 outside autocast. ``components``: the model's, when computed already
+    (their exact constants take SVDs; a compiled loss passes them in)."""
     from attncert.diagnostics import row_entropy
 
-    layers = [c for c in model.components() if c.kind == "attention"]
+    comps = model.components() if components is None else components
+    layers = [c for c in comps if c.kind == "attention"]
     if not layers:
         raise ValueError("attn_entropy: the model has no dot-product attention layer")
     with torch.autocast(next(iter(inputs.values())).device.type, enabled=False):
@@ -96,18 +127,35 @@ def lofast_loss(model, x: Tensor, y: Tensor, eps: float, scale: float, mix: floa
                 softmax_lipschitz: float = 1.0, entropy: float = 0.0) -> tuple[Tensor, Tensor]:
     """(logits, loss) of the ``lofast`` margin (module docstring) on a batch of images ``x``
     (pixels in [0, 1]) with labels ``y``, plus ``entropy`` x :func:`attention_entropy` when
-    ``entropy`` > 0. The bound's norms run in float32 outside autocast."""
+    ``entropy`` > 0. The bound's norms run in float32 outside autocast. While the training
+    loop compiles the model (:func:`attncert.training.compiled.compiled_forward`) the loss is
+    one compiled function (:func:`margin_loss`), the radius and the components' constants (the
+    exact norms of the layers outside attention, computed here, eagerly) its tensor inputs."""
+    if mix == 0 or eps == 0:
+        logits, inputs = model.attention_inputs(x, detach=False)
+        ce = F.cross_entropy(scale * logits, y)
+        return logits, ce + (entropy * attention_entropy(model, inputs) if entropy > 0 else 0.0)
+    components = model.components()
+    constants = component_constants(components, x.device)
+    radius = torch.tensor(eps, dtype=torch.float64, device=x.device)
+    return compiled.compiled_loss(model, margin_loss)(
+        model, x, y, radius, components, constants, scale, mix, softmax_lipschitz, entropy)
+
+
+def margin_loss(model, x: Tensor, y: Tensor, eps: Tensor, components: list[Component],
+                constants: Tensor, scale: float, mix: float, softmax_lipschitz: float,
+                entropy: float) -> tuple[Tensor, Tensor]:
+    """:func:`lofast_loss` at a radius ``eps`` > 0 (a 0-d tensor), ``components`` the model's
+    and ``constants`` theirs (:func:`attncert.models.vit.component_constants`): matrix products
+    and elementwise operations only, no host synchronisation (``tests/test_capture.py``)."""
     logits, inputs = model.attention_inputs(x, detach=False)
     ce = F.cross_entropy(scale * logits, y)
-    reg = entropy * attention_entropy(model, inputs) if entropy > 0 else 0.0
-    if mix == 0 or eps == 0:
-        return logits, ce + reg
-    components = model.components()
+    reg = entropy * attention_entropy(model, inputs, components) if entropy > 0 else 0.0
     with torch.autocast(x.device.type, enabled=False):
         inputs32 = {k: v.float() for k, v in inputs.items()}
         weights = {c.name: c.module.attention_weights(detach=False).like(inputs32[c.name])
                    for c in components if c.kind == "attention"}
-        delta = feature_delta(components, inputs32, weights, eps, softmax_lipschitz)
+        delta = feature_delta(components, inputs32, weights, eps, softmax_lipschitz, constants)
         head = model.head_weight().float()
         dist = torch.cdist(head, head)[y]  # (B, C): ||w_y - w_j||, 0 at y
         need = dist * delta[:, None]

@@ -10,8 +10,10 @@ Measured on one H200 (docs/gpus.md, 2026-11-28, batch 128, bf16): the grid's Lip
 (the training loop, :func:`attncert.training.loop.run_epochs`, enters it): the module, its
 parameters and its state dict are untouched, so checkpoints are the same as eager ones, and
 after the run the model is eager again: certificates, PGD audits and the attention
-diagnostics always run the eager model (float64 certificates are never compiled). The loss
-terms computed outside ``forward`` (the certified-training margins, MSVP) stay eager.
+diagnostics always run the eager model (float64 certificates are never compiled). A loss that
+runs the forward pass itself is compiled whole with it where it asks (:func:`compiled_loss`:
+the ``lofast`` margin, its bound by matrix products only); the other loss terms outside
+``forward`` (the LMT and OLSA margins, MSVP) stay eager.
 
 Modes (:data:`MODES`): ``off`` (eager: the reference), ``compile`` (``torch.compile``'s default
 mode), ``graphs`` (mode ``reduce-overhead``: CUDA graphs on CUDA; on a CPU the same as
@@ -35,9 +37,9 @@ from torch import nn
 
 from attncert.pipeline import runtime
 
-__all__ = ["MODES", "compile_attack_model", "compiled_forward", "each_call_a_step",
-           "graphs_blocker", "new_step", "resolve",
-           "set_mode", "step_begin", "uncompile"]
+__all__ = ["MODES", "compile_attack_model", "compiled_forward", "compiled_loss",
+           "each_call_a_step", "graphs_blocker", "new_step", "resolve", "set_mode", "step_begin",
+           "uncompile"]
 
 #: ``base.compile`` values -> ``torch.compile``'s mode (None: eager)
 MODES = {"off": None, "compile": "default", "graphs": "reduce-overhead", "auto": None}
@@ -85,12 +87,15 @@ def resolve(dev: torch.device, mode: str | None = None, model: nn.Module | None 
 
 #: set on a model while :func:`compiled_forward` holds it: whether its forward replays graphs
 _GRAPHS = "_attncert_graphs"
+#: set on a model while :func:`compiled_forward` holds it: (mode, {function: its compiled form})
+_LOSSES = "_attncert_compiled_losses"
 
 
 @contextlib.contextmanager
 def compiled_forward(model: nn.Module, mode: str) -> Iterator[None]:
     """Within the block ``model(...)`` runs ``model.forward`` compiled in ``mode`` (a resolved
-    mode, :func:`resolve`); afterwards the model is eager again. ``off``: nothing changes."""
+    mode, :func:`resolve`), and so does a loss :func:`compiled_loss` names; afterwards the
+    model is eager again. ``off``: nothing changes."""
     if mode == "off":
         yield
         return
@@ -98,11 +103,29 @@ def compiled_forward(model: nn.Module, mode: str) -> Iterator[None]:
         raise ValueError(f"{type(model).__name__}.forward is already replaced on the instance")
     model.forward = torch.compile(model.forward, mode=MODES[mode])
     setattr(model, _GRAPHS, mode == "graphs")
+    setattr(model, _LOSSES, (mode, {}))
     try:
         yield
     finally:
         del model.forward
         delattr(model, _GRAPHS)
+        delattr(model, _LOSSES)
+
+
+def compiled_loss(model: nn.Module, fn: Callable) -> Callable:
+    """``fn``, a training loss whose first argument is ``model`` and which runs the model's
+    forward pass itself (the ``lofast`` margin's, which needs the attention layers' inputs),
+    compiled as the forward pass is while :func:`compiled_forward` holds ``model`` (one compiled
+    form per function and run: its forward, bound and backward one graph); otherwise ``fn``.
+    Its tensors are inputs of the graph, its other arguments constants: what changes from step
+    to step must come as a tensor."""
+    held = getattr(model, _LOSSES, None)
+    if held is None:
+        return fn
+    mode, cache = held
+    if fn not in cache:
+        cache[fn] = torch.compile(fn, mode=MODES[mode])
+    return cache[fn]
 
 
 def new_step(model: nn.Module) -> None:
