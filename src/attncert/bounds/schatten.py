@@ -5,7 +5,8 @@ differentiates dozens of small spectral norms a step. An eigensolver or an SVD g
 exactly, but on CUDA each reads its status on the host, so a step holding one cannot be
 replayed as a CUDA graph, and a batch of small solves is slow there. These bounds need no
 solver: for a matrix M whose eigenvalues lambda_i are real and >= 0 (a Gram matrix A A^T, or
-a product G_u G_v of two, which is similar to G_v^(1/2) G_u G_v^(1/2)),
+a product G_u G_v of two, which has the eigenvalues of G_v^(1/2) G_u G_v^(1/2): AB and BA
+share their characteristic polynomial),
 
     lambda_max(M) <= (tr M^q)^(1/q) <= k^(1/q) lambda_max(M),   q = 2^t, M of size k x k,
 
@@ -15,15 +16,16 @@ traces accumulate the scale, so nothing overflows; the eigenvalues far below the
 underflow to 0, which lowers the sum by less than the rounding of its largest term, and the
 result is padded by 8 (t + 1) k rounding units against the products' rounding. With
 t = :data:`SQUARINGS` the bound of a singular value (the square root) is above it by at most
-a factor k^(2^-(t+1)): 0.7% at k = 32, 0.3% at k = 4. Differentiable everywhere but at
-M = 0, also at repeated and zero eigenvalues (where an eigensolver's derivative is not), and
-elementwise plus batched products, so ``torch.compile`` fuses it and a CUDA graph holds it.
+a factor k^(2^-(t+1)): 0.3% at k = 4, 0.7% at k = 32, 1.2% at k = 384. Differentiable
+everywhere but at M = 0, also at repeated and zero eigenvalues (where an eigensolver's
+derivative is not), and elementwise plus batched products, so ``torch.compile`` fuses it and a
+CUDA graph holds it.
 
 These are training bounds: the certificates take exact norms (:mod:`attncert.bounds.spectral`).
-In float32 the products round at 1e-7 relative (more where G_u G_v is far from normal); the
-surrogate is an upper bound in exact arithmetic and, in float64, to within rounding
-(``tests/test_certified_training.py`` checks it against the certifier). docs/math.md
-section 2.
+The bound holds in exact arithmetic; computed, it is one up to the products' rounding: 1e-12
+relative in float64 (``tests/test_certified_training.py`` checks it against the certifier),
+1e-7 in float32, and where TF32 is on (a GPU's training step) 5e-4, beyond the padding, which
+a training signal can bear and a certificate could not. docs/math.md section 7.
 """
 
 from __future__ import annotations

@@ -85,7 +85,8 @@ def estimated_speedups(gpu: GPU, keys) -> tuple[tuple[str, float], ...]:
     estimate are left out (they stay eager).
 
     A kind that extends a measured one (PGD adversarial training or a PGD audit of a measured
-    model kind, an MSVP penalty added to a measured margin: its key's longest measured prefix,
+    model kind, a training margin compiled with its loss (``lofast``), an MSVP penalty added to
+    a measured margin: its key's longest measured prefix,
     :func:`graphs_key`) takes that kind's ratio: its passes are the same model's forward and
     backward, replayed the same way, and the attack's few elementwise kernels between passes
     run eager. Where the key adds the MSVP penalty, no more than the MSVP model's ratio (its

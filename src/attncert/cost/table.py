@@ -85,7 +85,8 @@ def _estimated_row(work: list[Work], gpu: GPU, utilisation: float, total: float)
     return [f"| total, the unmeasured kinds estimated | - | {hours:.3g} | | an estimate, not "
             f"the total: {total - hours:.3g} h less if each step kind not yet measured under "
             f"CUDA graphs gained as the measured kind it extends does (a PGD training or audit "
-            f"step as its model's training step, an added MSVP penalty no more than MSVP's, "
+            f"step and the lofast margin's whole compiled loss as its model's training step, "
+            f"an added MSVP penalty no more than MSVP's, "
             f"OLSA's text models and the frozen-encoder head as the slowest measured text kind): "
             f"{per} |"]
 
