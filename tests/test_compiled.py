@@ -35,6 +35,22 @@ def _run(tmp_path, name, device, callback=None, config=CFG):
     return model, rows
 
 
+def _interrupted_and_resumed(tmp_path, config):
+    """(model, rows) of a run stopped after its first epoch and run again: it resumes from
+    its checkpoint, compiled again where the mode compiles."""
+
+    class Stop(Exception):
+        pass
+
+    def stop(epoch, _row):
+        if epoch == 1:
+            raise Stop
+
+    with pytest.raises(Stop):
+        _run(tmp_path, "resumed", "cpu", stop, config=config)
+    return _run(tmp_path, "resumed", "cpu", config=config)
+
+
 def _same(eager, other, rows_e, rows_o, tol):
     for (k, a), b in zip(eager.state_dict().items(), other.state_dict().values(), strict=True):
         assert torch.allclose(a, b.to(a.device), rtol=tol, atol=tol), k
@@ -66,16 +82,7 @@ def test_compiled_training_equals_eager_and_resumes(tmp_path, mode):
     assert "forward" not in vars(model)  # eager again: certificates never run compiled
     _same(eager, model, rows_e, rows_c, 1e-4)
 
-    class Stop(Exception):
-        pass
-
-    def stop(epoch, _row):
-        if epoch == 1:
-            raise Stop
-
-    with pytest.raises(Stop):
-        _run(tmp_path, "resumed", "cpu", stop)
-    resumed, rows_r = _run(tmp_path, "resumed", "cpu")  # compiled again from the checkpoint
+    resumed, rows_r = _interrupted_and_resumed(tmp_path, CFG)
     _same(eager, resumed, rows_e, rows_r, 1e-4)
 
 
@@ -120,21 +127,12 @@ def test_compiled_lofast_margin_training_equals_eager_and_resumes(tmp_path, mode
     mode("compile")
     counters.clear()
     model, rows_c = _run(tmp_path, "compiled", "cpu", config=LOFAST)
-    assert "forward" not in vars(model) and not hasattr(model, "_attncert_compiled_losses")
+    assert "forward" not in vars(model) and not hasattr(model, compiled._LOSSES)
     _same(eager, model, rows_e, rows_c, 1e-4)
     assert counters["stats"]["unique_graphs"] <= 3, dict(counters["stats"])  # no recompiles
     assert not counters["recompiles"], dict(counters["recompiles"])
 
-    class Stop(Exception):
-        pass
-
-    def stop(epoch, _row):
-        if epoch == 1:
-            raise Stop
-
-    with pytest.raises(Stop):
-        _run(tmp_path, "resumed", "cpu", stop, config=LOFAST)
-    resumed, rows_r = _run(tmp_path, "resumed", "cpu", config=LOFAST)
+    resumed, rows_r = _interrupted_and_resumed(tmp_path, LOFAST)
     _same(eager, resumed, rows_e, rows_r, 1e-4)
     torch._dynamo.reset()
 
