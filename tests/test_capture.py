@@ -233,33 +233,32 @@ def test_certvit_s_adapted_vit_is_capturable(norm, monkeypatch):
 
 @pytest.mark.parametrize("variant", [LIPSCHITZ, {**LIPSCHITZ, "attn_orthogonal": True}])
 def test_the_lofast_margin_s_whole_loss_is_capturable_and_one_graph(variant, monkeypatch):
-    """The ``lofast`` margin's loss (forward pass, the surrogate bound's Schatten norms, the
-    entropy term) and its backward hold no sync, copy or solver once its inputs are on the
-    device (the components' exact constants are computed before, eagerly), and compile to
-    one graph without a solver, with eager's value."""
+    """The ``lofast`` margin's whole training loss, what runs before its compiled part (the
+    components' structure, the radius) and that part (forward pass, the constants on the
+    device, the surrogate bound's Schatten norms, the entropy term) with its backward, and a
+    radius-0 step's (the forward pass and the entropy term), hold no sync, copy or solver
+    once the model and the batch are on the device; the compiled part is one graph without a
+    solver, with eager's value."""
     from helpers import tiny_vit
 
-    from attncert.models import component_constants
-    from attncert.training.certified_training import margin_loss
+    from attncert.training.certified_training import lofast_loss, margin_loss
 
     model = tiny_vit(**variant)
     x, y = _images(model, 4)
     with simulated_device() as sim:
         on_sim = copy.deepcopy(model).to(sim.device).train()
         xs, ys = x.to(sim.device), y.to(sim.device)
-        comps = on_sim.components()
-        consts = component_constants(comps, sim.device)
-        eps = torch.tensor(0.1, dtype=torch.float64).to(sim.device)
         sim.host_to_device, sim.host_syncs, sim.solvers = 0, 0, []
         with monkeypatch.context() as m:
             m.setattr(torch.compiler, "is_compiling", lambda: True)
             # the simulated device has no autocast module; the loss only switches it off
             m.setattr(torch, "autocast", lambda *a, **k: contextlib.nullcontext())
-            _, loss = margin_loss(on_sim, xs, ys, eps, comps, consts, 5.0, 0.5, 1.0, 0.1)
+            _, loss = lofast_loss(on_sim, xs, ys, 0.1, 5.0, 0.5, 1.0, 0.1)
             loss.backward()
+            # radius 0 with the entropy term: the forward pass and entropy only
+            lofast_loss(on_sim, xs, ys, 0.0, 5.0, 0.5, 1.0, 0.1)[1].backward()
         assert (sim.host_syncs, sim.host_to_device, sim.solvers) == (0, 0, [])
-    comps = model.train().components()
-    args = (x, y, torch.tensor(0.1, dtype=torch.float64), comps, component_constants(comps),
+    args = (x, y, torch.tensor(0.1, dtype=torch.float64), model.train().components(exact=False),
             5.0, 0.5, 1.0, 0.1)
     graphs = []
 

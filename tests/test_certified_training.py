@@ -46,7 +46,14 @@ def test_the_surrogate_bounds_the_certifier_and_its_test_is_the_certificate_s():
         logits, comps, delta = _surrogate(model, x, eps)
         pre = certify.precompute(model, x, ["lofast_xi"])
         exact = certify.feature_delta(pre, "lofast_xi", eps)
+        # the training loss's bound: the constants outside attention computed on the device
+        _, inputs = model.attention_inputs(x)
+        weights = {c.name: c.module.attention_weights() for c in comps if c.kind == "attention"}
+        trained = ct.feature_delta(model.components(exact=False), inputs, weights,
+                                   torch.tensor(eps, dtype=torch.float64), 1.0,
+                                   model.live_constants())
     assert torch.all(delta >= exact * (1 - 1e-12)) and torch.all(delta <= 5 * exact)
+    assert torch.all(trained >= delta * (1 - 1e-12)) and torch.all(trained <= 1.01 * delta)
     y = logits.argmax(1)  # the certificate is for the prediction
     passes = ct.surrogate_certifies(model, x, y, eps)
     assert 0 < passes.sum() < len(y)

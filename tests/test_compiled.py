@@ -20,6 +20,9 @@ ADV = dataclasses.replace(CFG, epochs=1, adversarial="pgd_linf", adv_eps=0.1, ad
 LOFAST = dataclasses.replace(CFG, margin="lofast", lofast_eps=0.1, lofast_ramp=0.5,
                              lofast_mix=0.5, attn_entropy=0.01)
 
+#: an attention-entropy term beside the LMT margin (the frontier's ``ent`` axis)
+ENTROPY = dataclasses.replace(CFG, epochs=1, attn_entropy=0.05)
+
 
 @pytest.fixture
 def mode():
@@ -98,7 +101,8 @@ def test_compiled_forward_is_undone_on_error():
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a GPU")
-@pytest.mark.parametrize("config", [CFG, ADV, LOFAST], ids=["standard", "adversarial", "lofast"])
+@pytest.mark.parametrize("config", [CFG, ADV, LOFAST, ENTROPY],
+                         ids=["standard", "adversarial", "lofast", "entropy"])
 def test_cuda_graph_training_equals_eager(tmp_path, mode, config):
     eager, rows_e = _run(tmp_path, "eager", "cuda", config=config)
     mode("graphs")
@@ -134,6 +138,29 @@ def test_compiled_lofast_margin_training_equals_eager_and_resumes(tmp_path, mode
 
     resumed, rows_r = _interrupted_and_resumed(tmp_path, LOFAST)
     _same(eager, resumed, rows_e, rows_r, 1e-4)
+    torch._dynamo.reset()
+
+
+def test_compiled_entropy_term_training_equals_eager(tmp_path, mode, monkeypatch):
+    """The attention-entropy term with another margin: its forward pass and entropy compiled
+    as one function (:func:`attncert.training.certified_training.entropy_forward`), eager's
+    losses, accuracy and weights."""
+    from attncert.training import certified_training as ct
+
+    traced, real = [], ct.entropy_forward
+
+    def spy(*args):
+        traced.append(torch.compiler.is_compiling())
+        return real(*args)
+
+    monkeypatch.setattr(ct, "entropy_forward", spy)
+    eager, rows_e = _run(tmp_path, "eager", "cpu", config=ENTROPY)
+    assert traced and not any(traced)
+    traced.clear()
+    mode("compile")
+    model, rows_c = _run(tmp_path, "compiled", "cpu", config=ENTROPY)
+    assert traced and all(traced), "the entropy's forward pass ran compiled"
+    _same(eager, model, rows_e, rows_c, 1e-4)
     torch._dynamo.reset()
 
 

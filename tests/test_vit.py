@@ -176,6 +176,40 @@ def test_propagate_arithmetic():
 
 
 @pytest.mark.parametrize("block", ["stream", "prenorm"])
+def test_live_constants_bound_the_exact_ones_and_propagate_needs_them(block):
+    """``components(exact=False)`` leaves the constants read from the weights NaN;
+    ``live_constants`` gives the normalisation's exactly and an upper bound of the embedding's
+    within the Schatten factor k^(1/512); with them ``propagate`` is the exact propagation up
+    to that factor, and without them it refuses."""
+    model = tiny(block=block, pool="mean")
+    with torch.no_grad():  # an embedding whose singular values are far from equal
+        e = model.embed.proj.weight
+        e.mul_(torch.linspace(0.1, 3.0, e.shape[1], dtype=e.dtype))
+    exact = {c.name: c.lipschitz for c in model.components()}
+    comps = model.components(exact=False)
+    structure = {c.name: c.lipschitz for c in comps}
+    assert [n for n, v in structure.items() if math.isnan(v)] == ["normalize", "embed", "head"]
+    assert all(structure[n] == exact[n] for n in structure if n not in ("normalize", "embed",
+                                                                        "head"))
+    live = model.live_constants()
+    assert live["normalize"].item() == exact["normalize"]
+    m = model.embed.per_patch_matrix().detach().double()
+    top, k = torch.linalg.svdvals(m).max().item(), min(m.shape)  # exact's SVD, unpadded
+    assert top <= live["embed"].item() <= top * k ** (1 / 512) * (1 + 1e-9)
+    _, inputs = model.attention_inputs(images())
+
+    def delta(c, x, eps):
+        return 2.0 * eps
+
+    want = propagate(model.components(), inputs, 0.1, delta)
+    got = propagate(comps, inputs, torch.tensor(0.1, dtype=torch.float64), delta, live)
+    ratio = got / want
+    assert bool((ratio >= 1 - 1e-9).all()) and bool((ratio <= k ** (1 / 512) + 1e-9).all())
+    with pytest.raises(ValueError, match="component 'normalize'.*pass it in live"):
+        propagate(comps, inputs, 0.1, delta)
+
+
+@pytest.mark.parametrize("block", ["stream", "prenorm"])
 def test_propagate_with_lofast_is_sound(block):
     """Feature perturbation never exceeds the propagated LoFAST bound (gradient ascent)."""
     bounds = pytest.importorskip("attncert.bounds")

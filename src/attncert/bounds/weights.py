@@ -12,7 +12,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor, nn
 
-__all__ = ["AttentionWeights", "attention_probs", "attention_forward"]
+__all__ = ["AttentionWeights", "attention_forward", "attention_probs", "probs_of"]
 
 
 def _split_in(weight: Tensor, heads: int) -> Tensor:
@@ -144,7 +144,13 @@ def attention_probs(x: Tensor, w: AttentionWeights) -> Tensor:
     w = w.like(x)
     q = torch.einsum("bnd,hde->bhne", x, w.wq)
     k = torch.einsum("bnd,hde->bhne", x, w.wk)
-    return torch.softmax(q @ k.transpose(-1, -2) / math.sqrt(w.d_h), dim=-1)
+    return probs_of(q, k)
+
+
+def probs_of(q: Tensor, k: Tensor) -> Tensor:
+    """(B, h, n, n): softmax(q k^T / sqrt(d_h)) of per-head queries and keys (B, h, n, d_h):
+    :func:`attention_probs` from X W^Q and X W^K computed already."""
+    return torch.softmax(q @ k.transpose(-1, -2) / math.sqrt(q.shape[-1]), dim=-1)
 
 
 def attention_forward(x: Tensor, w: AttentionWeights, residual: bool) -> Tensor:

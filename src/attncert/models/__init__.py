@@ -6,12 +6,11 @@ from .vit import (
     ViT,
     ViTConfig,
     build_vit,
-    component_constants,
     lipschitz_product,
     load_vit,
     propagate,
     save_vit,
 )
 
-__all__ = ["Block", "Component", "ViT", "ViTConfig", "build_vit", "component_constants",
+__all__ = ["Block", "Component", "ViT", "ViTConfig", "build_vit",
            "lipschitz_product", "load_vit", "propagate", "save_vit"]

@@ -37,6 +37,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
+from attncert.bounds.schatten import eigenvalue_upper, gram
 from attncert.layers import (
     LayerProject,
     MultiHeadAttention,
@@ -50,7 +51,7 @@ from attncert.models.config import ATTENTIONS, BLOCKS, KINDS, NORMS, POOLS, ViTC
 from attncert.pipeline.io import torch_save
 
 __all__ = ["ATTENTIONS", "BLOCKS", "KINDS", "MLP", "NORMS", "POOLS", "Block", "Component", "ViT",
-           "ViTConfig", "build_vit", "component_constants", "lipschitz_product", "load_vit",
+           "ViTConfig", "build_vit", "lipschitz_product", "load_vit",
            "propagate", "save_vit"]
 
 
@@ -125,12 +126,19 @@ class ViT(nn.Module):
         return logits, {name: a.detach() if detach else a
                         for name, a in zip(names, taps, strict=True)}
 
-    def components(self) -> list[Component]:
-        """The network as ordered :class:`Component` s (constants computed now, exact SVDs)."""
+    def components(self, exact: bool = True) -> list[Component]:
+        """The network as ordered :class:`Component` s, their constants computed now (exact
+        SVDs). ``exact=False``: the constants read from the weights and buffers, the input
+        normalisation's, the patch embedding's and the head's, are NaN (no SVD and no read on
+        the host): a training bound takes upper bounds of the first two from
+        :meth:`live_constants` on the device, and :func:`propagate` never reads the head's."""
         cfg = self.config
+        nan = math.nan
         out = [
-            Component("normalize", "normalize", self.normalize.compute_lipschitz(), self.normalize),
-            Component("embed", "patch_embed", self.embed.compute_lipschitz(), self.embed),
+            Component("normalize", "normalize",
+                      self.normalize.compute_lipschitz() if exact else nan, self.normalize),
+            Component("embed", "patch_embed",
+                      self.embed.compute_lipschitz() if exact else nan, self.embed),
             Component("pos", "tokens", 1.0, None),  # adding constants (cls token, positions)
         ]
         for i, block in enumerate(self.blocks):
@@ -138,10 +146,25 @@ class ViT(nn.Module):
         out.append(Component("norm", *norm_component(self.norm), self.norm))
         pool_l = 1.0 if cfg.pool == "cls" else 1.0 / math.sqrt(cfg.n_tokens)
         out.append(Component("pool", "pool", pool_l, None))
+        if not exact:
+            return out + [Component("head", "head", nan, self.head)]
         w = self.head_weight().detach()
         out.append(Component("head", "head", spectral_norm_exact(w), self.head,
                              weight=w, bias=self.head.bias.detach()))
         return out
+
+    def live_constants(self) -> dict[str, Tensor]:
+        """{component name: 0-d float64 tensor}: the constants ``components(exact=False)``
+        leaves NaN that :func:`propagate` reads, computed on the parameters' device by
+        elementwise operations and matrix products only (no solver, no host read: a CUDA graph
+        holds them) and detached: the normalisation's 1 / min(std) exactly, and an upper bound
+        of the patch embedding's spectral norm, the Schatten-norm bound of its Gram matrix
+        (:func:`attncert.bounds.schatten.eigenvalue_upper`), above the exact SVD's by at most a
+        factor k^(1/512), k = min(dim, C patch^2). For a training bound; certificates take
+        :meth:`components`' exact constants."""
+        e = self.embed.per_patch_matrix().detach().double()
+        return {"normalize": 1.0 / self.normalize.std.double().min(),
+                "embed": eigenvalue_upper(gram(e)).sqrt()}
 
     def input_lipschitz(self) -> float:
         """Lipschitz factor of the input normalisation, 1 / min(std) (certifiers must count it)."""
@@ -174,7 +197,7 @@ AttentionDelta = Callable[[Component, Tensor, Tensor], Tensor]
 
 def propagate(components: Sequence[Component], inputs: Mapping[str, Tensor],
               eps: float | Tensor, attention_delta: AttentionDelta,
-              constants: Tensor | None = None) -> Tensor:
+              live: Mapping[str, Tensor] | None = None) -> Tensor:
     """Bound on the perturbation of the head's input (B,) for input perturbations <= eps (eq. 9).
 
     ``inputs``: from :meth:`ViT.attention_inputs`; ``attention_delta(component, X, eps)`` must
@@ -182,22 +205,24 @@ def propagate(components: Sequence[Component], inputs: Mapping[str, Tensor],
     INCLUDED when component.residual == "identity", EXCLUDED (H = 0) when "skip").
     ``inputs`` may also hold the clean input of a "project" component (LayerProject): its
     local factor :func:`attncert.layers.project_local_lipschitz` then replaces the constant 1.
-    ``constants`` (len(components), 2): each component's ``lipschitz`` and ``pre_lipschitz``
-    as a tensor, read in place of the floats (:func:`component_constants`: a compiled loss
-    takes them as inputs, where floats would be constants of its graph).
+    ``live`` {component name: 0-d tensor}: constants read in place of the components' floats
+    (:meth:`ViT.live_constants` for ``components(exact=False)``, whose NaN constants must all
+    be there); a compiled loss computes them in its graph, where floats would be constants of
+    it.
     """
-    if constants is not None and tuple(constants.shape) != (len(components), 2):
-        raise ValueError(f"constants: expected shape {(len(components), 2)}, got "
-                         f"{tuple(constants.shape)}")
+    live = {} if live is None else live
     batch = next(iter(inputs.values())).shape[0] if inputs else None
-    e = torch.as_tensor(eps, dtype=torch.float64,
-                        device=None if constants is None else constants.device)
+    e = torch.as_tensor(eps, dtype=torch.float64)
     if e.dim() == 0 and batch is not None:
         e = e.expand(batch)
-    for i, c in enumerate(components):
-        lip, pre = (c.lipschitz, c.pre_lipschitz) if constants is None else constants[i]
+    for c in components:
         if c.kind == "head":
             break
+        lip = live.get(c.name, c.lipschitz)
+        if isinstance(lip, float) and math.isnan(lip):
+            raise ValueError(f"propagate: component {c.name!r} ({c.kind}) has no constant "
+                             f"(components(exact=False)): pass it in live")
+        pre = c.pre_lipschitz
         if c.kind == "attention":
             x = inputs[c.name]
             e_in = e.to(device=x.device, dtype=x.dtype)
@@ -211,16 +236,8 @@ def propagate(components: Sequence[Component], inputs: Mapping[str, Tensor],
             e = e.to(x.device)
             e = e * project_local_lipschitz(x, c.module.radius, e)
         else:
-            e = e * lip
+            e = e.to(lip.device) * lip if isinstance(lip, Tensor) else e * lip
     return e
-
-
-def component_constants(components: Sequence[Component], device: torch.device | str | None = None
-                        ) -> Tensor:
-    """(len(components), 2) float64: each component's ``lipschitz`` and ``pre_lipschitz``, the
-    ``constants`` of :func:`propagate`."""
-    return torch.tensor([[c.lipschitz, c.pre_lipschitz] for c in components],
-                        dtype=torch.float64, device=device)
 
 
 def build_vit(config: ViTConfig | Mapping[str, Any]) -> ViT:

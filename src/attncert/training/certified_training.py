@@ -37,12 +37,12 @@ from torch.nn import functional as F
 
 from attncert.bounds import lofast as lb
 from attncert.bounds.schatten import eigenvalues_upper, gram, product_gram
-from attncert.bounds.weights import AttentionWeights, attention_probs
-from attncert.models.vit import Component, component_constants, propagate
+from attncert.bounds.weights import AttentionWeights, attention_probs, probs_of
+from attncert.models.vit import Component, propagate
 from attncert.training import compiled
 
-__all__ = ["attention_entropy", "feature_delta", "lofast_loss", "margin_eps", "margin_loss",
-           "surrogate_certifies", "surrogate_terms"]
+__all__ = ["attention_entropy", "entropy_forward", "feature_delta", "lofast_loss", "margin_eps",
+           "margin_loss", "surrogate_certifies", "surrogate_terms"]
 
 
 def surrogate_terms(layers: Mapping[str, tuple[Tensor, AttentionWeights, bool]]
@@ -57,7 +57,7 @@ def surrogate_terms(layers: Mapping[str, tuple[Tensor, AttentionWeights, bool]]
     for name, (x, w, residual) in layers.items():
         w = w.like(x)
         xq, xk, xv = (torch.einsum("bnd,hde->bhne", x, m) for m in (w.wq, w.wk, w.wv))
-        wo_t, p = w.wo.transpose(-1, -2), attention_probs(x, w)
+        wo_t, p = w.wo.transpose(-1, -2), probs_of(xq, xk)
         layer = [gram(p), lb.stacked_p_gram(p, residual),
                  lb.stacked_a_gram(w, residual), product_gram(xk, w.wq),
                  product_gram(xq, w.wk), product_gram(xv, wo_t), product_gram(w.wv, wo_t),
@@ -75,19 +75,20 @@ def surrogate_terms(layers: Mapping[str, tuple[Tensor, AttentionWeights, bool]]
 
 def feature_delta(components: list[Component], inputs: Mapping[str, Tensor],
                   weights: Mapping[str, AttentionWeights], eps: float | Tensor,
-                  softmax_lipschitz: float = 1.0, constants: Tensor | None = None) -> Tensor:
+                  softmax_lipschitz: float = 1.0, live: Mapping[str, Tensor] | None = None
+                  ) -> Tensor:
     """(B,): the surrogate bound on the head input's perturbation for input perturbations
     <= eps (pixel l2): the certifier's recurrence with :func:`surrogate_terms` per attention
     layer. ``inputs``/``weights``: every attention layer's clean input and weights, in the
-    graph when the bound is to be trained against; ``constants``: the components' constants
-    as a tensor (:func:`attncert.models.vit.propagate`)."""
+    graph when the bound is to be trained against; ``live``: constants on the device in place
+    of the components' floats (:func:`attncert.models.vit.propagate`)."""
     terms = surrogate_terms({c.name: (inputs[c.name], weights[c.name], c.residual == "identity")
                              for c in components if c.kind == "attention"})
 
     def attention_delta(c: Component, xk: Tensor, e: Tensor) -> Tensor:
         return lb.lofast_from_terms(terms[c.name], e, softmax_lipschitz)
 
-    return propagate(components, inputs, eps, attention_delta, constants)
+    return propagate(components, inputs, eps, attention_delta, live)
 
 
 def margin_eps(eps: float, ramp: float, step: int, total_steps: int, start: float = 0.0
@@ -108,11 +109,12 @@ def attention_entropy(model, inputs: Mapping[str, Tensor],
     """The mean over the model's dot-product attention layers, heads, rows and the batch of
     each attention row's entropy / log n (1: uniform rows, 0: one-hot), differentiable in the
     weights and in the clean inputs ``inputs`` (:meth:`ViT.attention_inputs`, in the graph).
-    Computed in float32 outside autocast. ``components``: the model's, when computed already
-    (their exact constants take SVDs; a compiled loss passes them in)."""
+    Computed in float32 outside autocast. Only the attention layers' modules are read: by
+    default from ``model.components(exact=False)`` (no SVD, no host read), else from
+    ``components``."""
     from attncert.diagnostics import row_entropy
 
-    comps = model.components() if components is None else components
+    comps = model.components(exact=False) if components is None else components
     layers = [c for c in comps if c.kind == "attention"]
     if not layers:
         raise ValueError("attn_entropy: the model has no dot-product attention layer")
@@ -131,29 +133,27 @@ def lofast_loss(model, x: Tensor, y: Tensor, eps: float, scale: float, mix: floa
     (pixels in [0, 1]) with labels ``y``, plus ``entropy`` x :func:`attention_entropy` when
     ``entropy`` > 0. The bound runs in float32 outside autocast. While the training loop
     compiles the model (:func:`attncert.training.compiled.compiled_forward`) the loss is one
-    compiled function (:func:`margin_loss`), the radius and the components' constants its
-    tensor inputs; those constants (exact norms of the layers outside attention, SVDs) and the
-    two small copies to the device run here, eagerly, before it: a few host round trips a
-    step outside the graph."""
+    compiled function (:func:`margin_loss`) with the radius a tensor input; what runs before
+    it is the components' structure (``model.components(exact=False)``: no SVD, no host
+    read) and the radius filled on the device: no copy, no synchronisation."""
+    components = model.components(exact=False)
     if mix == 0 or eps == 0:  # no bound: the model's own (compiled) forward pass
         if entropy <= 0:
             logits = model(x)
             return logits, F.cross_entropy(scale * logits, y)
-        logits, inputs = model.attention_inputs(x, detach=False)
-        ce = F.cross_entropy(scale * logits, y)
-        return logits, ce + entropy * attention_entropy(model, inputs)
-    components = model.components()
-    constants = component_constants(components, x.device)
-    radius = torch.tensor(eps, dtype=torch.float64, device=x.device)
+        logits, ent = compiled.compiled_loss(model, entropy_forward)(model, x, components)
+        return logits, F.cross_entropy(scale * logits, y) + entropy * ent
+    radius = torch.full((), eps, dtype=torch.float64, device=x.device)
     return compiled.compiled_loss(model, margin_loss)(
-        model, x, y, radius, components, constants, scale, mix, softmax_lipschitz, entropy)
+        model, x, y, radius, components, scale, mix, softmax_lipschitz, entropy)
 
 
 def margin_loss(model, x: Tensor, y: Tensor, eps: Tensor, components: list[Component],
-                constants: Tensor, scale: float, mix: float, softmax_lipschitz: float,
-                entropy: float) -> tuple[Tensor, Tensor]:
+                scale: float, mix: float, softmax_lipschitz: float, entropy: float
+                ) -> tuple[Tensor, Tensor]:
     """:func:`lofast_loss` at a radius ``eps`` > 0 (a 0-d tensor), ``components`` the model's
-    and ``constants`` theirs (:func:`attncert.models.vit.component_constants`): matrix products
+    (``components(exact=False)``: the constants it leaves out come from
+    :meth:`attncert.models.ViT.live_constants`, upper bounds computed here): matrix products
     and elementwise operations only, no host synchronisation (``tests/test_capture.py``)."""
     logits, inputs = model.attention_inputs(x, detach=False)
     ce = F.cross_entropy(scale * logits, y)
@@ -164,12 +164,22 @@ def margin_loss(model, x: Tensor, y: Tensor, eps: Tensor, components: list[Compo
         inputs32 = {k: v.float() for k, v in inputs.items()}
         weights = {c.name: c.module.attention_weights(detach=False).like(inputs32[c.name])
                    for c in components if c.kind == "attention"}
-        delta = feature_delta(components, inputs32, weights, eps, softmax_lipschitz, constants)
+        delta = feature_delta(components, inputs32, weights, eps, softmax_lipschitz,
+                              model.live_constants())
         head = model.head_weight().float()
         dist = torch.cdist(head, head)[y]  # (B, C): ||w_y - w_j||, 0 at y
         need = dist * delta[:, None]
         margin_ce = F.cross_entropy(scale * (logits.float() + need), y)
     return logits, (1.0 - mix) * ce + mix * margin_ce + reg
+
+
+def entropy_forward(model, x: Tensor, components: list[Component]) -> tuple[Tensor, Tensor]:
+    """(logits, :func:`attention_entropy`) of one forward pass on ``x``, in the autograd graph,
+    ``components`` the model's (``components(exact=False)`` will do): a training loss's
+    entropy term, compiled with the forward pass while the training loop compiles the model
+    (:func:`attncert.training.compiled.compiled_loss`)."""
+    logits, inputs = model.attention_inputs(x, detach=False)
+    return logits, attention_entropy(model, inputs, components)
 
 
 def surrogate_certifies(model, x: Tensor, y: Tensor, eps: float,

@@ -243,8 +243,12 @@ def step_loss(model: nn.Module, xb: Tensor, yb: Tensor, cfg: TrainConfig,
         if msvp is not None:
             loss = loss + msvp()
         return logits, loss
-    logits, inputs = (model.attention_inputs(xb, detach=False) if cfg.attn_entropy > 0
-                      else (model(xb), None))
+    entropy = None  # the attention-entropy term, with the forward pass that feeds it
+    if cfg.attn_entropy > 0:
+        logits, entropy = compiled.compiled_loss(model, certified_training.entropy_forward)(
+            model, xb, model.components(exact=False))
+    else:
+        logits = model(xb)
     head = None
     if cfg.margin == "radius":
         if not callable(getattr(model, "head_weight", None)):
@@ -255,8 +259,8 @@ def step_loss(model: nn.Module, xb: Tensor, yb: Tensor, cfg: TrainConfig,
     if partner is not None:
         y_rev, lam = partner
         loss = lam * loss + (1.0 - lam) * training_loss(logits, y_rev, cfg, head)
-    if cfg.attn_entropy > 0:
-        loss = loss + cfg.attn_entropy * certified_training.attention_entropy(model, inputs)
+    if entropy is not None:
+        loss = loss + cfg.attn_entropy * entropy
     if msvp is not None:
         loss = loss + msvp()
     return logits, loss
