@@ -27,7 +27,14 @@ from .spectral import (
     spectral_norm,
     top_eigenvalue,
 )
-from .weights import AttentionWeights, attention_probs
+from .weights import (
+    AttentionWeights,
+    a_factors,
+    attention_probs,
+    b_factors,
+    xa_factors,
+    xi_factors,
+)
 
 __all__ = ["LofastTerms", "zeta", "zeta_operator", "zeta_cheap_upper", "zeta_from_norms",
            "zeta_spectral", "stacked_a_gram", "stacked_p_gram", "m_norm",
@@ -71,12 +78,12 @@ def zeta_operator(p: Tensor, w: AttentionWeights, residual: bool) -> LinearOpera
 
 def a_norm(w: AttentionWeights, mode: str = "upper") -> Tensor:
     """(h,): ||A_l|| = ||W_l^V W_l^O||, exact."""
-    return norm_of_product(w.wv, w.wo.transpose(-1, -2), mode)
+    return norm_of_product(*a_factors(w), mode)
 
 
 def b_norm(w: AttentionWeights, mode: str = "upper") -> Tensor:
     """(h,): ||B_l|| = ||W_l^Q W_l^K^T||, exact."""
-    return norm_of_product(w.wq, w.wk, mode)
+    return norm_of_product(*b_factors(w), mode)
 
 
 def zeta_cheap_upper(p: Tensor, w: AttentionWeights, residual: bool) -> Tensor:
@@ -199,10 +206,8 @@ def xi(x: Tensor, w: AttentionWeights, mode: str = "upper") -> Tensor:
 
     xi_l >= ||M_l(X)|| (triangle inequality on G B X^T + X B G^T).
     """
-    w = w.like(x)
-    xq = torch.einsum("bnd,hde->bhne", x, w.wq)
-    xk = torch.einsum("bnd,hde->bhne", x, w.wk)
-    return norm_of_product(xk, w.wq, mode) + norm_of_product(xq, w.wk, mode)
+    kq, qk = xi_factors(x, w)
+    return norm_of_product(*kq, mode) + norm_of_product(*qk, mode)
 
 
 def m_spectral(
@@ -245,9 +250,7 @@ def m_norm(x: Tensor, w: AttentionWeights, **kwargs) -> Tensor:
 
 def xa_norm(x: Tensor, w: AttentionWeights, mode: str = "upper") -> Tensor:
     """(B, h): ||X A_l|| = ||(X W_l^V) W_l^O||, exact."""
-    w = w.like(x)
-    xv = torch.einsum("bnd,hde->bhne", x, w.wv)
-    return norm_of_product(xv, w.wo.transpose(-1, -2), mode)
+    return norm_of_product(*xa_factors(x, w), mode)
 
 
 # -- Theorem 1 --------------------------------------------------------------------------------

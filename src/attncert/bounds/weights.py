@@ -12,7 +12,8 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor, nn
 
-__all__ = ["AttentionWeights", "attention_forward", "attention_probs", "probs_of"]
+__all__ = ["AttentionWeights", "a_factors", "attention_forward", "attention_probs", "b_factors",
+           "probs_of", "xa_factors", "xi_factors"]
 
 
 def _split_in(weight: Tensor, heads: int) -> Tensor:
@@ -160,3 +161,33 @@ def attention_forward(x: Tensor, w: AttentionWeights, residual: bool) -> Tensor:
     v = torch.einsum("bnd,hde->bhne", x, w.wv)
     out = torch.einsum("bhne,hef->bnf", p @ v, w.wo)
     return out + x if residual else out
+
+
+# -- the products whose spectral norms Theorem 1 takes, each as a pair (u, v) of thin factors of
+# u v^T: :func:`attncert.bounds.spectral.norm_of_product` takes the norm exactly, the training
+# surrogate bounds it from above (:func:`attncert.training.certified_training.surrogate_terms`)
+
+
+def a_factors(w: AttentionWeights) -> tuple[Tensor, Tensor]:
+    """A_l = W_l^V W_l^O as (W_l^V, W_l^O^T), each (h, d, d_h)."""
+    return w.wv, w.wo.transpose(-1, -2)
+
+
+def b_factors(w: AttentionWeights) -> tuple[Tensor, Tensor]:
+    """B_l = W_l^Q W_l^K^T as (W_l^Q, W_l^K), each (h, d, d_h)."""
+    return w.wq, w.wk
+
+
+def xi_factors(x: Tensor, w: AttentionWeights) -> tuple[tuple[Tensor, Tensor], ...]:
+    """X B_l^T = (X W_l^K) W_l^Q^T and X B_l = (X W_l^Q) W_l^K^T as factor pairs, (B, h, n,
+    d_h) and (h, d, d_h) (the norms xi_l(X) sums, LoFAST eq. 26)."""
+    w = w.like(x)
+    xq = torch.einsum("bnd,hde->bhne", x, w.wq)
+    xk = torch.einsum("bnd,hde->bhne", x, w.wk)
+    return (xk, w.wq), (xq, w.wk)
+
+
+def xa_factors(x: Tensor, w: AttentionWeights) -> tuple[Tensor, Tensor]:
+    """X A_l = (X W_l^V) W_l^O as (X W_l^V (B, h, n, d_h), W_l^O^T (h, d, d_h))."""
+    w = w.like(x)
+    return torch.einsum("bnd,hde->bhne", x, w.wv), w.wo.transpose(-1, -2)

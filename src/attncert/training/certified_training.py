@@ -37,7 +37,15 @@ from torch.nn import functional as F
 
 from attncert.bounds import lofast as lb
 from attncert.bounds.schatten import eigenvalues_upper, gram, product_gram
-from attncert.bounds.weights import AttentionWeights, attention_probs, probs_of
+from attncert.bounds.weights import (
+    AttentionWeights,
+    a_factors,
+    attention_probs,
+    b_factors,
+    probs_of,
+    xa_factors,
+    xi_factors,
+)
 from attncert.models.vit import Component, propagate
 from attncert.training import compiled
 
@@ -56,12 +64,11 @@ def surrogate_terms(layers: Mapping[str, tuple[Tensor, AttentionWeights, bool]]
     grams, shapes = [], {}
     for name, (x, w, residual) in layers.items():
         w = w.like(x)
-        xq, xk, xv = (torch.einsum("bnd,hde->bhne", x, m) for m in (w.wq, w.wk, w.wv))
-        wo_t, p = w.wo.transpose(-1, -2), probs_of(xq, xk)
-        layer = [gram(p), lb.stacked_p_gram(p, residual),
-                 lb.stacked_a_gram(w, residual), product_gram(xk, w.wq),
-                 product_gram(xq, w.wk), product_gram(xv, wo_t), product_gram(w.wv, wo_t),
-                 product_gram(w.wq, w.wk)]
+        kq, qk = xi_factors(x, w)  # (X W^K, W^Q), (X W^Q, W^K)
+        p = probs_of(qk[0], kq[0])
+        pairs = (kq, qk, xa_factors(x, w), a_factors(w), b_factors(w))  # as the certifier's
+        layer = [gram(p), lb.stacked_p_gram(p, residual), lb.stacked_a_gram(w, residual),
+                 *(product_gram(*pair) for pair in pairs)]
         shapes[name] = (len(grams), w.d_h, residual)
         grams += layer
     norms = [t.sqrt() for t in eigenvalues_upper(grams)]
