@@ -207,6 +207,8 @@ def test_live_constants_bound_the_exact_ones_and_propagate_needs_them(block):
     assert bool((ratio >= 1 - 1e-9).all()) and bool((ratio <= k ** (1 / 512) + 1e-9).all())
     with pytest.raises(ValueError, match="component 'normalize'.*pass it in live"):
         propagate(comps, inputs, 0.1, delta)
+    with pytest.raises(ValueError, match=r"live constants of no component: \['embedding'\]"):
+        propagate(comps, inputs, 0.1, delta, {**live, "embedding": live["embed"]})
 
 
 @pytest.mark.parametrize("block", ["stream", "prenorm"])

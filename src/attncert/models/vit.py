@@ -211,6 +211,8 @@ def propagate(components: Sequence[Component], inputs: Mapping[str, Tensor],
     it.
     """
     live = {} if live is None else live
+    if unknown := sorted(set(live) - {c.name for c in components}):
+        raise ValueError(f"propagate: live constants of no component: {unknown}")
     batch = next(iter(inputs.values())).shape[0] if inputs else None
     e = torch.as_tensor(eps, dtype=torch.float64)
     if e.dim() == 0 and batch is not None:
