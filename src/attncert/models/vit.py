@@ -220,7 +220,7 @@ def propagate(components: Sequence[Component], inputs: Mapping[str, Tensor],
     for c in components:
         if c.kind == "head":
             break
-        lip = live.get(c.name, c.lipschitz)
+        lip = live[c.name] if c.name in live else c.lipschitz
         if isinstance(lip, float) and math.isnan(lip):
             raise ValueError(f"propagate: component {c.name!r} ({c.kind}) has no constant "
                              f"(components(exact=False)): pass it in live")
