@@ -128,10 +128,11 @@ class ViT(nn.Module):
 
     def components(self, exact: bool = True) -> list[Component]:
         """The network as ordered :class:`Component` s, their constants computed now (exact
-        SVDs). ``exact=False``: the constants read from the weights and buffers, the input
-        normalisation's, the patch embedding's and the head's, are NaN (no SVD and no read on
-        the host): a training bound takes upper bounds of the first two from
-        :meth:`live_constants` on the device, and :func:`propagate` never reads the head's."""
+        SVDs). ``exact=False``: the input normalisation's, the patch embedding's and the
+        head's constants are NaN (no SVD and, in the Lipschitz ViT, whose norms are
+        projections, no read on the host; a CenterNorm's gain is still read): a training bound
+        takes upper bounds of the first two from :meth:`live_constants` on the device, and
+        :func:`propagate` never reads the head's."""
         cfg = self.config
         nan = math.nan
         out = [

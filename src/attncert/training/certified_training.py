@@ -117,8 +117,7 @@ def attention_entropy(model, inputs: Mapping[str, Tensor],
     each attention row's entropy / log n (1: uniform rows, 0: one-hot), differentiable in the
     weights and in the clean inputs ``inputs`` (:meth:`ViT.attention_inputs`, in the graph).
     Computed in float32 outside autocast. Only the attention layers' modules are read: by
-    default from ``model.components(exact=False)`` (no SVD, no host read), else from
-    ``components``."""
+    default from ``model.components(exact=False)`` (no SVD), else from ``components``."""
     from attncert.diagnostics import row_entropy
 
     comps = model.components(exact=False) if components is None else components
@@ -141,13 +140,14 @@ def lofast_loss(model, x: Tensor, y: Tensor, eps: float, scale: float, mix: floa
     ``entropy`` > 0. The bound runs in float32 outside autocast. While the training loop
     compiles the model (:func:`attncert.training.compiled.compiled_forward`) the loss is one
     compiled function (:func:`margin_loss`) with the radius a tensor input; what runs before
-    it is the components' structure (``model.components(exact=False)``: no SVD, no host
-    read) and the radius filled on the device: no copy, no synchronisation."""
+    it is the components' structure (``model.components(exact=False)``: no SVD, and for the
+    Lipschitz ViT, whose norms are projections, no host read) and the radius filled on the
+    device: no copy, no synchronisation."""
+    if (mix == 0 or eps == 0) and entropy <= 0:  # no bound: the model's own compiled forward
+        logits = model(x)
+        return logits, F.cross_entropy(scale * logits, y)
     components = model.components(exact=False)
-    if mix == 0 or eps == 0:  # no bound: the model's own (compiled) forward pass
-        if entropy <= 0:
-            logits = model(x)
-            return logits, F.cross_entropy(scale * logits, y)
+    if mix == 0 or eps == 0:
         logits, ent = compiled.compiled_loss(model, entropy_forward)(model, x, components)
         return logits, F.cross_entropy(scale * logits, y) + entropy * ent
     radius = torch.full((), eps, dtype=torch.float64, device=x.device)

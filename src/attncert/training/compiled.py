@@ -12,8 +12,8 @@ parameters and its state dict are untouched, so checkpoints are the same as eage
 after the run the model is eager again: certificates, PGD audits and the attention
 diagnostics always run the eager model (float64 certificates are never compiled). A loss that
 runs the forward pass itself is compiled whole with it where it asks (:func:`compiled_loss`:
-the ``lofast`` margin, its bound by matrix products only); the other loss terms outside
-``forward`` (the LMT and OLSA margins, MSVP) stay eager.
+the ``lofast`` margin, its bound by matrix products only, and the attention-entropy term); the
+other loss terms outside ``forward`` (the LMT and OLSA margins, MSVP) stay eager.
 
 Modes (:data:`MODES`): ``off`` (eager: the reference), ``compile`` (``torch.compile``'s default
 mode), ``graphs`` (mode ``reduce-overhead``: CUDA graphs on CUDA; on a CPU the same as
@@ -114,7 +114,8 @@ def compiled_forward(model: nn.Module, mode: str) -> Iterator[None]:
 
 def compiled_loss(model: nn.Module, fn: Callable) -> Callable:
     """``fn``, a training loss whose first argument is ``model`` and which runs the model's
-    forward pass itself (the ``lofast`` margin's, which needs the attention layers' inputs),
+    forward pass itself (the ``lofast`` margin's and the attention entropy's, which need the
+    attention layers' inputs),
     compiled as the forward pass is while :func:`compiled_forward` holds ``model`` (one compiled
     form per function and run: its forward, bound and backward one graph); otherwise ``fn``.
     Its tensors are inputs of the graph, its other arguments constants: what changes from step

@@ -243,12 +243,8 @@ def step_loss(model: nn.Module, xb: Tensor, yb: Tensor, cfg: TrainConfig,
         if msvp is not None:
             loss = loss + msvp()
         return logits, loss
-    entropy = None  # the attention-entropy term, with the forward pass that feeds it
-    if cfg.attn_entropy > 0:
-        logits, entropy = compiled.compiled_loss(model, certified_training.entropy_forward)(
-            model, xb, model.components(exact=False))
-    else:
-        logits = model(xb)
+    logits, entropy = (compiled.compiled_loss(model, certified_training.entropy_forward)(
+        model, xb, model.components(exact=False)) if cfg.attn_entropy > 0 else (model(xb), None))
     head = None
     if cfg.margin == "radius":
         if not callable(getattr(model, "head_weight", None)):
