@@ -274,3 +274,40 @@ def test_the_lofast_margin_s_whole_loss_is_capturable_and_one_graph(variant, mon
     assert len(graphs) == 1, len(graphs)
     solvers = ("svd", "eig", "qr", "cholesky", "solve", "lstsq", "inv")  # matrix_exp is products
     assert not any(k in op for g in graphs for op in g for k in solvers)
+
+
+@pytest.mark.parametrize("variant", [{"kind": "standard"}, LIPSCHITZ])
+def test_the_msvp_penalty_is_capturable_and_one_graph(variant, monkeypatch):
+    """SpecFormer's MSVP penalty, its power step updating the vectors in place and the
+    penalty's backward, holds no sync, copy or solver on the device, and compiles to one graph
+    that the vectors' change from step to step does not recompile, with eager's values."""
+    from helpers import tiny_vit
+
+    from attncert.msvp import MSVP, penalty
+
+    model = tiny_vit(**variant).train()
+    with simulated_device() as sim:
+        on_sim = copy.deepcopy(model).to(sim.device).train()
+        msvp = MSVP(on_sim, 0.1, 0.1, 0.1).to(sim.device).train()
+        sim.host_to_device, sim.host_syncs, sim.solvers = 0, 0, []
+        with monkeypatch.context() as m:
+            m.setattr(torch.compiler, "is_compiling", lambda: True)
+            for _ in range(2):
+                penalty(on_sim, msvp).backward()
+        assert (sim.host_syncs, sim.host_to_device, sim.solvers) == (0, 0, [])
+    msvp = MSVP(model, 0.1, 0.1, 0.1).train()
+    graphs = []
+
+    def backend(gm, inputs):
+        graphs.append(gm)
+        return gm.forward
+
+    torch._dynamo.reset()
+    compiled_penalty = torch.compile(penalty, backend=backend)
+    eager = copy.deepcopy(msvp)
+    for _ in range(3):
+        torch.testing.assert_close(compiled_penalty(model, msvp), penalty(model, eager))
+    torch._dynamo.reset()
+    assert len(graphs) == 1, len(graphs)
+    for (k, v), w in zip(msvp.state_dict().items(), eager.state_dict().values(), strict=True):
+        torch.testing.assert_close(v, w, msg=k)

@@ -20,6 +20,8 @@ ADV = dataclasses.replace(CFG, epochs=1, adversarial="pgd_linf", adv_eps=0.1, ad
 LOFAST = dataclasses.replace(CFG, margin="lofast", lofast_eps=0.1, lofast_ramp=0.5,
                              lofast_mix=0.5, attn_entropy=0.01)
 
+#: SpecFormer's MSVP penalty (its power-iteration vectors updated in place every step)
+MSVP_CFG = dataclasses.replace(CFG, msvp_lambda=(0.05, 0.05, 0.05))
 #: an attention-entropy term beside the LMT margin (the frontier's ``ent`` axis)
 ENTROPY = dataclasses.replace(CFG, epochs=1, attn_entropy=0.05)
 
@@ -101,8 +103,8 @@ def test_compiled_forward_is_undone_on_error():
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a GPU")
-@pytest.mark.parametrize("config", [CFG, ADV, LOFAST, ENTROPY],
-                         ids=["standard", "adversarial", "lofast", "entropy"])
+@pytest.mark.parametrize("config", [CFG, ADV, LOFAST, ENTROPY, MSVP_CFG],
+                         ids=["standard", "adversarial", "lofast", "entropy", "msvp"])
 def test_cuda_graph_training_equals_eager(tmp_path, mode, config):
     eager, rows_e = _run(tmp_path, "eager", "cuda", config=config)
     mode("graphs")
@@ -161,6 +163,37 @@ def test_compiled_entropy_term_training_equals_eager(tmp_path, mode, monkeypatch
     model, rows_c = _run(tmp_path, "compiled", "cpu", config=ENTROPY)
     assert traced and all(traced), "the entropy's forward pass ran compiled"
     _same(eager, model, rows_e, rows_c, 1e-4)
+    torch._dynamo.reset()
+
+
+def test_compiled_msvp_training_equals_eager_and_resumes(tmp_path, mode, monkeypatch):
+    """SpecFormer's MSVP penalty compiled with the forward pass (its power step updating the
+    vectors in place inside the graph: :func:`attncert.msvp.penalty`): eager's losses,
+    accuracy, weights and power-iteration vectors, and the same resume."""
+    from attncert import msvp as msvp_module
+    from attncert.training import train as train_module
+
+    traced, real = [], msvp_module.penalty
+
+    def spy(*args):
+        traced.append(torch.compiler.is_compiling())
+        return real(*args)
+
+    monkeypatch.setattr(train_module, "penalty", spy)
+    eager, rows_e = _run(tmp_path, "eager", "cpu", config=MSVP_CFG)
+    assert traced and not any(traced)
+    traced.clear()
+    mode("compile")
+    model, rows_c = _run(tmp_path, "compiled", "cpu", config=MSVP_CFG)
+    assert traced and all(traced), "the penalty ran compiled"
+    _same(eager, model, rows_e, rows_c, 1e-4)
+    vectors = [torch.load(tmp_path / run / "last.pt", weights_only=True)["msvp"]
+               for run in ("eager", "compiled")]
+    assert vectors[0].keys() == vectors[1].keys() and vectors[0]
+    for k, v in vectors[0].items():
+        torch.testing.assert_close(vectors[1][k], v, rtol=1e-4, atol=1e-5)
+    resumed, rows_r = _interrupted_and_resumed(tmp_path, MSVP_CFG)
+    _same(eager, resumed, rows_e, rows_r, 1e-4)
     torch._dynamo.reset()
 
 

@@ -39,7 +39,7 @@ from attncert.layers import linear_weight
 from attncert.pipeline import rng
 
 __all__ = ["MAPS", "MSVP", "exact_head_sigma", "find_attention_modules", "head_blocks",
-           "sigma_rows"]
+           "penalty", "sigma_rows"]
 
 MAPS = ("q", "k", "v")
 _TINY = 1e-12
@@ -198,6 +198,13 @@ class MSVP(nn.Module):
     def extra_repr(self) -> str:
         lam = ", ".join(f"lam_{m}={self.lam[m]:g}" for m in MAPS)
         return f"layers={len(self.names)}, {lam}"
+
+
+def penalty(model: nn.Module, msvp: MSVP) -> Tensor:
+    """``msvp()`` as a training loss of ``model``, the form
+    :func:`attncert.training.compiled.compiled_loss` compiles with the model's forward pass:
+    the power step (its vectors updated in place) and the penalty, one graph a step."""
+    return msvp()
 
 
 @torch.no_grad()

@@ -12,8 +12,9 @@ parameters and its state dict are untouched, so checkpoints are the same as eage
 after the run the model is eager again: certificates, PGD audits and the attention
 diagnostics always run the eager model (float64 certificates are never compiled). A loss that
 runs the forward pass itself is compiled whole with it where it asks (:func:`compiled_loss`:
-the ``lofast`` margin, its bound by matrix products only, and the attention-entropy term); the
-other loss terms outside ``forward`` (the LMT and OLSA margins, MSVP) stay eager.
+the ``lofast`` margin, its bound by matrix products only, the attention-entropy term and
+SpecFormer's MSVP penalty, :func:`attncert.msvp.penalty`); the other loss terms outside
+``forward`` (the LMT and OLSA margins) stay eager.
 
 Modes (:data:`MODES`): ``off`` (eager: the reference), ``compile`` (``torch.compile``'s default
 mode), ``graphs`` (mode ``reduce-overhead``: CUDA graphs on CUDA; on a CPU the same as

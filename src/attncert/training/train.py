@@ -43,7 +43,7 @@ from torch.nn import functional as F
 
 from attncert.attacks import pgd_linf
 from attncert.data import as_float
-from attncert.msvp import MSVP
+from attncert.msvp import MSVP, penalty
 from attncert.pipeline import rng
 from attncert.pipeline.device import resolve_device, resolve_precision
 from attncert.pipeline.params import dataclass_from_mapping
@@ -165,9 +165,7 @@ class TrainConfig:
 
 def _xy(data: Any) -> tuple[Tensor, Tensor]:
     """(x, y) from a (x, y) pair or a {"x", "y"} split of a processed dataset."""
-    if isinstance(data, Mapping):
-        return data["x"], data["y"]
-    x, y = data
+    x, y = (data["x"], data["y"]) if isinstance(data, Mapping) else data
     return x, y
 
 
@@ -227,22 +225,27 @@ def step_loss(model: nn.Module, xb: Tensor, yb: Tensor, cfg: TrainConfig,
               partner: tuple[Tensor, float] | None = None,
               progress: tuple[int, int] = (0, 0)) -> tuple[Tensor, Tensor]:
     """(logits, loss) of one training step: on PGD examples when ``cfg.adversarial`` is
-    "pgd_linf" (random starts from ``generator``), plus ``msvp()`` when given. ``partner``
-    = (y_rev, lam) for a mixed batch (:mod:`attncert.training.mix`): lam of the loss on ``yb``,
-    1 - lam on y_rev. ``progress`` = (step, total steps): the ``lofast`` margin's radius ramp."""
+    "pgd_linf" (random starts from ``generator``), plus ``msvp()`` when given (compiled as the
+    forward pass is: :func:`attncert.msvp.penalty`). ``partner``: (y_rev, lam) of a mixed batch
+    (:mod:`attncert.training.mix`); ``progress``: (step, total steps), the radius ramp's."""
     if cfg.adversarial == "pgd_linf":
         with input_gradients_only(model):
             xb, _ = pgd_linf(compiled.each_call_a_step(model), xb, yb, cfg.adv_eps,
                              cfg.adv_steps, generator=generator)
         compiled.new_step(model)  # the training pass reads none of the attack's outputs
+    logits, loss = _margin_loss(model, xb, yb, cfg, partner, progress)
+    if msvp is not None:
+        loss = loss + compiled.compiled_loss(model, penalty)(model, msvp)
+    return logits, loss
+
+
+def _margin_loss(model: nn.Module, xb: Tensor, yb: Tensor, cfg: TrainConfig, partner,
+                 progress: tuple[int, int]) -> tuple[Tensor, Tensor]:
     if cfg.margin == "lofast":
         eps = certified_training.margin_eps(cfg.lofast_eps, cfg.lofast_ramp, *progress,
                                             start=cfg.lofast_start)
-        logits, loss = certified_training.lofast_loss(model, xb, yb, eps, cfg.logit_scale,
-                                                      cfg.lofast_mix, entropy=cfg.attn_entropy)
-        if msvp is not None:
-            loss = loss + msvp()
-        return logits, loss
+        return certified_training.lofast_loss(model, xb, yb, eps, cfg.logit_scale,
+                                              cfg.lofast_mix, entropy=cfg.attn_entropy)
     logits, entropy = (compiled.compiled_loss(model, certified_training.entropy_forward)(
         model, xb, model.components(exact=False)) if cfg.attn_entropy > 0 else (model(xb), None))
     head = None
@@ -257,8 +260,6 @@ def step_loss(model: nn.Module, xb: Tensor, yb: Tensor, cfg: TrainConfig,
         loss = lam * loss + (1.0 - lam) * training_loss(logits, y_rev, cfg, head)
     if entropy is not None:
         loss = loss + cfg.attn_entropy * entropy
-    if msvp is not None:
-        loss = loss + msvp()
     return logits, loss
 
 
