@@ -34,7 +34,7 @@ def _capture_faults(model: torch.nn.Module, batch: tuple, monkeypatch, attack: b
                     ) -> list[str]:
     """What a capture of the model's compiled training forward and backward would trip on
     (``attack``: a pass of PGD adversarial training's attack, the input's gradient only)."""
-    from attncert.training.train import input_gradients_only
+    from attncert.training.compiled import input_gradients_only
 
     with simulated_device() as sim:
         model = model.to(sim.device).train()

@@ -106,10 +106,19 @@ def test_compiled_forward_is_undone_on_error():
 @pytest.mark.parametrize("config", [CFG, ADV, LOFAST, ENTROPY, MSVP_CFG],
                          ids=["standard", "adversarial", "lofast", "entropy", "msvp"])
 def test_cuda_graph_training_equals_eager(tmp_path, mode, config):
+    from torch._dynamo.utils import counters
+
     eager, rows_e = _run(tmp_path, "eager", "cuda", config=config)
     mode("graphs")
+    counters.clear()
     model, rows_g = _run(tmp_path, "graphs", "cuda", config=config)
     _same(eager, model, rows_e, rows_g, 1e-3)
+    if config is MSVP_CFG:  # its in-place vectors replayed, not a silent fallback from graphs
+        assert not counters["inductor"]["cudagraph_skips"], dict(counters["inductor"])
+        vectors = [torch.load(tmp_path / run / "last.pt", weights_only=True)["msvp"]
+                   for run in ("eager", "graphs")]
+        for k, v in vectors[0].items():
+            torch.testing.assert_close(vectors[1][k], v, rtol=1e-3, atol=1e-4)
 
 
 def test_compiled_adversarial_training_equals_eager(tmp_path, mode):
@@ -202,7 +211,8 @@ def test_each_pass_of_adversarial_training_is_a_graph_step(monkeypatch):
     training pass after them begins a CUDA-graph step, so a replay overwrites only outputs
     already read; the attack's passes differentiate the input only (the parameters' gradients
     off: a compiled backward would compute them too). Eager, no step is marked."""
-    from attncert.training.train import input_gradients_only, step_loss
+    from attncert.training.compiled import input_gradients_only
+    from attncert.training.train import step_loss
 
     marks = []
     monkeypatch.setattr(torch.compiler, "cudagraph_mark_step_begin", lambda: marks.append(1))

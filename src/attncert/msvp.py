@@ -201,9 +201,9 @@ class MSVP(nn.Module):
 
 
 def penalty(model: nn.Module, msvp: MSVP) -> Tensor:
-    """``msvp()`` as a training loss of ``model``, the form
-    :func:`attncert.training.compiled.compiled_loss` compiles with the model's forward pass:
-    the power step (its vectors updated in place) and the penalty, one graph a step."""
+    """``msvp()`` as a training loss term of ``model``, the form
+    :func:`attncert.training.compiled.compiled_loss` compiles: the power step (its vectors
+    updated in place) and the penalty, one graph of its own beside the forward pass's."""
     return msvp()
 
 

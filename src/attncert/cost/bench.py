@@ -63,7 +63,7 @@ def bench_training(params, batch: int, steps: int = 5, device: str = "auto",
     (:data:`ADVERSARIAL_KINDS`: the attack's passes and the training pass, as
     :func:`attncert.training.train.step_loss` runs them). ``mode``: one of
     :data:`COMPILE_MODES` (the forward and backward compiled as in training, AdamW eager)."""
-    from attncert.msvp import MSVP
+    from attncert.msvp import MSVP, penalty
     from attncert.pipeline import rng
     from attncert.pipeline.device import resolve_device, resolve_precision
     from attncert.training import compiled
@@ -95,8 +95,8 @@ def bench_training(params, batch: int, steps: int = 5, device: str = "auto",
                     _, loss = step_loss(model, *args, pgd, msvp, gen)
                 else:
                     loss = loss_fn(model(*args[:-1]), args[-1])
-                    if msvp is not None:
-                        loss = loss + msvp()
+                    if msvp is not None:  # compiled as the training runs compile it
+                        loss = loss + compiled.compiled_loss(model, penalty)(model, msvp)
             opt.zero_grad(set_to_none=True)
             loss.backward()
             opt.step()

@@ -10,11 +10,11 @@ Measured on one H200 (docs/gpus.md, 2026-11-28, batch 128, bf16): the grid's Lip
 (the training loop, :func:`attncert.training.loop.run_epochs`, enters it): the module, its
 parameters and its state dict are untouched, so checkpoints are the same as eager ones, and
 after the run the model is eager again: certificates, PGD audits and the attention
-diagnostics always run the eager model (float64 certificates are never compiled). A loss that
-runs the forward pass itself is compiled whole with it where it asks (:func:`compiled_loss`:
-the ``lofast`` margin, its bound by matrix products only, the attention-entropy term and
-SpecFormer's MSVP penalty, :func:`attncert.msvp.penalty`); the other loss terms outside
-``forward`` (the LMT and OLSA margins) stay eager.
+diagnostics always run the eager model (float64 certificates are never compiled). A loss term
+outside ``forward`` is compiled where it asks (:func:`compiled_loss`): whole with the forward
+pass it runs itself (the ``lofast`` margin, its bound by matrix products only, and the
+attention-entropy term), or as a graph of its own (SpecFormer's MSVP penalty,
+:func:`attncert.msvp.penalty`); the other terms (the LMT and OLSA margins) stay eager.
 
 Modes (:data:`MODES`): ``off`` (eager: the reference), ``compile`` (``torch.compile``'s default
 mode), ``graphs`` (mode ``reduce-overhead``: CUDA graphs on CUDA; on a CPU the same as
@@ -39,8 +39,8 @@ from torch import nn
 from attncert.pipeline import runtime
 
 __all__ = ["MODES", "compile_attack_model", "compiled_forward", "compiled_loss",
-           "each_call_a_step", "graphs_blocker", "new_step", "resolve", "set_mode", "step_begin",
-           "uncompile"]
+           "each_call_a_step", "graphs_blocker", "input_gradients_only", "new_step", "resolve",
+           "set_mode", "step_begin", "uncompile"]
 
 #: ``base.compile`` values -> ``torch.compile``'s mode (None: eager)
 MODES = {"off": None, "compile": "default", "graphs": "reduce-overhead", "auto": None}
@@ -114,11 +114,11 @@ def compiled_forward(model: nn.Module, mode: str) -> Iterator[None]:
 
 
 def compiled_loss(model: nn.Module, fn: Callable) -> Callable:
-    """``fn``, a training loss whose first argument is ``model`` and which runs the model's
-    forward pass itself (the ``lofast`` margin's and the attention entropy's, which need the
-    attention layers' inputs),
-    compiled as the forward pass is while :func:`compiled_forward` holds ``model`` (one compiled
-    form per function and run: its forward, bound and backward one graph); otherwise ``fn``.
+    """``fn``, a training loss term whose first argument is ``model`` (the ``lofast`` margin's
+    and the attention entropy's, which run the forward pass themselves for the attention
+    layers' inputs; MSVP's penalty, which reads the weights only), compiled as the forward pass
+    is while :func:`compiled_forward` holds ``model`` (one compiled form per function and run:
+    its forward, terms and backward one graph); otherwise ``fn``.
     Its tensors are inputs of the graph, its other arguments constants: what changes from step
     to step must come as a tensor."""
     held = getattr(model, _LOSSES, None)
@@ -196,3 +196,18 @@ def uncompile(model: nn.Module) -> bool:
     delattr(model, _ATTACK)
     return True
 
+
+@contextlib.contextmanager
+def input_gradients_only(model: nn.Module) -> Iterator[None]:
+    """Within the block no parameter of ``model`` requires a gradient (each one's flag is
+    restored afterwards): an attack's backward passes then compute the input's gradient alone,
+    compiled as eager (a compiled backward would otherwise compute every weight's gradient
+    too). The values of every pass are unchanged."""
+    flags = [(p, p.requires_grad) for p in model.parameters()]
+    for p, _ in flags:
+        p.requires_grad_(False)
+    try:
+        yield
+    finally:
+        for p, flag in flags:
+            p.requires_grad_(flag)

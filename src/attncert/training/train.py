@@ -30,9 +30,8 @@ models) is :mod:`attncert.training.loop`; :func:`train_resumable` adds the finge
 
 from __future__ import annotations
 
-import contextlib
 import math
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, NamedTuple
@@ -165,7 +164,9 @@ class TrainConfig:
 
 def _xy(data: Any) -> tuple[Tensor, Tensor]:
     """(x, y) from a (x, y) pair or a {"x", "y"} split of a processed dataset."""
-    x, y = (data["x"], data["y"]) if isinstance(data, Mapping) else data
+    if isinstance(data, Mapping):
+        return data["x"], data["y"]
+    x, y = data
     return x, y
 
 
@@ -204,22 +205,6 @@ def augment_batch(x: Tensor, mode: str, g: torch.Generator, pad: int = 4) -> Ten
 # -- loss and evaluation ---------------------------------------------------------------------
 
 
-@contextlib.contextmanager
-def input_gradients_only(model: nn.Module) -> Iterator[None]:
-    """Within the block no parameter of ``model`` requires a gradient (each one's flag is
-    restored afterwards): an attack's backward passes then compute the input's gradient alone,
-    compiled as eager (a compiled backward would otherwise compute every weight's gradient
-    too). The values of every pass are unchanged."""
-    flags = [(p, p.requires_grad) for p in model.parameters()]
-    for p, _ in flags:
-        p.requires_grad_(False)
-    try:
-        yield
-    finally:
-        for p, flag in flags:
-            p.requires_grad_(flag)
-
-
 def step_loss(model: nn.Module, xb: Tensor, yb: Tensor, cfg: TrainConfig,
               msvp: MSVP | None = None, generator: torch.Generator | None = None,
               partner: tuple[Tensor, float] | None = None,
@@ -229,7 +214,7 @@ def step_loss(model: nn.Module, xb: Tensor, yb: Tensor, cfg: TrainConfig,
     forward pass is: :func:`attncert.msvp.penalty`). ``partner``: (y_rev, lam) of a mixed batch
     (:mod:`attncert.training.mix`); ``progress``: (step, total steps), the radius ramp's."""
     if cfg.adversarial == "pgd_linf":
-        with input_gradients_only(model):
+        with compiled.input_gradients_only(model):
             xb, _ = pgd_linf(compiled.each_call_a_step(model), xb, yb, cfg.adv_eps,
                              cfg.adv_steps, generator=generator)
         compiled.new_step(model)  # the training pass reads none of the attack's outputs
@@ -239,8 +224,10 @@ def step_loss(model: nn.Module, xb: Tensor, yb: Tensor, cfg: TrainConfig,
     return logits, loss
 
 
-def _margin_loss(model: nn.Module, xb: Tensor, yb: Tensor, cfg: TrainConfig, partner,
-                 progress: tuple[int, int]) -> tuple[Tensor, Tensor]:
+def _margin_loss(model: nn.Module, xb: Tensor, yb: Tensor, cfg: TrainConfig,
+                 partner: tuple[Tensor, float] | None, progress: tuple[int, int]
+                 ) -> tuple[Tensor, Tensor]:
+    """:func:`step_loss`'s loss on the batch it trains on, without MSVP's penalty."""
     if cfg.margin == "lofast":
         eps = certified_training.margin_eps(cfg.lofast_eps, cfg.lofast_ramp, *progress,
                                             start=cfg.lofast_start)
