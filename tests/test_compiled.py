@@ -115,10 +115,7 @@ def test_cuda_graph_training_equals_eager(tmp_path, mode, config):
     _same(eager, model, rows_e, rows_g, 1e-3)
     if config is MSVP_CFG:  # its in-place vectors replayed, not a silent fallback from graphs
         assert not counters["inductor"]["cudagraph_skips"], dict(counters["inductor"])
-        vectors = [torch.load(tmp_path / run / "last.pt", weights_only=True)["msvp"]
-                   for run in ("eager", "graphs")]
-        for k, v in vectors[0].items():
-            torch.testing.assert_close(vectors[1][k], v, rtol=1e-3, atol=1e-4)
+        _same_vectors(tmp_path, ("eager", "graphs"), 1e-3)
 
 
 def test_compiled_adversarial_training_equals_eager(tmp_path, mode):
@@ -152,57 +149,59 @@ def test_compiled_lofast_margin_training_equals_eager_and_resumes(tmp_path, mode
     torch._dynamo.reset()
 
 
+def _eager_then_compiled(tmp_path, mode, monkeypatch, config, module, name):
+    """(eager model, rows, compiled model, rows) of two runs of ``config``, the loss term
+    ``module.name`` spied on: eager in the first run, traced by ``torch.compile`` in the
+    second (the term ran compiled, not only the forward pass)."""
+    traced, real = [], getattr(module, name)
+
+    def spy(*args):
+        traced.append(torch.compiler.is_compiling())
+        return real(*args)
+
+    monkeypatch.setattr(module, name, spy)
+    eager, rows_e = _run(tmp_path, "eager", "cpu", config=config)
+    assert traced and not any(traced)
+    traced.clear()
+    mode("compile")
+    model, rows_c = _run(tmp_path, "compiled", "cpu", config=config)
+    assert traced and all(traced), f"{name} ran compiled"
+    return eager, rows_e, model, rows_c
+
+
+def _same_vectors(tmp_path, runs, tol):
+    """The MSVP power-iteration vectors checkpointed by two runs agree."""
+    a, b = (torch.load(tmp_path / run / "last.pt", weights_only=True)["msvp"] for run in runs)
+    assert a.keys() == b.keys() and a
+    for k, v in a.items():
+        torch.testing.assert_close(b[k], v, rtol=tol, atol=tol / 10)
+
+
 def test_compiled_entropy_term_training_equals_eager(tmp_path, mode, monkeypatch):
     """The attention-entropy term with another margin: its forward pass and entropy compiled
     as one function (:func:`attncert.training.certified_training.entropy_forward`), eager's
     losses, accuracy and weights."""
     from attncert.training import certified_training as ct
 
-    traced, real = [], ct.entropy_forward
-
-    def spy(*args):
-        traced.append(torch.compiler.is_compiling())
-        return real(*args)
-
-    monkeypatch.setattr(ct, "entropy_forward", spy)
-    eager, rows_e = _run(tmp_path, "eager", "cpu", config=ENTROPY)
-    assert traced and not any(traced)
-    traced.clear()
-    mode("compile")
-    model, rows_c = _run(tmp_path, "compiled", "cpu", config=ENTROPY)
-    assert traced and all(traced), "the entropy's forward pass ran compiled"
+    eager, rows_e, model, rows_c = _eager_then_compiled(tmp_path, mode, monkeypatch, ENTROPY,
+                                                        ct, "entropy_forward")
     _same(eager, model, rows_e, rows_c, 1e-4)
     torch._dynamo.reset()
 
 
 def test_compiled_msvp_training_equals_eager_and_resumes(tmp_path, mode, monkeypatch):
-    """SpecFormer's MSVP penalty compiled with the forward pass (its power step updating the
-    vectors in place inside the graph: :func:`attncert.msvp.penalty`): eager's losses,
-    accuracy, weights and power-iteration vectors, and the same resume."""
-    from attncert import msvp as msvp_module
+    """SpecFormer's MSVP penalty compiled as a graph of its own (its power step updating the
+    vectors in place inside it: :func:`attncert.msvp.penalty`): eager's losses, accuracy,
+    weights and power-iteration vectors, and the same resume."""
     from attncert.training import train as train_module
 
-    traced, real = [], msvp_module.penalty
-
-    def spy(*args):
-        traced.append(torch.compiler.is_compiling())
-        return real(*args)
-
-    monkeypatch.setattr(train_module, "penalty", spy)
-    eager, rows_e = _run(tmp_path, "eager", "cpu", config=MSVP_CFG)
-    assert traced and not any(traced)
-    traced.clear()
-    mode("compile")
-    model, rows_c = _run(tmp_path, "compiled", "cpu", config=MSVP_CFG)
-    assert traced and all(traced), "the penalty ran compiled"
+    eager, rows_e, model, rows_c = _eager_then_compiled(tmp_path, mode, monkeypatch, MSVP_CFG,
+                                                        train_module, "penalty")
     _same(eager, model, rows_e, rows_c, 1e-4)
-    vectors = [torch.load(tmp_path / run / "last.pt", weights_only=True)["msvp"]
-               for run in ("eager", "compiled")]
-    assert vectors[0].keys() == vectors[1].keys() and vectors[0]
-    for k, v in vectors[0].items():
-        torch.testing.assert_close(vectors[1][k], v, rtol=1e-4, atol=1e-5)
+    _same_vectors(tmp_path, ("eager", "compiled"), 1e-4)
     resumed, rows_r = _interrupted_and_resumed(tmp_path, MSVP_CFG)
     _same(eager, resumed, rows_e, rows_r, 1e-4)
+    _same_vectors(tmp_path, ("eager", "resumed"), 1e-4)
     torch._dynamo.reset()
 
 
