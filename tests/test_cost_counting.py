@@ -272,3 +272,36 @@ def test_the_msvp_weights_change_no_count_so_one_count_serves_every_lambda():
     assert plain.kernels < sweep.kernels
     assert vit_counts(cfg, (5e-5, 3e-5, 3e-5)) is vit_counts(cfg, (1e-3, 1e-3, 1e-3))
     assert vit_counts(cfg, (0.0, 0.0, 0.0))["train"] == vit_counts(cfg)["train"] == plain
+
+
+def test_the_diagnostics_are_counted_as_they_run_their_hooks_included(smoke):
+    """The attention diagnostics are priced at their own call, not as three forward passes: in
+    the trained pass each layer's hook recomputes its attention matrix, entropy and largest
+    logit, and the ablations skip the scores (a ViT in float64 and float32: more kernels than
+    three forwards, no fewer FLOPs; a text model of the smoke plan: the call's own kernels);
+    a model without attention is refused."""
+    from attncert.cost.pricing import counts, diagnostics_counts
+    from attncert.diagnostics import attention_diagnostics
+    from attncert.pipeline import jobs as J
+    from attncert.stages.registry import stage_jobs
+    from attncert.text.tokenize import VOCAB
+
+    params = load_params(smoke)
+    diagnosed = {j.model.kind: j.model for j in stage_jobs(params)
+                 if any(isinstance(ph, J.Diagnostics) for ph in j.phases)}
+    assert {"vit", "text"} <= set(diagnosed)
+    vit = diagnosed["vit"]
+    for fp64, fwd in ((True, counting.vit_forward64(vit.config)),
+                      (False, counting.vit_counts(vit.config)["forward"])):
+        d = diagnostics_counts(vit, fp64)
+        assert d.kernels > 3 * fwd.kernels and d.per_sample >= 3 * fwd.per_sample
+    text = diagnosed["text"]
+    model, n = text.build(), text.max_len
+    ids, mask = torch.randint(1, VOCAB, (1, n)), torch.ones(1, n, dtype=torch.bool)
+    y = torch.zeros(1, dtype=torch.long)
+    call = counting.count(lambda: attention_diagnostics(model, (ids, mask), y, 1))
+    d = diagnostics_counts(text, False)
+    assert d.kernels == call[1] != 3 * counts(text)["forward"].kernels
+    assert d.per_call + d.per_sample == pytest.approx(call[0])
+    with pytest.raises(ValueError, match="no attention diagnostics"):
+        diagnostics_counts(J.Model("linear", (1, 28, 10)), False)

@@ -143,7 +143,8 @@ def test_text_rows_put_olsas_sst_radius_beside_every_3_layer_olsa():
                       "models/lofast-L1-H2-vo0.5/avg_radius_invariant/lofast_M": True,
                       "models/lofast-L1-H2-vo0.5/avg_radius_invariant/global": False}
     assert rows["models/olsa-L1-g2/certified_acc/0.5"]["unit"] == "fraction"
-    assert rows["models/olsa-L1-g2/cert_seconds_per_batch"]["unit"] == "seconds"
+    assert rows["models/olsa-L1-g2/cert_seconds_per_sentence"]["unit"] == "seconds"
+    assert "models/vanilla-L3/cert_seconds_per_sentence" not in rows  # nothing certified
     brief = [r for r in rows.values() if r["brief"]]
     # accuracy per model; three radii per certified model (0 where wrong, correct only,
     # OLSA's rule); two differences to depth 0 and the attention ratio per OLSA-family model

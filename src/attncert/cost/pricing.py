@@ -5,11 +5,12 @@ measured (or counted) seconds per bound (:data:`CROWN_BENCH`)."""
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import json
 import math
 import statistics
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 
 import torch
@@ -20,6 +21,7 @@ from attncert.cost.counting import (
     fit,
     forward,
     pixel_linear_counts,
+    random_images,
     train_step,
     vit_counts,
     vit_forward64,
@@ -211,10 +213,10 @@ def job_work(job: J.Job, share: float = 0.0) -> list[Work]:
                                   ph.restarts, ph.batch, audit_graphs(m) if ph.copy else "",
                                   share))
         elif isinstance(ph, J.Diagnostics):  # trained, uniform and identity attention
-            f = vit_forward64(m.config) if ph.fp64 else c()["forward"]
-            batches = grown_batches(ph.n, ph.batch, 1, 3 * f.bytes_per_sample, share)
+            f = diagnostics_counts(m, ph.fp64)
+            batches = grown_batches(ph.n, ph.batch, 1, f.bytes_per_sample, share)
             out.append(grown_passes(s, f"{job.name}: attention diagnostics",
-                                    "fp64" if ph.fp64 else "fp32", f, 3, batches, ph.n))
+                                    "fp64" if ph.fp64 else "fp32", f, 1, batches, ph.n))
         elif isinstance(ph, J.Forwards):
             f = vit_forward64(m.config) if ph.fp64 else c()["forward"]
             out.append(passes(s, ph.what, "fp64" if ph.fp64 else "fp32", f,
@@ -261,6 +263,58 @@ def _layer_study(stage: str, ph: J.LayerStudy) -> Work:
     kernels = sum(m * (setup.kernels + ph.steps * step.kernels + lc.kernels)
                   for m, _ in ph.calls)
     return Work(stage, ph.what, "fp64", flops, kernels)
+
+
+def _diagnostics(model: torch.nn.Module, inputs: Callable[[int], tuple]) -> Counts:
+    """The attention diagnostics of ``model`` on b points as they run
+    (:func:`attncert.diagnostics.attention_diagnostics`: the trained forward pass, whose hooks
+    recompute each layer's attention matrix, its rows' entropy and its largest logit, read on
+    the host; then one forward pass per ablation), counted at b = 1 and 2 (``inputs(b)``: the
+    model's inputs, then the labels)."""
+    from attncert.diagnostics import attention_diagnostics
+
+    def make(b):
+        *x, y = inputs(b)
+        return lambda: attention_diagnostics(model, x[0] if len(x) == 1 else tuple(x), y, b)
+    return fit(make)
+
+
+@functools.cache
+def _vit_diagnostics(cfg, fp64: bool) -> Counts:
+    from attncert.models import build_vit
+
+    dtype = torch.float64 if fp64 else torch.float32
+    torch.manual_seed(0)
+    return _diagnostics(build_vit(cfg).to(dtype),
+                        functools.partial(random_images, cfg, dtype=dtype))
+
+
+_DIAGNOSTICS: dict[tuple, Counts] = {}
+
+
+def diagnostics_counts(model: J.Model, fp64: bool) -> Counts:
+    """The attention diagnostics' call on ``model`` (:func:`_diagnostics`; cached per shape):
+    a ViT in float64 (``fp64``, the certificates' copy) or float32, a text model or the
+    frozen-encoder head on token ids or cached states of their ``max_len`` (float32)."""
+    if model.kind == "vit":
+        return _vit_diagnostics(dataclasses.replace(model.config, gamma_vo=1.0), fp64)
+    if fp64 or model.kind not in ("text", "frozen_head"):
+        raise ValueError(f"no attention diagnostics counted for a {model.kind!r} model"
+                         + (" in float64" if fp64 else ""))
+    torch.manual_seed(0)
+    built = (model.build() if model.kind == "text"
+             else model.build(encoder=StandInEncoder(model.width)))
+    key = (model.kind, repr(built), model.max_len)
+    if key not in _DIAGNOSTICS:
+        width = model.width if model.kind == "frozen_head" else 0
+
+        def inputs(b):
+            mask = torch.ones(b, model.max_len, dtype=torch.bool)
+            x = (torch.randn(b, model.max_len, width) if width
+                 else torch.randint(1, VOCAB, (b, model.max_len)))
+            return x, mask, torch.zeros(b, dtype=torch.long)
+        _DIAGNOSTICS[key] = _diagnostics(built, inputs)
+    return _DIAGNOSTICS[key]
 
 
 _TEXT_COUNTS: dict[tuple, dict[str, Counts]] = {}

@@ -254,11 +254,10 @@ def headline_rows(m: Mapping, item: Mapping) -> list[dict]:
         for eps, acc in r.get("certified_acc", {}).items():
             rows.append(row(f"{base}/certified_acc/{eps}", f"{name} certified at eps {eps}",
                              acc, "fraction"))
-        if "cert_seconds_per_batch" in r:
-            rows.append(row(f"{base}/cert_seconds_per_batch",
-                             f"{name} certification seconds per batch of "
-                             f"{r.get('cert_batch_size', '?')}", r["cert_seconds_per_batch"],
-                             "seconds"))
+        if r.get("cert_seconds_per_sentence") is not None:
+            rows.append(row(f"{base}/cert_seconds_per_sentence",
+                             f"{name} certification seconds per sentence",
+                             r["cert_seconds_per_sentence"], "seconds"))
     for dataset, e in m.get("datasets", {}).items():
         for name, r in e.get("models", {}).items():  # none when the dataset is unavailable
             base = f"datasets/{dataset}/models/{name}"
