@@ -113,8 +113,10 @@ class Audit:
 
 @dataclass(frozen=True)
 class Diagnostics:
-    """The attention diagnostics: three forward passes (trained, uniform and identity
-    attention) over ``n`` points at ``batch``, in float64 (``fp64``) or float32."""
+    """The attention diagnostics (:func:`attncert.diagnostics.attention_diagnostics`: three
+    forward passes, trained, uniform and identity attention, the first with each layer's
+    attention matrix recomputed by a hook) over ``n`` points at ``batch``, in float64
+    (``fp64``) or float32; priced at its counted call."""
 
     n: int
     batch: int
