@@ -1,6 +1,10 @@
 """The training surrogate's norms by matrix products only (attncert.bounds.schatten): upper
-bounds of the dense spectral norms within their stated factor, finite derivatives where a
+bounds of the dense spectral norms within their stated factors, finite on a product far from
+normal (where the trace-scaled squarings divided by a rounded zero), finite derivatives where a
 solver's are not, and one batched call a matrix size giving the per-matrix values."""
+
+import json
+from pathlib import Path
 
 import pytest
 import torch
@@ -14,9 +18,24 @@ from attncert.bounds.schatten import (
 )
 
 
+def _pad(k: int, dtype, squarings: int = SQUARINGS) -> float:
+    return 1 + 8 * (squarings + 1) * k * torch.finfo(dtype).eps
+
+
 def _factor(k: int, dtype, squarings: int = SQUARINGS) -> float:
-    """The stated worst case above the largest eigenvalue: k^(1/q) and the padding."""
-    return k ** (1 / 2**squarings) * (1 + 8 * (squarings + 1) * k * torch.finfo(dtype).eps)
+    """The stated worst case above the largest eigenvalue of a Gram matrix: k^(1/(2q)) and the
+    padding."""
+    return k ** (1 / 2 ** (squarings + 1)) * _pad(k, dtype, squarings)
+
+
+def _product_factor(k: int, dtype, norms: float, top: torch.Tensor) -> torch.Tensor:
+    """The stated worst case for a product G_u G_v: (sqrt(k) ||G_u|| ||G_v|| / lambda_max)^(1/q)
+    and the padding (``norms``: ||G_u|| ||G_v||)."""
+    return (k ** 0.5 * norms / top) ** (1 / 2**SQUARINGS) * _pad(k, dtype)
+
+
+def _top(m: torch.Tensor) -> torch.Tensor:
+    return torch.linalg.eigvals(m.double()).real.amax(-1)
 
 
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
@@ -25,21 +44,42 @@ def test_the_largest_eigenvalue_is_bounded_above_within_the_stated_factor(dtype)
     a = torch.randn(64, 7, 5, generator=g, dtype=torch.float64)
     sym = a @ a.transpose(-1, -2)  # PSD, rank 5 of 7
     b = torch.randn(64, 7, 7, generator=g, dtype=torch.float64)
-    prod = sym @ (b @ b.transpose(-1, -2))  # a product of two PSD matrices: not symmetric
-    for m in (sym, prod):
-        dense = torch.linalg.eigvals(m).real.amax(-1)
+    gb = b @ b.transpose(-1, -2)
+    prod = sym @ gb  # a product of two PSD matrices: not symmetric
+    tol = 1e-12 if dtype == torch.float64 else 1e-6
+    norms = torch.linalg.matrix_norm(sym, 2) * torch.linalg.matrix_norm(gb, 2)
+    for m, factor in ((sym, _factor(7, dtype)), (prod, _product_factor(7, dtype, norms,
+                                                                          _top(prod)))):
+        dense = _top(m)
         up = eigenvalue_upper(m.to(dtype)).double()
-        tol = 1e-12 if dtype == torch.float64 else 1e-6
         assert (up >= dense * (1 - tol)).all()
-        assert (up <= dense * _factor(7, dtype) * (1 + tol)).all()
-    # fewer squarings: looser, still above; none: the trace
+        assert (up <= dense * factor * (1 + tol)).all()
+    # fewer squarings: looser, still above; none: the Frobenius norm
     assert (eigenvalue_upper(sym, 2) >= eigenvalue_upper(sym)).all()
-    pad = 1 + 8 * 7 * torch.finfo(torch.float64).eps
-    torch.testing.assert_close(eigenvalue_upper(sym, 0) / pad,
-                               sym.diagonal(dim1=-2, dim2=-1).sum(-1))
+    torch.testing.assert_close(eigenvalue_upper(sym, 0) / _pad(7, torch.float64, 0),
+                               torch.linalg.matrix_norm(sym))
     # far apart scales: the rescaling keeps every entry finite
     huge = sym * 1e150
     assert torch.isfinite(eigenvalue_upper(huge)).all()
+
+
+def test_a_product_far_from_normal_stays_finite_and_above_in_float32():
+    """A float32 product of two Gram matrices whose largest singular value is 100 times its
+    largest eigenvalue (W^Q's and W^K's of a head the lofast margin had nearly switched off,
+    whose strong directions it had made orthogonal): the traces of its powers cancel, and
+    scaling each squaring by the trace divided by a rounded zero (NaN). Scaled by Frobenius
+    norms, the bound is finite, above the float64 eigenvalue and within the stated factor, and
+    so is its derivative."""
+    rec = json.loads((Path(__file__).parent / "data" / "nonnormal_gram_product.json").read_text())
+    m = torch.tensor([float.fromhex(h) for h in rec["float32_hex"]]).reshape(rec["shape"])
+    assert torch.linalg.matrix_norm(m.double(), 2) > 50 * _top(m)  # far from normal
+    mm = m.clone().requires_grad_(True)
+    up = eigenvalue_upper(mm)
+    (grad,) = torch.autograd.grad(up, mm)
+    assert torch.isfinite(up) and torch.isfinite(grad).all()
+    top = _top(m)
+    assert top * (1 - 1e-6) <= up.double() <= top * _product_factor(
+        32, torch.float32, rec["norm_gu"] * rec["norm_gv"], top)
 
 
 def test_norms_of_products_are_upper_bounds_in_both_forms_with_finite_derivatives():
@@ -61,7 +101,12 @@ def test_norms_of_products_are_upper_bounds_in_both_forms_with_finite_derivative
             uu, vv = u.clone().requires_grad_(True), v.clone().requires_grad_(True)
             value = eigenvalue_upper(product_gram(uu, vv)).sqrt()
             assert (value >= dense * (1 - 1e-12)).all()
-            assert (value <= dense * _factor(k, torch.float64) ** 0.5).all()
+            if k == r:  # the r x r product of the two Gram matrices
+                norms = torch.linalg.matrix_norm(u, 2) ** 2 * torch.linalg.matrix_norm(v, 2) ** 2
+                factor = _product_factor(k, torch.float64, norms, dense**2)
+            else:  # the Gram matrix of u v^T
+                factor = _factor(k, torch.float64)
+            assert (value <= dense * factor**0.5).all()
             grads = torch.autograd.grad(value.sum(), (uu, vv))
             assert all(torch.isfinite(t).all() for t in grads)
             if not rank_deficient:

@@ -1,31 +1,47 @@
-"""Upper bounds of spectral norms by matrix products only: Schatten norms of high order.
+"""Upper bounds of spectral norms by matrix products only: norms of high matrix powers.
 
 The training surrogate of the ``lofast`` margin (:mod:`attncert.training.certified_training`)
 differentiates dozens of small spectral norms a step. An eigensolver or an SVD gives them
 exactly, but on CUDA each reads its status on the host, so a step holding one cannot be
 replayed as a CUDA graph, and a batch of small solves is slow there. These bounds need no
-solver: for a matrix M whose eigenvalues lambda_i are real and >= 0 (a Gram matrix A A^T, or
-a product G_u G_v of two, which has the eigenvalues of G_v^(1/2) G_u G_v^(1/2): AB and BA
-share their characteristic polynomial),
+solver. For any square M of size k x k, with rho(M) its spectral radius and q = 2^t,
 
-    lambda_max(M) <= (tr M^q)^(1/q) <= k^(1/q) lambda_max(M),   q = 2^t, M of size k x k,
+    rho(M) = rho(M^q)^(1/q) <= ||M^q||_2^(1/q) <= ||M^q||_F^(1/q),
 
-reached by t squarings. Each squaring divides the matrix by its trace first (the trace of a
-power of M is the sum of the lambda_i's powers, > 0 unless M = 0), and the logarithms of the
-traces accumulate the scale, so nothing overflows; the eigenvalues far below the largest
-underflow to 0, which lowers the sum by less than the rounding of its largest term, and the
-result is padded by 8 (t + 1) k rounding units against the products' rounding. With
-t = :data:`SQUARINGS` the bound of a singular value (the square root) is above it by at most
-a factor k^(2^-(t+1)): 0.3% at k = 4, 0.7% at k = 32, 1.2% at k = 384. Differentiable
-everywhere but at M = 0, also at repeated and zero eigenvalues (where an eigensolver's
-derivative is not), and elementwise plus batched products, so ``torch.compile`` fuses it and a
-CUDA graph holds it.
+reached by t squarings. The matrices bounded here are a Gram matrix A A^T, whose largest
+eigenvalue is A's squared spectral norm, or a product G_u G_v of two, whose eigenvalues are
+those of G_v^(1/2) G_u G_v^(1/2) (AB and BA share their characteristic polynomial), real and
+>= 0, the largest being rho. How far above it the bound lies:
+
+* a Gram matrix (symmetric, >= 0): ||M^q||_F^(1/q) = (sum lambda_i^(2q))^(1/(2q)) <=
+  k^(1/(2q)) lambda_max;
+* a product G_u G_v = G_u^(1/2) S G_u^(-1/2), S = G_u^(1/2) G_v G_u^(1/2): M^q =
+  G_u^(1/2) S^(q-1) G_u^(1/2) G_v, so ||M^q||_F <= ||G_u|| ||G_v|| sqrt(k) lambda_max^(q-1)
+  and the bound is within (sqrt(k) ||G_u|| ||G_v|| / lambda_max)^(1/q) of lambda_max: the
+  factor grows with how far from normal the product is (||G_u|| ||G_v|| / lambda_max, at
+  least 1), but only as its q-th root.
+
+Each squaring divides the matrix by its Frobenius norm first, and the logarithms of those
+norms accumulate the scale, so nothing overflows; every scale is a sum of squares, which
+rounding cannot make negative or zero (for M != 0). The trace would be tighter for a Gram
+matrix, but a product G_u G_v of ill-conditioned factors is far from normal, the traces of its
+powers cancel in float32, and a trace-scaled iteration divided by a rounded zero (the cpu
+grid's training diverged so on 2026-12-01: ``tests/data/nonnormal_gram_product.json``). The
+result is padded by 8 (t + 1) k rounding units against the products' rounding. With t =
+:data:`SQUARINGS` the bound of a singular value (the square root) is above it by at most a
+factor k^(2^-(t+2)) for a Gram matrix: 0.1% at k = 4, 0.3% at k = 32, 0.6% at k = 384.
+Differentiable everywhere but at M = 0, also at repeated and zero eigenvalues (where an
+eigensolver's derivative is not), and elementwise plus batched products, so ``torch.compile``
+fuses it and a CUDA graph holds it.
 
 These are training bounds: the certificates take exact norms (:mod:`attncert.bounds.spectral`).
-The bound holds in exact arithmetic; computed, it is one up to the products' rounding: 1e-12
-relative in float64 (``tests/test_certified_training.py`` checks it against the certifier),
-1e-7 in float32, and where TF32 is on (a GPU's training step) 5e-4, beyond the padding, which
-a training signal can bear and a certificate could not. docs/math.md section 7.
+The bound holds in exact arithmetic; computed, it is one up to the rounding of the products
+that form M and of the squarings, which is relative to the factors' sizes, not to the norm: in
+float64 1e-12 relative for the matrices of a trained model (``tests/test_certified_training.py``
+checks it against the certifier), in float32 1e-7 times ||u|| ||v|| / ||u v^T|| (0.1% below
+the dense norm seen where a head's ||W^Q W^K^T|| was 1/1000 of ||W^Q|| ||W^K||), and where TF32
+is on (a GPU's training step) about 5e-4 times that, which a training signal can bear and a
+certificate could not. docs/math.md section 7.
 """
 
 from __future__ import annotations
@@ -37,16 +53,16 @@ from torch import Tensor
 
 __all__ = ["SQUARINGS", "eigenvalue_upper", "eigenvalues_upper", "gram", "product_gram"]
 
-#: squarings t of the training surrogate's norms: the order q = 2^t of the Schatten norm of
-#: the squared singular values (module docstring)
+#: squarings t of the training surrogate's norms: the power q = 2^t whose Frobenius norm's
+#: q-th root bounds the largest eigenvalue (module docstring)
 SQUARINGS = 8
 
 
 def eigenvalue_upper(m: Tensor, squarings: int = SQUARINGS) -> Tensor:
-    """(...,): (tr M^q)^(1/q), q = 2^squarings, padded by 8 (squarings + 1) k rounding units,
-    an upper bound of the largest eigenvalue of each (..., k, k) matrix M whose eigenvalues are
-    real and >= 0 (module docstring), above it by at most a factor k^(1/q) and the padding.
-    ``squarings`` 0 gives the trace."""
+    """(...,): ||M^q||_F^(1/q), q = 2^squarings, padded by 8 (squarings + 1) k rounding units,
+    an upper bound of the spectral radius of each (..., k, k) matrix M, so of its largest
+    eigenvalue where they are real and >= 0 (module docstring: within k^(1/(2q)) of it for a
+    Gram matrix). ``squarings`` 0 gives the Frobenius norm."""
     if squarings < 0:
         raise ValueError(f"squarings {squarings}: must be >= 0")
     if m.shape[-1] != m.shape[-2]:
@@ -55,7 +71,7 @@ def eigenvalue_upper(m: Tensor, squarings: int = SQUARINGS) -> Tensor:
     log_scale = m.new_zeros(m.shape[:-2])
     a = m
     for j in range(squarings + 1):
-        s = a.diagonal(dim1=-2, dim2=-1).sum(-1).clamp_min(tiny)
+        s = a.square().sum((-2, -1)).sqrt().clamp_min(tiny)  # a sum of squares: no cancelling
         log_scale = log_scale + s.log() / 2.0**j
         if j == squarings:
             break

@@ -161,7 +161,7 @@ class ViT(nn.Module):
         holds them) and detached: the normalisation's 1 / min(std) exactly, and an upper bound
         of the patch embedding's spectral norm, the Schatten-norm bound of its Gram matrix
         (:func:`attncert.bounds.schatten.eigenvalue_upper`), above the exact SVD's by at most a
-        factor k^(1/512), k = min(dim, C patch^2). For a training bound; certificates take
+        factor k^(1/1024), k = min(dim, C patch^2). For a training bound; certificates take
         :meth:`components`' exact constants."""
         e = self.embed.per_patch_matrix().detach().double()
         return {"normalize": 1.0 / self.normalize.std.double().min(),

@@ -14,9 +14,10 @@ so a term near 0 means f_y - f_j > need_j for every j, the pairwise test at eps.
 :func:`feature_delta`: the certifier's recurrence (eq. 9, :func:`attncert.models.vit.propagate`)
 with every attention layer bounded by LoFAST's Theorem 1 in its xi form (eq. 28) and zeta
 (eq. 15) replaced by its closed-form upper bound :func:`attncert.bounds.lofast.zeta_cheap_upper`,
-every small-matrix norm taken as its Schatten-norm upper bound (:mod:`attncert.bounds.schatten`:
-matrix products only, above the norm by at most a factor k^(1/512) for a k x k Gram matrix,
-k up to the width d: 0.95% at d = 128, 1.2% at d = 384), differentiable in the weights and in
+every small-matrix norm taken as its matrix-power upper bound (:mod:`attncert.bounds.schatten`:
+matrix products only, above the norm by at most a factor k^(1/1024) for a k x k Gram matrix,
+k up to the width d: 0.5% at d = 128, 0.6% at d = 384, and for the r x r product of two Gram
+matrices by the 512th root of how far from normal it is), differentiable in the weights and in
 the clean activations, with no solver and no detached vectors: the whole loss, forward pass,
 bound and backward, compiles to one graph (:func:`attncert.training.compiled.compiled_loss`;
 a CUDA graph holds it). It is an upper bound on the certifier's ``lofast_xi`` (whose zeta is
