@@ -77,8 +77,9 @@ r.jobs
 # classified ones; `avg_radius_invariant`: the mean radius of the prediction over every sentence,
 # right or wrong (OLSA sec. 5.1 defines the radius by prediction invariance, which ignores the
 # label: its rule) (for LoFAST models the largest of the bound variants); certified accuracy at
-# every eps over the certified sentences, PGD accuracy over the attacked ones; `cert_s/batch`:
-# seconds to certify one batch of `cert_batch_size`; `b_att`, `b_ff`: the residual gates (mean
+# every eps over the certified sentences, PGD accuracy over the attacked ones; `cert_s/sentence`:
+# seconds to certify a sentence (a batch's seconds shared by its sentences; none: no
+# certificate); `b_att`, `b_ff`: the residual gates (mean
 # over layers; 0.5 = OLSA's averaged residual); `alpha1`: mean over layers; `max_prob` and `1/n`:
 # the attention's mean largest probability per query and its uniform value (`attn_ratio` 1 = the
 # attention is uniform, the model is a bag of words).

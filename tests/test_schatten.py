@@ -66,10 +66,11 @@ def test_the_largest_eigenvalue_is_bounded_above_within_the_stated_factor(dtype)
 def test_a_product_far_from_normal_stays_finite_and_above_in_float32():
     """A float32 product of two Gram matrices whose largest singular value is 100 times its
     largest eigenvalue (W^Q's and W^K's of a head the lofast margin had nearly switched off,
-    whose strong directions it had made orthogonal): the traces of its powers cancel, and
-    scaling each squaring by the trace divided by a rounded zero (NaN). Scaled by Frobenius
-    norms, the bound is finite, above the float64 eigenvalue and within the stated factor, and
-    so is its derivative."""
+    whose strong directions it had made orthogonal): rounded, its top eigenvalues are a
+    complex pair, the trace of a power came out negative and scaling each squaring by the
+    trace gave NaN. Scaled by Frobenius norms, the bound is finite, above the float64
+    eigenvalue and within the stated factor, and so is its derivative; at M = 0 both are
+    finite too."""
     rec = json.loads((Path(__file__).parent / "data" / "nonnormal_gram_product.json").read_text())
     m = torch.tensor([float.fromhex(h) for h in rec["float32_hex"]]).reshape(rec["shape"])
     assert torch.linalg.matrix_norm(m.double(), 2) > 50 * _top(m)  # far from normal
@@ -80,6 +81,9 @@ def test_a_product_far_from_normal_stays_finite_and_above_in_float32():
     top = _top(m)
     assert top * (1 - 1e-6) <= up.double() <= top * _product_factor(
         32, torch.float32, rec["norm_gu"] * rec["norm_gv"], top)
+    zero = torch.zeros(2, 5, 5, requires_grad=True)
+    (grad,) = torch.autograd.grad(eigenvalue_upper(zero).sum(), zero)
+    assert torch.isfinite(grad).all()
 
 
 def test_norms_of_products_are_upper_bounds_in_both_forms_with_finite_derivatives():

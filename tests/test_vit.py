@@ -179,8 +179,8 @@ def test_propagate_arithmetic():
 def test_live_constants_bound_the_exact_ones_and_propagate_needs_them(block):
     """``components(exact=False)`` leaves the constants read from the weights NaN;
     ``live_constants`` gives the normalisation's exactly and an upper bound of the embedding's
-    within the factor k^(1/1024) of a Gram matrix's bound; with them ``propagate`` is the exact propagation up
-    to that factor, and without them it refuses."""
+    within the factor k^(1/1024) of a Gram matrix's bound; with them ``propagate`` is the exact
+    propagation up to that factor, and without them it refuses."""
     model = tiny(block=block, pool="mean")
     with torch.no_grad():  # an embedding whose singular values are far from equal
         e = model.embed.proj.weight

@@ -15,33 +15,38 @@ those of G_v^(1/2) G_u G_v^(1/2) (AB and BA share their characteristic polynomia
 
 * a Gram matrix (symmetric, >= 0): ||M^q||_F^(1/q) = (sum lambda_i^(2q))^(1/(2q)) <=
   k^(1/(2q)) lambda_max;
-* a product G_u G_v = G_u^(1/2) S G_u^(-1/2), S = G_u^(1/2) G_v G_u^(1/2): M^q =
-  G_u^(1/2) S^(q-1) G_u^(1/2) G_v, so ||M^q||_F <= ||G_u|| ||G_v|| sqrt(k) lambda_max^(q-1)
-  and the bound is within (sqrt(k) ||G_u|| ||G_v|| / lambda_max)^(1/q) of lambda_max: the
-  factor grows with how far from normal the product is (||G_u|| ||G_v|| / lambda_max, at
-  least 1), but only as its q-th root.
+* a product G_u G_v: with S = G_u^(1/2) G_v G_u^(1/2), M^q = G_u^(1/2) S^(q-1) G_u^(1/2) G_v
+  (no inverse needed), so ||M^q||_F <= ||G_u|| ||G_v|| sqrt(k) lambda_max^(q-1) and the bound
+  is within (sqrt(k) ||G_u|| ||G_v|| / lambda_max)^(1/q) of lambda_max: the factor grows with
+  how far from normal the product is (||G_u|| ||G_v|| / lambda_max, at least 1), but only as
+  its q-th root.
 
 Each squaring divides the matrix by its Frobenius norm first, and the logarithms of those
 norms accumulate the scale, so nothing overflows; every scale is a sum of squares, which
-rounding cannot make negative or zero (for M != 0). The trace would be tighter for a Gram
-matrix, but a product G_u G_v of ill-conditioned factors is far from normal, the traces of its
-powers cancel in float32, and a trace-scaled iteration divided by a rounded zero (the cpu
-grid's training diverged so on 2026-12-01: ``tests/data/nonnormal_gram_product.json``). The
-result is padded by 8 (t + 1) k rounding units against the products' rounding. With t =
-:data:`SQUARINGS` the bound of a singular value (the square root) is above it by at most a
-factor k^(2^-(t+2)) for a Gram matrix: 0.1% at k = 4, 0.3% at k = 32, 0.6% at k = 384.
-Differentiable everywhere but at M = 0, also at repeated and zero eigenvalues (where an
-eigensolver's derivative is not), and elementwise plus batched products, so ``torch.compile``
-fuses it and a CUDA graph holds it.
+rounding cannot make negative or zero (for M != 0). Until 2026-12-01 each squaring divided by
+the trace and the bound was (tr M^q)^(1/q), looser for a Gram matrix (k^(1/q), not
+k^(1/(2q))) and fragile for a product: formed in float32, a product G_u G_v far from normal
+(its largest singular value 100 times its largest eigenvalue, the W^Q and W^K of a head the
+``lofast`` margin had nearly switched off) has a complex pair of top eigenvalues, the trace of
+its 128th power was negative, and the next division turned it into NaN: the cpu grid's
+training diverged (``tests/data/nonnormal_gram_product.json``; the spectral radius, which the
+Frobenius norm bounds, is fine). The result is padded by 8 (t + 1) k rounding units against
+the products' rounding. With t = :data:`SQUARINGS` the bound of a singular value (the square
+root) is above it by at most a factor k^(2^-(t+2)) for a Gram matrix: 0.1% at k = 4, 0.3% at
+k = 32, 0.5% at k = 128, 0.6% at k = 384; on that head's product, 1.0% (its stated worst
+case 2.8%). Differentiable away from M = 0 (where its computed gradient is 0), also at
+repeated and zero eigenvalues (where an eigensolver's derivative is not), and elementwise plus
+batched products, so ``torch.compile`` fuses it and a CUDA graph holds it.
 
 These are training bounds: the certificates take exact norms (:mod:`attncert.bounds.spectral`).
 The bound holds in exact arithmetic; computed, it is one up to the rounding of the products
-that form M and of the squarings, which is relative to the factors' sizes, not to the norm: in
-float64 1e-12 relative for the matrices of a trained model (``tests/test_certified_training.py``
-checks it against the certifier), in float32 1e-7 times ||u|| ||v|| / ||u v^T|| (0.1% below
-the dense norm seen where a head's ||W^Q W^K^T|| was 1/1000 of ||W^Q|| ||W^K||), and where TF32
-is on (a GPU's training step) about 5e-4 times that, which a training signal can bear and a
-certificate could not. docs/math.md section 7.
+that form M and of the squarings, which is relative to the factors' sizes ||u|| ||v||, not to
+||u v^T||: in float64 1e-12 relative for the matrices of a trained model
+(``tests/test_certified_training.py`` checks it against the certifier); in float32, on the
+diverged model's heads, where ||u v^T|| was down to 1/2700 of ||u|| ||v||, up to 0.13% below
+the float64 norm of the same factors; where TF32 is on (a GPU's training step) the products
+round at 5e-4 of ||u|| ||v||: a training signal can bear it, a certificate could not.
+docs/math.md section 7.
 """
 
 from __future__ import annotations
@@ -71,7 +76,7 @@ def eigenvalue_upper(m: Tensor, squarings: int = SQUARINGS) -> Tensor:
     log_scale = m.new_zeros(m.shape[:-2])
     a = m
     for j in range(squarings + 1):
-        s = a.square().sum((-2, -1)).sqrt().clamp_min(tiny)  # a sum of squares: no cancelling
+        s = a.square().sum((-2, -1)).clamp_min(tiny).sqrt()  # a sum of squares: no cancelling
         log_scale = log_scale + s.log() / 2.0**j
         if j == squarings:
             break

@@ -61,9 +61,9 @@ def _growth_note(params) -> str:
     return (f"; the PGD audits, the certificate passes and the attention diagnostics in the "
             f"batches `base.batch_memory` ({share:g}) grows on an {GPU_MEMORY / 1e9:.0f} GB "
             f"GPU (an audit's one size for all radii), from a bound of a point's bytes (the "
-            f"bytes the audit step's and the forward's kernels output, the most the "
-            f"certificate terms hold at once) and the text models' LoFAST certificates at "
-            f"their batches, one loop per sentence length")
+            f"bytes the audit step's, the forward's and the diagnostics' kernels output, the "
+            f"most the certificate terms hold at once) and the text models' LoFAST "
+            f"certificates at their batches, one loop per sentence length")
 
 
 def _pilot_note(gpu: GPU) -> str:

@@ -16,8 +16,9 @@ with every attention layer bounded by LoFAST's Theorem 1 in its xi form (eq. 28)
 (eq. 15) replaced by its closed-form upper bound :func:`attncert.bounds.lofast.zeta_cheap_upper`,
 every small-matrix norm taken as its matrix-power upper bound (:mod:`attncert.bounds.schatten`:
 matrix products only, above the norm by at most a factor k^(1/1024) for a k x k Gram matrix,
-k up to the width d: 0.5% at d = 128, 0.6% at d = 384, and for the r x r product of two Gram
-matrices by the 512th root of how far from normal it is), differentiable in the weights and in
+k up to the width d: 0.5% at d = 128, 0.6% at d = 384, and for the r x r product G_u G_v of
+two Gram matrices by (sqrt(r) ||G_u|| ||G_v|| / ||u v^T||^2)^(1/512), the 512th root of how far
+from normal it is), differentiable in the weights and in
 the clean activations, with no solver and no detached vectors: the whole loss, forward pass,
 bound and backward, compiles to one graph (:func:`attncert.training.compiled.compiled_loss`;
 a CUDA graph holds it). It is an upper bound on the certifier's ``lofast_xi`` (whose zeta is
@@ -58,8 +59,9 @@ def surrogate_terms(layers: Mapping[str, tuple[Tensor, AttentionWeights, bool]]
                     ) -> dict[str, lb.LofastTerms]:
     """Theorem 1's terms of each attention layer, ``layers`` {name: (its clean input X
     (B, n, d), its weights, residual)}, xi form, with the closed-form zeta
-    (:func:`attncert.bounds.lofast.zeta_from_norms`) and every norm the Schatten bound of its
-    Gram matrix: differentiable, by matrix products only, and >= the certifier's
+    (:func:`attncert.bounds.lofast.zeta_from_norms`) and every norm bounded through a Gram
+    matrix or the product of its factors' Gram matrices (:mod:`attncert.bounds.schatten`):
+    differentiable, by matrix products only, and >= the certifier's
     ``lofast_xi`` terms. The Gram matrices of all layers are bounded together, one batched
     call per matrix size (:func:`attncert.bounds.schatten.eigenvalues_upper`)."""
     grams, shapes = [], {}
