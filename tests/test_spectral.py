@@ -81,6 +81,25 @@ def test_lanczos_upper_random_cases_both_dtypes(seed):
         assert torch.all(res.value.double() >= ref), (dtype, res.value.double() - ref)
 
 
+def test_reorthogonalisation_reaches_working_precision_when_the_first_pass_cancels(monkeypatch):
+    # w almost inside span(V): one classical Gram-Schmidt pass leaves components along V of
+    # order eps ||w|| against a remainder 1e-9 ||w|| (relative orthogonality about 1e-7); the
+    # criterion's second pass brings it to working precision. A w far from span(V) takes one.
+    from attncert.bounds import spectral
+
+    g = _gen(2)
+    vs = torch.linalg.qr(torch.randn(3, 200, 20, generator=g, dtype=F64)).Q.transpose(1, 2)
+    inside = vs[:, 0] + vs[:, 7] + 1e-9 * torch.randn(3, 200, generator=g, dtype=F64)
+    w, norm = spectral._reorthogonalise(vs, inside)
+    torch.testing.assert_close(norm, w.norm(dim=-1), rtol=1e-15, atol=0)
+    leak = (vs @ w.unsqueeze(-1)).squeeze(-1).abs().amax(-1) / norm
+    assert bool((leak < 1e-13).all()), leak
+    calls, real = [], spectral._remove
+    monkeypatch.setattr(spectral, "_remove", lambda v, x: calls.append(1) or real(v, x))
+    spectral._reorthogonalise(vs, torch.randn(3, 200, generator=g, dtype=F64))
+    assert len(calls) == 1
+
+
 def test_unconverged_uses_fallback_or_raises():
     g = _gen(0)
     a = torch.randn(3, 60, 60, generator=g, dtype=F64)
