@@ -84,12 +84,14 @@ def test_lanczos_upper_random_cases_both_dtypes(seed):
 def test_reorthogonalisation_reaches_working_precision_when_the_first_pass_cancels(monkeypatch):
     # w almost inside span(V): one classical Gram-Schmidt pass leaves components along V of
     # order eps ||w|| against a remainder 1e-9 ||w|| (relative orthogonality about 1e-7); the
-    # criterion's second pass brings it to working precision. A w far from span(V) takes one.
+    # criterion's second pass brings it to working precision, also when only one entry of the
+    # batch cancels. A batch of w far from span(V) takes one pass.
     from attncert.bounds import spectral
 
     g = _gen(2)
     vs = torch.linalg.qr(torch.randn(3, 200, 20, generator=g, dtype=F64)).Q.transpose(1, 2)
     inside = vs[:, 0] + vs[:, 7] + 1e-9 * torch.randn(3, 200, generator=g, dtype=F64)
+    inside[1] = torch.randn(200, generator=g, dtype=F64)  # a mixed batch: entry 1 does not cancel
     w, norm = spectral._reorthogonalise(vs, inside)
     torch.testing.assert_close(norm, w.norm(dim=-1), rtol=1e-15, atol=0)
     leak = (vs @ w.unsqueeze(-1)).squeeze(-1).abs().amax(-1) / norm
