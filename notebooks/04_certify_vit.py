@@ -16,8 +16,9 @@
 # (l2, pixel space) is found by bisection over the scalar recurrence of docs/math.md section 6.
 # Variants: LoFAST(M) (eq. 27), LoFAST(xi) (eq. 28), naive (eq. 12), SpecFormer's local bound
 # and the global Lipschitz product. Tests: the pairwise last-layer test and the sqrt(2) logit
-# test (Proposition 1). Then L2 PGD at every eps on every correct point: the empirical robust
-# accuracy, and the soundness audit (a certified point broken by PGD fails the stage).
+# test (Proposition 1). Then L2 PGD at every eps on every correct point not yet broken at a
+# smaller eps: the empirical robust accuracy, and the soundness audit (a certified point broken
+# by PGD fails the stage).
 
 # %% tags=["parameters"]
 params_file = "params.yaml"  # the study's params, passed by attncert.pipeline.nbrun
@@ -47,9 +48,11 @@ result.radii()
 
 # %% [markdown]
 # ## L2 PGD: empirical robust accuracy and the soundness audit
-# Every correctly classified point is attacked at every eps (margin loss, random starts in
-# the ball). A certified point that PGD breaks is a broken certificate: the stage fails
-# (after `samples.csv` and `metrics.json` are written).
+# The radii run in ascending order; at each, every correctly classified point that no smaller
+# radius broke is attacked (margin loss, random starts in the ball), and an adversarial example
+# found at a smaller radius counts at every larger one (`attacked`: the points PGD ran on). A
+# certified point that PGD breaks is a broken certificate: the stage fails (after
+# `samples.csv` and `metrics.json` are written).
 
 # %%
 display(Markdown(f"**Soundness audit:** {result.summary['broken']} broken certificates over "

@@ -89,9 +89,10 @@ r.table.round(4)
 
 # %% [markdown]
 # ### The soundness audit
-# l2 PGD on the embeddings of the attacked sentences at every eps, per model: `robust_acc`
-# (correct and not broken by PGD), `certified_acc` (correct and certified at eps) and
-# `broken`, the certified sentences PGD broke. A broken certificate means a bound is wrong:
+# l2 PGD on the embeddings of the audited sentences at every eps, per model, on those neither
+# misclassified nor broken at a smaller eps (`attacked`): `robust_acc` (correct and no
+# adversarial example found, at that eps or a smaller one), `certified_acc` (correct and
+# certified at eps) and `broken`, the certified sentences PGD broke. A broken certificate means a bound is wrong:
 # the stage fails.
 
 # %%

@@ -157,7 +157,7 @@ table.style.format({k: "{:.4g}" for k in labelled})
 # Each mode's final model on the first `n_test` test images (0: the whole test split): the
 # certified radius of each point (pixel-space l2, the normalisation inside the model) and
 # certified accuracy at every eps; then L2 PGD at every eps on every correctly classified
-# point among the first `audit.n`. A certified point that PGD breaks is a soundness bug:
+# point among the first `audit.n` that no smaller eps broke. A certified point that PGD breaks is a soundness bug:
 # the stage fails. The table sets PGD beside the certified accuracy on the same attacked
 # points. Beside them, the trivial baseline: a linear classifier on pixels (exact radius),
 # trained with the spectral fine-tune's loss and schedule.

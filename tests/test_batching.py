@@ -217,12 +217,15 @@ def test_an_audit_s_batch_grows_once_for_every_radius(monkeypatch):
                             [0.1, 0.2, 0.3], steps=2, restarts=1, batch_size=2)
     forward, *radii = calls
     assert forward == [2, 4, 6] and len(radii) == 3 and len(rows) == 3
-    assert radii == [[2, 4, 6], [8, 4], [12]]
+    # each radius attacks the points still standing, from the size the last one reached
+    assert [sum(c) for c in radii] == [r["attacked"] for r in rows] and rows[0]["attacked"] == 12
+    assert radii[0] == [2, 4, 6] and radii[1][0] == 8 and len(radii[2]) == 1
 
 
 def test_the_text_audit_grows_one_batch_for_every_radius(monkeypatch):
     """audit_embeddings attacks the sentences in batches grown once for all its radii (as
-    certify.audit does), every sentence at every radius."""
+    certify.audit does), every sentence still standing at every radius (the correctly
+    classified ones here: none is broken at these radii)."""
     from test_device import _olsa_text
 
     from attncert.text import attacks
@@ -235,6 +238,8 @@ def test_the_text_audit_grows_one_batch_for_every_radius(monkeypatch):
     calls = _record_loops(monkeypatch, attacks)
     grown = attacks.audit_embeddings(model, ids, mask, y, radius, [0.05, 1.0], steps=2,
                                      restarts=1, batch_size=2)
-    assert calls == [[2, 4], [6]]
-    assert [r["attacked"] for r in grown] == [r["attacked"] for r in fixed] == [6, 6]
+    n = int((model(ids, mask).argmax(1) == y).sum())
+    assert 2 < n < 6 and calls == [[2, n - 2], [n]]
+    assert [r["attacked"] for r in grown] == [r["attacked"] for r in fixed] == [n, n]
+    assert [r["robust_acc"] for r in grown] == [n / 6] * 2
     assert [r["broken"] for r in grown] == [0, 0]

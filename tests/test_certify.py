@@ -113,6 +113,41 @@ def test_audit_finds_no_broken_certificate_and_certified_below_pgd():
         soundness.require_sound({"toy": rows})
 
 
+def test_the_audit_attacks_only_the_points_still_standing(monkeypatch):
+    """The radii run in ascending order, each attacking the points neither misclassified nor
+    broken at a smaller radius; an adversarial example found at a smaller radius counts at
+    every larger one, a certificate it contradicts there included (planted here: radii that
+    claim every eps); the rows and the success matrix keep the grid's order."""
+    from attncert import attacks
+
+    model = _model()
+    x = torch.rand(10, 1, 8, 8, dtype=torch.float64, generator=torch.Generator().manual_seed(5))
+    with torch.no_grad():
+        y = model(x).argmax(1)
+    y[:2] = (y[:2] + 1) % 3  # two misclassified points: never attacked
+    calls, real = [], attacks.verified_pgd_l2
+
+    def pgd(model_, x_, y_, eps, *args, **kwargs):
+        calls.append((eps, len(x_)))
+        return real(model_, x_, y_, eps, *args, **kwargs)
+
+    monkeypatch.setattr(attacks, "verified_pgd_l2", pgd)
+    grid = [8.0, 0.01, 2.0, 1.0]
+    planted = {"planted": torch.full((10,), 9.0, dtype=torch.float64)}
+    rows, success = certify.audit(model, x, y, planted, grid, steps=20, restarts=1)
+    assert [r["eps"] for r in rows] == grid and success.shape == (4, 10)
+    by = {r["eps"]: (r, s) for r, s in zip(rows, success, strict=True)}
+    up = sorted(grid)
+    standing = [round(10 * by[e][0]["robust_acc"]) for e in up]
+    assert [by[e][0]["attacked"] for e in up] == [8, *standing[:-1]]
+    assert calls == [(e, by[e][0]["attacked"]) for e in up if by[e][0]["attacked"]]
+    assert standing == sorted(standing, reverse=True) and standing[0] > standing[-1]
+    for small, large in zip(up[:-1], up[1:], strict=True):  # a success stays one above
+        assert (by[large][1] >= by[small][1]).all()
+    assert all(by[e][1][:2].all() for e in up)
+    assert [by[e][0]["broken_planted"] for e in up] == [8 - k for k in standing]
+
+
 def _rows(**broken):
     return [{"eps": 0.1, "attacked": 8, "robust_acc": 0.5, **broken},
             {"eps": 0.25, "attacked": 8, "robust_acc": 0.25, **broken}]

@@ -254,7 +254,7 @@ def certify_table(model, x: Tensor, y: Tensor, variants: Sequence[str] = VARIANT
 def audit(model, x: Tensor, y: Tensor, radii: Mapping[str, Tensor], eps_grid: Sequence[float],
           steps: int = 100, restarts: int = 10, seed: int = 0, batch_size: int = 100,
           progress: bool = False) -> tuple[list[dict], Tensor]:
-    """L2 PGD at each eps on every correctly classified point: empirical robust accuracy and
+    """L2 PGD at each eps on the correctly classified points: empirical robust accuracy and
     the soundness audit in one attack.
 
     The attack runs on a float32 copy of the model (:func:`attncert.attacks.verified_pgd_l2`);
@@ -262,11 +262,16 @@ def audit(model, x: Tensor, y: Tensor, radii: Mapping[str, Tensor], eps_grid: Se
     certificates) misclassifies the candidate moved into the closed eps-ball, its norm
     checked again in that dtype.
 
-    A successful attack on a point certified at eps (radius >= eps) is a broken certificate (a
-    soundness bug). Returns one row per eps (``robust_acc``: correct and not broken by PGD,
-    ``attacked``, ``broken_<name>`` and ``certified_<name>`` for every entry of ``radii``) and
-    a (len(eps_grid), N) bool tensor: PGD found an adversarial example (or the point is
-    misclassified).
+    The radii run in ascending order, and each attacks only the points still standing: a
+    misclassified point counts as attacked successfully without an attack, and so does a point
+    with an adversarial example found at a smaller eps, which lies inside every larger ball
+    (robust accuracy never grows with eps). Every certificate is attacked at every eps it
+    claims, unless an attack already broke it at a smaller one. A successful attack on a point
+    certified at eps (radius >= eps) is a broken certificate (a soundness bug). Returns one
+    row per eps, in the order of ``eps_grid`` (``robust_acc``: correct and no adversarial
+    example found, ``attacked``: the points PGD ran on at that eps, ``broken_<name>`` and
+    ``certified_<name>`` for every entry of ``radii``) and a (len(eps_grid), N) bool tensor: an
+    adversarial example within eps is known (or the point is misclassified).
     """
     from attncert.attacks import attack_copy, verified_pgd_l2
     from attncert.pipeline.progress import bar
@@ -276,30 +281,35 @@ def audit(model, x: Tensor, y: Tensor, radii: Mapping[str, Tensor], eps_grid: Se
         correct = torch.cat(in_batches(
             len(y), batch_size, lambda a, b: model(x[a:b]).argmax(1) == y[a:b],
             "audit forward", device=x.device)).cpu()
-    idx = correct.nonzero().flatten()
     attacker = attack_copy(model)
     size = BatchSize(batch_size, "PGD audit", x.device)  # grown once, for every radius
-    rows, broken_all = [], []
-    for e in bar(eps_grid, desc="PGD audit", enabled=progress):
-        success = ~correct  # misclassified points count as attacked successfully
+    fooled = ~correct  # misclassified, or an adversarial example found at a smaller eps
+    rows: dict[int, dict] = {}
+    found: dict[int, Tensor] = {}
+    order = sorted(range(len(eps_grid)), key=lambda i: float(eps_grid[i]))
+    for i in bar(order, desc="PGD audit", enabled=progress):
+        e = float(eps_grid[i])
+        idx = (~fooled).nonzero().flatten()
 
-        def attack(a: int, b: int, e: float = float(e)) -> Tensor:
+        def attack(a: int, b: int, e: float = e, idx: Tensor = idx) -> Tensor:
             sub = idx[a:b]
             return verified_pgd_l2(model, x[sub.to(x.device)], y[sub.to(y.device)], e, steps,
                                    restarts, generator=g, attack_model=attacker)[1].cpu()
 
         broken = in_batches(len(idx), size, attack)
+        fooled = fooled.clone()
         if broken:
-            success[idx] = torch.cat(broken)
-        row = {"eps": float(e), "attacked": int(len(idx)),
-               "robust_acc": float((~success).double().mean())}
+            fooled[idx] = torch.cat(broken)
+        row = {"eps": e, "attacked": int(len(idx)),
+               "robust_acc": float((~fooled).double().mean())}
         for name, r in radii.items():
             cert = correct & (r.cpu() >= e)
             row[f"certified_{name}"] = float(cert.double().mean())
-            row[f"broken_{name}"] = int((success & cert).sum())
-        rows.append(row)
-        broken_all.append(success)
-    return rows, torch.stack(broken_all) if broken_all else torch.zeros(0, len(y), dtype=torch.bool)
+            row[f"broken_{name}"] = int((fooled & cert).sum())
+        rows[i], found[i] = row, fooled
+    return ([rows[i] for i in range(len(eps_grid))],
+            torch.stack([found[i] for i in range(len(eps_grid))]) if found
+            else torch.zeros(0, len(y), dtype=torch.bool))
 
 
 def summarize(table, audit_rows: Sequence[Mapping], eps_grid: Sequence[float],

@@ -2,8 +2,9 @@
 
 The first ``n_test`` test images (0: all), in float64: certified radii per variant and test
 (:func:`attncert.certify.certify_table`), then L2 PGD at every eps on every correct point of the
-first ``audit.n`` (:func:`attncert.certify.audit`): the empirical robust accuracy and the
-soundness audit, which compares certified and PGD accuracy on those same points; then the
+first ``audit.n`` not yet broken at a smaller eps (:func:`attncert.certify.audit`): the
+empirical robust accuracy and the soundness audit, which compares certified and PGD accuracy
+on those same points; then the
 attention diagnostics on the certified points
 (:func:`attncert.diagnostics.attention_diagnostics`: does the model's attention change any
 prediction?). The point's results folder receives ``samples.csv`` (one row per test point),

@@ -55,9 +55,16 @@ def audit_embeddings(model, ids: Tensor, mask: Tensor, y: Tensor, radius: Tensor
     radius >= eps is a broken certificate (a soundness bug). PGD runs on a float32 copy of
     the model; a success counts only when ``model`` itself, in the embeddings' dtype,
     misclassifies the candidate inside the eps-ball (:func:`attncert.attacks.confirm_l2`).
-    One row per eps: ``robust_acc``
-    (correct and not broken by PGD), ``certified_acc`` (correct and radius >= eps),
-    ``attacked`` and ``broken``. The sentences are attacked ``batch_size`` at a time, a batch
+
+    The radii run in ascending order, and each attacks only the sentences still standing: a
+    misclassified sentence is not attacked (it counts as a success, as
+    :func:`attncert.certify.audit` counts it), and an adversarial example found at a smaller eps
+    lies inside every larger ball, so its sentence counts as a success there without another
+    attack (robust accuracy never grows with eps). Every certificate is still attacked at every
+    eps it claims, unless an attack already broke it at a smaller one. One row per eps, in the
+    order of ``eps_grid``: ``robust_acc`` (correct and no adversarial example found),
+    ``certified_acc`` (correct and radius >= eps), ``attacked`` (the sentences PGD ran on at
+    that eps) and ``broken``. The sentences are attacked ``batch_size`` at a time, a batch
     grown on a GPU once for every eps (:class:`attncert.pipeline.batching.BatchSize`).
     """
     g = rng.generator(seed, ids.device)
@@ -65,10 +72,16 @@ def audit_embeddings(model, ids: Tensor, mask: Tensor, y: Tensor, radius: Tensor
                          for i in range(0, len(y), batch_size)]) == y.cpu()
     attacker = attack_copy(model)  # float32; every success is confirmed on ``model``
     size = BatchSize(batch_size, "text PGD audit", ids.device)  # grown once, for every eps
-    rows = []
-    for eps in eps_grid:
-        def run(a: int, b: int, eps: float = float(eps)) -> Tensor:
-            e, m, yb = model.embed(ids[a:b], mask[a:b]), mask[a:b], y[a:b]
+    fooled = ~correct  # (N,) on the host: misclassified, or an adversarial example found
+    rows: dict[int, dict] = {}
+    for i in sorted(range(len(eps_grid)), key=lambda i: float(eps_grid[i])):
+        eps = float(eps_grid[i])
+        idx = (~fooled).nonzero().flatten()
+
+        def run(a: int, b: int, eps: float = eps, idx: Tensor = idx) -> Tensor:
+            sub = idx[a:b].to(ids.device)
+            m, yb = mask[sub], y[sub]
+            e = model.embed(ids[sub], m)
 
             def attack() -> Tensor:
                 with torch.enable_grad(), attack_matmuls(e.device):
@@ -79,11 +92,12 @@ def audit_embeddings(model, ids: Tensor, mask: Tensor, y: Tensor, radius: Tensor
             _, ok = confirm_l2(lambda z: model(z, m), e, e_adv, yb, eps, box=False)
             return ok.cpu()
 
-        success = (torch.cat(in_batches(len(y), size, run)) if len(y)
-                   else torch.zeros(0, dtype=torch.bool))
+        found = in_batches(len(idx), size, run)
+        if found:
+            fooled[idx] = torch.cat(found)
         cert = correct & (radius.cpu() >= eps)
-        rows.append({"eps": float(eps), "attacked": len(y),
-                     "robust_acc": float((~success).double().mean()),
-                     "certified_acc": float(cert.double().mean()),
-                     "broken": int((success & cert).sum())})
-    return rows
+        rows[i] = {"eps": eps, "attacked": len(idx),
+                   "robust_acc": float((~fooled).double().mean()),
+                   "certified_acc": float(cert.double().mean()),
+                   "broken": int((fooled & cert).sum())}
+    return [rows[i] for i in range(len(eps_grid))]
