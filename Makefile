@@ -3,7 +3,7 @@
 #
 #   make pipeline              dvc repro with params.yaml as it is (committed: paper scale)
 #   make pipeline SCALE=cpu    apply profiles/cpu.yaml first (2 CPU cores, offline data; 36 min
-#                              with WORKERS=2 below, 2026-11-29; 67 min on 2026-12-01's
+#                              with WORKERS=2 below, 2026-11-29; 60 min on 2026-12-01's
 #                              machine, about 2.1x slower: docs/scales.md)
 #   make pipeline SCALE=smoke  apply profiles/smoke.yaml first (tiny, minutes)
 #   make pipeline SCALE=paper  restore the committed paper-scale params first
