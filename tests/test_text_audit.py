@@ -68,6 +68,7 @@ def test_olsa_certificates_solve_each_lengths_constant_once(attention, monkeypat
     table = length_lipschitz(model64, data["mask"])
     assert torch.equal(table[data["mask"].sum(1)], model64.lipschitz(data["mask"]))
     assert table[0].isnan() and table.dtype == F64
+    assert length_lipschitz(model64, data["mask"][:0]).isnan().all()  # nothing to solve
 
     calls = []
     lipschitz = type(model).lipschitz

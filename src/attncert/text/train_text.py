@@ -234,7 +234,8 @@ def length_lipschitz(model: nn.Module, mask: Tensor, device: torch.device | str 
     lengths = mask.sum(1).unique()
     probe = (torch.arange(mask.shape[1], device=mask.device) < lengths[:, None]).to(mask.dtype)
     table = torch.full((mask.shape[1] + 1,), math.nan, dtype=torch.float64, device=device)
-    table[lengths.to(device)] = model.lipschitz(probe.to(device)).to(device, torch.float64)
+    if len(lengths):  # no sentence: nothing to solve
+        table[lengths.to(device)] = model.lipschitz(probe.to(device)).to(device, torch.float64)
     return table
 
 
