@@ -9,7 +9,7 @@ used as given (call ``model.eval()`` first); gradients are taken w.r.t. the inpu
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
@@ -215,6 +215,28 @@ def verified_pgd_l2(model: nn.Module, x: Tensor, y: Tensor, eps: float | Tensor,
                           generator=generator)[0]
 
     return confirm_l2(model, x, eager_fallback(attack, attack_model, generator), y, eps)
+
+
+def attack_by_radius(correct: Tensor, eps_grid: Sequence[float],
+                     attack: Callable[[float, Tensor], Tensor]) -> list[tuple[int, Tensor]]:
+    """The PGD audits' order (:func:`attncert.certify.audit`,
+    :func:`attncert.text.attacks.audit_embeddings`): the radii of ``eps_grid`` in ascending
+    order, ``attack(eps, idx)`` at each returning (len(idx),) bool successes for the host
+    indices ``idx`` of the points still standing: correctly classified (``correct``, (N,) bool
+    on the host) and with no adversarial example found at a smaller radius, which lies inside
+    every larger ball and so counts there without another attack (robust accuracy never grows
+    with eps; a certificate is attacked at every radius it claims unless one already broke
+    it). Per entry of ``eps_grid``, in its order: (the points attacked there, (N,) bool: an
+    adversarial example within that radius is known, or the point is misclassified)."""
+    fooled = ~correct
+    out: dict[int, tuple[int, Tensor]] = {}
+    for i in sorted(range(len(eps_grid)), key=lambda i: float(eps_grid[i])):
+        idx = (~fooled).nonzero().flatten()
+        fooled = fooled.clone()
+        if len(idx):
+            fooled[idx] = attack(float(eps_grid[i]), idx)
+        out[i] = (len(idx), fooled)
+    return [out[i] for i in range(len(eps_grid))]
 
 
 def eager_fallback(attack: Callable[[], Any], attack_model: nn.Module,

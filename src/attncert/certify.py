@@ -273,7 +273,7 @@ def audit(model, x: Tensor, y: Tensor, radii: Mapping[str, Tensor], eps_grid: Se
     ``certified_<name>`` for every entry of ``radii``) and a (len(eps_grid), N) bool tensor: an
     adversarial example within eps is known (or the point is misclassified).
     """
-    from attncert.attacks import attack_copy, verified_pgd_l2
+    from attncert.attacks import attack_by_radius, attack_copy, verified_pgd_l2
     from attncert.pipeline.progress import bar
 
     g = rng.generator(seed, x.device)
@@ -283,33 +283,32 @@ def audit(model, x: Tensor, y: Tensor, radii: Mapping[str, Tensor], eps_grid: Se
             "audit forward", device=x.device)).cpu()
     attacker = attack_copy(model)
     size = BatchSize(batch_size, "PGD audit", x.device)  # grown once, for every radius
-    fooled = ~correct  # misclassified, or an adversarial example found at a smaller eps
-    rows: dict[int, dict] = {}
-    found: dict[int, Tensor] = {}
-    order = sorted(range(len(eps_grid)), key=lambda i: float(eps_grid[i]))
-    for i in bar(order, desc="PGD audit", enabled=progress):
-        e = float(eps_grid[i])
-        idx = (~fooled).nonzero().flatten()
+    progress_bar = bar(total=len(eps_grid), desc="PGD audit", enabled=progress)
 
-        def attack(a: int, b: int, e: float = e, idx: Tensor = idx) -> Tensor:
+    def attack(e: float, idx: Tensor) -> Tensor:
+        def part(a: int, b: int) -> Tensor:
             sub = idx[a:b]
             return verified_pgd_l2(model, x[sub.to(x.device)], y[sub.to(y.device)], e, steps,
                                    restarts, generator=g, attack_model=attacker)[1].cpu()
 
-        broken = in_batches(len(idx), size, attack)
-        fooled = fooled.clone()
-        if broken:
-            fooled[idx] = torch.cat(broken)
-        row = {"eps": e, "attacked": int(len(idx)),
+        found = torch.cat(in_batches(len(idx), size, part))
+        progress_bar.update(1)
+        return found
+
+    rows, found = [], []
+    for e, (attacked, fooled) in zip(eps_grid, attack_by_radius(correct, eps_grid, attack),
+                                     strict=True):
+        row = {"eps": float(e), "attacked": attacked,
                "robust_acc": float((~fooled).double().mean())}
         for name, r in radii.items():
             cert = correct & (r.cpu() >= e)
             row[f"certified_{name}"] = float(cert.double().mean())
             row[f"broken_{name}"] = int((fooled & cert).sum())
-        rows[i], found[i] = row, fooled
-    return ([rows[i] for i in range(len(eps_grid))],
-            torch.stack([found[i] for i in range(len(eps_grid))]) if found
-            else torch.zeros(0, len(y), dtype=torch.bool))
+        rows.append(row)
+        found.append(fooled)
+    progress_bar.update(len(eps_grid) - progress_bar.n)  # radii with no point left
+    progress_bar.close()
+    return rows, torch.stack(found) if found else torch.zeros(0, len(y), dtype=torch.bool)
 
 
 def summarize(table, audit_rows: Sequence[Mapping], eps_grid: Sequence[float],

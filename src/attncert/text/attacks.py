@@ -17,7 +17,13 @@ from collections.abc import Callable, Sequence
 import torch
 from torch import Tensor
 
-from attncert.attacks import attack_copy, confirm_l2, eager_fallback, pgd_l2
+from attncert.attacks import (
+    attack_by_radius,
+    attack_copy,
+    confirm_l2,
+    eager_fallback,
+    pgd_l2,
+)
 from attncert.pipeline import rng
 from attncert.pipeline.batching import BatchSize, in_batches
 from attncert.training.precision import attack_matmuls
@@ -72,32 +78,30 @@ def audit_embeddings(model, ids: Tensor, mask: Tensor, y: Tensor, radius: Tensor
                          for i in range(0, len(y), batch_size)]) == y.cpu()
     attacker = attack_copy(model)  # float32; every success is confirmed on ``model``
     size = BatchSize(batch_size, "text PGD audit", ids.device)  # grown once, for every eps
-    fooled = ~correct  # (N,) on the host: misclassified, or an adversarial example found
-    rows: dict[int, dict] = {}
-    for i in sorted(range(len(eps_grid)), key=lambda i: float(eps_grid[i])):
-        eps = float(eps_grid[i])
-        idx = (~fooled).nonzero().flatten()
 
-        def run(a: int, b: int, eps: float = eps, idx: Tensor = idx) -> Tensor:
+    def attack(eps: float, idx: Tensor) -> Tensor:
+        def part(a: int, b: int) -> Tensor:
             sub = idx[a:b].to(ids.device)
             m, yb = mask[sub], y[sub]
             e = model.embed(ids[sub], m)
 
-            def attack() -> Tensor:
+            def pgd() -> Tensor:
                 with torch.enable_grad(), attack_matmuls(e.device):
                     return pgd_embeddings(lambda z: attacker(z, m), e.float(), yb, eps, steps,
                                           restarts, generator=g)[0]
 
-            e_adv = eager_fallback(attack, attacker, g)
+            e_adv = eager_fallback(pgd, attacker, g)
             _, ok = confirm_l2(lambda z: model(z, m), e, e_adv, yb, eps, box=False)
             return ok.cpu()
 
-        found = in_batches(len(idx), size, run)
-        if found:
-            fooled[idx] = torch.cat(found)
+        return torch.cat(in_batches(len(idx), size, part))
+
+    rows = []
+    for eps, (attacked, fooled) in zip(eps_grid, attack_by_radius(correct, eps_grid, attack),
+                                       strict=True):
         cert = correct & (radius.cpu() >= eps)
-        rows[i] = {"eps": eps, "attacked": len(idx),
-                   "robust_acc": float((~fooled).double().mean()),
-                   "certified_acc": float(cert.double().mean()),
-                   "broken": int((fooled & cert).sum())}
-    return [rows[i] for i in range(len(eps_grid))]
+        rows.append({"eps": float(eps), "attacked": attacked,
+                     "robust_acc": float((~fooled).double().mean()),
+                     "certified_acc": float(cert.double().mean()),
+                     "broken": int((fooled & cert).sum())})
+    return rows
